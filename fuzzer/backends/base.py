@@ -1,0 +1,258 @@
+"""The backend plugin interface.
+
+A backend adapts one attention implementation to attnfuzz. It declares, as data, what it can run
+(`Capabilities`, used to steer generation) and, per case and API variant, why it cannot
+(`unsupported_reasons`). ``run`` calls the library exactly the way a real caller would for the
+chosen *variant* (an equivalent encoding of the same mask: a causal flag, a window with a ``-1``
+or ``None`` sentinel, a boolean mask tensor ...) and returns the library's own outputs.
+
+Plugins are found through the entry-point group ``attnfuzz.backends`` (an entry point may name a
+`Backend` subclass, an instance, or a zero-argument factory) or given as ``module:attr`` on the
+command line; the built-ins use the same interface (see `fuzzer/registry.py`).
+
+Canonical tensors (what ``run`` receives and must return), per `oracle.config`:
+
+* bshd/sbhd cases: q ``[batch_size, seqlen_q, num_heads, head_dim]``, k ``[batch_size, seqlen_k,
+  num_heads_kv, head_dim]``, v ``[batch_size, seqlen_k, num_heads_kv, head_dim_v]``, all in the
+  case's dtype; out like q with ``head_dim_v``; lse ``[batch_size, num_heads, seqlen_q]`` float32
+  or float64, natural log.
+* thd cases: q ``[total_q, num_heads, head_dim]`` ... with ``cu_seqlens_q/k`` int32
+  ``[batch_size + 1]``; lse ``[num_heads, total_q]``.
+
+An adapter transposes to and from its library's layout (``sbhd`` included) itself.
+"""
+
+from __future__ import annotations
+
+import abc
+import importlib.metadata
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from oracle.config import AttentionCase
+from oracle.errors import AttnFuzzError
+
+
+class BackendError(AttnFuzzError):
+    """A backend could not be loaded or is malformed (bad entry point, missing attribute)."""
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend can run, as data. Generation draws from the union over selected backends;
+    `Backend.unsupported_reasons` is the precise per-case check.
+
+    Attributes:
+        dtypes: dtype names, e.g. ``("bfloat16", "float16")``.
+        qkv_formats: subset of ``("bshd", "sbhd", "thd")``.
+        max_head_dim: largest head_dim (and head_dim_v) accepted.
+        head_dim_multiple: head_dim must be a multiple of this (1 = any).
+        head_dim_v_differs: head_dim_v may differ from head_dim.
+        gqa: num_heads_kv < num_heads is supported.
+        causal_alignments: alignments supported for causal masks.
+        windows: sliding windows are supported.
+        softcap: softcap is supported.
+        backward: gradients are supported.
+        lse: the backend returns the logsumexp.
+        max_seqlen: a soft cap for generation (tokens per sequence), not a kernel limit.
+        cp: context parallelism is supported (cp_size > 1).
+    """
+
+    dtypes: tuple[str, ...] = ("bfloat16", "float16")
+    qkv_formats: tuple[str, ...] = ("bshd",)
+    max_head_dim: int = 256
+    head_dim_multiple: int = 1
+    head_dim_v_differs: bool = False
+    gqa: bool = True
+    causal_alignments: tuple[str, ...] = ("top_left", "bottom_right")
+    windows: bool = False
+    softcap: bool = False
+    backward: bool = True
+    lse: bool = False
+    max_seqlen: int = 4096
+    cp: bool = False
+
+
+@dataclass
+class BackendOutput:
+    """What a backend returns for one call, in the canonical layout (see module docstring).
+
+    Attributes:
+        out: ``[batch_size, seqlen_q, num_heads, head_dim_v]`` (or ``[total_q, ...]``), case dtype.
+        lse: ``[batch_size, num_heads, seqlen_q]`` (or ``[num_heads, total_q]``), natural log; None
+            when the API gives none.
+        dq, dk, dv: gradients shaped like q, k, v; None for forward-only runs.
+        selected_kernel: what the library actually ran, when it chooses (TE's sub-backend).
+        compile_ms: JIT compilation time measured by the adapter, milliseconds (0 if none).
+        extra: anything else worth recording (strings and numbers only).
+    """
+
+    out: Any
+    lse: Any = None
+    dq: Any = None
+    dk: Any = None
+    dv: Any = None
+    selected_kernel: str | None = None
+    compile_ms: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Backend(abc.ABC):
+    """One attention implementation under test.
+
+    Subclasses set the class attributes and implement ``run``; they override
+    ``unsupported_reasons`` to add library-specific limits (calling ``super()`` first), and
+    ``availability`` when the library may be missing. The library must be imported lazily
+    (inside methods), never at module import time, so that ``attnfuzz backends`` works anywhere.
+
+    Class attributes:
+        name: the backend key (``"fa4"``, ``"te-fused"``, ``"torch-sdpa-math"``).
+        variants: names of the API encodings ``run`` accepts; the first is the library's own.
+        device: ``"cpu"`` or ``"cuda"``.
+        environment: backends with the same key share one child process; backends needing
+            different process-wide settings (``env_vars``) must use different keys.
+        env_vars: environment variables set in the child before the library is imported.
+        packages: distribution names whose versions identify the build of this backend.
+    """
+
+    name: ClassVar[str] = ""
+    variants: ClassVar[tuple[str, ...]] = ("default",)
+    device: ClassVar[str] = "cpu"
+    environment: ClassVar[str] = "default"
+    env_vars: ClassVar[dict[str, str]] = {}
+    packages: ClassVar[tuple[str, ...]] = ("torch",)
+    capabilities: ClassVar[Capabilities] = Capabilities()
+
+    # ------------------------------------------------------------------ discovery-time checks
+    def availability(self) -> str | None:
+        """None when the backend can run on this machine, else the reason it cannot."""
+        if self.device == "cuda":
+            import torch
+
+            if not torch.cuda.is_available():
+                return "no CUDA device (torch.cuda.is_available() is False)"
+        return None
+
+    def versions(self) -> dict[str, str]:
+        """Installed versions of ``packages`` (``"missing"`` when absent)."""
+        found = {}
+        for package in self.packages:
+            try:
+                found[package] = importlib.metadata.version(package)
+            except importlib.metadata.PackageNotFoundError:
+                found[package] = "missing"
+        return found
+
+    def version_string(self) -> str:
+        """``"pkg==ver pkg2==ver2"`` from ``versions()``."""
+        return " ".join(f"{k}=={v}" for k, v in sorted(self.versions().items()))
+
+    # ------------------------------------------------------------------ per-case checks
+    def unsupported_reasons(self, case: AttentionCase, variant: str) -> list[str]:
+        """Every reason this backend cannot run ``case`` with ``variant`` (empty = supported).
+
+        The base implementation checks ``capabilities``; adapters extend it.
+        """
+        caps = self.capabilities
+        reasons = []
+        if variant not in self.variants:
+            reasons.append(f"variant {variant!r} not in {self.variants}")
+        if case.dtype not in caps.dtypes:
+            reasons.append(f"dtype {case.dtype} not in {caps.dtypes}")
+        if case.qkv_format not in caps.qkv_formats:
+            reasons.append(f"qkv_format {case.qkv_format} not in {caps.qkv_formats}")
+        for dim_name in ("head_dim", "head_dim_v"):
+            dim = getattr(case, dim_name)
+            if dim > caps.max_head_dim:
+                reasons.append(f"{dim_name} {dim} > {caps.max_head_dim}")
+            if dim % caps.head_dim_multiple:
+                reasons.append(f"{dim_name} {dim} not a multiple of {caps.head_dim_multiple}")
+        if case.head_dim_v != case.head_dim and not caps.head_dim_v_differs:
+            reasons.append("head_dim_v != head_dim")
+        if case.num_heads_kv != case.num_heads and not caps.gqa:
+            reasons.append("num_heads_kv != num_heads (GQA/MQA)")
+        if case.causal and case.causal_alignment not in caps.causal_alignments:
+            reasons.append(f"causal_alignment {case.causal_alignment} not in {caps.causal_alignments}")
+        if (case.window_size_left is not None or case.window_size_right is not None) and not caps.windows:
+            reasons.append("sliding window")
+        if case.softcap is not None and not caps.softcap:
+            reasons.append("softcap")
+        if case.backward and not caps.backward:
+            reasons.append("backward")
+        if case.cp_size > 1 and not caps.cp:
+            reasons.append("context parallelism (cp_size > 1)")
+        return reasons
+
+    def supports(self, case: AttentionCase, variant: str | None = None) -> str | None:
+        """None when ``case`` runs with ``variant`` (default: the first), else the reasons joined."""
+        reasons = self.unsupported_reasons(case, variant or self.variants[0])
+        return "; ".join(reasons) if reasons else None
+
+    def kernel_key(self, case: AttentionCase, variant: str) -> tuple:
+        """What selects a compiled kernel (for JIT backends): cases with equal keys reuse one.
+
+        The default covers dtype, head dims, GQA, mask kind and layout.
+        """
+        return (
+            variant,
+            case.dtype,
+            case.head_dim,
+            case.head_dim_v,
+            case.num_heads != case.num_heads_kv,
+            case.causal,
+            case.window_size_left is not None,
+            case.window_size_right is not None,
+            case.softcap is not None,
+            case.qkv_format,
+            case.backward,
+        )
+
+    # ------------------------------------------------------------------ execution
+    @abc.abstractmethod
+    def run(self, case: AttentionCase, inputs: Any, variant: str) -> BackendOutput:
+        """Run the case and return the library's outputs in the canonical layout.
+
+        Args:
+            case: the case (already checked with ``unsupported_reasons``).
+            inputs: `oracle.inputs.AttentionInputs` on ``self.device``: q, k, v, dout and, for
+                thd, cu_seqlens_q/k. Do not modify them in place.
+            variant: one of ``variants``.
+
+        Returns:
+            `BackendOutput`; gradients only when ``case.backward``.
+
+        Raises:
+            UnsupportedCaseError: the library refused the case in a way the adapter recognises
+                as a declared limitation (recorded as ``unsupported``, not a failure).
+            Any other exception is recorded as status ``error``.
+        """
+
+
+class UnsupportedCaseError(AttnFuzzError):
+    """Raised by ``Backend.run`` when the library itself shows the case is unsupported (e.g. TE
+    selected a different sub-backend than the one this adapter stands for)."""
+
+
+def run_with_grad(fn, case: AttentionCase, inputs: Any) -> tuple[Any, Any, Any, Any, Any]:
+    """Call ``fn(q, k, v) -> (out, lse_or_None)`` and, if ``case.backward``, backpropagate dout.
+
+    Args:
+        fn: callable taking leaf tensors q, k, v (canonical layout) and returning ``(out, lse)``.
+        case: the case (for ``backward``).
+        inputs: `oracle.inputs.AttentionInputs`.
+
+    Returns:
+        ``(out, lse, dq, dk, dv)``; gradients are None when ``case.backward`` is False.
+    """
+    import torch
+
+    if not case.backward:
+        with torch.no_grad():
+            out, lse = fn(inputs.q, inputs.k, inputs.v)
+        return out, lse, None, None, None
+    q = inputs.q.detach().clone().requires_grad_(True)
+    k = inputs.k.detach().clone().requires_grad_(True)
+    v = inputs.v.detach().clone().requires_grad_(True)
+    out, lse = fn(q, k, v)
+    out.backward(inputs.dout)
+    return out.detach(), None if lse is None else lse.detach(), q.grad, k.grad, v.grad

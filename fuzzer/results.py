@@ -1,0 +1,186 @@
+"""Records passed from a worker to storage: `CaseResult`, `BuildFingerprint`, and the sink protocol.
+
+These frozen records are the contract between the fuzz worker (which never touches the
+database) and `service` (which stores them). Each has an exact JSON round-trip.
+
+Statuses (``CaseResult.status``):
+
+===============  ==========================================================================
+``pass``         every tensor within tolerance and every invariant held
+``fail``         the comparison with the float64 oracle failed; ``signature`` says how
+``unsupported``  the backend declared (or TE's selection showed) it cannot run the case;
+                 never a failure. ``detail`` gives the reason.
+``error``        the backend raised a Python exception on a case it declared supported
+                 (signature ``error:<ExceptionType>``): a capability-declaration mismatch
+``crash``        the backend's child process died (segfault, CUDA fatal error, abort)
+``timeout``      the backend ran past the per-case timeout and its child was killed
+``oom``          out of memory (``torch.OutOfMemoryError`` or the child killed by SIGKILL)
+===============  ==========================================================================
+
+Failing statuses are ``fail``, ``error``, ``crash``, ``timeout``, ``oom``; each carries a
+``signature`` and is grouped into a bucket keyed by ``(backend, variant, signature)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from oracle.errors import AttnFuzzError
+
+STATUSES = ("pass", "fail", "unsupported", "error", "crash", "timeout", "oom")
+FAILING_STATUSES = frozenset({"fail", "error", "crash", "timeout", "oom"})
+PHASES = ("fuzz", "shrink", "confirm", "replay")
+
+
+class ResultValidationError(AttnFuzzError, ValueError):
+    """A result record is malformed (unknown status, missing signature on a failure, ...)."""
+
+
+@dataclass(frozen=True)
+class CaseResult:
+    """The outcome of one case on one backend variant.
+
+    Attributes:
+        case_id: ``AttentionCase.case_id``.
+        backend: backend key, e.g. ``"torch-sdpa-math"``.
+        variant: the API encoding used, e.g. ``"window_minus1"``.
+        status: one of ``STATUSES``.
+        signature: the primary failure signature (``"out:all_zero"``, ``"crash"``, ...), None on pass.
+        signatures: every signature observed, most severe first.
+        metrics: per-tensor comparison figures (``oracle.compare.TensorVerdict.to_json()``).
+        error_ratio: worst error / allowed error over all tensors (> 1 fails); None if not compared.
+        run_ms: backend wall time for the call(s), milliseconds (compilation excluded when known).
+        compile_ms: JIT compilation time in milliseconds when the backend reports one, else 0.
+        oracle_ms: float64 reference time for this case, milliseconds (shared by its backends).
+        detail: unsupported reason, exception text, or the tail of the child's stderr.
+        backend_version: version string of the package that ran.
+        selected_kernel: what actually ran when the library chooses (TE's selected sub-backend).
+        phase: ``"fuzz"``, ``"shrink"``, ``"confirm"`` or ``"replay"``.
+    """
+
+    case_id: str
+    backend: str
+    variant: str
+    status: str
+    signature: str | None = None
+    signatures: tuple[str, ...] = ()
+    metrics: dict[str, Any] = field(default_factory=dict)
+    error_ratio: float | None = None
+    run_ms: float = 0.0
+    compile_ms: float = 0.0
+    oracle_ms: float = 0.0
+    detail: str = ""
+    backend_version: str = ""
+    selected_kernel: str | None = None
+    phase: str = "fuzz"
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ResultValidationError(f"status: unknown value {self.status!r} (allowed: {', '.join(STATUSES)})")
+        if self.phase not in PHASES:
+            raise ResultValidationError(f"phase: unknown value {self.phase!r} (allowed: {', '.join(PHASES)})")
+        if self.status in FAILING_STATUSES and not self.signature:
+            raise ResultValidationError(f"signature: required for status {self.status!r}")
+        if self.status not in FAILING_STATUSES and self.signature:
+            raise ResultValidationError(f"signature: must be empty for status {self.status!r}")
+        object.__setattr__(self, "signatures", tuple(self.signatures))
+
+    @property
+    def is_failure(self) -> bool:
+        """True for ``fail``, ``error``, ``crash``, ``timeout`` and ``oom``."""
+        return self.status in FAILING_STATUSES
+
+    @property
+    def bucket_key(self) -> tuple[str, str, str] | None:
+        """``(backend, variant, signature)`` for failures, else None."""
+        return (self.backend, self.variant, self.signature) if self.is_failure else None
+
+    def to_json(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["signatures"] = list(self.signatures)
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> CaseResult:
+        """Inverse of ``to_json``.
+
+        Raises:
+            ResultValidationError: unknown fields or invalid values.
+        """
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(data) - names
+        if unknown:
+            raise ResultValidationError(f"{sorted(unknown)[0]}: unknown field")
+        data = dict(data)
+        data["signatures"] = tuple(data.get("signatures", ()))
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class BuildFingerprint:
+    """Everything about the software and hardware a result was produced on.
+
+    Versions are strings (``""`` when the package is absent). ``fingerprint_id`` hashes all fields,
+    so the same environment registers once.
+    """
+
+    torch: str = ""
+    cuda: str = ""
+    cudnn: str = ""
+    flash_attn_4: str = ""
+    flash_attn: str = ""
+    transformer_engine: str = ""
+    nvidia_cutlass_dsl: str = ""
+    triton: str = ""
+    python: str = ""
+    device_name: str = "cpu"
+    compute_capability: str = ""
+    driver: str = ""
+
+    def to_json(self) -> dict[str, str]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> BuildFingerprint:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: str(v) for k, v in data.items() if k in names})
+
+    @property
+    def fingerprint_id(self) -> str:
+        """First 16 hex digits of the SHA-256 of the sorted JSON."""
+        text = json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class BucketUpdate:
+    """What storage says after recording a failing result."""
+
+    bucket_id: int
+    is_new: bool
+
+
+class ResultSink(Protocol):
+    """Where a worker puts what it finds. `service.store.SqlStore` is the SQL implementation;
+    tests use an in-memory one. Implementations must be idempotent per
+    ``(case_id, build, backend, variant, phase)``."""
+
+    def register_build(self, fingerprint: BuildFingerprint) -> int: ...
+
+    def register_worker(self, build_id: int, hostname: str, pid: int, device: str) -> int: ...
+
+    def heartbeat(self, worker_id: int, cases_run: int, status: str = "running") -> None: ...
+
+    def record_case(self, case_json: dict[str, Any], origin: str) -> str: ...
+
+    def record_result(self, result: CaseResult, build_id: int, worker_id: int | None) -> BucketUpdate | None: ...
+
+    def record_minimised(
+        self, bucket_id: int, minimised_case_json: dict[str, Any], original_case_id: str, note: str
+    ) -> None: ...
+
+    def known_bucket_keys(self) -> set[tuple[str, str, str]]: ...

@@ -1,0 +1,317 @@
+"""`AttentionCase`: the frozen, validated description of one attention test case.
+
+Both the oracle and the fuzzer need it, so it lives in `oracle` (which imports nothing of ours).
+
+Conventions (the single place they are written down; the mask itself is in `oracle/masks.py`):
+
+* Dimensions: ``batch_size, seqlen_q, seqlen_k, num_heads, num_heads_kv, head_dim, head_dim_v``.
+  ``num_heads % num_heads_kv == 0``; query head ``h`` reads key/value head ``h // (num_heads //
+  num_heads_kv)`` (GQA/MQA grouping as in FlashAttention and TransformerEngine).
+* ``qkv_format``: ``"bshd"`` and ``"sbhd"`` describe how a backend is *called*; the canonical
+  tensors handed to every backend and to the oracle are ``[batch_size, seqlen, heads, dim]`` for
+  both. ``"thd"`` is the packed varlen form ``[total, heads, dim]`` with ``cu_seqlens_q/k``
+  (int32, length ``batch_size + 1``, starting at 0); then ``seqlens_q``/``seqlens_k`` give the
+  per-sequence lengths and ``seqlen_q``/``seqlen_k`` are their maxima (``max_seqlen_q/k``).
+* Mask: ``causal`` plus ``causal_alignment`` in {"top_left", "bottom_right"}. The alignment places
+  the diagonal for *both* the causal bound and the window bounds: offset ``0`` (top-left) or
+  ``seqlen_k - seqlen_q`` per sequence (bottom-right). ``window_size_left`` / ``window_size_right``
+  are ``int >= 0`` counted in tokens, ``None`` = unbounded. No ``-1`` sentinel exists here: the
+  seed bug lives in such sentinels, so adapters translate at the API boundary.
+* ``softmax_scale`` multiplies q.k^T; ``None`` resolves to ``head_dim ** -0.5`` at construction.
+  ``softcap`` (``None`` = off) applies ``softcap * tanh(s / softcap)`` to the scaled scores
+  (Gemma 2 convention, as in flash-attention ``flash_attn_func(softcap=...)``).
+* ``lse`` is the natural-log logsumexp of the (scaled, capped, masked) scores.
+* If ``causal_alignment`` has no effect (not causal and no window), it is stored as "top_left" so
+  that equal cases hash equally.
+
+Source: FlashAttention 2 README ("causal ... aligned to the bottom right corner", windows
+``[i + seqlen_k - seqlen_q - window_size[0], i + seqlen_k - seqlen_q + window_size[1]]``);
+TransformerEngine ``dot_product_attention/utils.py`` (``causal`` = top-left,
+``causal_bottom_right``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from oracle.errors import CaseValidationError
+
+SCHEMA_VERSION = 1
+
+DTYPES = ("bfloat16", "float16", "float32")
+QKV_FORMATS = ("bshd", "sbhd", "thd")
+CAUSAL_ALIGNMENTS = ("top_left", "bottom_right")
+INPUT_DISTRIBUTIONS = ("normal", "large_logits", "outliers", "near_constant")
+CP_COMM_TYPES = ("p2p", "all_gather", "a2a", "a2a+p2p")
+
+MAX_HEAD_DIM = 1024
+MAX_SEED = 2**32 - 1
+
+
+def _check_int(name: str, value: Any, lo: int, hi: int | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise CaseValidationError(name, f"must be an int, got {type(value).__name__} {value!r}")
+    if value < lo or (hi is not None and value > hi):
+        bound = f"{lo} <= {name}" + (f" <= {hi}" if hi is not None else "")
+        raise CaseValidationError(name, f"out of range: {value}", bound)
+
+
+def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise CaseValidationError(name, f"unknown value {value!r}", ", ".join(choices))
+
+
+@dataclass(frozen=True)
+class AttentionCase:
+    """One attention configuration: shapes, layout, mask, scaling, dtype, inputs and seed.
+
+    Immutable and validated in ``__post_init__``; ``to_json``/``from_json`` round-trip exactly and
+    ``case_id`` is a content hash, so the same case has the same id on every machine.
+
+    Raises:
+        CaseValidationError: a field is of the wrong type or out of range, or fields contradict
+            each other (e.g. ``num_heads`` not divisible by ``num_heads_kv``). The error names the
+            field and the allowed values.
+    """
+
+    batch_size: int = 1
+    seqlen_q: int = 1
+    seqlen_k: int = 1
+    num_heads: int = 1
+    num_heads_kv: int | None = None  # None -> num_heads
+    head_dim: int = 64
+    head_dim_v: int | None = None  # None -> head_dim
+    dtype: str = "bfloat16"
+    qkv_format: str = "bshd"
+    seqlens_q: tuple[int, ...] | None = None
+    seqlens_k: tuple[int, ...] | None = None
+    causal: bool = False
+    causal_alignment: str = "top_left"
+    window_size_left: int | None = None
+    window_size_right: int | None = None
+    softmax_scale: float | None = None  # None -> head_dim ** -0.5
+    softcap: float | None = None
+    backward: bool = True
+    input_distribution: str = "normal"
+    seed: int = 0
+    cp_size: int = 1
+    cp_comm_type: str | None = None
+
+    def __post_init__(self) -> None:
+        s = object.__setattr__
+        for name in ("batch_size", "seqlen_q", "seqlen_k", "num_heads"):
+            _check_int(name, getattr(self, name), 1)
+        if self.num_heads_kv is None:
+            s(self, "num_heads_kv", self.num_heads)
+        _check_int("num_heads_kv", self.num_heads_kv, 1)
+        if self.num_heads % self.num_heads_kv:
+            raise CaseValidationError(
+                "num_heads_kv",
+                f"num_heads={self.num_heads} is not divisible by num_heads_kv={self.num_heads_kv}",
+                "a divisor of num_heads",
+            )
+        _check_int("head_dim", self.head_dim, 1, MAX_HEAD_DIM)
+        if self.head_dim_v is None:
+            s(self, "head_dim_v", self.head_dim)
+        _check_int("head_dim_v", self.head_dim_v, 1, MAX_HEAD_DIM)
+        _check_choice("dtype", self.dtype, DTYPES)
+        _check_choice("qkv_format", self.qkv_format, QKV_FORMATS)
+        self._check_seqlens()
+        for name in ("causal", "backward"):
+            if not isinstance(getattr(self, name), bool):
+                raise CaseValidationError(name, f"must be a bool, got {getattr(self, name)!r}", "true, false")
+        _check_choice("causal_alignment", self.causal_alignment, CAUSAL_ALIGNMENTS)
+        for name in ("window_size_left", "window_size_right"):
+            value = getattr(self, name)
+            if value is not None:
+                _check_int(name, value, 0)
+        if not self.causal and self.window_size_left is None and self.window_size_right is None:
+            s(self, "causal_alignment", "top_left")
+        if self.softmax_scale is None:
+            s(self, "softmax_scale", float(self.head_dim) ** -0.5)
+        s(self, "softmax_scale", self._finite_float("softmax_scale", self.softmax_scale, positive=True))
+        if self.softcap is not None:
+            s(self, "softcap", self._finite_float("softcap", self.softcap, positive=True))
+        _check_choice("input_distribution", self.input_distribution, INPUT_DISTRIBUTIONS)
+        _check_int("seed", self.seed, 0, MAX_SEED)
+        _check_int("cp_size", self.cp_size, 1, 64)
+        if self.cp_size == 1:
+            if self.cp_comm_type is not None:
+                raise CaseValidationError("cp_comm_type", "must be null when cp_size == 1", "null")
+        else:
+            _check_choice("cp_comm_type", self.cp_comm_type, CP_COMM_TYPES)
+            if self.cp_comm_type == "a2a+p2p" and self.cp_size < 4:
+                raise CaseValidationError("cp_comm_type", "a2a+p2p needs cp_size >= 4", "p2p, all_gather, a2a")
+
+    @staticmethod
+    def _finite_float(name: str, value: Any, positive: bool) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise CaseValidationError(name, f"must be a number, got {value!r}")
+        value = float(value)
+        if not math.isfinite(value) or (positive and value <= 0):
+            raise CaseValidationError(name, f"must be finite and > 0, got {value!r}", "a finite float > 0")
+        return value
+
+    def _check_seqlens(self) -> None:
+        s = object.__setattr__
+        if self.qkv_format != "thd":
+            for name in ("seqlens_q", "seqlens_k"):
+                if getattr(self, name) is not None:
+                    raise CaseValidationError(name, "only allowed with qkv_format='thd'", "null")
+            return
+        for name, max_name in (("seqlens_q", "seqlen_q"), ("seqlens_k", "seqlen_k")):
+            value = getattr(self, name)
+            if value is None:
+                value = (getattr(self, max_name),) * self.batch_size
+            if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+                raise CaseValidationError(name, f"must be a list of ints, got {value!r}")
+            value = tuple(value)
+            if len(value) != self.batch_size:
+                raise CaseValidationError(
+                    name, f"has {len(value)} entries but batch_size={self.batch_size}", "one length per sequence"
+                )
+            for i, n in enumerate(value):
+                _check_int(f"{name}[{i}]", n, 1)
+            if max(value) != getattr(self, max_name):
+                raise CaseValidationError(
+                    max_name, f"must equal max({name}) = {max(value)}, got {getattr(self, max_name)}"
+                )
+            s(self, name, value)
+
+    # ---------------------------------------------------------------- derived values
+    @property
+    def is_varlen(self) -> bool:
+        """True for the packed ``thd`` layout."""
+        return self.qkv_format == "thd"
+
+    @property
+    def group_size(self) -> int:
+        """Query heads per key/value head (``num_heads // num_heads_kv``)."""
+        return self.num_heads // self.num_heads_kv
+
+    @property
+    def seqlens_q_list(self) -> tuple[int, ...]:
+        """Per-sequence query lengths (``seqlen_q`` repeated for bshd/sbhd)."""
+        return self.seqlens_q if self.seqlens_q is not None else (self.seqlen_q,) * self.batch_size
+
+    @property
+    def seqlens_k_list(self) -> tuple[int, ...]:
+        """Per-sequence key lengths (``seqlen_k`` repeated for bshd/sbhd)."""
+        return self.seqlens_k if self.seqlens_k is not None else (self.seqlen_k,) * self.batch_size
+
+    @property
+    def total_q(self) -> int:
+        """Number of query tokens over the batch."""
+        return sum(self.seqlens_q_list)
+
+    @property
+    def total_k(self) -> int:
+        """Number of key tokens over the batch."""
+        return sum(self.seqlens_k_list)
+
+    @property
+    def has_mask(self) -> bool:
+        """True when any key is hidden from any query by causal or window bounds."""
+        return self.causal or self.window_size_left is not None or self.window_size_right is not None
+
+    # ---------------------------------------------------------------- serialisation
+    def to_json(self) -> dict[str, Any]:
+        """A plain-JSON dict (``schema_version`` included); tuples become lists."""
+        data = {"schema_version": SCHEMA_VERSION}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            data[f.name] = list(value) if isinstance(value, tuple) else value
+        return data
+
+    @classmethod
+    def from_json(cls, data: Any) -> AttentionCase:
+        """Build a case from ``to_json`` output.
+
+        Raises:
+            CaseValidationError: ``data`` is not an object, has unknown or missing-type fields, an
+                unsupported ``schema_version``, or violates a constraint.
+        """
+        if not isinstance(data, dict):
+            raise CaseValidationError("case", f"must be a JSON object, got {type(data).__name__}")
+        data = dict(data)
+        version = data.pop("schema_version", SCHEMA_VERSION)
+        if version != SCHEMA_VERSION:
+            raise CaseValidationError(
+                "schema_version", f"unsupported case schema version {version!r}", str(SCHEMA_VERSION)
+            )
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise CaseValidationError(unknown[0], "unknown field", ", ".join(sorted(names)))
+        for name in ("seqlens_q", "seqlens_k"):
+            if isinstance(data.get(name), list):
+                data[name] = tuple(data[name])
+        return cls(**data)
+
+    def to_json_str(self) -> str:
+        """Canonical JSON text (sorted keys, no spaces): the input of ``case_id``."""
+        return json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
+
+    @property
+    def case_id(self) -> str:
+        """First 16 hex digits of the SHA-256 of the canonical JSON."""
+        return hashlib.sha256(self.to_json_str().encode()).hexdigest()[:16]
+
+    def replace(self, **changes: Any) -> AttentionCase:
+        """A copy with ``changes`` applied and validated.
+
+        Fields resolved at construction (``softmax_scale``, ``num_heads_kv``, ``head_dim_v``) keep
+        their resolved values unless they are passed too (``None`` resolves them again).
+        """
+        return dataclasses.replace(self, **changes)
+
+    def describe(self) -> str:
+        """One line for humans, e.g. ``b1 sq2 sk2 h1/1 d64/64 bf16 bshd causal(top_left)``."""
+        mask = []
+        if self.causal:
+            mask.append(f"causal({self.causal_alignment})")
+        if self.window_size_left is not None or self.window_size_right is not None:
+            mask.append(f"window({self.window_size_left},{self.window_size_right})")
+        extra = [f"scale={self.softmax_scale:.4g}"]
+        if self.softcap is not None:
+            extra.append(f"softcap={self.softcap:g}")
+        if self.is_varlen:
+            extra.append(f"seqlens_q={list(self.seqlens_q_list)} seqlens_k={list(self.seqlens_k_list)}")
+        if self.cp_size > 1:
+            extra.append(f"cp={self.cp_size}/{self.cp_comm_type}")
+        short = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}[self.dtype]
+        return (
+            f"b{self.batch_size} sq{self.seqlen_q} sk{self.seqlen_k} h{self.num_heads}/{self.num_heads_kv} "
+            f"d{self.head_dim}/{self.head_dim_v} {short} {self.qkv_format} "
+            f"{' '.join(mask) or 'no_mask'} {' '.join(extra)} {self.input_distribution} "
+            f"seed={self.seed}{'' if self.backward else ' fwd-only'}"
+        )
+
+
+def torch_dtype(name: str):
+    """The ``torch.dtype`` for a dtype name of ``DTYPES`` (imports torch lazily).
+
+    Raises:
+        CaseValidationError: ``name`` is not one of ``DTYPES``.
+    """
+    import torch
+
+    _check_choice("dtype", name, DTYPES + ("float64",))
+    return getattr(torch, name)
+
+
+__all__ = [
+    "AttentionCase",
+    "CAUSAL_ALIGNMENTS",
+    "CP_COMM_TYPES",
+    "DTYPES",
+    "INPUT_DISTRIBUTIONS",
+    "QKV_FORMATS",
+    "SCHEMA_VERSION",
+    "torch_dtype",
+]
