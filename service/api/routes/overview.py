@@ -1,0 +1,30 @@
+"""The front page ``/`` and ``/api/overview``."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse
+
+from service import repository
+from service.api.deps import SessionDep
+from service.schemas import BucketPageOut, OverviewOut
+
+api_router = APIRouter(prefix="/api", tags=["overview"])
+page_router = APIRouter(tags=["pages"])
+
+RECENT_BUCKETS = 10
+
+
+@api_router.get("/overview")
+def get_overview(session: SessionDep) -> OverviewOut:
+    """Counts by status and backend, buckets, live workers and cases per hour."""
+    return OverviewOut.from_overview(repository.overview(session))
+
+
+@page_router.get("/", response_class=HTMLResponse)
+def overview_page(request: Request, session: SessionDep) -> HTMLResponse:
+    overview = OverviewOut.from_overview(repository.overview(session))
+    recent = BucketPageOut.from_page(repository.list_buckets(session, limit=RECENT_BUCKETS))
+    return request.app.state.templates.TemplateResponse(
+        request, "overview.html", {"overview": overview, "recent": recent}
+    )

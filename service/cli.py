@@ -1,0 +1,434 @@
+"""The ``attnfuzz`` command line (typer).
+
+Commands: ``fuzz``, ``backends``, ``db upgrade``/``db current``, ``cases show``, ``serve``.
+The CLI composes the fuzzer (worker, backends) with storage (the SQL store); its only extra job is
+turning `AttnFuzzError` subclasses into exit codes:
+
+====  ==============================================================
+0     success
+1     any other attnfuzz error
+2     bad input (a case or option violates a constraint)
+3     a backend cannot be loaded (bad plugin spec or entry point)
+4     the worker cannot run (no usable backend on this machine)
+5     the database cannot be opened or migrated
+====  ==============================================================
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console, Group
+from rich.live import Live
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from fuzzer.backends.base import BackendError
+from fuzzer.results import CaseResult
+from fuzzer.strategies import StrategyArgumentError
+from fuzzer.worker import Reporter, Worker, WorkerConfig, WorkerError, WorkerStats
+from oracle.errors import AttnFuzzError, CaseValidationError
+
+app = typer.Typer(help="attnfuzz: differential fuzzing of attention kernels against a float64 oracle.", no_args_is_help=True)
+db_app = typer.Typer(help="Database schema management (Alembic migrations).", no_args_is_help=True)
+cases_app = typer.Typer(help="Inspect stored cases.", no_args_is_help=True)
+app.add_typer(db_app, name="db")
+app.add_typer(cases_app, name="cases")
+
+console = Console(stderr=True)
+out = Console()
+
+DbOption = Annotated[
+    Optional[str],
+    typer.Option("--db", help="SQLAlchemy URL (default: $ATTNFUZZ_DATABASE_URL or sqlite:///attnfuzz.db)."),
+]
+
+
+def _db_url(db: str | None) -> str:
+    from service.db import default_database_url
+
+    return db or default_database_url()
+
+
+def _exit_code(exc: AttnFuzzError) -> int:
+    if isinstance(exc, (CaseValidationError, StrategyArgumentError)):
+        return 2
+    if isinstance(exc, BackendError):
+        return 3
+    if isinstance(exc, WorkerError):
+        return 4
+    from service.errors import ServiceError
+
+    if isinstance(exc, ServiceError):
+        return 5
+    return 1
+
+
+def _fail(exc: AttnFuzzError) -> None:
+    console.print(f"[bold red]error:[/] {exc}")
+    raise typer.Exit(_exit_code(exc))
+
+
+def _upgrade(url: str) -> None:
+    from service.migrations import upgrade
+
+    try:
+        upgrade(url)
+    except Exception as exc:  # SQLAlchemy / Alembic errors: name the database, keep the cause
+        from service.errors import ServiceError
+
+        raise ServiceError(f"database {url!r}: cannot migrate: {type(exc).__name__}: {exc}") from exc
+
+
+# --------------------------------------------------------------------------------------- fuzz
+class RichReporter(Reporter):
+    """Live progress: a time/case bar, cases/s, per-backend counts and new buckets."""
+
+    def __init__(self, budget_s: float | None, max_cases: int | None):
+        self.progress = Progress(
+            TextColumn("[bold]fuzzing"), BarColumn(), TextColumn("{task.description}"), TimeElapsedColumn()
+        )
+        total = budget_s if budget_s is not None else (max_cases or 1)
+        self.by_time = budget_s is not None
+        self.task = self.progress.add_task("", total=total)
+        self.buckets: list[str] = []
+        self.live: Live | None = None
+        self.started = time.monotonic()
+
+    def _render(self, stats: WorkerStats | None) -> Group:
+        table = Table(title=None, expand=False)
+        table.add_column("backend")
+        for status in ("pass", "fail", "unsupported", "error", "crash", "timeout", "oom"):
+            table.add_column(status, justify="right")
+        if stats is not None:
+            names = sorted({b for b, _ in stats.per_backend})
+            for name in names:
+                table.add_row(
+                    name,
+                    *[
+                        str(stats.per_backend.get((name, s), 0))
+                        for s in ("pass", "fail", "unsupported", "error", "crash", "timeout", "oom")
+                    ],
+                )
+        lines = [self.progress, table]
+        if self.buckets:
+            bucket_table = Table("new buckets (backend / variant / signature)")
+            for line in self.buckets[-8:]:
+                bucket_table.add_row(line)
+            lines.append(bucket_table)
+        return Group(*lines)
+
+    def on_start(self, worker: Worker) -> None:
+        self.live = Live(self._render(None), console=console, refresh_per_second=4, transient=False)
+        self.live.start()
+        if worker.unavailable:
+            for name, reason in worker.unavailable.items():
+                console.print(f"[yellow]skipping {name}:[/] {reason}")
+
+    def on_case(self, case, results: list[CaseResult], stats: WorkerStats) -> None:
+        elapsed = time.monotonic() - self.started
+        rate = stats.cases / elapsed if elapsed > 0 else 0.0
+        self.progress.update(
+            self.task,
+            completed=elapsed if self.by_time else stats.cases,
+            description=f"{stats.cases} cases, {rate:.2f} cases/s, {len(self.buckets)} new buckets",
+        )
+        if self.live is not None:
+            self.live.update(self._render(stats))
+
+    def on_new_bucket(self, key, case) -> None:
+        self.buckets.append(" / ".join(key) + f"  (case {case.case_id})")
+
+    def on_minimised(self, key, outcome) -> None:
+        console.print(f"[cyan]shrunk[/] {' / '.join(key)}: {outcome.status}: {outcome.case.describe()}")
+
+    def on_stop(self, stats: WorkerStats) -> None:
+        if self.live is not None:
+            self.live.update(self._render(stats))
+            self.live.stop()
+
+
+def _print_summary(stats: WorkerStats, url: str) -> None:
+    table = Table(title="results by status")
+    table.add_column("status")
+    table.add_column("count", justify="right")
+    for status, count in sorted(stats.results.items()):
+        table.add_row(status, str(count))
+    out.print(table)
+    out.print(
+        f"{stats.cases} cases in {stats.wall_s:.1f} s ({stats.cases_per_s:.2f} cases/s); "
+        f"oracle {stats.oracle_s:.1f} s, kernels {stats.kernel_s:.1f} s, JIT {stats.compile_s:.1f} s, "
+        f"shrinking {stats.shrink_s:.1f} s"
+    )
+    if stats.new_buckets:
+        out.print(f"[bold red]{len(stats.new_buckets)} new bucket(s):[/]")
+        shrunk = dict(stats.minimised)
+        for key in stats.new_buckets:
+            outcome = shrunk.get(key)
+            line = f"  {' / '.join(key)}"
+            if outcome is not None:
+                line += f"\n      {outcome.status}: {outcome.case.describe()}  [case {outcome.case.case_id}]"
+            out.print(line)
+    else:
+        out.print("[green]no failures found[/]")
+    out.print(f"stored in {url}; see them with: attnfuzz serve --db {url}")
+
+
+@app.command()
+def fuzz(
+    time_budget: Annotated[Optional[float], typer.Option("--time-budget", help="Seconds to fuzz (default 60).")] = None,
+    max_cases: Annotated[Optional[int], typer.Option("--max-cases", help="Stop after N generated cases.")] = None,
+    backend: Annotated[
+        Optional[list[str]],
+        typer.Option("--backend", help="Backend name, or module:attr of a plugin; repeatable (default: all available)."),
+    ] = None,
+    db: DbOption = None,
+    seed: Annotated[Optional[int], typer.Option("--seed", help="Make generation reproducible.")] = None,
+    device: Annotated[str, typer.Option(help="Where inputs and the oracle live: auto, cpu or cuda.")] = "auto",
+    gpus: Annotated[Optional[str], typer.Option("--gpus", help="'all' or a list like 0,1: one worker process per GPU.")] = None,
+    shrink: Annotated[bool, typer.Option("--shrink/--no-shrink", help="Minimise new buckets.")] = True,
+    shrink_deadline: Annotated[float, typer.Option(help="Seconds per minimisation.")] = 120.0,
+    case_timeout: Annotated[float, typer.Option(help="Seconds per backend call before its child is killed.")] = 120.0,
+    isolation: Annotated[str, typer.Option(help="process (child processes) or none.")] = "process",
+    max_seqlen: Annotated[Optional[int], typer.Option(help="Largest seqlen_q/seqlen_k drawn.")] = None,
+    max_batch_size: Annotated[int, typer.Option(help="Largest batch_size drawn.")] = 2,
+    max_heads_kv: Annotated[int, typer.Option(help="Largest num_heads_kv drawn.")] = 4,
+    max_work: Annotated[int, typer.Option(help="Bound on batch*heads*seqlen_q*seqlen_k*head_dim.")] = 2**24,
+    forward_only: Annotated[bool, typer.Option("--forward-only", help="Do not fuzz gradients.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", help="No live display.")] = False,
+) -> None:
+    """Fuzz the selected backends, store every result, shrink new failures."""
+    from fuzzer import registry
+
+    url = _db_url(db)
+    budget = time_budget if time_budget is not None else (None if max_cases is not None else 60.0)
+    try:
+        if gpus is not None:
+            _fuzz_on_gpus(gpus, url)
+            return
+        names = [b for b in (backend or []) if ":" not in b]
+        specs = [b for b in (backend or []) if ":" in b]
+        if names or specs:
+            selected = registry.select(names, specs)
+        else:
+            selected = list(registry.discover().values())
+        resolved_device = device
+        if device == "auto":
+            import torch
+
+            wants_cuda = any(b.device == "cuda" and not b.availability() for b, _ in selected)
+            resolved_device = "cuda" if wants_cuda and torch.cuda.is_available() else "cpu"
+        if not names and not specs:  # default: what can run here
+            selected = [(b, s) for b, s in selected if b.device == resolved_device and not b.availability()]
+        _upgrade(url)
+        from service.db import make_engine
+        from service.store import SqlExampleDatabase, SqlStore
+
+        engine = make_engine(url)
+        config = WorkerConfig(
+            backends=selected,
+            device=resolved_device,
+            time_budget_s=budget,
+            max_cases=max_cases,
+            seed=seed,
+            shrink=shrink,
+            shrink_deadline_s=shrink_deadline,
+            case_timeout_s=case_timeout,
+            isolation=isolation,
+            max_seqlen=max_seqlen,
+            max_batch_size=max_batch_size,
+            max_heads_kv=max_heads_kv,
+            max_work=max_work,
+            allow_backward=not forward_only,
+        )
+        reporter = Reporter() if quiet else RichReporter(budget, max_cases)
+        worker = Worker(config, SqlStore(engine), example_db=SqlExampleDatabase(engine), reporter=reporter)
+        stats = worker.run()
+        _print_summary(stats, url)
+        engine.dispose()
+    except AttnFuzzError as exc:
+        _fail(exc)
+
+
+def _fuzz_on_gpus(gpus: str, url: str) -> None:
+    """Start one ``attnfuzz fuzz`` process per GPU (``CUDA_VISIBLE_DEVICES``) and wait for all."""
+    import torch
+
+    if gpus == "all":
+        indices = list(range(torch.cuda.device_count()))
+    else:
+        try:
+            indices = [int(x) for x in gpus.split(",") if x.strip()]
+        except ValueError as exc:
+            raise CaseValidationError("gpus", f"not a list of integers: {gpus!r}", "all, or e.g. 0,1") from exc
+    if not indices:
+        raise WorkerError("gpus: no CUDA device visible")
+    _upgrade(url)
+    argv = [a for a in sys.argv[1:]]
+    cleaned, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        if a == "--gpus":
+            skip = True
+            continue
+        if a.startswith("--gpus="):
+            continue
+        cleaned.append(a)
+    if "--db" not in cleaned:
+        cleaned += ["--db", url]
+    processes = []
+    for index in indices:
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(index)}
+        log = open(f"attnfuzz-gpu{index}.log", "w")
+        cmd = [sys.executable, "-m", "service.cli", *cleaned, "--quiet", "--device", "cuda"]
+        processes.append((index, subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT), log))
+        console.print(f"worker on GPU {index}: pid {processes[-1][1].pid}, log attnfuzz-gpu{index}.log")
+    failed = 0
+    for index, process, log in processes:
+        code = process.wait()
+        log.close()
+        if code:
+            failed += 1
+            console.print(f"[red]worker on GPU {index} exited with {code}[/]")
+    if failed:
+        raise WorkerError(f"{failed} of {len(processes)} GPU workers failed (see attnfuzz-gpu*.log)")
+
+
+# --------------------------------------------------------------------------------------- backends
+@app.command()
+def backends(
+    backend: Annotated[Optional[list[str]], typer.Option("--backend", help="Extra plugin module:attr.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+) -> None:
+    """List every known backend: device, variants, versions, and why it is unavailable here."""
+    from fuzzer import registry
+
+    try:
+        found = registry.discover([b for b in (backend or []) if ":" in b])
+    except AttnFuzzError as exc:
+        _fail(exc)
+    rows = []
+    for name, (b, spec) in sorted(found.items()):
+        reason = b.availability()
+        rows.append(
+            {
+                "name": name,
+                "device": b.device,
+                "variants": list(b.variants),
+                "versions": b.versions(),
+                "available": reason is None,
+                "reason": reason or "",
+                "spec": spec,
+            }
+        )
+    if as_json:
+        out.print_json(json.dumps(rows))
+        return
+    table = Table(title="attnfuzz backends")
+    for col in ("backend", "device", "variants", "versions", "status"):
+        table.add_column(col)
+    for row in rows:
+        status = "[green]available[/]" if row["available"] else f"[yellow]unavailable:[/] {row['reason']}"
+        versions = " ".join(f"{k}={v}" for k, v in row["versions"].items())
+        table.add_row(row["name"], row["device"], ", ".join(row["variants"]), versions, status)
+    out.print(table)
+
+
+# --------------------------------------------------------------------------------------- db
+@db_app.command("upgrade")
+def db_upgrade(db: DbOption = None) -> None:
+    """Create or migrate the schema to the newest revision."""
+    url = _db_url(db)
+    try:
+        _upgrade(url)
+    except AttnFuzzError as exc:
+        _fail(exc)
+    from service.migrations import current
+
+    out.print(f"{url}: at revision {current(url)}")
+
+
+@db_app.command("current")
+def db_current(db: DbOption = None) -> None:
+    """Print the schema revision of the database."""
+    from service.migrations import current
+
+    url = _db_url(db)
+    out.print(f"{url}: at revision {current(url)}")
+
+
+# --------------------------------------------------------------------------------------- cases
+@cases_app.command("show")
+def cases_show(case_id: str, db: DbOption = None, as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """Show one case: its description, JSON and every stored result."""
+    from sqlalchemy.orm import Session
+
+    from oracle.config import AttentionCase
+    from service.db import make_engine
+    from service.repository import get_case
+
+    engine = make_engine(_db_url(db))
+    with Session(engine) as session:
+        detail = get_case(session, case_id)
+        if detail is None:
+            console.print(f"[red]error:[/] case_id: no case {case_id!r} in {_db_url(db)}")
+            raise typer.Exit(2)
+        case = AttentionCase.from_json(detail.case.config)
+        results = [
+            {
+                "backend": r.backend,
+                "variant": r.variant,
+                "status": r.status,
+                "signature": r.signature,
+                "error_ratio": r.error_ratio,
+                "phase": r.phase,
+                "detail": r.detail,
+            }
+            for r in detail.results
+        ]
+    if as_json:
+        out.print_json(json.dumps({"case": case.to_json(), "results": results}))
+        return
+    out.print(f"[bold]{case.case_id}[/]  {case.describe()}")
+    out.print_json(json.dumps(case.to_json()))
+    table = Table("backend", "variant", "status", "signature", "error_ratio", "phase")
+    counts = Counter()
+    for r in results:
+        counts[r["status"]] += 1
+        ratio = "" if r["error_ratio"] is None else f"{r['error_ratio']:.3g}"
+        table.add_row(r["backend"], r["variant"], r["status"], r["signature"] or "", ratio, r["phase"])
+    out.print(table)
+
+
+# --------------------------------------------------------------------------------------- serve
+@app.command()
+def serve(
+    db: DbOption = None,
+    host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port.")] = 8000,
+) -> None:
+    """Serve the dashboard and JSON API (FastAPI + uvicorn)."""
+    import uvicorn
+
+    from service.app import create_app
+    from service.settings import Settings
+
+    url = _db_url(db)
+    try:
+        _upgrade(url)
+    except AttnFuzzError as exc:
+        _fail(exc)
+    uvicorn.run(create_app(Settings(database_url=url)), host=host, port=port)
+
+
+if __name__ == "__main__":
+    app()

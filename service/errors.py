@@ -1,0 +1,37 @@
+"""Errors raised on purpose by `service` (all under `oracle.errors.AttnFuzzError`)."""
+
+from __future__ import annotations
+
+from oracle.errors import AttnFuzzError
+
+
+class ServiceError(AttnFuzzError):
+    """Root of the storage and web-service errors."""
+
+
+class NotFoundError(ServiceError, LookupError):
+    """A row that the caller named does not exist.
+
+    Attributes:
+        kind: what was looked up, e.g. ``"bucket"``.
+        key: the id that was not found.
+    """
+
+    def __init__(self, kind: str, key: object):
+        self.kind = kind
+        self.key = key
+        super().__init__(f"{kind} {key!r} not found")
+
+
+class FieldValidationError(ServiceError, ValueError):
+    """A value given to the store or the repository is invalid.
+
+    Attributes:
+        field: the offending field, e.g. ``"duplicate_of_id"``.
+        message: what is wrong with it.
+    """
+
+    def __init__(self, field: str, message: str):
+        self.field = field
+        self.message = message
+        super().__init__(f"{field}: {message}")

@@ -1,0 +1,276 @@
+"""The SQL schema, in one place: builds, workers, cases, results, buckets, Hypothesis examples.
+
+Every relationship is ``lazy="raise"``: a query says what it loads (``selectinload``/
+``joinedload`` in `service.repository`), so no page issues hidden queries.
+
+Datetimes are timezone-aware UTC on the Python side on both SQLite and PostgreSQL
+(`UTCDateTime`); JSON columns are ``JSON`` on SQLite and ``JSONB`` on PostgreSQL.
+
+A bucket groups failing results by ``(backend, variant, signature)``; results are joined to their
+bucket on those three columns (indexed), not by a foreign key, so a result row never changes
+after it is written.
+"""
+
+from __future__ import annotations
+
+import enum
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    DateTime,
+    Dialect,
+    Enum,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+)
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.orm import Mapped, mapped_column, relationship
+
+from oracle.config import AttentionCase
+from service.db import Base
+
+ORIGINS = ("fuzz", "minimised", "corpus", "replay")
+
+
+def utcnow() -> datetime:
+    """The current time, timezone-aware UTC."""
+    return datetime.now(UTC)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """A timezone-aware UTC datetime on both SQLite (stored naive, as UTC) and PostgreSQL.
+
+    Raises:
+        ValueError: a naive datetime is bound (its zone would be a guess).
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None or value.utcoffset() is None:
+            raise ValueError(f"naive datetime {value!r}: pass a timezone-aware datetime")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+JSONType = JSON().with_variant(postgresql.JSONB(), "postgresql")
+
+
+class TriageState(enum.StrEnum):
+    """Where a human has put a bucket."""
+
+    new = "new"
+    confirmed = "confirmed"
+    reported = "reported"
+    fixed = "fixed"
+    wontfix = "wontfix"
+    duplicate = "duplicate"
+
+
+class Build(Base):
+    """One software/hardware environment (`fuzzer.results.BuildFingerprint`)."""
+
+    __tablename__ = "builds"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    fingerprint_id: Mapped[str] = mapped_column(String(16), unique=True)
+    torch: Mapped[str] = mapped_column(String, default="")
+    cuda: Mapped[str] = mapped_column(String, default="")
+    cudnn: Mapped[str] = mapped_column(String, default="")
+    flash_attn_4: Mapped[str] = mapped_column(String, default="")
+    flash_attn: Mapped[str] = mapped_column(String, default="")
+    transformer_engine: Mapped[str] = mapped_column(String, default="")
+    nvidia_cutlass_dsl: Mapped[str] = mapped_column(String, default="")
+    triton: Mapped[str] = mapped_column(String, default="")
+    python: Mapped[str] = mapped_column(String, default="")
+    device_name: Mapped[str] = mapped_column(String, default="")
+    compute_capability: Mapped[str] = mapped_column(String, default="")
+    driver: Mapped[str] = mapped_column(String, default="")
+    first_seen: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class Worker(Base):
+    """One fuzz-worker process; ``last_heartbeat`` says whether it is alive."""
+
+    __tablename__ = "workers"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    build_id: Mapped[int] = mapped_column(ForeignKey("builds.id"), index=True)
+    hostname: Mapped[str] = mapped_column(String)
+    pid: Mapped[int] = mapped_column(Integer)
+    device: Mapped[str] = mapped_column(String)
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    last_heartbeat: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
+    cases_run: Mapped[int] = mapped_column(Integer, default=0)
+    status: Mapped[str] = mapped_column(String(32), default="running")
+
+    build: Mapped[Build] = relationship(lazy="raise")
+
+
+class Case(Base):
+    """One `AttentionCase`, keyed by its content hash, with columns to filter on."""
+
+    __tablename__ = "cases"
+
+    id: Mapped[str] = mapped_column(String(16), primary_key=True)
+    config: Mapped[dict[str, Any]] = mapped_column(JSONType)
+    origin: Mapped[str] = mapped_column(
+        Enum(*ORIGINS, name="origin", native_enum=False, create_constraint=True, length=16)
+    )
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
+    dtype: Mapped[str] = mapped_column(String(16))
+    head_dim: Mapped[int] = mapped_column(Integer)
+    head_dim_v: Mapped[int] = mapped_column(Integer)
+    seqlen_q: Mapped[int] = mapped_column(Integer)
+    seqlen_k: Mapped[int] = mapped_column(Integer)
+    batch_size: Mapped[int] = mapped_column(Integer)
+    num_heads: Mapped[int] = mapped_column(Integer)
+    num_heads_kv: Mapped[int] = mapped_column(Integer)
+    qkv_format: Mapped[str] = mapped_column(String(8))
+    causal: Mapped[bool]
+    has_window: Mapped[bool]
+    has_softcap: Mapped[bool]
+    backward: Mapped[bool]
+
+    results: Mapped[list[Result]] = relationship(back_populates="case", lazy="raise")
+
+    @classmethod
+    def from_attention_case(cls, case: AttentionCase, origin: str) -> Case:
+        """A row for ``case`` (the config column holds ``case.to_json()``)."""
+        return cls(id=case.case_id, config=case.to_json(), origin=origin, **case_filter_columns(case))
+
+    def to_attention_case(self) -> AttentionCase:
+        """The stored case, validated again.
+
+        Raises:
+            oracle.errors.CaseValidationError: the stored JSON no longer validates.
+        """
+        return AttentionCase.from_json(self.config)
+
+
+def case_filter_columns(case: AttentionCase) -> dict[str, Any]:
+    """The denormalised filter columns of ``cases`` for ``case``."""
+    return {
+        "dtype": case.dtype,
+        "head_dim": case.head_dim,
+        "head_dim_v": case.head_dim_v,
+        "seqlen_q": case.seqlen_q,
+        "seqlen_k": case.seqlen_k,
+        "batch_size": case.batch_size,
+        "num_heads": case.num_heads,
+        "num_heads_kv": case.num_heads_kv,
+        "qkv_format": case.qkv_format,
+        "causal": case.causal,
+        "has_window": case.window_size_left is not None or case.window_size_right is not None,
+        "has_softcap": case.softcap is not None,
+        "backward": case.backward,
+    }
+
+
+class Result(Base):
+    """One `fuzzer.results.CaseResult` on one build; written once, never updated."""
+
+    __tablename__ = "results"
+    __table_args__ = (
+        UniqueConstraint("case_id", "build_id", "backend", "variant", "phase"),
+        Index(None, "backend", "variant", "signature"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    case_id: Mapped[str] = mapped_column(ForeignKey("cases.id"))
+    build_id: Mapped[int] = mapped_column(ForeignKey("builds.id"), index=True)
+    worker_id: Mapped[int | None] = mapped_column(ForeignKey("workers.id"), index=True)
+    backend: Mapped[str] = mapped_column(String(64))
+    variant: Mapped[str] = mapped_column(String(64))
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    signature: Mapped[str | None] = mapped_column(Text)
+    signatures: Mapped[list[str]] = mapped_column(JSONType, default=list)
+    metrics: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
+    error_ratio: Mapped[float | None] = mapped_column(Float)
+    run_ms: Mapped[float] = mapped_column(Float, default=0.0)
+    compile_ms: Mapped[float] = mapped_column(Float, default=0.0)
+    oracle_ms: Mapped[float] = mapped_column(Float, default=0.0)
+    detail: Mapped[str] = mapped_column(Text, default="")
+    backend_version: Mapped[str] = mapped_column(String, default="")
+    selected_kernel: Mapped[str | None] = mapped_column(String)
+    phase: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
+
+    case: Mapped[Case] = relationship(back_populates="results", lazy="raise")
+    build: Mapped[Build] = relationship(lazy="raise")
+    worker: Mapped[Worker | None] = relationship(lazy="raise")
+
+
+class Bucket(Base):
+    """Failing results grouped by ``(backend, variant, signature)``, with triage state."""
+
+    __tablename__ = "buckets"
+    __table_args__ = (UniqueConstraint("backend", "variant", "signature"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    backend: Mapped[str] = mapped_column(String(64))
+    variant: Mapped[str] = mapped_column(String(64))
+    signature: Mapped[str] = mapped_column(Text)
+    first_seen: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    last_seen: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
+    hit_count: Mapped[int] = mapped_column(Integer, default=1)
+    first_case_id: Mapped[str] = mapped_column(ForeignKey("cases.id"), index=True)
+    minimised_case_id: Mapped[str | None] = mapped_column(ForeignKey("cases.id"), index=True)
+    minimise_note: Mapped[str] = mapped_column(Text, default="")
+    first_build_id: Mapped[int] = mapped_column(ForeignKey("builds.id"), index=True)
+    last_build_id: Mapped[int] = mapped_column(ForeignKey("builds.id"), index=True)
+    triage_state: Mapped[TriageState] = mapped_column(
+        Enum(
+            TriageState,
+            name="triage_state",
+            native_enum=False,
+            create_constraint=True,
+            length=16,
+            values_callable=lambda states: [s.value for s in states],
+            validate_strings=True,
+        ),
+        default=TriageState.new,
+        index=True,
+    )
+    upstream_url: Mapped[str | None] = mapped_column(Text)
+    notes: Mapped[str] = mapped_column(Text, default="")
+    duplicate_of_id: Mapped[int | None] = mapped_column(ForeignKey("buckets.id"), index=True)
+
+    first_case: Mapped[Case] = relationship(foreign_keys=[first_case_id], lazy="raise")
+    minimised_case: Mapped[Case | None] = relationship(foreign_keys=[minimised_case_id], lazy="raise")
+    first_build: Mapped[Build] = relationship(foreign_keys=[first_build_id], lazy="raise")
+    last_build: Mapped[Build] = relationship(foreign_keys=[last_build_id], lazy="raise")
+    duplicate_of: Mapped[Bucket | None] = relationship(remote_side=[id], lazy="raise")
+
+
+class HypothesisExample(Base):
+    """One value under one key of Hypothesis's example database (`service.store.SqlExampleDatabase`).
+
+    Uniqueness is on ``(key, value_sha256)``, not ``(key, value)``: a PostgreSQL btree entry is
+    limited to about 2.7 kB and Hypothesis values can be larger.
+    """
+
+    __tablename__ = "hypothesis_examples"
+    __table_args__ = (UniqueConstraint("key", "value_sha256"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    key: Mapped[bytes] = mapped_column(LargeBinary)
+    value: Mapped[bytes] = mapped_column(LargeBinary)
+    value_sha256: Mapped[bytes] = mapped_column(LargeBinary(32))

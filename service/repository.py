@@ -1,0 +1,401 @@
+"""Every query the pages, the JSON API and the CLI run. Routers never build queries.
+
+Functions take a `Session` and return ORM rows (with exactly the relationships they need loaded;
+all relationships are ``lazy="raise"``) or small frozen records. Writes (`update_triage`) flush
+but do not commit: the caller owns the transaction.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from urllib.parse import urlsplit
+
+from sqlalchemy import ColumnElement, Select, func, literal_column, select
+from sqlalchemy.orm import Session, joinedload, selectinload
+
+from service.errors import FieldValidationError, NotFoundError
+from service.models import Bucket, Case, Result, TriageState, Worker, utcnow
+
+BUCKET_SORT_COLUMNS = {
+    "last_seen": Bucket.last_seen,
+    "first_seen": Bucket.first_seen,
+    "hit_count": Bucket.hit_count,
+    "id": Bucket.id,
+}
+BUCKET_SORTS = tuple(f"{prefix}{name}" for name in BUCKET_SORT_COLUMNS for prefix in ("-", ""))
+DEFAULT_BUCKET_SORT = "-last_seen"
+MAX_PAGE_SIZE = 500
+MAX_URL_LENGTH = 2000
+MAX_NOTES_LENGTH = 100_000
+LIVE_WORKER_S = 300.0
+
+
+class _Unset:
+    def __repr__(self) -> str:
+        return "UNSET"
+
+
+UNSET: Any = _Unset()
+"""Marks an `update_triage` argument that was not given (None means "clear")."""
+
+
+# ---------------------------------------------------------------------------------- buckets
+@dataclass(frozen=True)
+class BucketPage:
+    """One page of buckets and the number of buckets matching the filters."""
+
+    items: list[Bucket]
+    total: int
+    limit: int
+    offset: int
+
+
+def _bucket_filters(
+    backend: str | None, variant: str | None, signature: str | None, triage_state: TriageState | str | None
+) -> list[ColumnElement[bool]]:
+    conditions: list[ColumnElement[bool]] = []
+    if backend:
+        conditions.append(Bucket.backend == backend)
+    if variant:
+        conditions.append(Bucket.variant == variant)
+    if signature:
+        conditions.append(Bucket.signature.contains(signature, autoescape=True))
+    if triage_state:
+        conditions.append(Bucket.triage_state == _triage_state(triage_state))
+    return conditions
+
+
+def _triage_state(value: Any) -> TriageState:
+    try:
+        return TriageState(value)
+    except ValueError:
+        allowed = ", ".join(s.value for s in TriageState)
+        raise FieldValidationError("triage_state", f"unknown value {value!r} (allowed: {allowed})") from None
+
+
+def list_buckets(
+    session: Session,
+    *,
+    backend: str | None = None,
+    variant: str | None = None,
+    signature: str | None = None,
+    triage_state: TriageState | str | None = None,
+    sort: str = DEFAULT_BUCKET_SORT,
+    limit: int = 50,
+    offset: int = 0,
+) -> BucketPage:
+    """Buckets matching every filter given, sorted, one page.
+
+    Args:
+        backend, variant: exact matches.
+        signature: a substring of the signature.
+        triage_state: one of `TriageState`.
+        sort: a column of ``BUCKET_SORT_COLUMNS``, prefixed with ``-`` for descending; ties are
+            broken by id so pages never overlap.
+        limit: page size, 1 to ``MAX_PAGE_SIZE``.
+        offset: buckets to skip, >= 0.
+
+    Raises:
+        FieldValidationError: a bad ``sort``, ``limit``, ``offset`` or ``triage_state``.
+    """
+    if sort not in BUCKET_SORTS:
+        raise FieldValidationError("sort", f"unknown value {sort!r} (allowed: {', '.join(BUCKET_SORTS)})")
+    if not 1 <= limit <= MAX_PAGE_SIZE:
+        raise FieldValidationError("limit", f"must be between 1 and {MAX_PAGE_SIZE}, got {limit}")
+    if offset < 0:
+        raise FieldValidationError("offset", f"must be >= 0, got {offset}")
+    conditions = _bucket_filters(backend, variant, signature, triage_state)
+    column = BUCKET_SORT_COLUMNS[sort.lstrip("-")]
+    descending = sort.startswith("-")
+    order = [column.desc(), Bucket.id.desc()] if descending else [column.asc(), Bucket.id.asc()]
+    items = session.scalars(select(Bucket).where(*conditions).order_by(*order).limit(limit).offset(offset)).all()
+    total = session.scalar(select(func.count()).select_from(Bucket).where(*conditions)) or 0
+    return BucketPage(items=list(items), total=total, limit=limit, offset=offset)
+
+
+@dataclass(frozen=True)
+class BucketDetail:
+    """A bucket with its cases, the result to show its metrics from, and its latest results.
+
+    ``failing_result`` is this bucket's result for the minimised case if there is one, else for
+    the first case, else the latest. ``results`` have ``build`` loaded.
+    """
+
+    bucket: Bucket
+    failing_result: Result | None
+    results: list[Result]
+    result_count: int
+
+
+def _bucket_results(bucket: Bucket) -> Select[tuple[Result]]:
+    return select(Result).where(
+        Result.backend == bucket.backend, Result.variant == bucket.variant, Result.signature == bucket.signature
+    )
+
+
+def get_bucket(session: Session, bucket_id: int, *, results_limit: int = 50) -> BucketDetail | None:
+    """The bucket with ``first_case``, ``minimised_case``, builds and ``duplicate_of`` loaded; None
+    if there is no such bucket."""
+    bucket = session.scalar(
+        select(Bucket)
+        .where(Bucket.id == bucket_id)
+        .options(
+            selectinload(Bucket.first_case),
+            selectinload(Bucket.minimised_case),
+            selectinload(Bucket.first_build),
+            selectinload(Bucket.last_build),
+            selectinload(Bucket.duplicate_of),
+        )
+    )
+    if bucket is None:
+        return None
+    newest_first = (Result.created_at.desc(), Result.id.desc())
+    results = session.scalars(
+        _bucket_results(bucket).options(joinedload(Result.build)).order_by(*newest_first).limit(results_limit)
+    ).all()
+    count = session.scalar(select(func.count()).select_from(_bucket_results(bucket).subquery())) or 0
+    failing = None
+    for case_id in (bucket.minimised_case_id, bucket.first_case_id):
+        if case_id is not None and failing is None:
+            failing = session.scalar(
+                _bucket_results(bucket)
+                .where(Result.case_id == case_id)
+                .options(joinedload(Result.build))
+                .order_by(*newest_first)
+                .limit(1)
+            )
+    if failing is None and results:
+        failing = results[0]
+    return BucketDetail(bucket=bucket, failing_result=failing, results=list(results), result_count=count)
+
+
+def update_triage(
+    session: Session,
+    bucket_id: int,
+    *,
+    triage_state: TriageState | str = UNSET,
+    notes: str | None = UNSET,
+    upstream_url: str | None = UNSET,
+    duplicate_of_id: int | None = UNSET,
+) -> Bucket:
+    """Change a bucket's triage fields; arguments left `UNSET` keep their value.
+
+    Rules: ``duplicate`` needs ``duplicate_of_id`` (another existing bucket, no cycles), and
+    ``duplicate_of_id`` is only allowed with ``duplicate``; leaving ``duplicate`` for another
+    state clears ``duplicate_of_id``. ``upstream_url`` is an http(s) URL or None. ``notes`` None
+    means empty.
+
+    Raises:
+        NotFoundError: there is no bucket ``bucket_id``.
+        FieldValidationError: a value breaks the rules; ``field`` names it.
+    """
+    bucket = session.get(Bucket, bucket_id)
+    if bucket is None:
+        raise NotFoundError("bucket", bucket_id)
+
+    state = bucket.triage_state if triage_state is UNSET else _triage_state(triage_state)
+    duplicate_of = bucket.duplicate_of_id if duplicate_of_id is UNSET else duplicate_of_id
+    if triage_state is not UNSET and state is not TriageState.duplicate and duplicate_of_id is UNSET:
+        duplicate_of = None
+    if state is TriageState.duplicate:
+        if duplicate_of is None:
+            raise FieldValidationError("duplicate_of_id", "required when triage_state is 'duplicate'")
+        _check_duplicate_target(session, bucket_id, duplicate_of)
+    elif duplicate_of is not None:
+        raise FieldValidationError("duplicate_of_id", "only allowed when triage_state is 'duplicate'")
+
+    if upstream_url is not UNSET:
+        bucket.upstream_url = _check_url(upstream_url)
+    if notes is not UNSET:
+        if notes is not None and len(notes) > MAX_NOTES_LENGTH:
+            raise FieldValidationError("notes", f"longer than {MAX_NOTES_LENGTH} characters")
+        bucket.notes = notes or ""
+    bucket.triage_state = state
+    bucket.duplicate_of_id = duplicate_of
+    session.flush()
+    return bucket
+
+
+def _check_duplicate_target(session: Session, bucket_id: int, target_id: Any) -> None:
+    if isinstance(target_id, bool) or not isinstance(target_id, int):
+        raise FieldValidationError("duplicate_of_id", f"must be a bucket id, got {target_id!r}")
+    if target_id == bucket_id:
+        raise FieldValidationError("duplicate_of_id", "a bucket cannot duplicate itself")
+    seen = {bucket_id}
+    current: int | None = target_id
+    while current is not None:
+        if current in seen:
+            raise FieldValidationError("duplicate_of_id", f"bucket {target_id} leads back to bucket {bucket_id}")
+        seen.add(current)
+        row = session.execute(select(Bucket.id, Bucket.duplicate_of_id).where(Bucket.id == current)).first()
+        if row is None:
+            raise FieldValidationError("duplicate_of_id", f"bucket {current} does not exist")
+        current = row.duplicate_of_id
+
+
+def _check_url(url: str | None) -> str | None:
+    if url is None or url == "":
+        return None
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc or len(url) > MAX_URL_LENGTH:
+        raise FieldValidationError("upstream_url", f"must be an http(s) URL of at most {MAX_URL_LENGTH} characters")
+    return url
+
+
+# ------------------------------------------------------------------------------------ cases
+@dataclass(frozen=True)
+class CaseDetail:
+    """A case, its results (``build`` loaded; oldest first) and the bucket of each failure."""
+
+    case: Case
+    results: list[Result]
+    bucket_ids: dict[tuple[str, str, str], int]
+
+    def bucket_id_for(self, result: Result) -> int | None:
+        """The bucket ``result`` was counted in, None for a non-failure."""
+        if result.signature is None:
+            return None
+        return self.bucket_ids.get((result.backend, result.variant, result.signature))
+
+
+def get_case(session: Session, case_id: str) -> CaseDetail | None:
+    """The case with all its results, or None if no case has this id."""
+    case = session.get(Case, case_id)
+    if case is None:
+        return None
+    results = session.scalars(
+        select(Result)
+        .where(Result.case_id == case_id)
+        .options(joinedload(Result.build))
+        .order_by(Result.created_at, Result.id)
+    ).all()
+    keys = {(r.backend, r.variant, r.signature) for r in results if r.signature is not None}
+    bucket_ids: dict[tuple[str, str, str], int] = {}
+    for backend, variant, signature in keys:
+        bucket_id = session.scalar(
+            select(Bucket.id).where(Bucket.backend == backend, Bucket.variant == variant, Bucket.signature == signature)
+        )
+        if bucket_id is not None:
+            bucket_ids[(backend, variant, signature)] = bucket_id
+    return CaseDetail(case=case, results=list(results), bucket_ids=bucket_ids)
+
+
+# --------------------------------------------------------------------------------- overview
+@dataclass(frozen=True)
+class LiveWorker:
+    """A worker whose last heartbeat is recent, and how long ago it was (seconds)."""
+
+    worker: Worker
+    heartbeat_age_s: float
+
+
+@dataclass(frozen=True)
+class HourCount:
+    """Distinct cases run, and results stored, in the hour starting at ``hour`` (UTC)."""
+
+    hour: datetime
+    cases: int
+    results: int
+
+
+@dataclass(frozen=True)
+class Overview:
+    """Counts for the front page.
+
+    ``results_by_backend`` maps backend -> status -> count. ``cases_per_hour`` covers the last
+    ``hours`` hours, oldest first, zero-filled.
+    """
+
+    case_count: int
+    result_count: int
+    results_by_status: dict[str, int]
+    results_by_backend: dict[str, dict[str, int]]
+    buckets_by_backend: dict[str, int]
+    buckets_by_triage_state: dict[str, int]
+    live_workers: list[LiveWorker]
+    cases_per_hour: list[HourCount]
+
+
+def _hour_of(session: Session, column: Any) -> Any:
+    if session.get_bind().dialect.name == "postgresql":
+        # Literals, not bound parameters: PostgreSQL must see the same expression in SELECT and
+        # GROUP BY, and two placeholders ($1, $3) are two different expressions to it.
+        return func.date_trunc(literal_column("'hour'"), func.timezone(literal_column("'UTC'"), column))
+    return func.strftime("%Y-%m-%d %H:00:00", column)
+
+
+def _as_utc_hour(value: datetime | str) -> datetime:
+    if isinstance(value, str):
+        value = datetime.strptime(value, "%Y-%m-%d %H:%M:%S")
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def overview(
+    session: Session, *, now: datetime | None = None, live_within_s: float = LIVE_WORKER_S, hours: int = 24
+) -> Overview:
+    """Counts of cases, results and buckets, the live workers and the hourly activity.
+
+    Args:
+        now: the reference time (default: the current time), timezone-aware.
+        live_within_s: a worker is live if its last heartbeat is at most this many seconds old.
+        hours: how many hours of activity ``cases_per_hour`` covers (1 to 24 * 31).
+
+    Raises:
+        FieldValidationError: ``hours`` out of range.
+    """
+    if not 1 <= hours <= 24 * 31:
+        raise FieldValidationError("hours", f"must be between 1 and {24 * 31}, got {hours}")
+    now = now or utcnow()
+
+    results_by_backend: dict[str, dict[str, int]] = defaultdict(dict)
+    results_by_status: dict[str, int] = defaultdict(int)
+    for backend, status, n in session.execute(
+        select(Result.backend, Result.status, func.count()).group_by(Result.backend, Result.status)
+    ):
+        results_by_backend[backend][status] = n
+        results_by_status[status] += n
+
+    buckets_by_backend = {
+        backend: n
+        for backend, n in session.execute(
+            select(Bucket.backend, func.count()).group_by(Bucket.backend).order_by(Bucket.backend)
+        )
+    }
+    buckets_by_triage_state = {
+        state.value: n
+        for state, n in session.execute(select(Bucket.triage_state, func.count()).group_by(Bucket.triage_state))
+    }
+
+    workers = session.scalars(
+        select(Worker)
+        .where(Worker.last_heartbeat >= now - timedelta(seconds=live_within_s))
+        .options(joinedload(Worker.build))
+        .order_by(Worker.last_heartbeat.desc(), Worker.id)
+    ).all()
+    live = [LiveWorker(w, max(0.0, (now - w.last_heartbeat).total_seconds())) for w in workers]
+
+    start = now.astimezone(UTC).replace(minute=0, second=0, microsecond=0) - timedelta(hours=hours - 1)
+    hour = _hour_of(session, Result.created_at).label("hour")
+    counts = {
+        _as_utc_hour(row.hour): (row.cases, row.results)
+        for row in session.execute(
+            select(hour, func.count(func.distinct(Result.case_id)).label("cases"), func.count().label("results"))
+            .where(Result.created_at >= start)
+            .group_by(hour)
+        )
+    }
+    per_hour = [HourCount(h, *counts.get(h, (0, 0))) for h in (start + timedelta(hours=i) for i in range(hours))]
+
+    return Overview(
+        case_count=session.scalar(select(func.count()).select_from(Case)) or 0,
+        result_count=sum(results_by_status.values()),
+        results_by_status=dict(sorted(results_by_status.items())),
+        results_by_backend={b: dict(sorted(s.items())) for b, s in sorted(results_by_backend.items())},
+        buckets_by_backend=buckets_by_backend,
+        buckets_by_triage_state=buckets_by_triage_state,
+        live_workers=live,
+        cases_per_hour=per_hour,
+    )

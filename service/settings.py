@@ -1,0 +1,35 @@
+"""Settings of the web service, read from ``ATTNFUZZ_*`` environment variables.
+
+Built by `service.app.create_app()` (or passed to it), never at import time.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from service.db import DEFAULT_DATABASE_URL
+
+
+class Settings(BaseSettings):
+    """Configuration of `service.app.create_app`.
+
+    Attributes:
+        database_url: SQLAlchemy URL (``ATTNFUZZ_DATABASE_URL``).
+        api_token: bearer token required by writes (``PATCH /api/buckets/{id}``) when set
+            (``ATTNFUZZ_API_TOKEN``); None leaves writes open.
+        read_requires_token: also require the token for every page and GET
+            (``ATTNFUZZ_READ_REQUIRES_TOKEN``); needs ``api_token``.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="ATTNFUZZ_", extra="ignore")
+
+    database_url: str = DEFAULT_DATABASE_URL
+    api_token: str | None = Field(default=None, repr=False, min_length=1)
+    read_requires_token: bool = False
+
+    @model_validator(mode="after")
+    def _read_token_needs_token(self) -> Settings:
+        if self.read_requires_token and not self.api_token:
+            raise ValueError("read_requires_token=True needs api_token to be set")
+        return self

@@ -1,0 +1,432 @@
+"""SQL storage for fuzz workers: `SqlStore` (the `fuzzer.results.ResultSink`) and
+`SqlExampleDatabase` (Hypothesis's example database in the ``hypothesis_examples`` table).
+
+Both work on an `Engine` (one short transaction per call) or on an open `Connection` (each call
+in a SAVEPOINT of the caller's transaction; the tests use this).
+
+Concurrency: several worker processes may write one SQLite file or one PostgreSQL database at
+once. Every write is a single statement-level get-or-create (``INSERT ... ON CONFLICT DO
+NOTHING ... RETURNING``, then a SELECT or an UPDATE when the row already existed), so a unique
+key raced by two workers never raises. On SQLite the write transactions begin with
+``BEGIN IMMEDIATE`` (see `service.db`), so they queue on the busy timeout instead of failing
+when a reader upgrades to a writer. A transaction that still fails transiently (SQLite "database
+is locked" after the busy timeout, PostgreSQL serialization failure or deadlock) is retried a
+few times with a short backoff.
+
+Create a store in the process that uses it (an Engine must not cross a fork).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+from hypothesis.database import ExampleDatabase
+from sqlalchemy import Engine, Table, case, delete, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import DBAPIError
+
+from fuzzer.results import BucketUpdate, BuildFingerprint, CaseResult
+from oracle.config import AttentionCase
+from service.db import SQLITE_BEGIN_OPTION
+from service.errors import FieldValidationError, NotFoundError
+from service.models import (
+    ORIGINS,
+    Bucket,
+    Build,
+    Case,
+    HypothesisExample,
+    Result,
+    TriageState,
+    Worker,
+    case_filter_columns,
+    utcnow,
+)
+
+T = TypeVar("T")
+
+TRANSIENT_SQLSTATES = frozenset({"40001", "40P01"})  # serialization_failure, deadlock_detected
+DEFAULT_RETRIES = 5
+
+
+def _is_transient(exc: DBAPIError) -> bool:
+    sqlstate = getattr(exc.orig, "sqlstate", None)
+    if sqlstate in TRANSIENT_SQLSTATES:
+        return True
+    text = str(exc.orig).lower()
+    return "database is locked" in text or "database is busy" in text
+
+
+class _Transactor:
+    """Runs a function in a short write transaction (or a savepoint), retrying transient errors."""
+
+    def __init__(self, bind: Engine | Connection, retries: int = DEFAULT_RETRIES):
+        if not isinstance(bind, (Engine, Connection)):
+            raise TypeError(f"bind must be an Engine or a Connection, got {type(bind).__name__}")
+        self.bind = bind
+        self.retries = retries
+        self.dialect = bind.dialect.name
+        if self.dialect not in ("sqlite", "postgresql"):
+            raise NotImplementedError(f"unsupported database {self.dialect!r} (SQLite and PostgreSQL are)")
+        self._write_engine = (
+            bind.execution_options(**{SQLITE_BEGIN_OPTION: "IMMEDIATE"})
+            if isinstance(bind, Engine) and self.dialect == "sqlite"
+            else bind
+        )
+
+    @contextmanager
+    def _begin(self) -> Iterator[Connection]:
+        if isinstance(self.bind, Connection):
+            with self.bind.begin_nested():
+                yield self.bind
+        else:
+            with self._write_engine.begin() as connection:
+                yield connection
+
+    def write(self, fn: Callable[[Connection], T]) -> T:
+        for attempt in range(self.retries + 1):
+            try:
+                with self._begin() as connection:
+                    return fn(connection)
+            except DBAPIError as exc:
+                if attempt == self.retries or not _is_transient(exc):
+                    raise
+                time.sleep(min(0.05 * 2**attempt, 1.0))  # backoff between retries, not a test sync
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def read(self, fn: Callable[[Connection], T]) -> T:
+        if isinstance(self.bind, Connection):
+            return fn(self.bind)
+        with self.bind.connect() as connection:
+            return fn(connection)
+
+
+def _insert_ignore(connection: Connection, table: Table, values: dict[str, Any], conflict: list[str]) -> Any | None:
+    """``INSERT ... ON CONFLICT (conflict) DO NOTHING RETURNING id``: the new id, or None."""
+    insert = postgresql.insert if connection.dialect.name == "postgresql" else sqlite.insert
+    statement = insert(table).values(**values).on_conflict_do_nothing(index_elements=conflict)
+    return connection.execute(statement.returning(table.c.id)).scalar_one_or_none()
+
+
+def _bucket_key(backend: str, variant: str, signature: str) -> Any:
+    return (Bucket.backend == backend) & (Bucket.variant == variant) & (Bucket.signature == signature)
+
+
+class SqlStore:
+    """`fuzzer.results.ResultSink` on SQL: idempotent, safe for concurrent worker processes.
+
+    Args:
+        bind: an Engine (one transaction per call) or an open Connection (a savepoint per call).
+        retries: how many times a transiently failing transaction is retried.
+    """
+
+    def __init__(self, bind: Engine | Connection, *, retries: int = DEFAULT_RETRIES):
+        self._tx = _Transactor(bind, retries)
+
+    def register_build(self, fingerprint: BuildFingerprint) -> int:
+        """The id of the ``builds`` row for ``fingerprint``, created on first sight."""
+        fingerprint_id = fingerprint.fingerprint_id
+
+        def run(connection: Connection) -> int:
+            values = {"fingerprint_id": fingerprint_id, "first_seen": utcnow(), **fingerprint.to_json()}
+            build_id = _insert_ignore(connection, Build.__table__, values, ["fingerprint_id"])
+            if build_id is None:
+                build_id = connection.scalar(select(Build.id).where(Build.fingerprint_id == fingerprint_id))
+            return build_id
+
+        return self._tx.write(run)
+
+    def register_worker(self, build_id: int, hostname: str, pid: int, device: str) -> int:
+        """A new ``workers`` row (status ``"running"``); its id.
+
+        Raises:
+            NotFoundError: ``build_id`` is unknown.
+        """
+
+        def run(connection: Connection) -> int:
+            if connection.scalar(select(Build.id).where(Build.id == build_id)) is None:
+                raise NotFoundError("build", build_id)
+            now = utcnow()
+            statement = (
+                Worker.__table__.insert()
+                .values(
+                    build_id=build_id,
+                    hostname=hostname,
+                    pid=pid,
+                    device=device,
+                    started_at=now,
+                    last_heartbeat=now,
+                    cases_run=0,
+                    status="running",
+                )
+                .returning(Worker.id)
+            )
+            return connection.execute(statement).scalar_one()
+
+        return self._tx.write(run)
+
+    def heartbeat(self, worker_id: int, cases_run: int, status: str = "running") -> None:
+        """Set the worker's ``last_heartbeat`` to now with its ``cases_run`` and ``status``.
+
+        Raises:
+            NotFoundError: ``worker_id`` is unknown.
+        """
+
+        def run(connection: Connection) -> None:
+            statement = (
+                update(Worker)
+                .where(Worker.id == worker_id)
+                .values(last_heartbeat=utcnow(), cases_run=cases_run, status=status)
+            )
+            if connection.execute(statement).rowcount == 0:
+                raise NotFoundError("worker", worker_id)
+
+        self._tx.write(run)
+
+    def record_case(self, case_json: dict[str, Any], origin: str = "fuzz") -> str:
+        """Store the case if it is new (the first origin recorded is kept); its ``case_id``.
+
+        Args:
+            case_json: ``AttentionCase.to_json()`` output; validated, then stored normalised.
+            origin: one of ``"fuzz"``, ``"minimised"``, ``"corpus"``, ``"replay"``.
+
+        Raises:
+            oracle.errors.CaseValidationError: ``case_json`` is not a valid case.
+            FieldValidationError: ``origin`` is unknown.
+        """
+        attention_case = AttentionCase.from_json(case_json)
+        if origin not in ORIGINS:
+            raise FieldValidationError("origin", f"unknown value {origin!r} (allowed: {', '.join(ORIGINS)})")
+        self._tx.write(lambda connection: self._insert_case(connection, attention_case, origin))
+        return attention_case.case_id
+
+    @staticmethod
+    def _insert_case(connection: Connection, attention_case: AttentionCase, origin: str) -> None:
+        values = {
+            "id": attention_case.case_id,
+            "config": attention_case.to_json(),
+            "origin": origin,
+            "created_at": utcnow(),
+            **case_filter_columns(attention_case),
+        }
+        _insert_ignore(connection, Case.__table__, values, ["id"])
+
+    def record_result(self, result: CaseResult, build_id: int, worker_id: int | None) -> BucketUpdate | None:
+        """Store ``result`` once per ``(case_id, build_id, backend, variant, phase)``.
+
+        A failing result is counted in its bucket ``(backend, variant, signature)``, created on
+        first sight. Writing the same key again changes nothing and reports the stored row.
+
+        Returns:
+            For a failure: the bucket and whether this call created it. None for a non-failure.
+
+        Raises:
+            NotFoundError: ``result.case_id`` was never recorded (call `record_case` first), or
+                ``build_id`` or ``worker_id`` is unknown.
+        """
+
+        def run(connection: Connection) -> BucketUpdate | None:
+            now = utcnow()
+            values = {
+                "case_id": result.case_id,
+                "build_id": build_id,
+                "worker_id": worker_id,
+                "backend": result.backend,
+                "variant": result.variant,
+                "status": result.status,
+                "signature": result.signature,
+                "signatures": list(result.signatures),
+                "metrics": result.metrics,
+                "error_ratio": result.error_ratio,
+                "run_ms": result.run_ms,
+                "compile_ms": result.compile_ms,
+                "oracle_ms": result.oracle_ms,
+                "detail": result.detail,
+                "backend_version": result.backend_version,
+                "selected_kernel": result.selected_kernel,
+                "phase": result.phase,
+                "created_at": now,
+            }
+            conflict = ["case_id", "build_id", "backend", "variant", "phase"]
+            self._check_references(connection, result.case_id, build_id, worker_id)
+            result_id = _insert_ignore(connection, Result.__table__, values, conflict)
+            if result_id is None:
+                return self._stored_bucket(connection, result, build_id)
+            if not result.is_failure:
+                return None
+            bucket_values = {
+                "backend": result.backend,
+                "variant": result.variant,
+                "signature": result.signature,
+                "first_seen": now,
+                "last_seen": now,
+                "hit_count": 1,
+                "first_case_id": result.case_id,
+                "minimise_note": "",
+                "first_build_id": build_id,
+                "last_build_id": build_id,
+                "triage_state": TriageState.new,
+                "notes": "",
+            }
+            bucket_id = _insert_ignore(connection, Bucket.__table__, bucket_values, ["backend", "variant", "signature"])
+            if bucket_id is not None:
+                return BucketUpdate(bucket_id=bucket_id, is_new=True)
+            bump = (
+                update(Bucket)
+                .where(_bucket_key(result.backend, result.variant, result.signature))
+                .values(
+                    hit_count=Bucket.hit_count + 1,
+                    last_seen=case((Bucket.last_seen < now, now), else_=Bucket.last_seen),
+                    last_build_id=build_id,
+                )
+                .returning(Bucket.id)
+            )
+            return BucketUpdate(bucket_id=connection.execute(bump).scalar_one(), is_new=False)
+
+        return self._tx.write(run)
+
+    @staticmethod
+    def _check_references(connection: Connection, case_id: str, build_id: int, worker_id: int | None) -> None:
+        if connection.scalar(select(Case.id).where(Case.id == case_id)) is None:
+            raise NotFoundError("case", case_id)
+        if connection.scalar(select(Build.id).where(Build.id == build_id)) is None:
+            raise NotFoundError("build", build_id)
+        if worker_id is not None and connection.scalar(select(Worker.id).where(Worker.id == worker_id)) is None:
+            raise NotFoundError("worker", worker_id)
+
+    @staticmethod
+    def _stored_bucket(connection: Connection, result: CaseResult, build_id: int) -> BucketUpdate | None:
+        stored = connection.execute(
+            select(Result.status, Result.signature).where(
+                Result.case_id == result.case_id,
+                Result.build_id == build_id,
+                Result.backend == result.backend,
+                Result.variant == result.variant,
+                Result.phase == result.phase,
+            )
+        ).one()
+        if stored.signature is None:
+            return None
+        bucket_id = connection.scalar(
+            select(Bucket.id).where(_bucket_key(result.backend, result.variant, stored.signature))
+        )
+        return BucketUpdate(bucket_id=bucket_id, is_new=False)
+
+    def record_minimised(
+        self, bucket_id: int, minimised_case_json: dict[str, Any], original_case_id: str, note: str
+    ) -> None:
+        """Store the minimised case (origin ``"minimised"``) and point the bucket at it.
+
+        Args:
+            bucket_id: the bucket whose failure was minimised.
+            minimised_case_json: ``AttentionCase.to_json()`` of the smallest case still failing.
+            original_case_id: the case minimisation started from; it must be stored.
+            note: how minimisation ended (kept verbatim in ``buckets.minimise_note``).
+
+        Raises:
+            oracle.errors.CaseValidationError: the minimised case is invalid.
+            NotFoundError: the bucket or the original case does not exist.
+        """
+        attention_case = AttentionCase.from_json(minimised_case_json)
+
+        def run(connection: Connection) -> None:
+            if connection.scalar(select(Case.id).where(Case.id == original_case_id)) is None:
+                raise NotFoundError("case", original_case_id)
+            self._insert_case(connection, attention_case, "minimised")
+            statement = (
+                update(Bucket)
+                .where(Bucket.id == bucket_id)
+                .values(minimised_case_id=attention_case.case_id, minimise_note=note)
+            )
+            if connection.execute(statement).rowcount == 0:
+                raise NotFoundError("bucket", bucket_id)
+
+        self._tx.write(run)
+
+    def known_bucket_keys(self) -> set[tuple[str, str, str]]:
+        """Every ``(backend, variant, signature)`` that has a bucket."""
+
+        def run(connection: Connection) -> set[tuple[str, str, str]]:
+            rows = connection.execute(select(Bucket.backend, Bucket.variant, Bucket.signature))
+            return {(row.backend, row.variant, row.signature) for row in rows}
+
+        return self._tx.read(run)
+
+
+class SqlExampleDatabase(ExampleDatabase):
+    """Hypothesis's example database in the ``hypothesis_examples`` table.
+
+    ``save`` and ``delete`` are idempotent and ``move`` is one transaction. Change listeners
+    hear this instance's own saves, deletes and moves (a move is a delete then a save), not
+    writes by other processes.
+
+    Args:
+        bind: an Engine or an open Connection (see the module docstring).
+    """
+
+    def __init__(self, bind: Engine | Connection, *, retries: int = DEFAULT_RETRIES):
+        super().__init__()
+        self._tx = _Transactor(bind, retries)
+
+    def __repr__(self) -> str:
+        return f"SqlExampleDatabase({self._tx.bind!r})"
+
+    @staticmethod
+    def _save(connection: Connection, key: bytes, value: bytes) -> bool:
+        values = {"key": key, "value": value, "value_sha256": hashlib.sha256(value).digest()}
+        table = HypothesisExample.__table__
+        return _insert_ignore(connection, table, values, ["key", "value_sha256"]) is not None
+
+    @staticmethod
+    def _delete(connection: Connection, key: bytes, value: bytes) -> bool:
+        statement = delete(HypothesisExample).where(
+            HypothesisExample.key == key,
+            HypothesisExample.value_sha256 == hashlib.sha256(value).digest(),
+            HypothesisExample.value == value,
+        )
+        return connection.execute(statement).rowcount > 0
+
+    def save(self, key: bytes, value: bytes) -> None:
+        """Save ``value`` under ``key``; nothing happens if it is already there."""
+        key, value = bytes(key), bytes(value)
+        if self._tx.write(lambda connection: self._save(connection, key, value)):
+            self._broadcast_change(("save", (key, value)))
+
+    def fetch(self, key: bytes) -> Iterable[bytes]:
+        """Every value under ``key``, oldest first (read in one query, then yielded)."""
+        key = bytes(key)
+        statement = select(HypothesisExample.value).where(HypothesisExample.key == key).order_by(HypothesisExample.id)
+        values = self._tx.read(lambda connection: list(connection.scalars(statement)))
+        yield from values
+
+    def delete(self, key: bytes, value: bytes) -> None:
+        """Remove ``value`` from ``key``; nothing happens if it is not there."""
+        key, value = bytes(key), bytes(value)
+        if self._tx.write(lambda connection: self._delete(connection, key, value)):
+            self._broadcast_change(("delete", (key, value)))
+
+    def move(self, src: bytes, dest: bytes, value: bytes) -> None:
+        """Move ``value`` from ``src`` to ``dest`` in one transaction (saved at ``dest`` even when
+        absent from ``src``)."""
+        src, dest, value = bytes(src), bytes(dest), bytes(value)
+        if src == dest:
+            self.save(src, value)
+            return
+        deleted, saved = self._tx.write(
+            lambda connection: (self._delete(connection, src, value), self._save(connection, dest, value))
+        )
+        if deleted:
+            self._broadcast_change(("delete", (src, value)))
+        if saved:
+            self._broadcast_change(("save", (dest, value)))
+
+    def _start_listening(self) -> None:
+        # Changes are broadcast from save/delete/move above; nothing to start.
+        pass
+
+    def _stop_listening(self) -> None:
+        pass

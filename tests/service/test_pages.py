@@ -1,0 +1,104 @@
+"""The HTML pages render the stored data, escaped."""
+
+from __future__ import annotations
+
+import html
+
+from fastapi.testclient import TestClient
+
+from fuzzer.results import CaseResult
+from service.store import SqlStore
+from tests.service.conftest import Seeded
+
+
+def _page(client: TestClient, path: str, **params: object) -> str:
+    response = client.get(path, params=params)
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"].startswith("text/html")
+    return response.text
+
+
+def test_overview_shows_counts_per_backend_buckets_and_workers(client: TestClient, seeded: Seeded) -> None:
+    page = _page(client, "/")
+    assert "3 cases, 7 results" in page
+    assert "3 buckets, 1 live workers" in page
+    for text in ("fa2", "fa4", "sdpa", "te", "unsupported", "gpu-host-1", "cuda:0", "out:nan", "lse:mismatch"):
+        assert text in page, text
+    assert f'href="/buckets/{seeded.nan_bucket_id}"' in page
+
+
+def test_overview_renders_an_empty_database(client: TestClient) -> None:
+    page = _page(client, "/")
+    assert "0 cases, 0 results" in page
+    assert "no live workers" in page
+
+
+def test_buckets_page_lists_and_filters(client: TestClient, seeded: Seeded) -> None:
+    page = _page(client, "/buckets")
+    assert "3 buckets" in page
+    for bucket_id in (seeded.nan_bucket_id, seeded.crash_bucket_id, seeded.fa4_bucket_id):
+        assert f'href="/buckets/{bucket_id}"' in page
+    filtered = _page(client, "/buckets", backend="fa2")
+    assert "1 buckets" in filtered
+    assert "<code>crash</code>" in filtered
+    assert "out:nan" not in filtered
+
+
+def test_buckets_page_links_to_the_next_page(client: TestClient, seeded: Seeded) -> None:
+    first = _page(client, "/buckets", sort="id", limit=2)
+    assert 'rel="next"' in first and "offset=2" in first
+    assert 'rel="prev"' not in first
+    last = _page(client, "/buckets", sort="id", limit=2, offset=2)
+    assert 'rel="prev"' in last and 'rel="next"' not in last
+
+
+def test_bucket_page_shows_the_minimised_case_metrics_and_results(client: TestClient, seeded: Seeded) -> None:
+    page = _page(client, f"/buckets/{seeded.nan_bucket_id}")
+    assert html.escape(seeded.minimised_case.describe()) in page
+    assert html.escape(seeded.case.describe()) in page
+    assert "&#34;causal_alignment&#34;: &#34;bottom_right&#34;" in page, "the minimised case's JSON"
+    assert "shrunk in 41 steps" in page
+    for column in ("err_backend", "err_baseline", "error_ratio"):
+        assert f"<th>{column}</th>" in page
+    assert "<th>lse</th>" in page and "0.31" in page
+    assert f'href="/cases/{seeded.other_case.case_id}"' in page
+    assert "3 of 3" in page
+
+
+def test_case_page_shows_json_description_and_all_results(client: TestClient, seeded: Seeded) -> None:
+    page = _page(client, f"/cases/{seeded.case.case_id}")
+    assert html.escape(seeded.case.describe()) in page
+    assert "&#34;seqlen_k&#34;: 799" in page
+    assert "SIGSEGV in flash_fwd" in page
+    assert 'class="status-crash"' in page and 'class="status-pass"' in page
+    assert f'href="/buckets/{seeded.crash_bucket_id}"' in page
+
+
+def test_pages_of_unknown_ids_are_404(client: TestClient) -> None:
+    assert client.get("/buckets/987654").status_code == 404
+    response = client.get("/cases/0123456789abcdef")
+    assert response.status_code == 404
+    assert "There is no case 0123456789abcdef" in response.text
+
+
+def test_stored_text_is_escaped(client: TestClient, store: SqlStore, seeded: Seeded) -> None:
+    hostile = "<script>alert(1)</script>"
+    result = CaseResult(
+        case_id=seeded.case.case_id,
+        backend="sdpa",
+        variant="default",
+        status="error",
+        signature=f"error:{hostile}",
+        detail=hostile,
+        phase="replay",
+    )
+    update = store.record_result(result, seeded.build_id, None)
+    for path in (f"/buckets/{update.bucket_id}", f"/cases/{seeded.case.case_id}", "/buckets", "/"):
+        page = _page(client, path)
+        assert hostile not in page, path
+        assert html.escape(hostile, quote=False) in page, path
+
+
+def test_the_filter_form_with_every_field_left_at_any_lists_everything(client: TestClient, seeded: Seeded) -> None:
+    page = _page(client, "/buckets", backend="", variant="", signature="", triage_state="", sort="-last_seen", limit=50)
+    assert "3 buckets" in page

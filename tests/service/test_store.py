@@ -1,0 +1,247 @@
+"""`SqlStore`: idempotent writes, buckets, minimised cases, and concurrent worker processes."""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+from datetime import UTC
+
+import pytest
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from fuzzer.results import BucketUpdate, BuildFingerprint, CaseResult
+from oracle.config import AttentionCase
+from oracle.errors import CaseValidationError
+from service import migrations
+from service.db import make_engine
+from service.errors import FieldValidationError, NotFoundError
+from service.models import Bucket, Build, Case, Result, Worker
+from service.store import SqlStore
+from tests.service.conftest import Seeded
+
+CASE = AttentionCase(batch_size=2, seqlen_q=113, seqlen_k=799, num_heads=4, causal=True, softcap=30.0)
+
+
+def _failure(case_id: str, signature: str = "out:nan", **kw: object) -> CaseResult:
+    return CaseResult(case_id=case_id, backend="sdpa", variant="default", status="fail", signature=signature, **kw)
+
+
+def _count(session: Session, model: type) -> int:
+    return session.scalar(select(func.count()).select_from(model))
+
+
+@pytest.fixture
+def build_id(store: SqlStore) -> int:
+    return store.register_build(BuildFingerprint(torch="2.13.0", device_name="NVIDIA H200"))
+
+
+@pytest.fixture
+def case_id(store: SqlStore) -> str:
+    return store.record_case(CASE.to_json(), "fuzz")
+
+
+def test_register_build_returns_the_same_id_for_the_same_fingerprint(store: SqlStore, session: Session) -> None:
+    first = store.register_build(BuildFingerprint(torch="2.13.0"))
+    again = store.register_build(BuildFingerprint(torch="2.13.0"))
+    other = store.register_build(BuildFingerprint(torch="2.14.0"))
+    assert first == again != other
+    build = session.get(Build, first)
+    assert build.fingerprint_id == BuildFingerprint(torch="2.13.0").fingerprint_id
+    assert build.torch == "2.13.0"
+    assert build.first_seen.tzinfo is UTC
+
+
+def test_record_case_stores_once_with_its_filter_columns(store: SqlStore, session: Session) -> None:
+    first = store.record_case(CASE.to_json(), "fuzz")
+    again = store.record_case(CASE.to_json(), "replay")
+    assert first == again == CASE.case_id
+    assert _count(session, Case) == 1
+    row = session.get(Case, first)
+    assert row.origin == "fuzz", "the first origin is kept"
+    assert row.to_attention_case() == CASE
+    assert (row.seqlen_q, row.seqlen_k, row.num_heads_kv, row.dtype) == (113, 799, 4, "bfloat16")
+    assert (row.causal, row.has_window, row.has_softcap, row.backward) == (True, False, True, True)
+
+
+def test_record_case_rejects_invalid_cases_and_unknown_origins(store: SqlStore) -> None:
+    with pytest.raises(CaseValidationError, match="num_heads_kv"):
+        store.record_case({**CASE.to_json(), "num_heads_kv": 3}, "fuzz")
+    with pytest.raises(FieldValidationError, match="origin"):
+        store.record_case(CASE.to_json(), "guess")
+
+
+def test_the_same_result_twice_is_one_row_and_one_hit(
+    store: SqlStore, session: Session, build_id: int, case_id: str
+) -> None:
+    first = store.record_result(_failure(case_id), build_id, None)
+    again = store.record_result(_failure(case_id, run_ms=99.0), build_id, None)
+    assert first == BucketUpdate(bucket_id=first.bucket_id, is_new=True)
+    assert again == BucketUpdate(bucket_id=first.bucket_id, is_new=False)
+    assert _count(session, Result) == 1
+    assert session.scalar(select(Result.run_ms)) == 0.0, "the first write wins"
+    assert session.get(Bucket, first.bucket_id).hit_count == 1
+
+
+def test_two_failing_results_of_one_bucket_make_one_bucket_with_two_hits(
+    store: SqlStore, session: Session, build_id: int, case_id: str
+) -> None:
+    later_build = store.register_build(BuildFingerprint(torch="2.14.0"))
+    first = store.record_result(_failure(case_id), build_id, None)
+    second = store.record_result(_failure(case_id, phase="replay"), later_build, None)
+    assert (first.is_new, second.is_new) == (True, False)
+    assert first.bucket_id == second.bucket_id
+    bucket = session.get(Bucket, first.bucket_id)
+    assert bucket.hit_count == 2
+    assert (bucket.first_build_id, bucket.last_build_id) == (build_id, later_build)
+    assert bucket.first_case_id == case_id
+    assert bucket.last_seen >= bucket.first_seen
+    assert _count(session, Bucket) == 1
+    assert _count(session, Result) == 2
+
+
+def test_a_different_signature_opens_a_new_bucket(store: SqlStore, build_id: int, case_id: str) -> None:
+    nan = store.record_result(_failure(case_id, "out:nan"), build_id, None)
+    zero = store.record_result(_failure(case_id, "out:all_zero", phase="confirm"), build_id, None)
+    assert zero.is_new and zero.bucket_id != nan.bucket_id
+    assert store.known_bucket_keys() == {("sdpa", "default", "out:nan"), ("sdpa", "default", "out:all_zero")}
+
+
+def test_non_failures_are_stored_without_a_bucket(
+    store: SqlStore, session: Session, build_id: int, case_id: str
+) -> None:
+    passed = CaseResult(case_id=case_id, backend="sdpa", variant="default", status="pass", error_ratio=0.3)
+    assert store.record_result(passed, build_id, None) is None
+    assert store.record_result(passed, build_id, None) is None
+    assert _count(session, Result) == 1
+    assert _count(session, Bucket) == 0
+    assert store.known_bucket_keys() == set()
+
+
+def test_results_need_a_recorded_case_build_and_worker(store: SqlStore, build_id: int, case_id: str) -> None:
+    with pytest.raises(NotFoundError, match="case"):
+        store.record_result(_failure("0123456789abcdef"), build_id, None)
+    with pytest.raises(NotFoundError, match="build"):
+        store.record_result(_failure(case_id), build_id + 1000, None)
+    with pytest.raises(NotFoundError, match="worker"):
+        store.record_result(_failure(case_id), build_id, 123456)
+
+
+def test_metrics_with_non_finite_floats_are_stored_as_strings(
+    store: SqlStore, session: Session, build_id: int, case_id: str
+) -> None:
+    metrics = {"out": {"err_backend": math.nan, "error_ratio": math.inf, "err_baseline": -math.inf, "ok": 1.5}}
+    store.record_result(_failure(case_id, metrics=metrics), build_id, None)
+    stored = session.scalar(select(Result.metrics))
+    assert stored == {"out": {"err_backend": "nan", "error_ratio": "inf", "err_baseline": "-inf", "ok": 1.5}}
+
+
+def test_record_minimised_stores_the_case_and_points_the_bucket_at_it(
+    store: SqlStore, session: Session, build_id: int, case_id: str
+) -> None:
+    bucket_id = store.record_result(_failure(case_id), build_id, None).bucket_id
+    small = AttentionCase(seqlen_q=2, seqlen_k=2, causal=True)
+    store.record_minimised(bucket_id, small.to_json(), case_id, "shrunk in 12 steps")
+    bucket = session.get(Bucket, bucket_id)
+    assert bucket.minimised_case_id == small.case_id
+    assert bucket.minimise_note == "shrunk in 12 steps"
+    assert bucket.first_case_id == case_id
+    assert session.get(Case, small.case_id).origin == "minimised"
+
+
+def test_record_minimised_rejects_unknown_buckets_and_original_cases(
+    store: SqlStore, session: Session, build_id: int, case_id: str
+) -> None:
+    bucket_id = store.record_result(_failure(case_id), build_id, None).bucket_id
+    small = AttentionCase(seqlen_q=2).to_json()
+    with pytest.raises(NotFoundError, match="bucket"):
+        store.record_minimised(bucket_id + 1000, small, case_id, "")
+    with pytest.raises(NotFoundError, match="case"):
+        store.record_minimised(bucket_id, small, "ffffffffffffffff", "")
+    assert session.get(Bucket, bucket_id).minimised_case_id is None
+    assert session.get(Case, AttentionCase(seqlen_q=2).case_id) is None, "the failed call left nothing behind"
+
+
+def test_workers_register_and_heartbeat(store: SqlStore, session: Session, build_id: int) -> None:
+    worker_id = store.register_worker(build_id, "gpu-host", 77, "cuda:3")
+    started = session.get(Worker, worker_id)
+    assert (started.status, started.cases_run, started.device) == ("running", 0, "cuda:3")
+    session.expire_all()
+    store.heartbeat(worker_id, 120, "stopping")
+    worker = session.get(Worker, worker_id)
+    assert (worker.cases_run, worker.status) == (120, "stopping")
+    assert worker.last_heartbeat >= worker.started_at
+    with pytest.raises(NotFoundError, match="worker"):
+        store.heartbeat(worker_id + 1000, 1)
+    with pytest.raises(NotFoundError, match="build"):
+        store.register_worker(build_id + 1000, "h", 1, "cpu")
+
+
+def test_seeded_data_counts_hits_per_bucket(seeded: Seeded, session: Session) -> None:
+    assert session.get(Bucket, seeded.nan_bucket_id).hit_count == 3  # two fuzz cases + the shrink run
+    assert session.get(Bucket, seeded.crash_bucket_id).hit_count == 1
+    assert _count(session, Bucket) == 3
+
+
+# ------------------------------------------------------------------------------ concurrency
+PROCESSES = 4
+SHARED_CASES = 8
+
+
+def _worker_process(
+    url: str, index: int, barrier: multiprocessing.synchronize.Barrier, queue: multiprocessing.Queue
+) -> None:
+    """Every process writes the same shared results plus its own; reports its BucketUpdates."""
+    engine = make_engine(url)
+    try:
+        store = SqlStore(engine)
+        barrier.wait(timeout=120)
+        build_id = store.register_build(BuildFingerprint(torch="2.13.0"))
+        worker_id = store.register_worker(build_id, "host", 1000 + index, f"cuda:{index}")
+        updates = []
+        for i in range(SHARED_CASES):
+            case_id = store.record_case(AttentionCase(seqlen_q=i + 1).to_json(), "fuzz")
+            updates.append(store.record_result(_failure(case_id), build_id, worker_id))
+            own = CaseResult(case_id=case_id, backend="sdpa", variant=f"p{index}", status="crash", signature="crash")
+            updates.append(store.record_result(own, build_id, worker_id))
+            store.heartbeat(worker_id, i + 1)
+        queue.put((index, [(u.bucket_id, u.is_new) for u in updates]))
+    except BaseException as exc:  # report instead of hanging the parent
+        queue.put((index, repr(exc)))
+    finally:
+        engine.dispose()
+
+
+def test_concurrent_worker_processes_write_one_bucket_per_key(fresh_database_url: str) -> None:
+    migrations.upgrade(fresh_database_url)
+    context = multiprocessing.get_context("spawn")
+    barrier = context.Barrier(PROCESSES)
+    queue = context.Queue()
+    processes = [
+        context.Process(target=_worker_process, args=(fresh_database_url, i, barrier, queue)) for i in range(PROCESSES)
+    ]
+    for p in processes:
+        p.start()
+    reports = dict(queue.get(timeout=300) for _ in processes)
+    for p in processes:
+        p.join(timeout=60)
+    errors = {i: r for i, r in reports.items() if isinstance(r, str)}
+    assert not errors, f"worker processes failed: {errors}"
+
+    updates = [u for r in reports.values() for u in r]
+    shared_new = [u for r in reports.values() for u in r[0::2] if u[1]]
+    assert len(shared_new) == 1, f"exactly one process opens the shared bucket, got {shared_new}"
+    assert all(r[1][1] for r in reports.values()), "each process opens its own bucket on its first crash"
+    assert len(updates) == PROCESSES * SHARED_CASES * 2
+
+    engine = make_engine(fresh_database_url)
+    try:
+        with Session(engine) as session:
+            assert _count(session, Build) == 1
+            assert _count(session, Case) == SHARED_CASES
+            assert _count(session, Worker) == PROCESSES
+            assert _count(session, Result) == SHARED_CASES * (1 + PROCESSES)
+            hits = {variant: n for variant, n in session.execute(select(Bucket.variant, Bucket.hit_count))}
+            assert hits == {"default": SHARED_CASES, **{f"p{i}": SHARED_CASES for i in range(PROCESSES)}}
+    finally:
+        engine.dispose()
