@@ -113,6 +113,10 @@ class Backend(abc.ABC):
             different process-wide settings (``env_vars``) must use different keys.
         env_vars: environment variables set in the child before the library is imported.
         packages: distribution names whose versions identify the build of this backend.
+        masked_row_lse: the value the library documents (or is known) to return as lse for a
+            row with no visible key, when it is not attnfuzz's ``-inf`` (e.g. ``0.0`` for
+            PyTorch's CPU flash op). The comparison accepts exactly that value on exactly those
+            rows; None = ``-inf`` only.
     """
 
     name: ClassVar[str] = ""
@@ -122,6 +126,7 @@ class Backend(abc.ABC):
     env_vars: ClassVar[dict[str, str]] = {}
     packages: ClassVar[tuple[str, ...]] = ("torch",)
     capabilities: ClassVar[Capabilities] = Capabilities()
+    masked_row_lse: ClassVar[float | None] = None
 
     # ------------------------------------------------------------------ discovery-time checks
     def availability(self) -> str | None:

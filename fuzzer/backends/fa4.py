@@ -1,0 +1,500 @@
+"""FlashAttention 4 (flash-attn-4, CuTe DSL) adapter: ``flash_attn.cute.interface``.
+
+What the library expects (read in flash-attn-4 4.0.0b36, cross-checked against 4.0.0b3, b11, b20,
+b25, b28, b29, b30, b31 wheels and upstream commit 66ee1b5):
+
+* ``flash_attn_func(q, k, v, *, softmax_scale=None, causal=False, window_size=(None, None),
+  softcap=0.0, ..., return_lse=False)`` on ``[batch_size, seqlen, heads, dim]`` tensors and
+  ``flash_attn_varlen_func(q, k, v, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+  ...)`` on packed ``[total, heads, dim]`` tensors. Both return ``(out, lse)``; ``lse`` is float32,
+  natural log, ``[batch_size, num_heads, seqlen_q]`` (``[num_heads, total_q]`` varlen), and is None
+  unless ``return_lse=True`` or an input requires grad.
+* Unbounded window sides are ``None``. ``causal`` sets ``window_size_right = 0``. Causal and
+  window bounds are aligned to the bottom-right corner (``seqlen_k - seqlen_q`` offset), as in FA2.
+* ``_resolve_causal_local_window`` turns (causal, left, right) into (causal, local, left, right).
+  Up to 4.0.0b29 it applied causal first and then widened to (None, None) when
+  ``left + right < 0``, so the FA2/TE sentinel ``(-1, 0)`` collapsed to plain causal. From 4.0.0b30
+  (flash-attention PR #2490, released 2026-09-09) it widens only when *both* sides are negative,
+  then applies causal: ``(True, -1, 0)`` becomes ``local`` with left bound ``-1``, an empty band,
+  so out is all zeros and lse is -inf (the seed bug, see ``shared/seed/000_b489f7c1bd22712f.txt``).
+* Supported: fp16/bf16; head dims multiple of 8; SM90 ``8 <= d, d_v <= 256``; SM100/SM110
+  ``8 <= d, d_v <= 128`` or (192, 128), (256, 256), (64 | 512, 512) (``_validate_head_dims``);
+  GQA/MQA; softcap; backward through autograd (``FlashAttnFunc.backward``).
+
+API drift handled here (never by version string):
+
+* The 4th positional parameter was ``softmax_scale`` in 4.0.0b3 and became ``qv`` in 4.0.0b11, so
+  every argument after q, k, v is passed by keyword.
+* ``return_lse`` exists in every PyPI build (4.0.0b3..4.0.0b36) but not in the pre-release
+  upstream interface (commit 66ee1b5, July 2025), whose varlen function also had no
+  ``max_seqlen_q/k``. Keywords absent from ``inspect.signature`` are dropped when optional
+  (``return_lse``, ``max_seqlen_*``) and refused (`UnsupportedCaseError`) when they carry the mask.
+* A result that is a tuple/list is ``(out, lse, ...)``; a bare tensor is ``out`` (lse None).
+
+Variants (the same mask, encoded the way different callers encode it):
+
+* ``native``: FA4's own convention. ``causal=case.causal``, ``window_size=(left, right)`` with
+  ``None`` for an unbounded side.
+* ``te_style``: exactly what TransformerEngine 2.20.2 passes to ``flash_attn_func_v4``
+  (``backends.py`` ``FlashAttention.forward``): ``causal=True`` and ``window_size=(left or -1, 0)``
+  for causal masks (``check_set_window_size``), ``causal=False`` and ``(-1, -1)`` or
+  ``(left, right)`` otherwise. Not defined for one-sided non-causal windows (TE refuses them).
+* ``minus1_unbounded``: the FA2 convention carried over: each unbounded side is ``-1``, causality
+  only through the ``causal`` flag (``causal=True, window_size=(-1, -1)`` for plain causal).
+* ``causal_as_window``: causality expressed only through the window: ``causal=False``,
+  ``window_size=(left or None, 0)``. Causal cases only.
+
+A variant whose call is identical to an earlier variant's call for a case is reported unsupported
+("same call as ..."), so no kernel call is made twice under two names.
+
+Source: Dao-AILab/flash-attention ``flash_attn/cute/interface.py`` (flash-attn-4 4.0.0b36 wheel;
+also 4.0.0b3/b11/b29/b30 wheels and upstream commit 66ee1b5), ``flash_attn/cute/mask.py``
+(4.0.0b36); NVIDIA/TransformerEngine ``transformer_engine/pytorch/attention/dot_product_attention/
+backends.py`` and ``utils.py`` (transformer-engine 2.20.2 wheel).
+
+The helpers ``CompileTimer``, ``library_layout_qkv``, ``canonical_lse`` and
+``call_with_signature`` are shared with ``fa2.py`` and ``te.py``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import inspect
+import time
+from typing import Any, Callable, ClassVar
+
+from fuzzer.backends.base import (
+    Backend,
+    BackendOutput,
+    Capabilities,
+    UnsupportedCaseError,
+    run_with_grad,
+)
+from oracle.config import AttentionCase
+
+FA4_DISTRIBUTION = "flash-attn-4"
+FA4_MODULE = "flash_attn.cute.interface"
+FA4_VARIANTS = ("native", "te_style", "minus1_unbounded", "causal_as_window")
+#: Compute-capability majors the adapter targets: Hopper (sm90) and Blackwell (sm100, sm103).
+FA4_ARCH_MAJORS = (9, 10)
+#: Keywords that carry the mask or the inputs: dropping one would change what is computed.
+FA4_ESSENTIAL_KWARGS = frozenset({"causal", "window_size", "softmax_scale", "softcap", "cu_seqlens_q", "cu_seqlens_k"})
+
+# The FA2/TE sentinel for an unbounded window side. Only adapters may spell it.
+_MINUS1 = -1
+
+
+def _or(value: int | None, sentinel: int | None) -> int | None:
+    """``value`` unless it is None (unbounded), then ``sentinel``."""
+    return sentinel if value is None else value
+
+
+def is_one_sided_window(case: AttentionCase) -> bool:
+    """True when exactly one of the two window bounds is set."""
+    return (case.window_size_left is None) != (case.window_size_right is None)
+
+
+def fa4_window_args(case: AttentionCase, variant: str) -> tuple[bool, tuple[int | None, int | None]]:
+    """The ``(causal, window_size)`` pair FA4 receives for ``case`` under ``variant``.
+
+    Args:
+        case: the case.
+        variant: one of ``FA4_VARIANTS``.
+
+    Returns:
+        ``(causal, (window_size_left, window_size_right))`` in FA4's argument conventions.
+
+    Raises:
+        ValueError: the variant is unknown or has no encoding for this case (see
+            `fa4_variant_reasons`).
+    """
+    left, right = case.window_size_left, case.window_size_right
+    if variant == "native":
+        return case.causal, (left, right)
+    if variant == "te_style":
+        if case.causal:
+            return True, (_or(left, _MINUS1), 0)
+        if is_one_sided_window(case):
+            raise ValueError("te_style: TransformerEngine cannot express a one-sided non-causal window")
+        return False, (_or(left, _MINUS1), _or(right, _MINUS1))
+    if variant == "minus1_unbounded":
+        return case.causal, (_or(left, _MINUS1), _or(right, _MINUS1))
+    if variant == "causal_as_window":
+        if not case.causal:
+            raise ValueError("causal_as_window: the case is not causal")
+        return False, (left, 0)
+    raise ValueError(f"unknown FA4 variant {variant!r}; expected one of {FA4_VARIANTS}")
+
+
+def fa4_call_kwargs(case: AttentionCase, variant: str) -> dict[str, Any]:
+    """Every non-tensor keyword FA4 receives for ``case`` under ``variant``.
+
+    ``cu_seqlens_q``/``cu_seqlens_k`` tensors are added at call time for thd cases.
+
+    Returns:
+        e.g. ``{"softmax_scale": 0.125, "causal": True, "window_size": (-1, 0),
+        "return_lse": True}`` (plus ``softcap`` when set and ``max_seqlen_q``/``max_seqlen_k`` for
+        thd).
+
+    Raises:
+        ValueError: as `fa4_window_args`.
+    """
+    causal, window_size = fa4_window_args(case, variant)
+    kwargs: dict[str, Any] = {
+        "softmax_scale": case.softmax_scale,
+        "causal": causal,
+        "window_size": window_size,
+    }
+    if case.softcap is not None:
+        kwargs["softcap"] = case.softcap
+    if case.is_varlen:
+        kwargs["max_seqlen_q"] = case.seqlen_q
+        kwargs["max_seqlen_k"] = case.seqlen_k
+    kwargs["return_lse"] = True
+    return kwargs
+
+
+def fa4_variant_reasons(case: AttentionCase, variant: str) -> list[str]:
+    """Why ``variant`` has no distinct encoding of ``case`` (empty = it has one).
+
+    A variant is meaningless when it cannot encode the mask (``causal_as_window`` without
+    causal, ``te_style`` for a one-sided non-causal window) or when it sends exactly the call an
+    earlier variant in `FA4_VARIANTS` sends.
+    """
+    if variant not in FA4_VARIANTS:
+        return []  # the base class reports unknown variants
+    try:
+        mine = fa4_call_kwargs(case, variant)
+    except ValueError as exc:
+        return [str(exc)]
+    for earlier in FA4_VARIANTS[: FA4_VARIANTS.index(variant)]:
+        try:
+            theirs = fa4_call_kwargs(case, earlier)
+        except ValueError:
+            continue
+        if theirs == mine:
+            return [f"{variant}: sends the same call as variant {earlier!r} for this case"]
+    return []
+
+
+def fa4_head_dim_reasons(head_dim: int, head_dim_v: int, arch_major: int | None) -> list[str]:
+    """FA4's head-dimension limits for an architecture (None = unknown: any supported arch).
+
+    Source: flash-attn-4 4.0.0b36 ``interface.py`` ``_validate_head_dims``; TransformerEngine
+    2.20.2 ``utils.py`` (symmetric 512 on SM100 exceeds the generic kernel's TMEM).
+    """
+    reasons = []  # divisibility by 8 is declared in FA4Backend.capabilities.head_dim_multiple
+
+    def sm90_ok() -> bool:
+        return 8 <= head_dim <= 256 and 8 <= head_dim_v <= 256
+
+    def sm100_ok() -> bool:
+        return (
+            (8 <= head_dim <= 128 and 8 <= head_dim_v <= 128)
+            or (head_dim, head_dim_v) in ((192, 128), (256, 256), (64, 512))
+        )
+
+    if arch_major == 9 and not sm90_ok():
+        reasons.append(f"FA4 on SM90 supports 8 <= head_dim, head_dim_v <= 256, got ({head_dim}, {head_dim_v})")
+    elif arch_major in (10, 11) and not sm100_ok():
+        reasons.append(
+            f"FA4 on SM100 supports head dims 8..128, (192, 128), (256, 256) or (64, 512), "
+            f"got ({head_dim}, {head_dim_v})"
+        )
+    elif arch_major is None and not (sm90_ok() or sm100_ok()):
+        reasons.append(f"(head_dim, head_dim_v) = ({head_dim}, {head_dim_v}) is supported on no FA4 architecture")
+    return reasons
+
+
+def cuda_arch_major() -> int | None:
+    """The compute-capability major of the current CUDA device, None without CUDA."""
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        return int(torch.cuda.get_device_capability()[0])
+    except Exception:  # noqa: BLE001 - no usable device means "unknown"
+        return None
+
+
+def distribution_version(name: str) -> str | None:
+    """The installed version of distribution ``name``, None when absent."""
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+# ---------------------------------------------------------------------------- shared helpers
+def fit_to_signature(
+    func: Callable, kwargs: dict[str, Any], essential: frozenset[str]
+) -> tuple[dict[str, Any], list[str]]:
+    """The keywords of ``kwargs`` that ``func``'s signature accepts.
+
+    Args:
+        func: the library callable whose signature decides (a function, a class, ``module.forward``).
+        kwargs: keyword arguments the adapter wants to send.
+        essential: keywords that must not be dropped.
+
+    Returns:
+        ``(accepted, dropped)``: the keywords to send and the optional ones this build lacks.
+
+    Raises:
+        UnsupportedCaseError: an essential keyword is not accepted by this build.
+    """
+    try:
+        params = inspect.signature(func).parameters
+    except (TypeError, ValueError):  # builtins without a signature: send everything
+        return dict(kwargs), []
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return dict(kwargs), []
+    dropped = sorted(k for k in kwargs if k not in params)
+    missing = [k for k in dropped if k in essential]
+    if missing:
+        raise UnsupportedCaseError(
+            f"{getattr(func, '__qualname__', func)} of this build takes no {', '.join(missing)} argument"
+        )
+    return {k: v for k, v in kwargs.items() if k in params}, dropped
+
+
+def call_with_signature(
+    func: Callable, args: tuple, kwargs: dict[str, Any], essential: frozenset[str]
+) -> tuple[Any, list[str]]:
+    """Call ``func(*args, **kwargs)`` keeping only the keywords its signature accepts.
+
+    Returns:
+        ``(result, dropped)``: the call's result and the optional keywords the build lacks.
+
+    Raises:
+        UnsupportedCaseError: as `fit_to_signature`.
+    """
+    accepted, dropped = fit_to_signature(func, kwargs, essential)
+    return func(*args, **accepted), dropped
+
+
+def library_layout_qkv(case: AttentionCase, q: Any, k: Any, v: Any) -> tuple[Any, Any, Any]:
+    """The tensors an FA-style caller passes for the case's ``qkv_format``.
+
+    bshd and thd are passed as they are. For sbhd the caller holds ``[seqlen, batch, heads, dim]``
+    memory and hands FlashAttention a ``[batch, seqlen, heads, dim]`` strided view of it (no copy),
+    so the kernel sees sbhd strides. Autograd flows back to the canonical tensors.
+    """
+    if case.qkv_format != "sbhd":
+        return q, k, v
+    return tuple(t.transpose(0, 1).contiguous().transpose(0, 1) for t in (q, k, v))
+
+
+def canonical_lse(case: AttentionCase, lse: Any) -> Any:
+    """The library's lse in the canonical layout (``[b, h, sq]`` or ``[h, total_q]``), float32+.
+
+    Accepted library layouts: the canonical one; ``[b, sq, h]`` / ``[total_q, h]`` (FA4 with qv);
+    ``[b, h, max_seqlen_q]`` for thd (FA2 before the packed varlen lse), unpadded per sequence.
+
+    Raises:
+        RuntimeError: the shape matches none of these.
+    """
+    if lse is None:
+        return None
+    import torch
+
+    lse = lse.detach()
+    b, h, sq = case.batch_size, case.num_heads, case.seqlen_q
+    shape = tuple(lse.shape)
+    if not case.is_varlen:
+        if shape == (b, h, sq):
+            return lse
+        if shape == (b, sq, h):
+            return lse.transpose(1, 2)
+    else:
+        total_q = case.total_q
+        if shape == (h, total_q):
+            return lse
+        if shape == (total_q, h):
+            return lse.transpose(0, 1)
+        if shape == (b, h, sq):
+            return torch.cat([lse[i, :, :n] for i, n in enumerate(case.seqlens_q_list)], dim=1)
+    raise RuntimeError(f"unexpected lse shape {shape} for {case.describe()}")
+
+
+def _synchronize(tensor: Any) -> None:
+    import torch
+
+    if getattr(tensor, "is_cuda", False):
+        torch.cuda.synchronize(tensor.device)
+
+
+class CompileTimer:
+    """Measures JIT compilation: the first call per kernel key is timed and repeated once.
+
+    ``compile_ms = first - second`` (clamped at 0); the second call's result is kept. Later calls
+    with the same key run once and report 0. Keys are remembered only after a successful pair.
+    """
+
+    def __init__(self) -> None:
+        self._seen: set[tuple] = set()
+
+    def run(self, key: tuple, fn: Callable[[], Any], sync_on: Any) -> tuple[Any, float]:
+        """Run ``fn`` (twice for a new ``key``); ``sync_on`` is a tensor whose device to sync."""
+        if key in self._seen:
+            return fn(), 0.0
+        _synchronize(sync_on)
+        start = time.perf_counter()
+        fn()
+        _synchronize(sync_on)
+        first = time.perf_counter() - start
+        start = time.perf_counter()
+        result = fn()
+        _synchronize(sync_on)
+        second = time.perf_counter() - start
+        self._seen.add(key)
+        return result, max(0.0, first - second) * 1000.0
+
+
+def describe_call(name: str, kwargs: dict[str, Any]) -> str:
+    """``name(k=v, ...)`` for the non-tensor keywords, for ``BackendOutput.extra``."""
+    return f"{name}(" + ", ".join(f"{k}={v!r}" for k, v in kwargs.items()) + ")"
+
+
+def is_declared_refusal(exc: BaseException) -> bool:
+    """True when a library exception states a limitation rather than a failure.
+
+    FlashAttention raises NotImplementedError for unimplemented features and AssertionError with
+    "not supported" / "Unsupported" for shapes and architectures it does not handle.
+    """
+    if isinstance(exc, NotImplementedError):
+        return True
+    text = str(exc).lower()
+    return isinstance(exc, AssertionError) and ("not supported" in text or "unsupported" in text)
+
+
+# ---------------------------------------------------------------------------- the backend
+class FA4Backend(Backend):
+    """flash-attn-4 called through ``flash_attn.cute.interface`` (see the module docstring)."""
+
+    name: ClassVar[str] = "fa4"
+    variants: ClassVar[tuple[str, ...]] = FA4_VARIANTS
+    device: ClassVar[str] = "cuda"
+    environment: ClassVar[str] = "fa4"
+    packages: ClassVar[tuple[str, ...]] = (FA4_DISTRIBUTION, "nvidia-cutlass-dsl", "torch")
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        dtypes=("bfloat16", "float16"),
+        qkv_formats=("bshd", "sbhd", "thd"),
+        max_head_dim=512,
+        head_dim_multiple=8,
+        head_dim_v_differs=True,
+        gqa=True,
+        causal_alignments=("bottom_right",),
+        windows=True,
+        softcap=True,
+        backward=True,
+        lse=True,
+    )
+
+    def __init__(self) -> None:
+        self._timer = CompileTimer()
+
+    # ------------------------------------------------------------------ discovery
+    def availability(self) -> str | None:
+        """None when FA4 can run here, else why not (package, CUDA, architecture, import)."""
+        if distribution_version(FA4_DISTRIBUTION) is None:
+            return f"{FA4_DISTRIBUTION} is not installed (pip install {FA4_DISTRIBUTION})"
+        reason = super().availability()
+        if reason:
+            return reason
+        major = cuda_arch_major()
+        if major not in FA4_ARCH_MAJORS:
+            return f"FA4 targets SM90/SM100 (compute capability major {FA4_ARCH_MAJORS}), this GPU is sm{major}x"
+        try:
+            importlib.import_module(FA4_MODULE)
+        except Exception as exc:  # noqa: BLE001 - any import failure makes the backend unusable
+            return f"cannot import {FA4_MODULE}: {type(exc).__name__}: {exc}"
+        return None
+
+    def unsupported_reasons(self, case: AttentionCase, variant: str) -> list[str]:
+        """Base checks, window alignment, head dims for this GPU, and the variant's meaning."""
+        reasons = super().unsupported_reasons(case, variant)
+        has_window = case.window_size_left is not None or case.window_size_right is not None
+        if has_window and not case.causal and case.causal_alignment != "bottom_right":
+            reasons.append("FA4 aligns sliding windows bottom-right only")
+        reasons.extend(fa4_head_dim_reasons(case.head_dim, case.head_dim_v, cuda_arch_major()))
+        reasons.extend(fa4_variant_reasons(case, variant))
+        return reasons
+
+    def kernel_key(self, case: AttentionCase, variant: str) -> tuple:
+        """The base key plus the GQA ratio and the q-tile staging FA4 compiles in."""
+        return super().kernel_key(case, variant) + (case.group_size, case.seqlen_q * case.group_size > 128)
+
+    # ------------------------------------------------------------------ execution
+    def _interface(self) -> Any:
+        return importlib.import_module(FA4_MODULE)
+
+    def run(self, case: AttentionCase, inputs: Any, variant: str) -> BackendOutput:
+        """Call flash_attn_func / flash_attn_varlen_func once per the variant's encoding.
+
+        Raises:
+            UnsupportedCaseError: the build lacks an essential keyword, or FA4 refused the case
+                with NotImplementedError / an "unsupported" assertion.
+        """
+        interface = self._interface()
+        func_name = "flash_attn_varlen_func" if case.is_varlen else "flash_attn_func"
+        func = getattr(interface, func_name)
+        kwargs = fa4_call_kwargs(case, variant)
+        tensor_kwargs = (
+            {"cu_seqlens_q": inputs.cu_seqlens_q, "cu_seqlens_k": inputs.cu_seqlens_k} if case.is_varlen else {}
+        )
+        facts: dict[str, Any] = {}
+
+        def attention(q: Any, k: Any, v: Any) -> tuple[Any, Any]:
+            q_, k_, v_ = library_layout_qkv(case, q, k, v)
+            try:
+                result, dropped = call_with_signature(
+                    func, (q_, k_, v_), {**kwargs, **tensor_kwargs}, FA4_ESSENTIAL_KWARGS
+                )
+            except UnsupportedCaseError:
+                raise
+            except Exception as exc:
+                if is_declared_refusal(exc):
+                    raise UnsupportedCaseError(f"flash-attn-4 refused the case: {type(exc).__name__}: {exc}") from exc
+                raise
+            if isinstance(result, (tuple, list)):
+                out, lse = result[0], (result[1] if len(result) > 1 else None)
+                facts["fa4_returns"] = f"{type(result).__name__} of {len(result)}"
+            else:
+                out, lse = result, None
+                facts["fa4_returns"] = "tensor"
+            facts["fa4_dropped_kwargs"] = ",".join(dropped)
+            return out, canonical_lse(case, lse)
+
+        def once() -> tuple:
+            return run_with_grad(attention, case, inputs)
+
+        (out, lse, dq, dk, dv), compile_ms = self._timer.run(self.kernel_key(case, variant), once, inputs.q)
+        extra = {
+            "call": describe_call(func_name, kwargs),
+            "flash_attn_4_version": distribution_version(FA4_DISTRIBUTION) or "unknown",
+            **facts,
+        }
+        return BackendOutput(out=out, lse=lse, dq=dq, dk=dk, dv=dv, compile_ms=compile_ms, extra=extra)
+
+
+def builtin_backends() -> list[Backend]:
+    """The FA4 backend instances this module provides."""
+    return [FA4Backend()]
+
+
+__all__ = [
+    "FA4Backend",
+    "FA4_VARIANTS",
+    "CompileTimer",
+    "builtin_backends",
+    "canonical_lse",
+    "call_with_signature",
+    "fa4_call_kwargs",
+    "fa4_head_dim_reasons",
+    "fa4_variant_reasons",
+    "fa4_window_args",
+    "fit_to_signature",
+    "library_layout_qkv",
+]

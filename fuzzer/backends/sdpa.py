@@ -1,0 +1,348 @@
+"""PyTorch attention backends: SDPA (math, flash, efficient, cuDNN) on CPU and CUDA, and flex_attention.
+
+One adapter class, `SDPABackend`, instantiated once per (device, SDPA kernel). Variants are the
+equivalent ways a caller can ask PyTorch for the same mask:
+
+=================  ===================================================================================
+``is_causal``      ``scaled_dot_product_attention(..., is_causal=case.causal)`` and no mask tensor.
+                   PyTorch's ``is_causal`` is top-left aligned, so only top-left causal or unmasked
+                   cases without windows are supported.
+``bool_mask``      ``attn_mask`` = boolean ``[seqlen_q, seqlen_k]`` tensor (True = attend) built from
+                   ``oracle.masks.visible_mask``: any alignment and any window.
+``float_mask``     ``attn_mask`` = additive mask of the query dtype (0 / -inf).
+``causal_bias``    ``torch.nn.attention.bias.causal_upper_left`` / ``causal_lower_right`` objects for
+                   causal cases without windows (the lower-right one is PyTorch's bottom-right form).
+``aten_lse``       the private op PyTorch's dispatcher ends in for this kernel, called directly because
+                   it is the only way to get the logsumexp (``_scaled_dot_product_flash_attention_for_cpu``
+                   on CPU, ``_scaled_dot_product_{flash,efficient,cudnn}_attention`` on CUDA); the mask
+                   goes in as ``is_causal`` (top-left) or an additive mask where the op takes one.
+=================  ===================================================================================
+
+GQA uses ``enable_gqa=True`` (public API) or an explicit ``repeat_interleave`` of k/v (private ops).
+Softcap and varlen (``thd``) are not supported by SDPA. ``sbhd`` cases pass q/k/v as permuted views
+of a sequence-major buffer, so the kernel sees the strides an ``sbhd`` caller would give it.
+
+Conventions of the library that this adapter translates (and nothing else does):
+
+* SDPA layout is ``[batch, heads, seq, dim]``; attnfuzz's canonical layout is ``[batch, seq, heads, dim]``.
+* The CPU flash op returns ``lse = 0`` for a row with no visible key where attnfuzz's convention
+  is ``-inf``; the adapter declares this with ``masked_row_lse = 0.0`` so the comparison accepts
+  exactly that value on exactly those rows (see ``Backend.masked_row_lse``).
+
+Source: torch/nn/functional.py (scaled_dot_product_attention docstring: is_causal is top-left),
+torch/nn/attention/bias.py (CausalVariant), aten/src/ATen/native/native_functions.yaml (the
+``_scaled_dot_product_*`` signatures), torch 2.13.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar
+
+from fuzzer.backends.base import Backend, BackendOutput, Capabilities, run_with_grad
+from oracle.config import AttentionCase
+
+_SDPA_KERNELS = {
+    "math": "MATH",
+    "flash": "FLASH_ATTENTION",
+    "efficient": "EFFICIENT_ATTENTION",
+    "cudnn": "CUDNN_ATTENTION",
+}
+
+
+class SDPABackend(Backend):
+    """``torch.nn.functional.scaled_dot_product_attention`` pinned to one kernel with ``sdpa_kernel``.
+
+    Args:
+        name: backend key, e.g. ``"torch-cpu-math"`` or ``"torch-sdpa-flash"``.
+        device: ``"cpu"`` or ``"cuda"``.
+        kernel: one of ``"math"``, ``"flash"``, ``"efficient"``, ``"cudnn"``.
+        capabilities: what this (device, kernel) pair runs.
+        variants: the encodings offered (subset of the module table).
+    """
+
+    packages: ClassVar[tuple[str, ...]] = ("torch",)
+
+    def __init__(
+        self,
+        name: str,
+        device: str,
+        kernel: str,
+        capabilities: Capabilities,
+        variants: tuple[str, ...],
+        masked_row_lse: float | None = None,
+    ):
+        self.name = name  # type: ignore[misc]
+        self.device = device  # type: ignore[misc]
+        self.environment = f"torch-{device}"  # type: ignore[misc]
+        self.kernel = kernel
+        self.capabilities = capabilities  # type: ignore[misc]
+        self.variants = variants  # type: ignore[misc]
+        self.masked_row_lse = masked_row_lse  # type: ignore[misc]
+
+    def unsupported_reasons(self, case: AttentionCase, variant: str) -> list[str]:
+        reasons = super().unsupported_reasons(case, variant)
+        has_window = case.window_size_left is not None or case.window_size_right is not None
+        if variant == "is_causal" or (variant == "aten_lse" and self.kernel != "efficient"):
+            if has_window:
+                reasons.append(f"{variant}: windows need a mask tensor")
+            if case.causal and case.causal_alignment != "top_left":
+                reasons.append(f"{variant}: is_causal is top-left aligned only")
+        if variant == "causal_bias" and (not case.causal or has_window):
+            reasons.append("causal_bias: only for causal cases without a window")
+        if variant in ("bool_mask", "float_mask") and not case.has_mask:
+            reasons.append(f"{variant}: the case has no mask (covered by is_causal)")
+        if self.kernel == "flash" and self.device == "cuda" and variant in ("bool_mask", "float_mask"):
+            reasons.append("the CUDA flash kernel takes no mask tensor")
+        return reasons
+
+    # ------------------------------------------------------------------ execution
+    def run(self, case: AttentionCase, inputs: Any, variant: str) -> BackendOutput:
+        import torch
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        def to_sdpa(t):
+            # canonical [b, s, h, d] -> [b, h, s, d]; sbhd callers hand strided views of [s, b, h, d]
+            if case.qkv_format == "sbhd":
+                return t.transpose(0, 1).contiguous().permute(1, 2, 0, 3)
+            return t.transpose(1, 2)
+
+        def call(q, k, v):
+            qs, ks, vs = to_sdpa(q), to_sdpa(k), to_sdpa(v)
+            if variant == "aten_lse":
+                out, lse = self._aten(case, qs, ks, vs)
+            else:
+                mask, is_causal = self._mask_arguments(case, variant, qs)
+                with sdpa_kernel(getattr(SDPBackend, _SDPA_KERNELS[self.kernel])):
+                    out = torch.nn.functional.scaled_dot_product_attention(
+                        qs,
+                        ks,
+                        vs,
+                        attn_mask=mask,
+                        is_causal=is_causal,
+                        scale=case.softmax_scale,
+                        enable_gqa=case.num_heads != case.num_heads_kv,
+                    )
+                lse = None
+            return out.transpose(1, 2), lse
+
+        out, lse, dq, dk, dv = run_with_grad(call, case, inputs)
+        return BackendOutput(out=out, lse=lse, dq=dq, dk=dk, dv=dv, selected_kernel=self.kernel)
+
+    def _mask_arguments(self, case: AttentionCase, variant: str, q) -> tuple[Any, bool]:
+        import torch
+
+        if variant == "is_causal":
+            return None, case.causal
+        if variant == "causal_bias":
+            from torch.nn.attention.bias import causal_lower_right, causal_upper_left
+
+            make = causal_lower_right if case.causal_alignment == "bottom_right" else causal_upper_left
+            return make(case.seqlen_q, case.seqlen_k), False
+        from oracle.masks import visible_mask
+
+        visible = visible_mask(case, device=q.device)
+        if variant == "bool_mask":
+            return visible, False
+        additive = torch.zeros(visible.shape, dtype=q.dtype, device=q.device)
+        return additive.masked_fill(~visible, -math.inf), False
+
+    def _aten(self, case: AttentionCase, q, k, v):
+        """Call the private op behind this kernel; returns (out [b,h,s,d], lse [b,h,s])."""
+        import torch
+
+        group = case.num_heads // case.num_heads_kv
+        if group > 1:
+            k = k.repeat_interleave(group, dim=1)
+            v = v.repeat_interleave(group, dim=1)
+        aten = torch.ops.aten
+        scale = case.softmax_scale
+        if self.device == "cpu":
+            mask = None
+            if case.has_mask and not (case.causal and case.causal_alignment == "top_left" and not _has_window(case)):
+                mask = self._mask_arguments(case, "float_mask", q)[0]
+            is_causal = case.causal and mask is None
+            out, lse = aten._scaled_dot_product_flash_attention_for_cpu(
+                q, k, v, 0.0, is_causal, attn_mask=mask, scale=scale
+            )
+            return out, lse
+        if self.kernel == "flash":
+            res = aten._scaled_dot_product_flash_attention(q, k, v, 0.0, case.causal, False, scale=scale)
+            return res[0], res[1]
+        if self.kernel == "efficient":
+            bias = None
+            if case.has_mask:
+                bias = self._mask_arguments(case, "float_mask", q)[0].expand(q.shape[0], q.shape[1], -1, -1)
+            res = aten._scaled_dot_product_efficient_attention(q, k, v, bias, True, 0.0, False, scale=scale)
+            return res[0], res[1][..., : q.shape[2]]
+        if self.kernel == "cudnn":
+            res = aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, case.causal, False, scale=scale)
+            return res[0], res[1].reshape(q.shape[0], q.shape[1], q.shape[2])
+        raise ValueError(f"kernel: no private op for {self.kernel!r} (allowed: flash, efficient, cudnn)")
+
+
+def _has_window(case: AttentionCase) -> bool:
+    return case.window_size_left is not None or case.window_size_right is not None
+
+
+class FlexBackend(Backend):
+    """``torch.nn.attention.flex_attention`` compiled with ``torch.compile`` (CUDA).
+
+    Variants: ``mask_mod`` (the mask as a ``mask_mod`` + block mask, softcap as ``score_mod``).
+    Returns the logsumexp (``return_lse=True``); the oracle checks its base.
+    Offered on CUDA only: on CPU, eager flex_attention is a reference implementation rather than a
+    kernel, and the compiled one took 21.8 s for its first call and 5.2 s for each new shape on
+    the 2-core CI machine (torch 2.13, measured 2026-11-29), too slow for fuzzing.
+
+    Source: torch/nn/attention/flex_attention.py (flex_attention, create_block_mask), torch 2.13.
+    """
+
+    name = "torch-flex"
+    device = "cuda"
+    environment = "torch-cuda"
+    variants = ("mask_mod",)
+    capabilities = Capabilities(
+        dtypes=("bfloat16", "float16", "float32"),
+        qkv_formats=("bshd",),
+        max_head_dim=256,
+        head_dim_multiple=16,
+        head_dim_v_differs=True,
+        windows=True,
+        softcap=True,
+        lse=True,
+        max_seqlen=4096,
+    )
+
+    def __init__(self):
+        self._compiled = None
+
+    def run(self, case: AttentionCase, inputs: Any, variant: str) -> BackendOutput:
+        import torch
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+        if self._compiled is None:
+            self._compiled = torch.compile(flex_attention, dynamic=False)
+        off = case.seqlen_k - case.seqlen_q if case.causal_alignment == "bottom_right" else 0
+        left, right = case.window_size_left, case.window_size_right
+        if case.causal:
+            right = 0 if right is None else min(right, 0)
+
+        def mask_mod(b, h, q_idx, kv_idx):
+            keep = kv_idx >= 0
+            if right is not None:
+                keep = keep & (kv_idx <= q_idx + off + right)
+            if left is not None:
+                keep = keep & (kv_idx >= q_idx + off - left)
+            return keep
+
+        block_mask = None
+        if case.has_mask:
+            block_mask = create_block_mask(mask_mod, None, None, case.seqlen_q, case.seqlen_k, device=inputs.q.device)
+        score_mod = None
+        if case.softcap is not None:
+            cap = case.softcap
+
+            def score_mod(score, b, h, q_idx, kv_idx):
+                return cap * torch.tanh(score / cap)
+
+        def call(q, k, v):
+            out, lse = self._compiled(
+                q.transpose(1, 2),
+                k.transpose(1, 2),
+                v.transpose(1, 2),
+                score_mod=score_mod,
+                block_mask=block_mask,
+                scale=case.softmax_scale,
+                enable_gqa=case.num_heads != case.num_heads_kv,
+                return_lse=True,
+            )
+            return out.transpose(1, 2), lse
+
+        out, lse, dq, dk, dv = run_with_grad(call, case, inputs)
+        return BackendOutput(out=out, lse=lse, dq=dq, dk=dk, dv=dv, selected_kernel="flex")
+
+
+_CPU_CAPS = Capabilities(
+    dtypes=("bfloat16", "float16", "float32"),
+    qkv_formats=("bshd", "sbhd"),
+    max_head_dim=512,
+    head_dim_v_differs=True,
+    windows=True,
+    lse=False,
+    max_seqlen=1024,
+)
+_CPU_FLASH_CAPS = Capabilities(
+    dtypes=("bfloat16", "float16", "float32"),
+    qkv_formats=("bshd", "sbhd"),
+    max_head_dim=512,
+    head_dim_v_differs=False,
+    windows=True,
+    lse=True,
+    max_seqlen=1024,
+)
+
+
+def _cuda_caps(kernel: str) -> Capabilities:
+    if kernel == "math":
+        return Capabilities(
+            dtypes=("bfloat16", "float16", "float32"),
+            qkv_formats=("bshd", "sbhd"),
+            max_head_dim=512,
+            head_dim_v_differs=True,
+            windows=True,
+            lse=False,
+            max_seqlen=2048,
+        )
+    if kernel == "flash":
+        return Capabilities(
+            dtypes=("bfloat16", "float16"),
+            qkv_formats=("bshd", "sbhd"),
+            max_head_dim=256,
+            head_dim_multiple=8,
+            windows=False,
+            causal_alignments=("top_left",),
+            lse=True,
+        )
+    if kernel == "efficient":
+        return Capabilities(
+            dtypes=("bfloat16", "float16", "float32"),
+            qkv_formats=("bshd", "sbhd"),
+            max_head_dim=512,
+            head_dim_multiple=8,
+            head_dim_v_differs=True,
+            windows=True,
+            lse=True,
+        )
+    return Capabilities(  # cudnn
+        dtypes=("bfloat16", "float16"),
+        qkv_formats=("bshd", "sbhd"),
+        max_head_dim=128,
+        head_dim_multiple=8,
+        windows=False,
+        causal_alignments=("top_left",),
+        lse=True,
+    )
+
+
+def builtin_backends() -> list[Backend]:
+    """The PyTorch backends: two on CPU, five on CUDA (their ``availability`` says why not here)."""
+    cpu = [
+        SDPABackend(
+            "torch-cpu-math", "cpu", "math", _CPU_CAPS, ("is_causal", "bool_mask", "float_mask", "causal_bias")
+        ),
+        SDPABackend(
+            "torch-cpu-flash",
+            "cpu",
+            "flash",
+            _CPU_FLASH_CAPS,
+            ("is_causal", "bool_mask", "causal_bias", "aten_lse"),
+            masked_row_lse=0.0,
+        ),
+    ]
+    cuda = []
+    for kernel in ("math", "flash", "efficient", "cudnn"):
+        variants = ("is_causal", "bool_mask", "float_mask", "causal_bias")
+        if kernel != "math":
+            variants += ("aten_lse",)
+        cuda.append(SDPABackend(f"torch-sdpa-{kernel}", "cuda", kernel, _cuda_caps(kernel), variants))
+    return cpu + cuda + [FlexBackend()]

@@ -1,0 +1,553 @@
+"""TransformerEngine adapters: ``transformer_engine.pytorch.DotProductAttention``, one per sub-backend.
+
+TE picks one of its sub-backends per call (``get_attention_backend``): FlashAttention (FA2, FA3 or
+FA4, whichever is installed and allowed), FusedAttention (cuDNN) or UnfusedDotProductAttention.
+Each adapter here stands for one sub-backend, forces it through TE's documented environment
+variables (read with ``os.environ.get`` on every selection), runs in its own child process
+(``environment``), and checks afterwards which sub-backend TE really ran, so that no result is
+attributed to the wrong kernel.
+
+TE conventions (read in transformer-engine 2.20.2):
+
+* ``DotProductAttention(num_attention_heads, kv_channels, num_gqa_groups=None,
+  attention_dropout=0.0, qkv_format="sbhd", attn_mask_type="causal", window_size=None,
+  bottom_right_diagonal=None, softcap=0.0, ..., softmax_scale=None)``; ``kv_channels`` is
+  ``head_dim`` or ``(head_dim, head_dim_v)``. ``forward(q, k, v, ..., qkv_format, cu_seqlens_q,
+  cu_seqlens_kv, max_seqlen_q, max_seqlen_kv, attn_mask_type, window_size, bottom_right_diagonal,
+  softcap, ...)`` may override the mask settings per call. Output heads are flattened:
+  ``[b, s, h * d_v]`` (bshd), ``[s, b, h * d_v]`` (sbhd), ``[t, h * d_v]`` (thd). No LSE is
+  returned.
+* ``attn_mask_type``: ``no_mask``, ``causal`` (top-left), ``causal_bottom_right``, and for thd
+  ``padding``, ``padding_causal``, ``padding_causal_bottom_right`` (thd requires a padding type).
+* ``window_size`` uses ``-1`` for an unbounded side; ``check_set_window_size`` normalises causal
+  masks to ``(-1, 0)`` or ``(left, 0)`` and others to ``(-1, -1)`` or ``(left >= 0, right >= 0)``
+  and asserts on anything else (so one-sided non-causal windows cannot be expressed). Window
+  alignment follows the mask type for causal masks and ``bottom_right_diagonal`` (default
+  bottom-right) otherwise.
+* thd without ``max_seqlen_q/kv`` rounds the maxima up to a multiple of 64, so they are passed.
+* FlashAttention in TE is bottom-right only: TE disables it for ``causal``/``padding_causal`` and
+  for top-left windows when ``max_seqlen_q != max_seqlen_kv``. TE does not pass softcap to FA4,
+  and FusedAttention has no softcap (``utils.py`` "Filter: softcap").
+* TE 2.20.2 passes its ``(-1, 0)`` causal window to ``flash_attn_func_v4`` unchanged
+  (``backends.py`` ``FlashAttention.forward``), which flash-attn-4 >= 4.0.0b30 reads as an empty
+  band: the seed bug. TE imports ``_validate_head_dims`` from FA4, so FA4 builds before 4.0.0b11
+  are not loaded by TE at all.
+
+Selection control and detection:
+
+* Environment (``utils.py`` ``get_attention_backend``): ``NVTE_FLASH_ATTN`` (all FlashAttention),
+  ``NVTE_FLASH_ATTN_V2``, ``NVTE_FLASH_ATTN_V3``, ``NVTE_FLASH_ATTN_V4``, ``NVTE_FUSED_ATTN``,
+  ``NVTE_UNFUSED_ATTN`` (1 = allowed, default 1). With every other sub-backend off, TE raises
+  ValueError "No dot product attention backend is available" instead of falling back. On SM90 TE
+  prefers FA3 over FA4, hence ``NVTE_FLASH_ATTN_V3=0`` for te-fa4. ``NVTE_DEBUG=1
+  NVTE_DEBUG_LEVEL=2`` logs "Selected backend = ..." (not needed here).
+* Detection: the module global ``_attention_backends`` in ``dot_product_attention.py``
+  (keys ``use_flash_attention``, ``flash_attention_backend`` (a ``packaging`` Version, major 2/3/4),
+  ``use_fused_attention``, ``fused_attention_backend`` (cuDNN sub-backend enum),
+  ``use_unfused_attention``) is updated by ``DotProductAttention.forward`` whenever the attention
+  parameters change; it is read right after each forward. ``selected_kernel`` uses TE's own
+  wording ("FlashAttention (4.0.0b36)", "FusedAttention (sub-backend 1)",
+  "UnfusedDotProductAttention").
+
+Variants (TE's own encodings of one mask):
+
+* ``mask_type``: the mask only through the constructor's ``attn_mask_type``; ``window_size`` only
+  when the case has a real sliding window (TE fills in ``(-1, 0)`` / ``(-1, -1)`` itself). The most
+  common caller (e.g. Megatron without sliding windows).
+* ``explicit_window``: ``attn_mask_type`` plus an explicit ``window_size`` in TE's ``-1`` encoding
+  always, ``(-1, 0)`` / ``(-1, -1)`` included. For windowed cases it is the same call as
+  ``mask_type`` and so reported unsupported.
+* ``forward_args``: a constructor with TE's defaults (``attn_mask_type="causal"``), and
+  ``attn_mask_type``, ``window_size`` (explicit), ``bottom_right_diagonal`` and ``softcap`` passed to
+  ``forward`` instead.
+
+Non-causal top-left windows add ``bottom_right_diagonal=False``; softcap is passed only when set.
+
+Source: NVIDIA/TransformerEngine ``transformer_engine/pytorch/attention/dot_product_attention/
+dot_product_attention.py``, ``utils.py``, ``backends.py`` and ``transformer_engine/pytorch/
+constants.py`` (transformer-engine 2.20.2 wheel).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from fuzzer.backends.base import Backend, BackendOutput, Capabilities, UnsupportedCaseError, run_with_grad
+from fuzzer.backends.fa4 import (
+    CompileTimer,
+    cuda_arch_major,
+    describe_call,
+    distribution_version,
+    fit_to_signature,
+    is_one_sided_window,
+)
+from oracle.config import AttentionCase
+
+TE_MODULE = "transformer_engine.pytorch"
+TE_DPA_MODULE = "transformer_engine.pytorch.attention.dot_product_attention.dot_product_attention"
+TE_VARIANTS = ("mask_type", "explicit_window", "forward_args")
+TE_PACKAGES = (
+    "transformer-engine",
+    "transformer-engine-torch",
+    "transformer-engine-cu12",
+    "transformer-engine-cu13",
+    "torch",
+)
+TE_NO_BACKEND_MESSAGE = "No dot product attention backend is available"
+#: Keywords whose loss would change the mask or the inputs.
+TE_ESSENTIAL_KWARGS = frozenset(
+    {
+        "attn_mask_type",
+        "window_size",
+        "bottom_right_diagonal",
+        "softcap",
+        "softmax_scale",
+        "num_gqa_groups",
+        "qkv_format",
+        "cu_seqlens_q",
+        "cu_seqlens_kv",
+        "max_seqlen_q",
+        "max_seqlen_kv",
+    }
+)
+_MINUS1 = -1  # TE's "unbounded" sentinel
+
+
+# ---------------------------------------------------------------------------- pure translation
+def te_attn_mask_type(case: AttentionCase) -> str:
+    """TE's ``attn_mask_type`` for the case's causal flag, alignment and layout.
+
+    bshd/sbhd: ``no_mask``, ``causal`` (top-left), ``causal_bottom_right``; thd: the ``padding``
+    forms of the same (TE requires a padding type for thd).
+    """
+    if not case.causal:
+        mask = "no_mask"
+    elif case.causal_alignment == "top_left":
+        mask = "causal"
+    else:
+        mask = "causal_bottom_right"
+    if case.is_varlen:
+        mask = "padding" if mask == "no_mask" else f"padding_{mask}"
+    return mask
+
+
+def te_window_size(case: AttentionCase) -> tuple[int, int]:
+    """The case's window in TE's normalised ``-1`` encoding (``check_set_window_size`` output).
+
+    Raises:
+        ValueError: a one-sided non-causal window, which TE cannot express.
+    """
+    left = _MINUS1 if case.window_size_left is None else case.window_size_left
+    if case.causal:
+        return (left, 0)
+    if is_one_sided_window(case):
+        raise ValueError(
+            "TE window_size must be (-1, -1) or (>= 0, >= 0) for a non-causal mask (check_set_window_size)"
+        )
+    right = _MINUS1 if case.window_size_right is None else case.window_size_right
+    return (left, right)
+
+
+def _has_window(case: AttentionCase) -> bool:
+    return case.window_size_left is not None or case.window_size_right is not None
+
+
+def _mask_kwargs(case: AttentionCase, explicit_window: bool) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {"attn_mask_type": te_attn_mask_type(case)}
+    if explicit_window or _has_window(case):
+        kwargs["window_size"] = te_window_size(case)
+    if _has_window(case) and not case.causal and case.causal_alignment == "top_left":
+        kwargs["bottom_right_diagonal"] = False
+    if case.softcap is not None:
+        kwargs["softcap"] = case.softcap
+    return kwargs
+
+
+def te_module_kwargs(case: AttentionCase, variant: str) -> dict[str, Any]:
+    """The ``DotProductAttention(...)`` constructor keywords for ``case`` under ``variant``.
+
+    Raises:
+        ValueError: unknown variant, or a mask TE cannot express (see `te_window_size`).
+    """
+    if variant not in TE_VARIANTS:
+        raise ValueError(f"unknown TE variant {variant!r}; expected one of {TE_VARIANTS}")
+    kwargs: dict[str, Any] = {
+        "num_attention_heads": case.num_heads,
+        "kv_channels": case.head_dim if case.head_dim == case.head_dim_v else (case.head_dim, case.head_dim_v),
+        "num_gqa_groups": case.num_heads_kv,
+        "attention_dropout": 0.0,
+        "qkv_format": case.qkv_format,
+        "softmax_scale": case.softmax_scale,
+    }
+    if variant == "forward_args":
+        te_window_size(case)  # raise for masks TE cannot express, as the other variants do
+        return kwargs
+    kwargs.update(_mask_kwargs(case, explicit_window=variant == "explicit_window"))
+    return kwargs
+
+
+def te_forward_kwargs(case: AttentionCase, variant: str) -> dict[str, Any]:
+    """The non-tensor ``forward(...)`` keywords (``cu_seqlens_q/kv`` are added at call time).
+
+    Raises:
+        ValueError: as `te_module_kwargs`.
+    """
+    if variant not in TE_VARIANTS:
+        raise ValueError(f"unknown TE variant {variant!r}; expected one of {TE_VARIANTS}")
+    kwargs: dict[str, Any] = {}
+    if case.is_varlen:
+        kwargs["max_seqlen_q"] = case.seqlen_q
+        kwargs["max_seqlen_kv"] = case.seqlen_k
+    if variant == "forward_args":
+        kwargs.update(_mask_kwargs(case, explicit_window=True))
+    else:
+        te_window_size(case)
+    return kwargs
+
+
+def te_variant_reasons(case: AttentionCase, variant: str) -> list[str]:
+    """Why ``variant`` has no distinct TE encoding of ``case`` (empty = it has one)."""
+    if variant not in TE_VARIANTS:
+        return []
+    try:
+        mine = (te_module_kwargs(case, variant), te_forward_kwargs(case, variant))
+    except ValueError as exc:
+        return [str(exc)]
+    for earlier in TE_VARIANTS[: TE_VARIANTS.index(variant)]:
+        if (te_module_kwargs(case, earlier), te_forward_kwargs(case, earlier)) == mine:
+            return [f"{variant}: sends the same call as variant {earlier!r} for this case"]
+    return []
+
+
+def _major(version: Any) -> int | None:
+    major = getattr(version, "major", None)
+    if isinstance(major, int):
+        return major
+    text = str(version)
+    digits = text.split(".", 1)[0]
+    return int(digits) if digits.isdigit() else None
+
+
+def te_selected_backend(state: Mapping[str, Any]) -> str | None:
+    """TE's name for the sub-backend recorded in ``_attention_backends`` (None if none)."""
+    if state.get("use_flash_attention"):
+        return f"FlashAttention ({state.get('flash_attention_backend')})"
+    if state.get("use_fused_attention"):
+        sub = state.get("fused_attention_backend")
+        try:
+            sub = int(sub)
+        except (TypeError, ValueError):
+            pass
+        return f"FusedAttention (sub-backend {sub})"
+    if state.get("use_unfused_attention"):
+        return "UnfusedDotProductAttention"
+    return None
+
+
+def te_selection_matches(sub_backend: str, state: Mapping[str, Any]) -> bool:
+    """Whether ``_attention_backends`` shows the sub-backend an adapter stands for.
+
+    Args:
+        sub_backend: ``"flash4"``, ``"flash2"``, ``"fused"`` or ``"unfused"``.
+        state: TE's ``_attention_backends`` after the forward.
+    """
+    if sub_backend in ("flash4", "flash2"):
+        return bool(state.get("use_flash_attention")) and _major(state.get("flash_attention_backend")) == int(
+            sub_backend[-1]
+        )
+    if sub_backend == "fused":
+        return bool(state.get("use_fused_attention")) and not state.get("use_flash_attention")
+    if sub_backend == "unfused":
+        return (
+            bool(state.get("use_unfused_attention"))
+            and not state.get("use_flash_attention")
+            and not state.get("use_fused_attention")
+        )
+    raise ValueError(f"unknown TE sub-backend {sub_backend!r}")
+
+
+def to_te_layout(case: AttentionCase, tensor: Any) -> Any:
+    """Canonical ``[b, s, h, d]`` to TE's layout: contiguous ``[s, b, h, d]`` for sbhd."""
+    return tensor.transpose(0, 1).contiguous() if case.qkv_format == "sbhd" else tensor
+
+
+def from_te_output(case: AttentionCase, out: Any) -> Any:
+    """TE's flattened-heads output to canonical ``[b, s, h, d_v]`` / ``[t, h, d_v]``."""
+    heads = (case.num_heads, case.head_dim_v)
+    out = out.reshape(*out.shape[: 1 if case.is_varlen else 2], *heads)
+    return out.transpose(0, 1) if case.qkv_format == "sbhd" else out
+
+
+# ---------------------------------------------------------------------------- backends
+class TEBackend(Backend):
+    """Base for the TE adapters; subclasses fix the sub-backend, env vars and capabilities."""
+
+    variants: ClassVar[tuple[str, ...]] = TE_VARIANTS
+    device: ClassVar[str] = "cuda"
+    #: ``"flash4"``, ``"flash2"``, ``"fused"`` or ``"unfused"``.
+    sub_backend: ClassVar[str] = ""
+    #: TE disables FlashAttention for top-left causal masks and windows when seqlen_q != seqlen_k.
+    bottom_right_unless_square: ClassVar[bool] = False
+    #: The sub-backend compiles at first use (FA4 JIT, cuDNN graphs): time it (`CompileTimer`).
+    jit: ClassVar[bool] = False
+    #: Distributions the sub-backend needs besides TE, with the reason given when one is missing.
+    requires: ClassVar[tuple[str, ...]] = ()
+    #: Smallest compute capability TE allows the sub-backend on.
+    min_arch_major: ClassVar[int] = 8
+
+    def __init__(self) -> None:
+        self._modules: dict[tuple, Any] = {}
+        self._timer = CompileTimer()
+
+    # ------------------------------------------------------------------ discovery
+    def availability(self) -> str | None:
+        """None when TE and this sub-backend can run here, else why not."""
+        if distribution_version("transformer-engine") is None:
+            return "transformer-engine is not installed"
+        for package in self.requires:
+            if distribution_version(package) is None:
+                return f"{package} is not installed, so TE cannot select {self.name}'s sub-backend"
+        reason = super().availability()
+        if reason:
+            return reason
+        major = cuda_arch_major()
+        if major is None or major < self.min_arch_major:
+            return f"TE allows {self.name} on SM{self.min_arch_major}0 and newer, this GPU is sm{major}x"
+        try:
+            importlib.import_module(TE_MODULE)
+        except Exception as exc:  # noqa: BLE001
+            return f"cannot import {TE_MODULE}: {type(exc).__name__}: {exc}"
+        return None
+
+    def unsupported_reasons(self, case: AttentionCase, variant: str) -> list[str]:
+        """Base checks, TE's FlashAttention alignment filter, and the variant's meaning."""
+        reasons = super().unsupported_reasons(case, variant)
+        if self.bottom_right_unless_square and case.seqlen_q != case.seqlen_k:
+            if case.causal and case.causal_alignment == "top_left":
+                reasons.append("TE disables FlashAttention for top-left causal masks when seqlen_q != seqlen_k")
+            elif _has_window(case) and case.causal_alignment == "top_left":
+                reasons.append("TE disables FlashAttention for top-left sliding windows when seqlen_q != seqlen_k")
+        reasons.extend(te_variant_reasons(case, variant))
+        return reasons
+
+    # ------------------------------------------------------------------ execution
+    def _module(self, case: AttentionCase, variant: str, dtype: Any, device: Any) -> tuple[Any, dict]:
+        te = importlib.import_module(TE_MODULE)
+        kwargs = te_module_kwargs(case, variant)
+        key = (tuple(sorted(kwargs.items())), str(dtype), str(device))
+        if key not in self._modules:
+            accepted, _ = fit_to_signature(te.DotProductAttention, kwargs, TE_ESSENTIAL_KWARGS)
+            self._modules[key] = te.DotProductAttention(**accepted).to(dtype=dtype, device=device)
+        return self._modules[key], kwargs
+
+    def run(self, case: AttentionCase, inputs: Any, variant: str) -> BackendOutput:
+        """Run DotProductAttention and verify TE selected this adapter's sub-backend.
+
+        Raises:
+            UnsupportedCaseError: TE found no allowed backend, refused the case, or selected
+                another sub-backend than the one this adapter stands for.
+            RuntimeError: TE's selection state cannot be read, so the result cannot be attributed.
+        """
+        module, module_kwargs = self._module(case, variant, inputs.q.dtype, inputs.q.device)
+        dpa = importlib.import_module(TE_DPA_MODULE)
+        forward_kwargs = te_forward_kwargs(case, variant)
+        accepted, _ = fit_to_signature(module.forward, forward_kwargs, TE_ESSENTIAL_KWARGS)
+        tensor_kwargs = (
+            {"cu_seqlens_q": inputs.cu_seqlens_q, "cu_seqlens_kv": inputs.cu_seqlens_k} if case.is_varlen else {}
+        )
+        selected: dict[str, str | None] = {}
+
+        def attention(q: Any, k: Any, v: Any) -> tuple[Any, None]:
+            q_, k_, v_ = (to_te_layout(case, t) for t in (q, k, v))
+            try:
+                out = module(q_, k_, v_, **tensor_kwargs, **accepted)
+            except ValueError as exc:
+                if TE_NO_BACKEND_MESSAGE in str(exc):
+                    raise UnsupportedCaseError(f"TE has no allowed backend for this case ({self.name}): {exc}") from exc
+                raise
+            except NotImplementedError as exc:
+                raise UnsupportedCaseError(f"TE refused the case: {exc}") from exc
+            state = getattr(dpa, "_attention_backends", None)
+            if not isinstance(state, Mapping):
+                raise RuntimeError(
+                    f"cannot read {TE_DPA_MODULE}._attention_backends: this TE build's selection is unknown"
+                )
+            selected["name"] = te_selected_backend(state)
+            if not te_selection_matches(self.sub_backend, state):
+                raise UnsupportedCaseError(
+                    f"TE selected {selected['name']}, not the sub-backend {self.name} stands for"
+                )
+            return from_te_output(case, out), None
+
+        def once() -> tuple:
+            return run_with_grad(attention, case, inputs)
+
+        if self.jit:
+            (out, lse, dq, dk, dv), compile_ms = self._timer.run(self.kernel_key(case, variant), once, inputs.q)
+        else:
+            (out, lse, dq, dk, dv), compile_ms = once(), 0.0
+        extra = {
+            "module": describe_call("DotProductAttention", module_kwargs),
+            "forward": describe_call("forward", forward_kwargs),
+            "transformer_engine_version": distribution_version("transformer-engine") or "unknown",
+        }
+        return BackendOutput(
+            out=out,
+            lse=lse,
+            dq=dq,
+            dk=dk,
+            dv=dv,
+            selected_kernel=selected.get("name"),
+            compile_ms=compile_ms,
+            extra=extra,
+        )
+
+
+_FLASH_OFF = {"NVTE_FLASH_ATTN": "0"}
+
+
+class TEFA4Backend(TEBackend):
+    """TE forced onto its FlashAttention 4 path (``flash_attn_func_v4``)."""
+
+    name: ClassVar[str] = "te-fa4"
+    environment: ClassVar[str] = "te-fa4"
+    sub_backend: ClassVar[str] = "flash4"
+    bottom_right_unless_square: ClassVar[bool] = True
+    jit: ClassVar[bool] = True
+    requires: ClassVar[tuple[str, ...]] = ("flash-attn-4",)
+    min_arch_major: ClassVar[int] = 9
+    env_vars: ClassVar[dict[str, str]] = {
+        "NVTE_FLASH_ATTN": "1",
+        "NVTE_FLASH_ATTN_V2": "0",
+        "NVTE_FLASH_ATTN_V3": "0",
+        "NVTE_FLASH_ATTN_V4": "1",
+        "NVTE_FUSED_ATTN": "0",
+        "NVTE_UNFUSED_ATTN": "0",
+    }
+    packages: ClassVar[tuple[str, ...]] = TE_PACKAGES + ("flash-attn-4", "nvidia-cutlass-dsl")
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        dtypes=("bfloat16", "float16"),
+        qkv_formats=("bshd", "sbhd", "thd"),
+        max_head_dim=256,
+        head_dim_multiple=8,
+        head_dim_v_differs=True,
+        gqa=True,
+        causal_alignments=("top_left", "bottom_right"),
+        windows=True,
+        softcap=False,  # "Disabling FlashAttention 4 as TE does not pass it softcap"
+        backward=True,
+        lse=False,
+    )
+
+
+class TEFA2Backend(TEBackend):
+    """TE forced onto its FlashAttention 2 path (``flash_attn_func`` of flash-attn 2.x)."""
+
+    name: ClassVar[str] = "te-fa2"
+    environment: ClassVar[str] = "te-fa2"
+    sub_backend: ClassVar[str] = "flash2"
+    bottom_right_unless_square: ClassVar[bool] = True
+    requires: ClassVar[tuple[str, ...]] = ("flash-attn",)
+    env_vars: ClassVar[dict[str, str]] = {
+        "NVTE_FLASH_ATTN": "1",
+        "NVTE_FLASH_ATTN_V2": "1",
+        "NVTE_FLASH_ATTN_V3": "0",
+        "NVTE_FLASH_ATTN_V4": "0",
+        "NVTE_FUSED_ATTN": "0",
+        "NVTE_UNFUSED_ATTN": "0",
+    }
+    packages: ClassVar[tuple[str, ...]] = TE_PACKAGES + ("flash-attn",)
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        dtypes=("bfloat16", "float16"),
+        qkv_formats=("bshd", "sbhd", "thd"),
+        max_head_dim=256,
+        head_dim_multiple=8,
+        head_dim_v_differs=True,
+        gqa=True,
+        causal_alignments=("top_left", "bottom_right"),
+        windows=True,
+        softcap=True,  # flash-attn >= 2.6
+        backward=True,
+        lse=False,
+    )
+
+
+class TEFusedBackend(TEBackend):
+    """TE forced onto FusedAttention (cuDNN); any cuDNN sub-backend counts."""
+
+    name: ClassVar[str] = "te-fused"
+    environment: ClassVar[str] = "te-fused"
+    sub_backend: ClassVar[str] = "fused"
+    jit: ClassVar[bool] = True  # cuDNN graphs are built at first use
+    env_vars: ClassVar[dict[str, str]] = {**_FLASH_OFF, "NVTE_FUSED_ATTN": "1", "NVTE_UNFUSED_ATTN": "0"}
+    packages: ClassVar[tuple[str, ...]] = TE_PACKAGES + ("nvidia-cudnn-cu12", "nvidia-cudnn-cu13")
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        dtypes=("bfloat16", "float16"),
+        qkv_formats=("bshd", "sbhd", "thd"),
+        max_head_dim=256,
+        head_dim_multiple=8,
+        head_dim_v_differs=True,
+        gqa=True,
+        causal_alignments=("top_left", "bottom_right"),
+        windows=True,
+        softcap=False,  # "Disabling FusedAttention as it does not support softcap"
+        backward=True,
+        lse=False,
+    )
+
+    def unsupported_reasons(self, case: AttentionCase, variant: str) -> list[str]:
+        """Adds cuDNN's refusal of sliding windows with seqlen_q > seqlen_k."""
+        reasons = super().unsupported_reasons(case, variant)
+        if _has_window(case) and case.seqlen_q > case.seqlen_k:
+            reasons.append("TE FusedAttention does not support sliding windows with seqlen_q > seqlen_k")
+        return reasons
+
+
+class TEUnfusedBackend(TEBackend):
+    """TE forced onto UnfusedDotProductAttention (plain PyTorch inside TE)."""
+
+    name: ClassVar[str] = "te-unfused"
+    environment: ClassVar[str] = "te-unfused"
+    sub_backend: ClassVar[str] = "unfused"
+    env_vars: ClassVar[dict[str, str]] = {**_FLASH_OFF, "NVTE_FUSED_ATTN": "0", "NVTE_UNFUSED_ATTN": "1"}
+    packages: ClassVar[tuple[str, ...]] = TE_PACKAGES
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        dtypes=("bfloat16", "float16", "float32"),
+        qkv_formats=("bshd", "sbhd", "thd"),
+        max_head_dim=512,
+        head_dim_multiple=1,
+        head_dim_v_differs=True,
+        gqa=True,
+        causal_alignments=("top_left", "bottom_right"),
+        windows=True,
+        softcap=True,
+        backward=True,
+        lse=False,
+    )
+
+
+def builtin_backends() -> list[Backend]:
+    """The four TE adapters (te-fa2 included; its availability() says when flash-attn is missing)."""
+    return [TEFA4Backend(), TEFusedBackend(), TEUnfusedBackend(), TEFA2Backend()]
+
+
+__all__ = [
+    "TEBackend",
+    "TEFA2Backend",
+    "TEFA4Backend",
+    "TEFusedBackend",
+    "TEUnfusedBackend",
+    "TE_VARIANTS",
+    "builtin_backends",
+    "from_te_output",
+    "te_attn_mask_type",
+    "te_forward_kwargs",
+    "te_module_kwargs",
+    "te_selected_backend",
+    "te_selection_matches",
+    "te_variant_reasons",
+    "te_window_size",
+    "to_te_layout",
+]

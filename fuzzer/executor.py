@@ -1,0 +1,401 @@
+"""Running backends, isolated in persistent child processes.
+
+Each backend *environment* (``Backend.environment``: backends that can share process-wide state,
+e.g. TE's ``NVTE_*`` selection variables) gets one child process, started on first use and reused
+across cases. The parent (the worker) generates the inputs and computes the float64 oracle once
+per case and sends the inputs to the children (shared memory for CPU tensors, CUDA IPC for CUDA
+tensors, through ``torch.multiprocessing``); children return outputs on the CPU.
+
+A child that dies (segfault, abort, a CUDA fatal error that poisons its context) turns the backend
+call in flight into a ``crash`` outcome with the last lines of the child's stderr; one that runs
+past the timeout is killed and becomes ``timeout``; ``torch.OutOfMemoryError`` or a SIGKILL that
+the executor did not send becomes ``oom``. The child is restarted and the remaining tasks of the
+case run in the new child, so no result is lost.
+
+Protocol (parent -> child): ``("run", case_json, inputs, [(backend_name, variant), ...])`` and
+``("stop",)``. Child -> parent: ``("ready", {name: availability})`` once, then for each task
+``("start", i)`` and ``("done", i, outcome_dict)``.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import sys
+import tempfile
+import time
+import traceback
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from fuzzer.backends.base import Backend, BackendOutput, UnsupportedCaseError
+from oracle.config import AttentionCase
+from oracle.errors import AttnFuzzError
+
+# Substrings of exception messages after which a CUDA context is unusable: the child must die.
+_FATAL_CUDA_MARKERS = (
+    "illegal memory access",
+    "device-side assert",
+    "unspecified launch failure",
+    "CUDA error: misaligned address",
+    "an illegal instruction was encountered",
+    "CUDA_ERROR_ILLEGAL_ADDRESS",
+)
+_STDERR_TAIL_LINES = 30
+
+
+class ExecutorError(AttnFuzzError):
+    """The executor could not start a child process at all (not a backend failure)."""
+
+
+@dataclass
+class TaskOutcome:
+    """What one (backend, variant) call produced.
+
+    Attributes:
+        backend, variant: the task.
+        status: ``"ok"``, ``"unsupported"``, ``"error"``, ``"crash"``, ``"timeout"`` or ``"oom"``.
+        output: the `BackendOutput` (tensors on the CPU or the worker's device) when ``ok``.
+        run_ms: wall time of the call, milliseconds (compile time excluded when the adapter
+            measured it).
+        compile_ms: JIT compilation time reported by the adapter, milliseconds.
+        detail: reason, exception text or stderr tail.
+        exception_type: the exception class name for ``error``.
+    """
+
+    backend: str
+    variant: str
+    status: str
+    output: BackendOutput | None = None
+    run_ms: float = 0.0
+    compile_ms: float = 0.0
+    detail: str = ""
+    exception_type: str = ""
+
+
+def _is_fatal_cuda(exc: BaseException) -> bool:
+    text = str(exc)
+    return any(marker in text for marker in _FATAL_CUDA_MARKERS)
+
+
+def run_task(backend: Backend, case: AttentionCase, inputs: Any, variant: str) -> TaskOutcome:
+    """Call one backend in this process and classify the outcome (no isolation).
+
+    ``ok`` outcomes carry the output on the backend's device; a fatal CUDA error is reported as
+    ``crash`` with ``detail`` starting with ``"fatal CUDA error"``.
+    """
+    import torch
+
+    inputs = inputs.to(backend.device) if _device_of(inputs) != backend.device else inputs
+    start = time.perf_counter()
+    try:
+        output = backend.run(case, inputs, variant)
+        if backend.device == "cuda":
+            torch.cuda.synchronize()
+    except UnsupportedCaseError as exc:
+        return TaskOutcome(backend.name, variant, "unsupported", detail=str(exc))
+    except torch.OutOfMemoryError as exc:
+        return TaskOutcome(backend.name, variant, "oom", detail=str(exc)[-2000:], exception_type="OutOfMemoryError")
+    except Exception as exc:  # a backend bug or an undeclared limitation: recorded, never raised
+        status = "crash" if _is_fatal_cuda(exc) else "error"
+        detail = ("fatal CUDA error: " if status == "crash" else "") + "".join(
+            traceback.format_exception_only(type(exc), exc)
+        ).strip()[-2000:]
+        return TaskOutcome(backend.name, variant, status, detail=detail, exception_type=type(exc).__name__)
+    elapsed_ms = (time.perf_counter() - start) * 1000.0
+    run_ms = max(elapsed_ms - output.compile_ms, 0.0)
+    return TaskOutcome(
+        backend.name, variant, "ok", output=output, run_ms=run_ms, compile_ms=output.compile_ms
+    )
+
+
+def _device_of(inputs: Any) -> str:
+    return inputs.q.device.type
+
+
+def _output_to(output: BackendOutput, device: str) -> BackendOutput:
+    def move(t):
+        return None if t is None else t.detach().to(device)
+
+    return BackendOutput(
+        out=move(output.out),
+        lse=move(output.lse),
+        dq=move(output.dq),
+        dk=move(output.dk),
+        dv=move(output.dv),
+        selected_kernel=output.selected_kernel,
+        compile_ms=output.compile_ms,
+        extra=dict(output.extra),
+    )
+
+
+class InProcessExecutor:
+    """Runs backends in the worker's own process: no isolation, for tests and debugging."""
+
+    def __init__(self, backends: list[tuple[Backend, str]]):
+        self.backends = {b.name: b for b, _ in backends}
+
+    def availability(self) -> dict[str, str | None]:
+        return {name: b.availability() for name, b in self.backends.items()}
+
+    def run(
+        self, case: AttentionCase, inputs: Any, tasks: list[tuple[str, str]], timeout_s: float
+    ) -> list[TaskOutcome]:
+        outcomes = []
+        for name, variant in tasks:
+            outcome = run_task(self.backends[name], case, inputs, variant)
+            if outcome.output is not None:
+                outcome.output = _output_to(outcome.output, _device_of(inputs))
+            outcomes.append(outcome)
+        return outcomes
+
+    def close(self) -> None:
+        pass
+
+
+# ---------------------------------------------------------------------------------------- child
+def _child_main(conn, specs: list[tuple[str, str]], env_vars: dict[str, str], log_path: str) -> None:
+    """Entry point of a child process: load the backends, then serve ``run`` requests."""
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 2)
+    sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
+    os.environ.update(env_vars)
+    import torch.multiprocessing  # noqa: F401  (registers tensor reductions for the pipe)
+
+    from fuzzer.registry import load_spec
+    from oracle.config import AttentionCase as Case
+
+    backends: dict[str, Backend] = {}
+    for spec, name in specs:
+        for backend in load_spec(spec):
+            if backend.name == name:
+                backends[name] = backend
+    conn.send(("ready", {name: b.availability() for name, b in backends.items()}))
+    while True:
+        try:
+            message = conn.recv()
+        except EOFError:
+            return
+        if message[0] == "stop":
+            return
+        _, case_json, inputs, tasks = message
+        case = Case.from_json(case_json)
+        for i, (name, variant) in enumerate(tasks):
+            conn.send(("start", i))
+            outcome = run_task(backends[name], case, inputs, variant)
+            if outcome.output is not None:
+                outcome.output = _output_to(outcome.output, "cpu")
+            conn.send(("done", i, outcome))
+            if outcome.status == "crash":  # the CUDA context is poisoned: die, be restarted
+                sys.stderr.write(outcome.detail + "\n")
+                sys.stderr.flush()
+                os._exit(70)
+            if outcome.status == "oom":
+                import torch
+
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+
+
+def _tail(path: str, lines: int = _STDERR_TAIL_LINES) -> str:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - 16384))
+            text = fh.read().decode(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(deque(text.splitlines(), maxlen=lines))
+
+
+@dataclass
+class _Child:
+    process: Any
+    conn: Any
+    log_path: str
+    availability: dict[str, str | None] = field(default_factory=dict)
+
+
+class ChildProcessExecutor:
+    """One persistent child process per backend environment; crashes and hangs are contained.
+
+    Args:
+        backends: ``(backend, spec)`` pairs; ``spec`` (``module:attr``) lets the child load the
+            same backend.
+        start_timeout_s: seconds a child may take to import its libraries and report ready.
+        log_dir: where each child's stderr goes (a temporary directory by default).
+
+    Raises:
+        ExecutorError: (from ``run``) a child could not be started within ``start_timeout_s``.
+    """
+
+    def __init__(self, backends: list[tuple[Backend, str]], start_timeout_s: float = 300.0, log_dir: str | None = None):
+        import torch.multiprocessing  # noqa: F401  (registers tensor reductions)
+
+        self.backends = {b.name: (b, spec) for b, spec in backends}
+        self.start_timeout_s = start_timeout_s
+        self.log_dir = log_dir or tempfile.mkdtemp(prefix="attnfuzz-children-")
+        self._ctx = multiprocessing.get_context("spawn")
+        self._children: dict[str, _Child] = {}
+        self.restarts = 0
+
+    def _environment(self, name: str) -> str:
+        return self.backends[name][0].environment
+
+    def _start(self, environment: str) -> _Child:
+        members = [(spec, b.name) for b, spec in self.backends.values() if b.environment == environment]
+        env_vars: dict[str, str] = {}
+        for b, _ in self.backends.values():
+            if b.environment == environment:
+                env_vars.update(b.env_vars)
+        log_path = os.path.join(self.log_dir, f"{environment}.{len(os.listdir(self.log_dir))}.log")
+        parent_conn, child_conn = self._ctx.Pipe(duplex=True)
+        process = self._ctx.Process(
+            target=_child_main, args=(child_conn, members, env_vars, log_path), daemon=True, name=f"attnfuzz-{environment}"
+        )
+        process.start()
+        child_conn.close()
+        if not parent_conn.poll(self.start_timeout_s):
+            process.kill()
+            raise ExecutorError(f"child for environment {environment!r} did not start: {_tail(log_path)}")
+        try:
+            message = parent_conn.recv()
+        except EOFError as exc:
+            raise ExecutorError(f"child for environment {environment!r} died at start: {_tail(log_path)}") from exc
+        child = _Child(process, parent_conn, log_path, message[1])
+        self._children[environment] = child
+        return child
+
+    def _child(self, environment: str) -> _Child:
+        child = self._children.get(environment)
+        if child is None or not child.process.is_alive():
+            if child is not None:
+                self.restarts += 1
+            child = self._start(environment)
+        return child
+
+    def _kill(self, environment: str) -> None:
+        child = self._children.pop(environment, None)
+        if child is None:
+            return
+        if child.process.is_alive():
+            child.process.kill()
+        child.process.join(10)
+        child.conn.close()
+
+    def availability(self) -> dict[str, str | None]:
+        """Each backend's availability as its child sees it (starts the children)."""
+        result: dict[str, str | None] = {}
+        for environment in dict.fromkeys(self._environment(n) for n in self.backends):
+            try:
+                result.update(self._child(environment).availability)
+            except ExecutorError as exc:
+                for name in self.backends:
+                    if self._environment(name) == environment:
+                        result[name] = str(exc)
+        return result
+
+    def run(
+        self, case: AttentionCase, inputs: Any, tasks: list[tuple[str, str]], timeout_s: float
+    ) -> list[TaskOutcome]:
+        """Run ``tasks`` (``(backend, variant)``) on ``case``; one outcome per task, in order.
+
+        Args:
+            case: the case.
+            inputs: `oracle.inputs.AttentionInputs` on the worker's device.
+            tasks: the calls to make.
+            timeout_s: per-task wall-clock limit in seconds.
+        """
+        device = _device_of(inputs)
+        outcomes: dict[int, TaskOutcome] = {}
+        by_env: dict[str, list[int]] = {}
+        for i, (name, _) in enumerate(tasks):
+            by_env.setdefault(self._environment(name), []).append(i)
+        for environment, indices in by_env.items():
+            pending = list(indices)
+            stalls = 0
+            while pending:
+                left = self._run_in_child(environment, case, inputs, tasks, pending, timeout_s, outcomes)
+                stalls = stalls + 1 if left == pending else 0
+                if stalls >= 2:  # the child died twice before starting anything: do not loop forever
+                    name, variant = tasks[pending[0]]
+                    outcomes[pending[0]] = TaskOutcome(
+                        name, variant, "crash", detail="child died before starting the task, twice in a row"
+                    )
+                    left, stalls = pending[1:], 0
+                pending = left
+        result = [outcomes[i] for i in range(len(tasks))]
+        for outcome in result:
+            if outcome.output is not None and device != "cpu":
+                outcome.output = _output_to(outcome.output, device)
+        return result
+
+    def _run_in_child(self, environment, case, inputs, tasks, pending, timeout_s, outcomes) -> list[int]:
+        """Send ``pending`` tasks to the environment's child; return those left after a crash."""
+        child = self._child(environment)
+        batch = [tasks[i] for i in pending]
+        try:
+            child.conn.send(("run", case.to_json(), inputs, batch))
+        except (BrokenPipeError, OSError):
+            self._kill(environment)
+            return pending
+        current: int | None = None
+        started_at = time.monotonic()
+        while True:
+            remaining = timeout_s - (time.monotonic() - started_at) if current is not None else self.start_timeout_s
+            ready = child.conn.poll(max(remaining, 0.0))
+            if not ready:
+                if current is None:  # stuck before starting the next task
+                    current = next(k for k, p in enumerate(pending) if p not in outcomes)
+                name, variant = batch[current]
+                detail = f"no result after {timeout_s:g} s; child killed\n{_tail(child.log_path)}"
+                outcomes[pending[current]] = TaskOutcome(name, variant, "timeout", detail=detail)
+                self._kill(environment)
+                return [p for p in pending if p not in outcomes]
+            try:
+                message = child.conn.recv()
+            except (EOFError, ConnectionResetError, OSError):
+                child.process.join(10)
+                if current is not None:
+                    name, variant = batch[current]
+                    outcomes[pending[current]] = self._death_outcome(child, name, variant)
+                self._kill(environment)
+                return [p for p in pending if p not in outcomes]
+            if message[0] == "start":
+                current = message[1]
+                started_at = time.monotonic()
+            elif message[0] == "done":
+                outcomes[pending[message[1]]] = message[2]
+                current = None
+                if message[1] == len(batch) - 1:
+                    return []
+
+    @staticmethod
+    def _death_outcome(child: _Child, name: str, variant: str) -> TaskOutcome:
+        code = child.process.exitcode
+        tail = _tail(child.log_path)
+        if code is not None and code < 0:
+            sig = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
+            if code == -signal.SIGKILL:
+                return TaskOutcome(name, variant, "oom", detail=f"child killed by SIGKILL (likely out of memory)\n{tail}")
+            return TaskOutcome(name, variant, "crash", detail=f"child died with signal {sig}\n{tail}")
+        return TaskOutcome(name, variant, "crash", detail=f"child exited with code {code}\n{tail}")
+
+    def close(self) -> None:
+        """Stop every child (politely, then by force)."""
+        for environment, child in list(self._children.items()):
+            try:
+                child.conn.send(("stop",))
+            except (BrokenPipeError, OSError):
+                pass
+            child.process.join(5)
+            self._kill(environment)
+
+    def __enter__(self) -> ChildProcessExecutor:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

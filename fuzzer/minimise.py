@@ -1,0 +1,249 @@
+"""Shrinking a failing case with Hypothesis, keeping its failure signature.
+
+`minimise` takes an injected predicate ``still_fails(case) -> bool`` (True when the case still
+fails *with the same signature*) and asks Hypothesis's shrinker for the smallest case of the
+*neighbourhood* of the failing one that still fails:
+
+* categorical fields stay fixed (dtype, qkv_format, causal, causal_alignment, whether a window
+  exists): they define the bug class;
+* sizes shrink toward 1 (batch_size, num_heads_kv, GQA group, seqlen_q, seqlen_k, per-sequence
+  lengths) and head dims toward small common sizes; windows toward 0;
+* optional features shrink toward "off" (backward -> forward only, softcap, softmax_scale ->
+  default, input distribution -> normal, seed -> 0).
+
+The shrink starts *from the failing case itself*: its choice sequence is known by construction
+(one primitive Hypothesis choice per field, in a fixed order) and is stored under the secondary
+key of the run's example database, which Hypothesis replays before shrinking (examples under the
+primary key are taken as already minimal). The database may be the SQL one shared by all
+workers, so a bucket shrunk once is recognised at once by the next worker.
+
+Outcomes are named (``MinimiseOutcome.status``): ``minimised`` (smaller case confirmed k times),
+``not_reproduced`` (the original did not fail again: flaky), ``slipped`` (the shrunk case failed
+during shrinking but not on re-check; the original is kept), ``unchanged`` (nothing smaller fails).
+On the deadline the best case so far is returned.
+
+Source: Hypothesis ``find()`` and ``database.choices_to_bytes`` (hypothesis 6.170), engine
+``reuse_existing_test_cases`` (secondary corpus is not assumed shrunk).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from hypothesis import HealthCheck, Phase, Verbosity, find, settings
+from hypothesis import strategies as st
+from hypothesis.database import ExampleDatabase, InMemoryExampleDatabase, choices_to_bytes
+from hypothesis.errors import Flaky, NoSuchExample, Unsatisfiable
+
+from oracle.config import INPUT_DISTRIBUTIONS, AttentionCase
+
+_SMALL_HEAD_DIMS = (8, 16, 32, 64, 128, 256)
+
+
+@dataclass(frozen=True)
+class MinimiseOutcome:
+    """Result of `minimise`.
+
+    Attributes:
+        status: ``minimised``, ``unchanged``, ``slipped`` or ``not_reproduced``.
+        case: the case to keep as the bucket's minimised case (the original unless minimised).
+        original: the case shrinking started from.
+        attempts: calls of ``still_fails`` made.
+        elapsed_s: wall time, seconds.
+        note: one line for humans (stored with the bucket).
+    """
+
+    status: str
+    case: AttentionCase
+    original: AttentionCase
+    attempts: int
+    elapsed_s: float
+    note: str
+
+
+def neighbourhood(case: AttentionCase) -> tuple[st.SearchStrategy[AttentionCase], tuple]:
+    """The strategy of cases around ``case``, and the Hypothesis choices that draw ``case`` itself.
+
+    Every field is one primitive choice (``integers``, ``booleans`` or ``sampled_from`` of at
+    least two values) so the choice sequence of the original is known exactly.
+    """
+    original: list = []
+
+    def ints(lo: int, value: int):
+        original.append(value)
+        return st.integers(lo, value)
+
+    def pick(options: list, value):
+        original.append(options.index(value))
+        return st.sampled_from(options)
+
+    # Build the per-field strategies in draw order; `original` collects the choices of `case`.
+    plan = []
+    plan.append(("batch_size", ints(1, case.batch_size)))
+    plan.append(("num_heads_kv", ints(1, case.num_heads_kv)))
+    plan.append(("group", ints(1, case.group_size)))
+    dims = sorted({d for d in _SMALL_HEAD_DIMS if d < case.head_dim} | {case.head_dim})
+    plan.append(("head_dim", pick(dims, case.head_dim)))
+    same_v = case.head_dim_v == case.head_dim
+    if not same_v:
+        dims_v = sorted({d for d in _SMALL_HEAD_DIMS if d < case.head_dim_v} | {case.head_dim_v})
+        plan.append(("head_dim_v", pick(dims_v, case.head_dim_v)))
+    if case.is_varlen:
+        for i, n in enumerate(case.seqlens_q_list):
+            plan.append((f"seqlens_q[{i}]", ints(1, n)))
+        for i, n in enumerate(case.seqlens_k_list):
+            plan.append((f"seqlens_k[{i}]", ints(1, n)))
+    else:
+        plan.append(("seqlen_q", ints(1, case.seqlen_q)))
+        plan.append(("seqlen_k", ints(1, case.seqlen_k)))
+    for name in ("window_size_left", "window_size_right"):
+        value = getattr(case, name)
+        if value is not None:
+            plan.append((name, ints(0, value)))
+    default_scale = float(case.head_dim) ** -0.5
+    if case.softmax_scale != default_scale:
+        plan.append(("softmax_scale", pick([None, case.softmax_scale], case.softmax_scale)))
+    if case.softcap is not None:
+        plan.append(("softcap", pick([None, case.softcap], case.softcap)))
+    if case.backward:
+        original.append(True)
+        plan.append(("backward", st.booleans()))
+    if case.input_distribution != INPUT_DISTRIBUTIONS[0]:
+        plan.append(
+            ("input_distribution", pick([INPUT_DISTRIBUTIONS[0], case.input_distribution], case.input_distribution))
+        )
+    if case.seed != 0:
+        plan.append(("seed", pick([0, case.seed], case.seed)))
+
+    @st.composite
+    def cases(draw) -> AttentionCase:
+        values = {name: draw(strategy) for name, strategy in plan}
+        batch_size = values["batch_size"]
+        head_dim = values["head_dim"]
+        changes: dict = {
+            "batch_size": batch_size,
+            "num_heads_kv": values["num_heads_kv"],
+            "num_heads": values["num_heads_kv"] * values["group"],
+            "head_dim": head_dim,
+            "head_dim_v": values.get("head_dim_v", head_dim) if not same_v else head_dim,
+            "backward": values.get("backward", case.backward),
+            "input_distribution": values.get("input_distribution", case.input_distribution),
+            "seed": values.get("seed", case.seed),
+            "softcap": values.get("softcap", case.softcap),
+        }
+        scale = values.get("softmax_scale", case.softmax_scale)
+        changes["softmax_scale"] = None if scale == default_scale else scale
+        for name in ("window_size_left", "window_size_right"):
+            changes[name] = values.get(name, getattr(case, name))
+        if case.is_varlen:
+            sq = tuple(values[f"seqlens_q[{i}]"] for i in range(batch_size))
+            sk = tuple(values[f"seqlens_k[{i}]"] for i in range(batch_size))
+            changes.update(seqlens_q=sq, seqlens_k=sk, seqlen_q=max(sq), seqlen_k=max(sk))
+        else:
+            changes.update(seqlen_q=values["seqlen_q"], seqlen_k=values["seqlen_k"])
+        return case.replace(**changes)
+
+    return cases(), tuple(original)
+
+
+def minimise(
+    case: AttentionCase,
+    still_fails: Callable[[AttentionCase], bool],
+    *,
+    deadline_s: float = 120.0,
+    confirmations: int = 2,
+    database: ExampleDatabase | None = None,
+    database_key: bytes | None = None,
+) -> MinimiseOutcome:
+    """Shrink ``case`` while ``still_fails`` holds.
+
+    Args:
+        case: a case that failed.
+        still_fails: True when the given case fails with the same signature as ``case``.
+        deadline_s: wall-clock budget in seconds; the best case so far is kept when it passes.
+        confirmations: re-runs of the original (before) and of the shrunk case (after) that must
+            all fail.
+        database: Hypothesis example database (defaults to an in-memory one).
+        database_key: key of this bucket in ``database`` (defaults to a hash of the case).
+
+    Returns:
+        A `MinimiseOutcome` naming what happened.
+    """
+    start = time.monotonic()
+    deadline = start + deadline_s
+    attempts = 0
+
+    def elapsed() -> float:
+        return time.monotonic() - start
+
+    def check(candidate: AttentionCase) -> bool:
+        nonlocal attempts
+        attempts += 1
+        return still_fails(candidate)
+
+    if not all(check(case) for _ in range(max(confirmations, 1))):
+        return MinimiseOutcome("not_reproduced", case, case, attempts, elapsed(), "original did not fail again")
+
+    strategy, choices = neighbourhood(case)
+    database = database if database is not None else InMemoryExampleDatabase()
+    key = database_key or hashlib.sha256(b"attnfuzz-minimise:" + case.case_id.encode()).digest()[:16]
+    database.save(key + b".secondary", choices_to_bytes(choices))
+    best = [case]
+
+    def condition(candidate: AttentionCase) -> bool:
+        if time.monotonic() > deadline:
+            return False
+        if check(candidate):
+            if _size(candidate) <= _size(best[0]):
+                best[0] = candidate
+            return True
+        return False
+
+    try:
+        found = find(
+            strategy,
+            condition,
+            settings=settings(
+                database=database,
+                phases=[Phase.reuse, Phase.shrink],
+                max_examples=1000,
+                deadline=None,
+                suppress_health_check=list(HealthCheck),
+                verbosity=Verbosity.quiet,
+                report_multiple_bugs=False,
+            ),
+            database_key=key,
+        )
+    except (NoSuchExample, Unsatisfiable, Flaky):
+        # Flaky: a candidate failed once and not on Hypothesis's replay; the re-check below decides
+        found = best[0]
+    candidate = found if _size(found) <= _size(best[0]) else best[0]
+    if candidate == case:
+        return MinimiseOutcome("unchanged", case, case, attempts, elapsed(), "no smaller case fails the same way")
+    if not all(check(candidate) for _ in range(max(confirmations, 1))):
+        return MinimiseOutcome(
+            "slipped",
+            case,
+            case,
+            attempts,
+            elapsed(),
+            f"shrunk case {candidate.case_id} did not fail on re-check; original kept",
+        )
+    timed_out = " (deadline reached: best so far)" if time.monotonic() > deadline else ""
+    return MinimiseOutcome(
+        "minimised",
+        candidate,
+        case,
+        attempts,
+        elapsed(),
+        f"minimised from {case.case_id} in {attempts} runs, confirmed {confirmations}x{timed_out}",
+    )
+
+
+def _size(case: AttentionCase) -> tuple:
+    """Order used to keep the smallest failing case seen (work first, then flags)."""
+    work = case.batch_size * case.num_heads * case.total_q * max(case.seqlens_k_list) * case.head_dim
+    return (work, case.backward, case.softcap is not None, case.seed)

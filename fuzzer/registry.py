@@ -1,0 +1,117 @@
+"""Finding backends: the built-ins, the entry-point group ``attnfuzz.backends``, and ``module:attr``.
+
+An entry point (or a ``module:attr`` spec) may name a `Backend` subclass (instantiated with no
+arguments), a `Backend` instance, or a zero-argument callable returning one backend or a list of
+them. Built-ins are registered through the same entry-point group in ``pyproject.toml``; when the
+project runs from a source tree without being installed (``PYTHONPATH`` on a GPU host), the
+built-in modules are loaded directly so the result is the same.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+from collections.abc import Iterable
+
+from fuzzer.backends.base import Backend, BackendError
+
+ENTRY_POINT_GROUP = "attnfuzz.backends"
+BUILTIN_MODULES = (
+    "fuzzer.backends.sdpa",
+    "fuzzer.backends.fa4",
+    "fuzzer.backends.te",
+    "fuzzer.backends.fa2",
+)
+# Backends fuzzed by default on a machine without a GPU.
+DEFAULT_CPU_BACKENDS = ("torch-cpu-math", "torch-cpu-flash")
+
+
+def _as_backends(obj: object, origin: str) -> list[Backend]:
+    if isinstance(obj, type) and issubclass(obj, Backend):
+        obj = obj()
+    elif callable(obj) and not isinstance(obj, Backend):
+        obj = obj()
+    items = list(obj) if isinstance(obj, (list, tuple)) else [obj]
+    for item in items:
+        if not isinstance(item, Backend):
+            raise BackendError(f"{origin}: expected a Backend, got {type(item).__name__}")
+        if not item.name:
+            raise BackendError(f"{origin}: backend {type(item).__name__} has no name")
+    return items
+
+
+def load_spec(spec: str) -> list[Backend]:
+    """Load backends from ``"package.module:attr"``.
+
+    Raises:
+        BackendError: the spec is malformed, the module cannot be imported, the attribute is
+            missing, or it does not yield `Backend` objects.
+    """
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise BackendError(f"backend spec {spec!r}: expected 'module:attr'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise BackendError(f"backend spec {spec!r}: cannot import {module_name}: {exc}") from exc
+    try:
+        obj = getattr(module, attr)
+    except AttributeError as exc:
+        raise BackendError(f"backend spec {spec!r}: {module_name} has no attribute {attr!r}") from exc
+    return _as_backends(obj, spec)
+
+
+def discover(extra_specs: Iterable[str] = ()) -> dict[str, tuple[Backend, str]]:
+    """All known backends by name, each with the spec that loads it again (for child processes).
+
+    Order: entry points, then built-in modules not already seen, then ``extra_specs`` (which
+    override same-named backends). A built-in module that fails to import is skipped (its
+    backends then report nothing); a broken third-party entry point raises.
+
+    Raises:
+        BackendError: an entry point or extra spec cannot be loaded, or two entry points
+            define the same name.
+    """
+    found: dict[str, tuple[Backend, str]] = {}
+    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        spec = ep.value
+        try:
+            backends = _as_backends(ep.load(), f"entry point {ep.name}={spec}")
+        except BackendError:
+            raise
+        except Exception as exc:
+            raise BackendError(f"entry point {ep.name}={spec}: {type(exc).__name__}: {exc}") from exc
+        for backend in backends:
+            if backend.name in found and found[backend.name][1] != spec:
+                raise BackendError(f"backend name {backend.name!r} defined by {found[backend.name][1]} and {spec}")
+            found[backend.name] = (backend, spec)
+    for module_name in BUILTIN_MODULES:
+        spec = f"{module_name}:builtin_backends"
+        try:
+            backends = load_spec(spec)
+        except BackendError:
+            continue
+        for backend in backends:
+            found.setdefault(backend.name, (backend, spec))
+    for spec in extra_specs:
+        for backend in load_spec(spec):
+            found[backend.name] = (backend, spec)
+    return found
+
+
+def select(names: Iterable[str], extra_specs: Iterable[str] = ()) -> list[tuple[Backend, str]]:
+    """The backends called ``names`` (all of ``extra_specs``' backends are always included).
+
+    Raises:
+        BackendError: a name is unknown; the message lists the known names.
+    """
+    known = discover(extra_specs)
+    wanted = list(dict.fromkeys(names))
+    for spec in extra_specs:
+        for backend in load_spec(spec):
+            if backend.name not in wanted:
+                wanted.append(backend.name)
+    missing = [n for n in wanted if n not in known]
+    if missing:
+        raise BackendError(f"unknown backend {missing[0]!r} (known: {', '.join(sorted(known))})")
+    return [known[n] for n in wanted]

@@ -1,0 +1,214 @@
+"""Hypothesis strategies for attention cases, biased toward where attention kernels break.
+
+Bias (each an explicit branch of a ``one_of``, so Hypothesis both generates it and can shrink away
+from it): sequence lengths of 1, tile boundaries +-1 around 64 and 128 (and 113, 799, 1023, the
+lengths flash-attention's own tests use), seqlen_q != seqlen_k in both directions, windows of 0, 1
+and >= seqlen, head dims that are not multiples of 16 and up to 512, GQA ratios, and, through
+bottom-right alignment with ``seqlen_q > seqlen_k`` or narrow windows, rows with no visible key.
+
+Shrinking: every draw shrinks toward the first alternative / the lower bound, so a shrunk case
+tends to batch 1, one head, seqlen 1, bf16, bshd, normal inputs, seed 0, forward only.
+
+Source (lengths): flash-attention ``tests/cute/test_flash_attn.py`` seqlen parametrisations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from hypothesis import strategies as st
+
+from fuzzer.backends.base import Capabilities
+from oracle.config import CAUSAL_ALIGNMENTS, DTYPES, INPUT_DISTRIBUTIONS, QKV_FORMATS, AttentionCase
+from oracle.errors import AttnFuzzError
+
+TILE_EDGE_SEQLENS = (1, 2, 63, 64, 65, 113, 127, 128, 129, 255, 256, 257, 799, 1023, 1024, 1025, 2047, 2048, 4096)
+COMMON_HEAD_DIMS = (64, 128, 32, 96, 256, 80, 192, 16, 8, 512, 40, 72, 160, 224)
+GQA_GROUPS = (1, 2, 4, 8)
+
+
+class StrategyArgumentError(AttnFuzzError, ValueError):
+    """A strategy was called with bounds that cannot produce a case (checked before drawing)."""
+
+
+def merge_capabilities(caps: Sequence[Capabilities]) -> Capabilities:
+    """The union of several backends' capabilities (what at least one of them can run).
+
+    Raises:
+        StrategyArgumentError: ``caps`` is empty.
+    """
+    if not caps:
+        raise StrategyArgumentError("capabilities: need at least one backend")
+
+    def union(attr: str, order: Sequence[str]) -> tuple[str, ...]:
+        values = {v for c in caps for v in getattr(c, attr)}
+        return tuple(v for v in order if v in values)
+
+    return Capabilities(
+        dtypes=union("dtypes", DTYPES),
+        qkv_formats=union("qkv_formats", QKV_FORMATS),
+        max_head_dim=max(c.max_head_dim for c in caps),
+        head_dim_multiple=min(c.head_dim_multiple for c in caps),
+        head_dim_v_differs=any(c.head_dim_v_differs for c in caps),
+        gqa=any(c.gqa for c in caps),
+        causal_alignments=union("causal_alignments", CAUSAL_ALIGNMENTS),
+        windows=any(c.windows for c in caps),
+        softcap=any(c.softcap for c in caps),
+        backward=any(c.backward for c in caps),
+        lse=any(c.lse for c in caps),
+        max_seqlen=max(c.max_seqlen for c in caps),
+        cp=any(c.cp for c in caps),
+    )
+
+
+def seqlens(max_seqlen: int) -> st.SearchStrategy[int]:
+    """A sequence length in ``[1, max_seqlen]``: small values, tile edges, or anything.
+
+    Shrinks toward 1.
+
+    Raises:
+        StrategyArgumentError: ``max_seqlen < 1``.
+    """
+    if max_seqlen < 1:
+        raise StrategyArgumentError(f"max_seqlen: must be >= 1, got {max_seqlen}")
+    edges = [n for n in TILE_EDGE_SEQLENS if n <= max_seqlen]
+    return st.one_of(
+        st.integers(1, min(16, max_seqlen)),
+        st.sampled_from(edges),
+        st.integers(1, max_seqlen),
+    )
+
+
+def head_dims(max_head_dim: int, multiple: int = 1) -> st.SearchStrategy[int]:
+    """A head dimension: common sizes first, then any multiple of ``multiple`` up to the max.
+
+    Raises:
+        StrategyArgumentError: no head dim satisfies the bounds.
+    """
+    if max_head_dim < multiple or multiple < 1:
+        raise StrategyArgumentError(f"max_head_dim={max_head_dim}, multiple={multiple}: no head_dim fits")
+    common = [d for d in COMMON_HEAD_DIMS if d <= max_head_dim and d % multiple == 0]
+    anything = st.integers(1, max_head_dim // multiple).map(lambda n: n * multiple)
+    return st.one_of(st.sampled_from(common), anything) if common else anything
+
+
+def window_sizes(max_seqlen: int) -> st.SearchStrategy[int | None]:
+    """``None`` (unbounded), 0, 1, a small band, or a band at least as long as the sequence."""
+    return st.one_of(
+        st.none(),
+        st.sampled_from([0, 1]),
+        st.integers(2, max(2, max_seqlen // 2)),
+        st.integers(max_seqlen, 2 * max_seqlen),
+    )
+
+
+def attention_cases(
+    *,
+    capabilities: Capabilities,
+    max_batch_size: int = 4,
+    max_heads_kv: int = 4,
+    max_seqlen: int | None = None,
+    max_work: int = 2**26,
+    allow_backward: bool = True,
+) -> st.SearchStrategy[AttentionCase]:
+    """Cases that at least one backend with ``capabilities`` may run.
+
+    Args:
+        capabilities: usually ``merge_capabilities`` of the selected backends.
+        max_batch_size: largest batch_size.
+        max_heads_kv: largest num_heads_kv (num_heads = num_heads_kv x a GQA group in 1, 2, 4, 8).
+        max_seqlen: largest seqlen_q/seqlen_k (default: ``capabilities.max_seqlen``).
+        max_work: bound on ``batch_size * num_heads * seqlen_q * seqlen_k * head_dim`` (multiply-adds
+            of one matmul): sequence lengths are drawn below the bound the other fields leave.
+        allow_backward: draw ``backward=True`` cases when the capabilities allow.
+
+    Raises:
+        StrategyArgumentError: a bound is below 1 (checked here, before anything is drawn).
+    """
+    for name, value in (("max_batch_size", max_batch_size), ("max_heads_kv", max_heads_kv), ("max_work", max_work)):
+        if value < 1:
+            raise StrategyArgumentError(f"{name}: must be >= 1, got {value}")
+    if max_seqlen is not None and max_seqlen < 1:
+        raise StrategyArgumentError(f"max_seqlen: must be >= 1, got {max_seqlen}")
+    return _attention_cases(
+        capabilities=capabilities,
+        max_batch_size=max_batch_size,
+        max_heads_kv=max_heads_kv,
+        max_seqlen=max_seqlen,
+        max_work=max_work,
+        allow_backward=allow_backward,
+    )
+
+
+@st.composite
+def _attention_cases(
+    draw,
+    *,
+    capabilities: Capabilities,
+    max_batch_size: int = 4,
+    max_heads_kv: int = 4,
+    max_seqlen: int | None = None,
+    max_work: int = 2**26,
+    allow_backward: bool = True,
+) -> AttentionCase:
+    """The draw behind `attention_cases` (arguments already checked)."""
+    caps = capabilities
+    max_seqlen = max_seqlen or caps.max_seqlen
+    dtype = draw(st.sampled_from(caps.dtypes))
+    qkv_format = draw(st.sampled_from(caps.qkv_formats))
+    batch_size = draw(st.integers(1, max_batch_size))
+    num_heads_kv = draw(st.integers(1, max_heads_kv))
+    group = draw(st.sampled_from(GQA_GROUPS)) if caps.gqa else 1
+    num_heads = num_heads_kv * group
+    head_dim = draw(head_dims(caps.max_head_dim, caps.head_dim_multiple))
+    head_dim_v = head_dim
+    if caps.head_dim_v_differs and draw(st.booleans()):
+        head_dim_v = draw(head_dims(caps.max_head_dim, caps.head_dim_multiple))
+    budget = max(1, int((max_work / (batch_size * num_heads * max(head_dim, head_dim_v))) ** 0.5))
+    limit = max(1, min(max_seqlen, budget))
+    seqlens_q = seqlens_k = None
+    if qkv_format == "thd":
+        seqlens_q = tuple(draw(st.lists(seqlens(limit), min_size=batch_size, max_size=batch_size)))
+        if draw(st.booleans()):
+            seqlens_k = tuple(draw(st.lists(seqlens(limit), min_size=batch_size, max_size=batch_size)))
+        else:
+            seqlens_k = seqlens_q
+        seqlen_q, seqlen_k = max(seqlens_q), max(seqlens_k)
+    else:
+        seqlen_q = draw(seqlens(limit))
+        seqlen_k = draw(st.one_of(st.just(seqlen_q), seqlens(limit)))
+    causal = draw(st.booleans())
+    window_left = window_right = None
+    if caps.windows and draw(st.booleans()):
+        window_left = draw(window_sizes(max(seqlen_q, seqlen_k)))
+        window_right = draw(window_sizes(max(seqlen_q, seqlen_k)))
+    causal_alignment = draw(st.sampled_from(caps.causal_alignments))
+    softmax_scale = draw(st.one_of(st.none(), st.floats(0.01, 2.0, allow_nan=False)))
+    softcap = None
+    if caps.softcap:
+        softcap = draw(st.one_of(st.none(), st.sampled_from([1.0, 5.0, 30.0, 50.0]), st.floats(0.5, 100.0)))
+    backward = bool(caps.backward and allow_backward and draw(st.booleans()))
+    input_distribution = draw(st.sampled_from(INPUT_DISTRIBUTIONS))
+    seed = draw(st.integers(0, 2**32 - 1))
+    return AttentionCase(
+        batch_size=batch_size,
+        seqlen_q=seqlen_q,
+        seqlen_k=seqlen_k,
+        num_heads=num_heads,
+        num_heads_kv=num_heads_kv,
+        head_dim=head_dim,
+        head_dim_v=head_dim_v,
+        dtype=dtype,
+        qkv_format=qkv_format,
+        seqlens_q=seqlens_q,
+        seqlens_k=seqlens_k,
+        causal=causal,
+        causal_alignment=causal_alignment,
+        window_size_left=window_left,
+        window_size_right=window_right,
+        softmax_scale=softmax_scale,
+        softcap=softcap,
+        backward=backward,
+        input_distribution=input_distribution,
+        seed=seed,
+    )

@@ -1,0 +1,132 @@
+"""Backends used by the fuzzer tests: real attention on the CPU with planted faults.
+
+* `PlantedWindowBackend` ("planted-fa4"): correct attention, except that it resolves windows the
+  way flash-attention after PR #2490 does: ``-1`` is a real bound, so the TE-style causal encoding
+  ``causal=True, window_size=(-1, 0)`` gives an empty band: all-zero output and ``-inf`` lse.
+* `CrashingBackend` ("standin-crash"): segfaults (a real SIGSEGV) when seqlen_q == 3.
+* `HangingBackend` ("standin-hang"): sleeps for an hour when seqlen_q == 5.
+* `CorrectBackend` ("standin-ok"): correct attention everywhere.
+
+All compute in float32 with PyTorch's math kernel and an explicit mask, so they are cheap.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import time
+
+import torch
+
+from fuzzer.backends.base import Backend, BackendOutput, Capabilities, run_with_grad
+
+CAPS = Capabilities(
+    dtypes=("float32",),
+    qkv_formats=("bshd",),
+    max_head_dim=64,
+    windows=True,
+    lse=True,
+    max_seqlen=64,
+)
+
+
+def attention_with_band(q, k, v, scale, left, right, offset):
+    """Attention over [b, s, h, d] tensors where row i sees keys j with
+    i + offset - left <= j <= i + offset + right (None = unbounded). Returns (out, lse)."""
+    b, sq, h, d = q.shape
+    sk, hk = k.shape[1], k.shape[2]
+    if hk != h:
+        k = k.repeat_interleave(h // hk, dim=2)
+        v = v.repeat_interleave(h // hk, dim=2)
+    i = torch.arange(sq).unsqueeze(1)
+    j = torch.arange(sk).unsqueeze(0)
+    keep = torch.ones(sq, sk, dtype=torch.bool)
+    if right is not None:
+        keep &= j <= i + offset + right
+    if left is not None:
+        keep &= j >= i + offset - left
+    scores = torch.einsum("bqhd,bkhd->bhqk", q.float(), k.float()) * scale
+    scores = scores.masked_fill(~keep, -math.inf)
+    lse = torch.logsumexp(scores, dim=-1)
+    probs = torch.exp(scores - lse.unsqueeze(-1).masked_fill(torch.isneginf(lse).unsqueeze(-1), 0.0))
+    probs = probs.masked_fill(~keep, 0.0)
+    out = torch.einsum("bhqk,bkhd->bqhd", probs, v.float())
+    return out.to(q.dtype), lse
+
+
+def _resolve_like_fa4_after_2490(causal, window_left, window_right):
+    """The post-#2490 resolver: widen only if BOTH bounds are negative, then apply causal."""
+    if window_left is not None and window_right is not None and window_left < 0 and window_right < 0:
+        window_left = window_right = None
+    if causal:
+        window_right = 0
+    return window_left, window_right
+
+
+class _Base(Backend):
+    device = "cpu"
+    capabilities = CAPS
+    variants = ("native",)
+
+    def _call(self, case, inputs, left, right):
+        offset = case.seqlen_k - case.seqlen_q if case.causal_alignment == "bottom_right" else 0
+
+        def fn(q, k, v):
+            return attention_with_band(q, k, v, case.softmax_scale, left, right, offset)
+
+        out, lse, dq, dk, dv = run_with_grad(fn, case, inputs)
+        return BackendOutput(out=out, lse=lse, dq=dq, dk=dk, dv=dv)
+
+    def _bounds(self, case):
+        right = case.window_size_right
+        if case.causal:
+            right = 0 if right is None else min(right, 0)
+        return case.window_size_left, right
+
+
+class CorrectBackend(_Base):
+    name = "standin-ok"
+    environment = "standin"
+
+    def run(self, case, inputs, variant):
+        return self._call(case, inputs, *self._bounds(case))
+
+
+class PlantedWindowBackend(_Base):
+    """Variants: ``native`` (None = unbounded, causal flag) and ``te_window`` (-1 = unbounded, the
+    causal mask sent as causal=True with window (-1, 0), as TransformerEngine does)."""
+
+    name = "planted-fa4"
+    environment = "planted"
+    variants = ("native", "te_window")
+
+    def run(self, case, inputs, variant):
+        if variant == "native":
+            return self._call(case, inputs, *self._bounds(case))
+        # TE's encoding: -1 = unbounded; causal -> (-1, 0)
+        left = -1 if case.window_size_left is None else case.window_size_left
+        right = -1 if case.window_size_right is None else case.window_size_right
+        if case.causal:
+            right = 0
+        left, right = _resolve_like_fa4_after_2490(case.causal, left, right)
+        return self._call(case, inputs, left, right)
+
+
+class CrashingBackend(_Base):
+    name = "standin-crash"
+    environment = "standin-crash"
+
+    def run(self, case, inputs, variant):
+        if case.seqlen_q == 3:
+            ctypes.string_at(0)  # a real segmentation fault
+        return self._call(case, inputs, *self._bounds(case))
+
+
+class HangingBackend(_Base):
+    name = "standin-hang"
+    environment = "standin-hang"
+
+    def run(self, case, inputs, variant):
+        if case.seqlen_q == 5:
+            time.sleep(3600)
+        return self._call(case, inputs, *self._bounds(case))

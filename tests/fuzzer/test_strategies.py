@@ -1,0 +1,74 @@
+"""Tests of fuzzer/strategies.py: bounds are honoured, checked eagerly, and edges are reachable."""
+
+import pytest
+from hypothesis import find, given, settings
+
+from fuzzer.backends.base import Capabilities
+from fuzzer.strategies import StrategyArgumentError, attention_cases, merge_capabilities, seqlens
+
+CAPS = Capabilities(
+    dtypes=("bfloat16", "float16"),
+    qkv_formats=("bshd", "thd"),
+    max_head_dim=256,
+    head_dim_multiple=8,
+    windows=True,
+    causal_alignments=("bottom_right",),
+    max_seqlen=300,
+)
+
+
+@given(attention_cases(capabilities=CAPS, max_batch_size=3, max_heads_kv=2, max_work=2**22))
+def test_drawn_cases_stay_inside_the_declared_capabilities(case):
+    assert case.dtype in CAPS.dtypes
+    assert case.qkv_format in CAPS.qkv_formats
+    assert case.head_dim % 8 == 0 and case.head_dim <= 256
+    assert case.seqlen_q <= 300 and case.seqlen_k <= 300
+    assert case.batch_size <= 3 and case.num_heads_kv <= 2
+    assert case.softcap is None  # CAPS has no softcap
+    if case.causal:
+        assert case.causal_alignment == "bottom_right"
+
+
+def test_bad_bounds_are_rejected_before_anything_is_drawn():
+    with pytest.raises(StrategyArgumentError, match="max_batch_size"):
+        attention_cases(capabilities=CAPS, max_batch_size=0)
+    with pytest.raises(StrategyArgumentError, match="max_seqlen"):
+        seqlens(0)
+    with pytest.raises(StrategyArgumentError, match="capabilities"):
+        merge_capabilities([])
+
+
+@pytest.mark.parametrize(
+    "predicate",
+    [
+        lambda c: c.seqlen_q == 1 and c.seqlen_k > 1,
+        lambda c: c.seqlen_q in (127, 129) and c.seqlen_k == c.seqlen_q,
+        lambda c: c.seqlen_q > c.seqlen_k and c.causal,
+        lambda c: c.window_size_left == 0 and c.window_size_right is not None,
+        lambda c: c.num_heads == 4 * c.num_heads_kv,
+        lambda c: c.is_varlen and len(set(c.seqlens_q)) > 1,
+        lambda c: c.head_dim % 16 != 0,
+    ],
+    ids=["seqlen1", "tile-edge", "sq>sk-causal", "window0", "gqa4", "varlen-uneven", "head_dim-not-16"],
+)
+def test_edge_regions_are_reachable(predicate):
+    found = find(
+        attention_cases(capabilities=CAPS, max_batch_size=3, max_heads_kv=2),
+        predicate,
+        settings=settings(max_examples=2000, database=None),
+    )
+    assert predicate(found)
+
+
+def test_merged_capabilities_are_the_union():
+    a = Capabilities(dtypes=("float16",), windows=False, max_head_dim=128, head_dim_multiple=8)
+    b = Capabilities(dtypes=("bfloat16",), windows=True, max_head_dim=256, head_dim_multiple=16)
+    merged = merge_capabilities([a, b])
+    assert merged.dtypes == ("bfloat16", "float16")
+    assert merged.windows and merged.max_head_dim == 256 and merged.head_dim_multiple == 8
+
+
+def test_shrinking_direction_is_toward_the_smallest_case():
+    smallest = find(attention_cases(capabilities=CAPS), lambda c: True, settings=settings(database=None))
+    assert (smallest.batch_size, smallest.num_heads, smallest.seqlen_q, smallest.seqlen_k) == (1, 1, 1, 1)
+    assert not smallest.causal and smallest.window_size_left is None and smallest.seed == 0

@@ -1,0 +1,107 @@
+"""End-to-end tests of the worker on CPU: planted bugs are found and shrunk, crashes and hangs are
+contained, and every result is stored."""
+
+import sys
+import textwrap
+
+import pytest
+
+from fuzzer import registry
+from fuzzer.sinks import MemorySink
+from fuzzer.worker import Worker, WorkerConfig, WorkerError
+from oracle.config import AttentionCase
+
+
+@pytest.fixture
+def planted_plugin(tmp_path, monkeypatch):
+    """Register the planted backend through the entry-point group, as a third-party package would."""
+    dist = tmp_path / "attnfuzz_planted-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: attnfuzz-planted\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text(
+        textwrap.dedent(
+            """\
+            [attnfuzz.backends]
+            planted = tests.fuzzer.standins:PlantedWindowBackend
+            """
+        )
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import importlib
+
+    importlib.invalidate_caches()
+    return "planted-fa4"
+
+
+def test_the_worker_finds_and_shrinks_the_planted_window_bug_without_being_told_where(planted_plugin):
+    assert planted_plugin in registry.discover()
+    sink = MemorySink()
+    config = WorkerConfig(
+        backends=registry.select([planted_plugin]),
+        max_cases=60,
+        time_budget_s=None,
+        seed=1,
+        shrink_deadline_s=60,
+        max_batch_size=3,
+        max_heads_kv=3,
+        isolation="process",
+    )
+    stats = Worker(config, sink).run()
+    key = ("planted-fa4", "te_window", "out:all_zero")
+    assert key in sink.buckets, f"buckets found: {sorted(sink.buckets)}"
+    bucket = sink.buckets[key]
+    assert bucket.minimised_case is not None, bucket.note
+    minimal = AttentionCase.from_json(bucket.minimised_case)
+    assert minimal.causal
+    assert (minimal.batch_size, minimal.num_heads) == (1, 1), minimal.describe()
+    assert minimal.seqlen_q <= 2 and minimal.seqlen_k <= 2, minimal.describe()
+    # the correct encoding of the same backend never fails
+    assert not [k for k in sink.buckets if k[1] == "native"]
+    assert stats.cases >= 1
+
+
+def test_crashes_and_hangs_become_results_and_the_worker_carries_on():
+    backends = registry.select(
+        [],
+        [
+            "tests.fuzzer.standins:CorrectBackend",
+            "tests.fuzzer.standins:CrashingBackend",
+            "tests.fuzzer.standins:HangingBackend",
+        ],
+    )
+    sink = MemorySink()
+    config = WorkerConfig(backends=backends, case_timeout_s=5.0, isolation="process", shrink=False)
+    cases = [AttentionCase(seqlen_q=n, seqlen_k=n, head_dim=16, dtype="float32", num_heads=2) for n in (2, 3, 5, 4)]
+    with Worker(config, sink) as worker:
+        statuses = [{r.backend: r.status for r in worker.evaluate(case)} for case in cases]
+        restarts = worker._executor.restarts
+    assert statuses[0] == {"standin-ok": "pass", "standin-crash": "pass", "standin-hang": "pass"}
+    assert statuses[1] == {"standin-ok": "pass", "standin-crash": "crash", "standin-hang": "pass"}
+    assert statuses[2] == {"standin-ok": "pass", "standin-crash": "pass", "standin-hang": "timeout"}
+    assert statuses[3] == {"standin-ok": "pass", "standin-crash": "pass", "standin-hang": "pass"}
+    assert restarts == 2
+    assert len(sink.results) == 12  # every (case, backend) stored, before and after the faults
+    crash = next(r for r in sink.results.values() if r.status == "crash")
+    assert "SIGSEGV" in crash.detail and crash.signature == "crash"
+    assert ("standin-crash", "native", "crash") in sink.buckets
+    assert ("standin-hang", "native", "timeout") in sink.buckets
+
+
+def test_a_worker_without_any_usable_backend_says_why():
+    backends = registry.select(["torch-sdpa-flash"]) if "torch-sdpa-flash" in registry.discover() else []
+    if not backends or not backends[0][0].availability():
+        pytest.skip("a CUDA device is present")
+    with pytest.raises(WorkerError, match="torch-sdpa-flash: no CUDA device"):
+        Worker(WorkerConfig(backends=backends, isolation="none"), MemorySink()).run()
+
+
+def test_unsupported_variants_are_recorded_as_unsupported_never_as_failures():
+    backends = registry.select(["torch-cpu-math"])
+    sink = MemorySink()
+    case = AttentionCase(seqlen_q=4, seqlen_k=6, causal=True, causal_alignment="bottom_right", dtype="float32")
+    with Worker(WorkerConfig(backends=backends, isolation="none", shrink=False), sink) as worker:
+        results = {r.variant: r for r in worker.evaluate(case)}
+    assert results["is_causal"].status == "unsupported"
+    assert "top-left" in results["is_causal"].detail
+    assert results["bool_mask"].status == "pass", results["bool_mask"].metrics
+    assert not sink.buckets
