@@ -240,7 +240,8 @@ class ChildProcessExecutor:
         self.log_dir = log_dir or tempfile.mkdtemp(prefix="attnfuzz-children-")
         self._ctx = multiprocessing.get_context("spawn")
         self._children: dict[str, _Child] = {}
-        self.restarts = 0
+        self._ever_started: set[str] = set()
+        self.restarts = 0  # children started again after a crash, a timeout or a lost pipe
 
     def _environment(self, name: str) -> str:
         return self.backends[name][0].environment
@@ -272,9 +273,10 @@ class ChildProcessExecutor:
     def _child(self, environment: str) -> _Child:
         child = self._children.get(environment)
         if child is None or not child.process.is_alive():
-            if child is not None:
+            if environment in self._ever_started:
                 self.restarts += 1
             child = self._start(environment)
+            self._ever_started.add(environment)
         return child
 
     def _kill(self, environment: str) -> None:

@@ -110,6 +110,7 @@ def attention_cases(
     max_seqlen: int | None = None,
     max_work: int = 2**26,
     allow_backward: bool = True,
+    preferred_head_dims: tuple[int, ...] = (),
 ) -> st.SearchStrategy[AttentionCase]:
     """Cases that at least one backend with ``capabilities`` may run.
 
@@ -121,6 +122,8 @@ def attention_cases(
         max_work: bound on ``batch_size * num_heads * seqlen_q * seqlen_k * head_dim`` (multiply-adds
             of one matmul): sequence lengths are drawn below the bound the other fields leave.
         allow_backward: draw ``backward=True`` cases when the capabilities allow.
+        preferred_head_dims: head dims drawn three times as often as others (JIT backends
+            compile one kernel per head dim: the worker passes those already compiled).
 
     Raises:
         StrategyArgumentError: a bound is below 1 (checked here, before anything is drawn).
@@ -137,6 +140,7 @@ def attention_cases(
         max_seqlen=max_seqlen,
         max_work=max_work,
         allow_backward=allow_backward,
+        preferred_head_dims=tuple(preferred_head_dims),
     )
 
 
@@ -150,6 +154,7 @@ def _attention_cases(
     max_seqlen: int | None = None,
     max_work: int = 2**26,
     allow_backward: bool = True,
+    preferred_head_dims: tuple[int, ...] = (),
 ) -> AttentionCase:
     """The draw behind `attention_cases` (arguments already checked)."""
     caps = capabilities
@@ -160,10 +165,14 @@ def _attention_cases(
     num_heads_kv = draw(st.integers(1, max_heads_kv))
     group = draw(st.sampled_from(GQA_GROUPS)) if caps.gqa else 1
     num_heads = num_heads_kv * group
-    head_dim = draw(head_dims(caps.max_head_dim, caps.head_dim_multiple))
+    dims = head_dims(caps.max_head_dim, caps.head_dim_multiple)
+    preferred = [d for d in preferred_head_dims if d <= caps.max_head_dim and d % caps.head_dim_multiple == 0]
+    if preferred:
+        dims = st.one_of(*[st.sampled_from(preferred)] * 3, dims)
+    head_dim = draw(dims)
     head_dim_v = head_dim
     if caps.head_dim_v_differs and draw(st.booleans()):
-        head_dim_v = draw(head_dims(caps.max_head_dim, caps.head_dim_multiple))
+        head_dim_v = draw(dims)
     budget = max(1, int((max_work / (batch_size * num_heads * max(head_dim, head_dim_v))) ** 0.5))
     limit = max(1, min(max_seqlen, budget))
     seqlens_q = seqlens_k = None

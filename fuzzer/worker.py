@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from hypothesis import HealthCheck, Phase, Verbosity, given, reject, seed, settings, target
+from hypothesis import HealthCheck, Phase, Verbosity, given, seed, settings, target
 from hypothesis.database import ExampleDatabase
 
 from fuzzer.backends.base import Backend
@@ -62,6 +62,9 @@ class WorkerConfig:
             (see `fuzzer.strategies.attention_cases`).
         allow_backward: also fuzz gradients.
         heartbeat_s: seconds between heartbeats to the sink.
+        reuse_kernels: after the first chunk, draw the head dims already run three times as often
+            as others, so JIT backends (FA4 compiles one kernel per variant key) reuse kernels.
+        kernel_pool_size: how many head dims that pool keeps (the first ones seen).
     """
 
     backends: list[tuple[Backend, str]]
@@ -80,6 +83,8 @@ class WorkerConfig:
     max_work: int = 2**24
     allow_backward: bool = True
     heartbeat_s: float = 10.0
+    reuse_kernels: bool = True
+    kernel_pool_size: int = 3
 
     def __post_init__(self) -> None:
         if self.isolation not in ("process", "none"):
@@ -152,6 +157,7 @@ class Worker:
         self._executor = None
         self._pending: list[tuple[int, tuple[str, str, str], AttentionCase]] = []
         self._tried: set[tuple[str, str, str]] = set()
+        self._head_dim_pool: list[int] = []
         self._started = 0.0
         self._last_heartbeat = 0.0
         self.build_id: int | None = None
@@ -243,6 +249,7 @@ class Worker:
             max_seqlen=c.max_seqlen,
             max_work=c.max_work,
             allow_backward=c.allow_backward,
+            preferred_head_dims=tuple(self._head_dim_pool) if c.reuse_kernels else (),
         )
 
     def _run_chunk(self, chunk: int) -> None:
@@ -250,7 +257,7 @@ class Worker:
 
         def fuzz_case(case: AttentionCase) -> None:
             if self._budget_spent():
-                reject()
+                return  # finish the chunk quickly (reject() would make Hypothesis report it)
             results = self.evaluate(case, phase="fuzz")
             for result in results:
                 if result.error_ratio is not None and math.isfinite(result.error_ratio):
@@ -338,6 +345,8 @@ class Worker:
                 results.append(self._judge(case, ref, outcome, oracle_ms, phase))
         if phase == "fuzz":
             self.stats.cases += 1
+            if runnable and case.head_dim not in self._head_dim_pool and len(self._head_dim_pool) < self.config.kernel_pool_size:
+                self._head_dim_pool.append(case.head_dim)
         for r in results:
             self.stats.results[r.status] += 1
             self.stats.per_backend[(r.backend, r.status)] += 1

@@ -409,6 +409,72 @@ def cases_show(case_id: str, db: DbOption = None, as_json: Annotated[bool, typer
     out.print(table)
 
 
+# --------------------------------------------------------------------------------------- report
+@app.command()
+def report(db: DbOption = None, as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
+    """Summarise a database: results per backend and status, times, and every bucket with its
+    minimised case."""
+    from sqlalchemy.orm import Session
+
+    from oracle.config import AttentionCase
+    from service.db import make_engine
+    from service.repository import campaign_report
+
+    url = _db_url(db)
+    engine = make_engine(url)
+    with Session(engine) as session:
+        rep = campaign_report(session)
+        buckets = []
+        for b in rep.buckets:
+            case = b.minimised_case or b.first_case
+            buckets.append(
+                {
+                    "id": b.id,
+                    "backend": b.backend,
+                    "variant": b.variant,
+                    "signature": b.signature,
+                    "hit_count": b.hit_count,
+                    "triage_state": b.triage_state.value,
+                    "minimise_note": b.minimise_note,
+                    "case_id": case.id,
+                    "case": AttentionCase.from_json(case.config).describe(),
+                    "case_json": case.config,
+                }
+            )
+        data = {
+            "database": url,
+            "cases": rep.overview.case_count,
+            "results": rep.overview.result_count,
+            "results_by_status": rep.overview.results_by_status,
+            "results_by_backend": rep.overview.results_by_backend,
+            "oracle_s": rep.oracle_ms / 1000.0,
+            "timings": [
+                {"backend": t.backend, "results": t.results, "run_s": t.run_ms / 1000.0, "compile_s": t.compile_ms / 1000.0}
+                for t in rep.timings
+            ],
+            "buckets": buckets,
+        }
+    engine.dispose()
+    if as_json:
+        out.print_json(json.dumps(data, default=str))
+        return
+    table = Table("backend", *sorted(data["results_by_status"]), "run s", "JIT s", title=f"{data['cases']} cases")
+    timing = {t["backend"]: t for t in data["timings"]}
+    for backend, counts in data["results_by_backend"].items():
+        t = timing.get(backend, {"run_s": 0.0, "compile_s": 0.0})
+        table.add_row(
+            backend,
+            *[str(counts.get(s, 0)) for s in sorted(data["results_by_status"])],
+            f"{t['run_s']:.1f}",
+            f"{t['compile_s']:.1f}",
+        )
+    out.print(table)
+    out.print(f"oracle: {data['oracle_s']:.1f} s")
+    for b in buckets:
+        out.print(f"[bold]{b['backend']} / {b['variant']} / {b['signature']}[/] x{b['hit_count']}  {b['minimise_note']}")
+        out.print(f"    {b['case']}  [case {b['case_id']}]")
+
+
 # --------------------------------------------------------------------------------------- serve
 @app.command()
 def serve(

@@ -399,3 +399,51 @@ def overview(
         live_workers=live,
         cases_per_hour=per_hour,
     )
+
+
+# --------------------------------------------------------------------------------- campaign report
+@dataclass(frozen=True)
+class BackendTiming:
+    """Time spent per backend over all stored results, milliseconds."""
+
+    backend: str
+    results: int
+    run_ms: float
+    compile_ms: float
+
+
+@dataclass(frozen=True)
+class CampaignReport:
+    """What a campaign found: counts, times and every bucket with its minimised case.
+
+    ``oracle_ms`` counts each case's float64 reference once (results of one case share it).
+    """
+
+    overview: Overview
+    timings: list[BackendTiming]
+    oracle_ms: float
+    buckets: list[Bucket]
+
+
+def campaign_report(session: Session) -> CampaignReport:
+    """Counts, per-backend kernel and JIT times, the oracle's time and all buckets (with their
+    first and minimised cases loaded), for ``attnfuzz report``."""
+    timings = [
+        BackendTiming(backend, n, float(run or 0.0), float(comp or 0.0))
+        for backend, n, run, comp in session.execute(
+            select(Result.backend, func.count(), func.sum(Result.run_ms), func.sum(Result.compile_ms))
+            .where(Result.status != "unsupported")
+            .group_by(Result.backend)
+            .order_by(Result.backend)
+        )
+    ]
+    per_case = (
+        select(func.max(Result.oracle_ms).label("oracle_ms")).group_by(Result.case_id, Result.phase).subquery()
+    )
+    oracle_ms = float(session.scalar(select(func.sum(per_case.c.oracle_ms))) or 0.0)
+    buckets = session.scalars(
+        select(Bucket)
+        .options(joinedload(Bucket.first_case), joinedload(Bucket.minimised_case))
+        .order_by(Bucket.backend, Bucket.variant, Bucket.signature)
+    ).all()
+    return CampaignReport(overview(session), timings, oracle_ms, list(buckets))

@@ -1,0 +1,502 @@
+"""The verdict: a kernel's outputs and gradients judged against the float64 reference.
+
+Checks, per tensor, most severe first (signatures ``"<tensor>:<kind>"``):
+
+==================  ===========================================================================
+``shape``           the kernel's tensor has another shape than the reference; nothing else runs
+``nan``             a NaN anywhere
+``posinf``          ``+inf`` where the reference is finite
+``neginf``          ``-inf`` where the reference is finite (the seed bug's ``lse``)
+``all_zero``        the tensor is exactly zero everywhere and that is outside the tolerance
+``finite_on_masked``  lse only: a finite value on a row that sees no key
+``mismatch``        the global error exceeds the allowed error
+``tile_mismatch``   the global error passes but some tile of ``tile_rows`` rows does not
+==================  ===========================================================================
+
+Fully masked rows: the reference's ``lse`` is ``-inf`` there; a kernel's ``-inf`` *or* ``+inf``
+is accepted. Both are documented conventions of real kernels: FlashAttention 2 and 3 store
+``lse = INFINITY`` for a row whose softmax sum is 0 (FA2 ``csrc/flash_attn/src/softmax.h``
+``normalize_softmax_lse``, FA3 ``hopper/softmax.h``: ``(sum == 0.f || sum != sum) ? (Split ?
+-INFINITY : INFINITY)``), so that the backward's ``exp(s - lse)`` is 0 there, while a split-KV
+combine and FlashAttention 4 use ``-inf``, the mathematical value. A finite lse there (e.g. the
+``0`` of PyTorch's CPU flash kernel) is ``finite_on_masked``; NaN is ``nan``. ``out`` on such rows
+must be 0 like the reference (judged by the error checks).
+
+Tolerance model. For a tensor ``T`` with kernel values ``A`` and float64 reference ``R``, over the
+whole tensor and over each tile (``tile_rows`` consecutive rows of one (batch, head), all features):
+
+* ``err_backend = ||A - R||_2``;
+* rounding baseline ``||round_dtype(R) - R||_2``: the error of the exact result merely rounded to the
+  kernel's output dtype (the case dtype; ``float32`` for lse);
+* condition floor ``u * ||sigma||_2`` with ``u`` that dtype's unit roundoff and ``sigma`` the
+  reference's per-row error scales (`oracle.reference.ReferenceResult.error_scales`; ``||R||`` per
+  row when absent). ``sigma`` is the first-order error of a kernel that accumulates in fp32 and rounds
+  ``P``, ``dS`` and ``O`` to the case dtype (FlashAttention's numerics), per unit roundoff:
+
+  - ``out_i``: ``||P_i|| max_j||v_j|| (1 + rho (S_i + a_i)) + ||out_i|| (1 + rho a_i)``
+  - ``lse_i``: ``|lse_i| + S_i + a_i`` (with ``u`` of float32)
+  - ``dq_i``: ``B_i (1 + rho a_i) + rho a_i ||dq_i||`` with ``B_i = c max||k|| (||dS_i|| (1 + rho
+    S_i) + ||dO_i|| ||O_i|| + rho ||P_i|| ||dO_i|| max||v||)``
+  - ``dk_j``: ``C_j (1 + rho b_j) + rho b_j ||dk_j||`` with ``C_j = c max||q|| (||dS_:j (1 + rho
+    S)|| + ||P_:j ||dO|| ||O|| || + rho ||v_j|| ||P_:j ||dO|| ||)``
+  - ``dv_j``: ``E_j (1 + rho b_j) + rho b_j ||dv_j||`` with ``E_j = ||P_:j ||dO|| (1 + rho S)||``
+
+  where ``S_i = c ||q_i|| max_j||k_j||`` bounds the scores (``c`` = softmax_scale), ``rho`` =
+  fp32 unit roundoff / dtype unit roundoff, ``a_i = sqrt(keys row i sees)`` and ``b_j = sqrt(rows
+  seeing key j)`` (fp32 summation error grows like the square root of the number of terms; this
+  matters for float32 kernels, where ``rho = 1``), and the column norms run over the query rows
+  (and the GQA group) seeing key ``j``. The ``||dO_i|| ||O_i||`` terms are the error of
+  ``D = rowsum(dO * O)`` from the rounded ``O``; they make ``dq`` tolerable where ``dS`` cancels
+  (peaked softmax), and the ``||dS||`` terms where ``dq`` itself cancels (``near_constant`` keys:
+  ``sum_j dS_ij = 0``, so ``dq`` is ~0 while its rounding error is not).
+  Source: the rounding-error model of Higham, "Accuracy and Stability of Numerical Algorithms",
+  2nd ed., eq. (3.4) (``|fl(x.y) - x.y| <= gamma_n |x|.|y|``), taken in its statistical (root-sum-
+  square) form; the backward formulas are FlashAttention-2, arXiv:2307.08691, Algorithm 2.
+* ``err_baseline = max(rounding baseline, u * ||sigma||)``;
+  ``allowed = TOLERANCE_FACTORS[dtype][T] * err_baseline + ABSOLUTE_FLOOR[dtype] * sqrt(numel)``;
+* ``error_ratio = err_backend / allowed`` (worst of global and tiles); ``> 1`` fails.
+
+The idea is flash-attention's own test criterion (``tests/cute/test_flash_attn.py``: the kernel's
+error against a float32 reference must stay within a small multiple of a plain low-precision
+implementation's error plus a rounding allowance), with the low-precision run replaced by the
+analytic ``sigma`` and the float32 reference by float64.
+
+Calibration (``python benchmarks/oracle_calibrate.py``): the largest error ratio observed with all
+factors set to 1 (i.e. ``err_backend / err_baseline``), over random cases (`oracle.calibration.
+random_case`: batch 1-3, seqlen_q and seqlen_k 1-1024 weighted toward tile edges, bshd and thd,
+1-8 heads incl. GQA/MQA, head_dim 8-128 with head_dim_v != head_dim, causal in both alignments,
+windows, softcap, all four input distributions, forward and backward), for the real kernels PyTorch
+SDPA ``MATH`` and CPU ``FLASH_ATTENTION`` (torch 2.13 CPU; gradients through autograd, lse from
+``aten._scaled_dot_product_flash_attention_for_cpu``; SDPA cannot express softcap, and flash not
+``head_dim_v != head_dim``) and an emulation of FlashAttention-2's numerics (fp32 scores and
+accumulators; ``P`` and ``dS`` rounded to the dtype before their matmuls; ``D`` from the rounded
+output). Seeds 3 and 4, 2000 cases each; in brackets the number of (case, tensor) comparisons:
+
+=========  ============  ============  ============  ============  ============  ============
+dtype      kernel        out           lse           dq            dk            dv
+=========  ============  ============  ============  ============  ============  ============
+bfloat16   sdpa_math     0.351 (1037)  -             0.122 (1037)  0.372 (1037)  0.865 (1037)
+bfloat16   sdpa_flash    0.356 (862)   277 (772)     0.376 (862)   0.752 (862)   1.94 (862)
+bfloat16   emulated_fa2  0.356 (1290)  2.85 (1290)   0.376 (1290)  0.603 (1290)  1.26 (1290)
+float16    sdpa_math     0.294 (1104)  -             0.124 (1104)  0.376 (1104)  0.819 (1104)
+float16    sdpa_flash    0.381 (914)   189 (796)     0.434 (914)   0.843 (914)   2.00 (914)
+float16    emulated_fa2  0.395 (1364)  3.82 (1364)   0.461 (1364)  0.843 (1364)  1.32 (1364)
+float32    sdpa_math     0.546 (1066)  -             0.095 (1066)  0.807 (1066)  1.19 (1066)
+float32    sdpa_flash    0.411 (892)   2.48 (775)    0.224 (892)   0.598 (892)   0.886 (892)
+float32    emulated_fa2  0.419 (1346)  2.48 (1346)   0.246 (1346)  0.607 (1346)  0.892 (1346)
+=========  ============  ============  ============  ============  ============  ============
+
+Two earlier runs (600 and 2000 cases, seeds 1 and 2, with the same bf16/fp16 model) saw at most
+bf16 lse 324, dq 0.377, dk 0.768; fp16 dq 0.587, dv 2.14. Each factor is ``max(1.5, 3 x the
+largest ratio seen)``, rounded up; 1.5 keeps a perfectly rounded result (ratio ``<= 1 / factor``)
+well inside. The bf16/fp16 lse factors are set by PyTorch's CPU flash kernel, whose lse in those
+dtypes is ~100x less accurate than FlashAttention's (it normalises with the probabilities rounded
+to the dtype); the FA2 emulation stays below 4, so a kernel-specific factor of ~12 would be
+possible. Allowed lse errors are then about ``980 * 2**-24 * (|lse| + S)``, ~1e-3 for typical
+rows: a log2 lse, a 1% wrong softmax scale or a wrong row still fail by far, and so do a wrong row
+among 16k rows, a zeroed tile, a NaN or an all-zero output (``tests/oracle/test_compare.py``).
+Rows of a PyTorch CPU flash lse that see no key hold ``0`` (``finite_on_masked``); they were left
+out of its calibration.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from oracle.config import AttentionCase
+from oracle.errors import AttnFuzzError
+from oracle.masks import visible_rows as masks_visible_rows
+from oracle.reference import ReferenceResult
+
+TENSOR_NAMES = ("out", "lse", "dq", "dk", "dv")
+SEVERITY = ("shape", "nan", "posinf", "neginf", "all_zero", "finite_on_masked", "mismatch", "tile_mismatch")
+
+UNIT_ROUNDOFF = {"bfloat16": 2.0**-8, "float16": 2.0**-11, "float32": 2.0**-24, "float64": 2.0**-53}
+LSE_DTYPE = "float32"  # kernels return lse in float32; it is judged against float32 rounding
+TILE_ROWS = 64
+
+# allowed = factor * max(rounding baseline, u * ||sigma||) + floor * sqrt(numel); see the docstring.
+TOLERANCE_FACTORS: dict[str, dict[str, float]] = {
+    "bfloat16": {"out": 1.5, "lse": 980.0, "dq": 1.5, "dk": 2.4, "dv": 6.0},
+    "float16": {"out": 1.5, "lse": 570.0, "dq": 1.8, "dk": 2.6, "dv": 6.5},
+    "float32": {"out": 1.7, "lse": 7.5, "dq": 1.5, "dk": 2.5, "dv": 3.6},
+}
+# Absolute floor per element: half the spacing of the dtype's subnormals (u * smallest normal), the
+# rounding error of a value that is exactly 0 in float64 but tiny in the kernel's dtype.
+ABSOLUTE_FLOOR = {name: u * torch.finfo(getattr(torch, name)).tiny for name, u in UNIT_ROUNDOFF.items()}
+
+
+class CompareInputError(AttnFuzzError, ValueError):
+    """`compare_outputs` was given a tensor the reference does not have (e.g. dq without backward)."""
+
+
+def unit_roundoff(dtype: str) -> float:
+    """Unit roundoff ``u = 2**-p`` of a dtype name (``"bfloat16"`` -> ``2**-8``)."""
+    return UNIT_ROUNDOFF[dtype]
+
+
+def rounding_dtype(name: str, dtype: str) -> str:
+    """The dtype a kernel's tensor ``name`` is rounded to: ``float32`` for lse, else ``dtype``."""
+    return LSE_DTYPE if name == "lse" else dtype
+
+
+def tolerance_factor(dtype: str, name: str) -> float:
+    """The calibrated factor for tensor ``name`` of a kernel running in ``dtype``."""
+    return TOLERANCE_FACTORS[dtype][name]
+
+
+def _json_float(x: float) -> float | str:
+    if math.isfinite(x):
+        return float(x)
+    return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
+
+
+@dataclass(frozen=True)
+class TensorVerdict:
+    """How one tensor of a kernel compares with the reference.
+
+    Attributes:
+        name: ``"out"``, ``"lse"``, ``"dq"``, ``"dk"`` or ``"dv"``.
+        passed: no signature.
+        signatures: ``"<name>:<kind>"`` most severe first (order of ``SEVERITY``).
+        rel_l2: ``||A - R|| / ||R||`` over entries where both are finite.
+        max_abs: ``max |A - R|`` over those entries.
+        worst_tile_ratio: the largest error ratio of a tile.
+        error_ratio: ``err_backend / allowed`` at the worst place (global or tile); ``inf`` with a
+            shape mismatch or unexpected non-finite values; ``> 1`` fails.
+        err_backend: ``||A - R||`` at the worst place (whole tensor or worst tile).
+        err_baseline: ``max(rounding baseline, u * ||sigma||)`` at the same place.
+        worst_index: index into the tensor of the first unexpected non-finite value, else of the
+            largest ``|A - R|`` in the worst place; None when there is no error.
+        nan_count: NaNs in ``A``.
+        posinf_count: ``+inf`` in ``A`` where the reference is finite.
+        neginf_count: ``-inf`` in ``A`` where the reference is finite.
+        is_all_zero: ``A`` is exactly zero wherever the reference is finite.
+        allowed: the allowed error at the worst place.
+    """
+
+    name: str
+    passed: bool
+    signatures: tuple[str, ...]
+    rel_l2: float
+    max_abs: float
+    worst_tile_ratio: float
+    error_ratio: float
+    err_backend: float
+    err_baseline: float
+    worst_index: tuple[int, ...] | None
+    nan_count: int
+    posinf_count: int
+    neginf_count: int
+    is_all_zero: bool
+    allowed: float = math.nan
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain JSON: non-finite floats become ``"inf"``, ``"-inf"`` or ``"nan"``."""
+        return {
+            "name": self.name,
+            "passed": self.passed,
+            "signatures": list(self.signatures),
+            "rel_l2": _json_float(self.rel_l2),
+            "max_abs": _json_float(self.max_abs),
+            "worst_tile_ratio": _json_float(self.worst_tile_ratio),
+            "error_ratio": _json_float(self.error_ratio),
+            "err_backend": _json_float(self.err_backend),
+            "err_baseline": _json_float(self.err_baseline),
+            "allowed": _json_float(self.allowed),
+            "worst_index": None if self.worst_index is None else list(self.worst_index),
+            "nan_count": self.nan_count,
+            "posinf_count": self.posinf_count,
+            "neginf_count": self.neginf_count,
+            "is_all_zero": self.is_all_zero,
+        }
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """How all tensors of a kernel compare with the reference.
+
+    Attributes:
+        tensors: per tensor name (in ``TENSOR_NAMES`` order), its `TensorVerdict`.
+        passed: every tensor passed.
+        signatures: every signature, by tensor (out, lse, dq, dk, dv) then severity.
+        primary_signature: the first signature, None when passed.
+        error_ratio: the largest error ratio over the tensors.
+    """
+
+    tensors: dict[str, TensorVerdict]
+    passed: bool
+    signatures: tuple[str, ...]
+    primary_signature: str | None
+    error_ratio: float
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain JSON (see `TensorVerdict.to_json`)."""
+        return {
+            "passed": self.passed,
+            "signatures": list(self.signatures),
+            "primary_signature": self.primary_signature,
+            "error_ratio": _json_float(self.error_ratio),
+            "tensors": {name: verdict.to_json() for name, verdict in self.tensors.items()},
+        }
+
+
+def _verdict(name: str, kinds: list[str], **fields: Any) -> TensorVerdict:
+    ordered = tuple(f"{name}:{kind}" for kind in SEVERITY if kind in kinds)
+    return TensorVerdict(name=name, passed=not ordered, signatures=ordered, **fields)
+
+
+def _unravel(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
+    index = []
+    for size in reversed(shape):
+        index.append(flat % size)
+        flat //= size
+    return tuple(reversed(index))
+
+
+@torch.no_grad()
+def compare_tensor(
+    name: str,
+    actual: torch.Tensor,
+    reference: torch.Tensor,
+    dtype: str,
+    *,
+    tile_rows: int = TILE_ROWS,
+    row_dim: int = 1,
+    visible_rows: torch.Tensor | None = None,
+    row_scale: torch.Tensor | None = None,
+    factor: float | None = None,
+) -> TensorVerdict:
+    """Judge one kernel tensor against its float64 reference.
+
+    Rows are indexed by ``row_dim``; if ``row_dim`` is not the last dim, the last dim holds the
+    features of a row and every other dim (batch, heads) separates groups of rows. Tiles are
+    ``tile_rows`` consecutive rows of one group, all features.
+
+    Args:
+        name: ``"out"``, ``"lse"``, ``"dq"``, ``"dk"`` or ``"dv"`` (selects factor and rounding dtype).
+        actual: the kernel's tensor, any float dtype and device.
+        reference: float64, same shape; ``-inf`` marks entries that must be ``+-inf`` in ``actual``
+            (lse of rows without a visible key).
+        dtype: the kernel's (case's) dtype name, e.g. ``"bfloat16"``.
+        tile_rows: rows per tile.
+        row_dim: the dim indexing rows (sequence positions).
+        visible_rows: bool, the shape of ``reference`` without the feature dim: False marks rows
+            without a visible key (then ``reference`` must be ``-inf`` there). Default: inferred from
+            non-finite reference entries.
+        row_scale: float64, the shape of ``reference`` without the feature dim: the per-row error
+            scale ``sigma`` (see the module docstring); default ``||R_row||``.
+        factor: overrides ``TOLERANCE_FACTORS[dtype][name]``.
+
+    Returns:
+        `TensorVerdict`.
+    """
+    shape = tuple(reference.shape)
+    nan = math.nan
+    if tuple(actual.shape) != shape:
+        return _verdict(
+            name, ["shape"], rel_l2=nan, max_abs=nan, worst_tile_ratio=math.inf, error_ratio=math.inf,
+            err_backend=nan, err_baseline=nan, worst_index=None, nan_count=0, posinf_count=0,
+            neginf_count=0, is_all_zero=False, allowed=nan,
+        )
+    round_to = rounding_dtype(name, dtype)
+    u = UNIT_ROUNDOFF[round_to]
+    floor = ABSOLUTE_FLOOR[round_to]
+    factor = TOLERANCE_FACTORS[dtype][name] if factor is None else factor
+
+    ndim = reference.dim()
+    row_dim = row_dim % ndim
+    has_features = row_dim != ndim - 1
+    group_dims = [i for i in range(ndim) if i != row_dim and not (has_features and i == ndim - 1)]
+    perm = group_dims + [row_dim] + ([ndim - 1] if has_features else [])
+    group_shape = tuple(shape[i] for i in group_dims)
+    num_groups, num_rows = math.prod(group_shape), shape[row_dim]
+    num_features = shape[-1] if has_features else 1
+
+    def to_grid(x: torch.Tensor) -> torch.Tensor:  # -> [groups, rows, features]
+        return x.permute(perm).reshape(num_groups, num_rows, num_features)
+
+    def rows_to_grid(x: torch.Tensor) -> torch.Tensor:  # row-shaped -> [groups, rows]
+        row_perm = [i - (1 if has_features and i > ndim - 1 else 0) for i in group_dims + [row_dim]]
+        return x.permute(row_perm).reshape(num_groups, num_rows)
+
+    ref = to_grid(reference.to(torch.float64))
+    act = to_grid(actual.detach().to(device=reference.device, dtype=torch.float64))
+    if visible_rows is not None:
+        expect_masked = ~rows_to_grid(visible_rows.to(reference.device, torch.bool))[..., None].expand_as(ref)
+    else:
+        expect_masked = ~torch.isfinite(ref)
+    ref_finite = torch.isfinite(ref) & ~expect_masked
+    act_finite = torch.isfinite(act)
+    nan_mask = torch.isnan(act)
+    posinf_mask = (act == math.inf) & ref_finite
+    neginf_mask = (act == -math.inf) & ref_finite
+    finite_masked = expect_masked & act_finite
+    unexpected = nan_mask | posinf_mask | neginf_mask | finite_masked
+    counts = {
+        "nan": int(nan_mask.sum()), "posinf": int(posinf_mask.sum()),
+        "neginf": int(neginf_mask.sum()), "finite_on_masked": int(finite_masked.sum()),
+    }
+
+    valid = ref_finite & act_finite
+    ref_v = torch.where(ref_finite, ref, 0.0)
+    diff = torch.where(valid, act - ref_v, 0.0)
+    rounded = ref_v.to(getattr(torch, round_to)).to(torch.float64)
+    base = (rounded - ref_v).nan_to_num(nan=math.inf)  # overflow in the dtype -> unjudgeable (inf)
+    err2_rows = diff.square().sum(-1)
+    base2_rows = base.square().sum(-1)
+    ref2_rows = ref_v.square().sum(-1)
+    if row_scale is not None:
+        scale2_rows = rows_to_grid(row_scale.to(reference.device, torch.float64)).square()
+        scale2_rows = torch.where(ref_finite.any(-1), scale2_rows, 0.0)
+    else:
+        scale2_rows = ref2_rows
+
+    def allowed_for(base2: torch.Tensor, scale2: torch.Tensor, numel: int) -> torch.Tensor:
+        return factor * torch.maximum(base2.sqrt(), u * scale2.sqrt()) + floor * math.sqrt(numel)
+
+    err_global = float(err2_rows.sum().sqrt())
+    floor_global = max(float(base2_rows.sum().sqrt()), u * float(scale2_rows.sum().sqrt()))
+    allowed_global = float(allowed_for(base2_rows.sum(), scale2_rows.sum(), ref.numel()))
+    ratio_global = err_global / allowed_global if err_global > 0 else 0.0
+
+    pad = (-num_rows) % tile_rows
+    num_tiles = (num_rows + pad) // tile_rows
+
+    def tiles(x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.pad(x, (0, pad)).view(num_groups, num_tiles, tile_rows).sum(-1)
+
+    err_tiles = tiles(err2_rows).sqrt()
+    allowed_tiles = allowed_for(tiles(base2_rows), tiles(scale2_rows), tile_rows * num_features)
+    ratio_tiles = torch.where(err_tiles > 0, err_tiles / allowed_tiles, 0.0)
+    worst_tile = int(ratio_tiles.argmax())
+    worst_tile_ratio = float(ratio_tiles.flatten()[worst_tile])
+
+    if worst_tile_ratio > ratio_global:
+        g, t = divmod(worst_tile, num_tiles)
+        err_backend = float(err_tiles[g, t])
+        err_baseline = max(float(tiles(base2_rows)[g, t].sqrt()), u * float(tiles(scale2_rows)[g, t].sqrt()))
+        allowed = float(allowed_tiles[g, t])
+        region = (g, t * tile_rows, min((t + 1) * tile_rows, num_rows))
+    else:
+        err_backend, err_baseline, allowed = err_global, floor_global, allowed_global
+        region = None
+    error_ratio = max(ratio_global, worst_tile_ratio)
+
+    def original_index(g: int, row: int, feature: int) -> tuple[int, ...]:
+        index = [0] * ndim
+        for dim, value in zip(group_dims, _unravel(g, group_shape) if group_shape else ()):
+            index[dim] = value
+        index[row_dim] = row
+        if has_features:
+            index[ndim - 1] = feature
+        return tuple(int(i) for i in index)
+
+    worst_index = None
+    if bool(unexpected.any()):
+        error_ratio = math.inf
+        flat = int(unexpected.flatten().nonzero()[0])
+        worst_index = original_index(*_unravel(flat, (num_groups, num_rows, num_features)))
+    elif err_backend > 0:
+        if region is None:
+            flat = int(diff.abs().argmax())
+            worst_index = original_index(*_unravel(flat, (num_groups, num_rows, num_features)))
+        else:
+            g, r0, r1 = region
+            flat = int(diff[g, r0:r1].abs().argmax())
+            row, feature = divmod(flat, num_features)
+            worst_index = original_index(g, r0 + row, feature)
+
+    ref_norm = float(ref2_rows.sum().sqrt())
+    rel_l2 = err_global / ref_norm if ref_norm > 0 else (0.0 if err_global == 0 else math.inf)
+    is_all_zero = bool(ref_finite.any()) and not bool((act[ref_finite] != 0).any())
+    kinds = [kind for kind, count in counts.items() if count]
+    if is_all_zero and max(ratio_global, worst_tile_ratio) > 1:  # zero is wrong, not just ~0 (e.g. 1e-17)
+        kinds.append("all_zero")
+    if ratio_global > 1:
+        kinds.append("mismatch")
+    elif worst_tile_ratio > 1:
+        kinds.append("tile_mismatch")
+    return _verdict(
+        name, kinds, rel_l2=rel_l2, max_abs=float(diff.abs().max()) if diff.numel() else 0.0,
+        worst_tile_ratio=worst_tile_ratio, error_ratio=error_ratio, err_backend=err_backend,
+        err_baseline=err_baseline, worst_index=worst_index, nan_count=counts["nan"],
+        posinf_count=counts["posinf"], neginf_count=counts["neginf"], is_all_zero=is_all_zero, allowed=allowed,
+    )
+
+
+def compare_outputs(
+    case: AttentionCase,
+    reference: ReferenceResult,
+    *,
+    out: torch.Tensor,
+    lse: torch.Tensor | None = None,
+    dq: torch.Tensor | None = None,
+    dk: torch.Tensor | None = None,
+    dv: torch.Tensor | None = None,
+    tile_rows: int = TILE_ROWS,
+) -> Verdict:
+    """Judge a kernel's outputs (canonical layout, see `oracle.config`) against the reference.
+
+    Args:
+        case: the case both were computed for.
+        reference: `oracle.reference.reference` of the same case and inputs.
+        out: ``[batch_size, seqlen_q, num_heads, head_dim_v]`` (thd ``[total_q, ...]``), any dtype.
+        lse: ``[batch_size, num_heads, seqlen_q]`` (thd ``[num_heads, total_q]``), natural log,
+            float32 or float64; None when the kernel returns none (skipped).
+        dq, dk, dv: gradients shaped like q, k, v; None to skip.
+        tile_rows: rows per tile.
+
+    Returns:
+        `Verdict` over the tensors given.
+
+    Raises:
+        CompareInputError: a gradient is given but the reference has none.
+    """
+    given = {"out": out, "lse": lse, "dq": dq, "dk": dk, "dv": dv}
+    row_dims = {"out": 0, "lse": 1, "dq": 0, "dk": 0, "dv": 0} if case.is_varlen else {
+        "out": 1, "lse": 2, "dq": 1, "dk": 1, "dv": 1}
+    verdicts: dict[str, TensorVerdict] = {}
+    for name in TENSOR_NAMES:
+        actual = given[name]
+        if actual is None:
+            continue
+        expected = getattr(reference, name)
+        if expected is None:
+            raise CompareInputError(f"{name} was given but the reference has no {name} (run it with backward)")
+        verdicts[name] = compare_tensor(
+            name, actual, expected, case.dtype, tile_rows=tile_rows, row_dim=row_dims[name],
+            visible_rows=masks_visible_rows(case, expected.device) if name == "lse" else None,
+            row_scale=reference.error_scales.get(name),
+        )
+    signatures = tuple(sig for verdict in verdicts.values() for sig in verdict.signatures)
+    return Verdict(
+        tensors=verdicts,
+        passed=not signatures,
+        signatures=signatures,
+        primary_signature=signatures[0] if signatures else None,
+        error_ratio=max((v.error_ratio for v in verdicts.values()), default=0.0),
+    )
+
+
+__all__ = [
+    "ABSOLUTE_FLOOR",
+    "LSE_DTYPE",
+    "SEVERITY",
+    "TENSOR_NAMES",
+    "TILE_ROWS",
+    "TOLERANCE_FACTORS",
+    "UNIT_ROUNDOFF",
+    "CompareInputError",
+    "TensorVerdict",
+    "Verdict",
+    "compare_outputs",
+    "compare_tensor",
+    "rounding_dtype",
+    "tolerance_factor",
+    "unit_roundoff",
+]

@@ -1,0 +1,268 @@
+"""Tests of `oracle.compare`: planted errors fail with the right signature, rounding noise and real
+kernels pass. Every tolerance comes from `oracle.compare`; none is written here."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from oracle.calibration import emulated_flash_attention, sdpa_attention
+from oracle.compare import (
+    SEVERITY,
+    TOLERANCE_FACTORS,
+    CompareInputError,
+    compare_outputs,
+    compare_tensor,
+    rounding_dtype,
+)
+from oracle.config import AttentionCase, torch_dtype
+from oracle.inputs import make_inputs
+from oracle.reference import ReferenceResult, reference
+
+
+def rounded_outputs(case: AttentionCase, expected: ReferenceResult) -> dict[str, torch.Tensor]:
+    """What a perfect kernel returns: the exact result rounded to its output dtypes."""
+    outputs = {}
+    for name in ("out", "lse", "dq", "dk", "dv"):
+        value = getattr(expected, name)
+        if value is not None:
+            outputs[name] = value.to(torch_dtype(rounding_dtype(name, case.dtype)))
+    return outputs
+
+
+@pytest.fixture(scope="module")
+def long_case() -> tuple[AttentionCase, ReferenceResult]:
+    """16384 query rows: one wrong row must still be found."""
+    case = AttentionCase(seqlen_q=16384, seqlen_k=96, num_heads=1, head_dim=32, dtype="bfloat16", backward=False)
+    return case, reference(case, make_inputs(case))
+
+
+@pytest.fixture(scope="module")
+def small_case() -> tuple[AttentionCase, ReferenceResult]:
+    case = AttentionCase(batch_size=2, seqlen_q=150, seqlen_k=100, num_heads=4, num_heads_kv=2, head_dim=32,
+                         dtype="bfloat16", causal=True, causal_alignment="bottom_right")
+    return case, reference(case, make_inputs(case))
+
+
+def test_one_wrong_row_among_16k_rows_fails_as_a_tile_mismatch(long_case):
+    case, expected = long_case
+    outputs = rounded_outputs(case, expected)
+    outputs["out"][0, 10000] = outputs["out"][0, 10001]  # an off-by-one row
+    verdict = compare_outputs(case, expected, **outputs)
+    assert not verdict.passed
+    assert verdict.signatures == ("out:tile_mismatch",)
+    assert verdict.tensors["out"].worst_index[1] == 10000
+    assert verdict.tensors["out"].worst_tile_ratio == verdict.error_ratio > 1
+
+
+def test_a_zeroed_tile_fails_as_a_mismatch_and_points_into_the_tile(long_case):
+    # 64 zero rows among 16384 are a global error of 1/16 of the norm: far beyond any bf16 tolerance,
+    # so the global check fires (tile_mismatch is for errors too local to move the global norm).
+    case, expected = long_case
+    outputs = rounded_outputs(case, expected)
+    outputs["out"][0, 64 * 70 : 64 * 71] = 0
+    verdict = compare_outputs(case, expected, **outputs)
+    assert verdict.signatures == ("out:mismatch",)
+    assert 64 * 70 <= verdict.tensors["out"].worst_index[1] < 64 * 71
+    assert verdict.tensors["out"].worst_tile_ratio == verdict.error_ratio > 1
+
+
+def test_an_lse_in_log2_instead_of_natural_log_fails(small_case):
+    case, expected = small_case
+    outputs = rounded_outputs(case, expected)
+    outputs["lse"] = (expected.lse / math.log(2)).float()
+    verdict = compare_outputs(case, expected, **outputs)
+    assert verdict.signatures == ("lse:mismatch",)
+
+
+def test_a_nan_fails_first_and_is_located(small_case):
+    case, expected = small_case
+    outputs = rounded_outputs(case, expected)
+    outputs["out"][1, 7, 2, 5] = math.nan
+    verdict = compare_outputs(case, expected, **outputs)
+    assert verdict.primary_signature == "out:nan"
+    assert verdict.tensors["out"].worst_index == (1, 7, 2, 5)
+    assert verdict.tensors["out"].nan_count == 1
+    assert verdict.error_ratio == math.inf
+
+
+def test_the_seed_bug_all_zero_output_with_minus_inf_lse_fails_as_all_zero(small_case):
+    case, expected = small_case
+    outputs = rounded_outputs(case, expected)
+    outputs["out"] = torch.zeros_like(outputs["out"])
+    outputs["lse"] = torch.full_like(outputs["lse"], -math.inf)
+    verdict = compare_outputs(case, expected, out=outputs["out"], lse=outputs["lse"])
+    assert verdict.primary_signature == "out:all_zero"
+    assert verdict.signatures == ("out:all_zero", "out:mismatch", "lse:neginf")
+    assert verdict.tensors["out"].is_all_zero
+    assert verdict.tensors["lse"].neginf_count == int(torch.isfinite(expected.lse).sum())
+
+
+@pytest.mark.parametrize("masked_value", [-math.inf, math.inf])
+def test_infinite_lse_on_rows_without_keys_is_accepted(small_case, masked_value):
+    case, expected = small_case
+    outputs = rounded_outputs(case, expected)
+    empty = torch.isinf(expected.lse)
+    assert bool(empty.any())
+    outputs["lse"][empty] = masked_value
+    assert compare_outputs(case, expected, **outputs).passed
+
+
+@pytest.mark.parametrize("masked_value, signature", [(0.0, "lse:finite_on_masked"), (math.nan, "lse:nan")])
+def test_finite_or_nan_lse_on_rows_without_keys_fails(small_case, masked_value, signature):
+    case, expected = small_case
+    outputs = rounded_outputs(case, expected)
+    outputs["lse"][torch.isinf(expected.lse)] = masked_value
+    verdict = compare_outputs(case, expected, **outputs)
+    assert verdict.signatures == (signature,)
+
+
+def test_nonzero_output_on_rows_without_keys_fails(small_case):
+    case, expected = small_case
+    outputs = rounded_outputs(case, expected)
+    outputs["out"][0, 0] = outputs["out"][0, -1]  # row 0 sees no key (bottom-right, 150 > 100)
+    verdict = compare_outputs(case, expected, **outputs)
+    assert not verdict.passed and verdict.tensors["out"].worst_index[1] == 0
+
+
+def test_infinite_gradients_fail_with_their_sign(small_case):
+    case, expected = small_case
+    outputs = rounded_outputs(case, expected)
+    outputs["dq"][0, 140, 1, 0] = math.inf
+    outputs["dk"][1, 3, 0, 0] = -math.inf
+    verdict = compare_outputs(case, expected, **outputs)
+    assert verdict.signatures == ("dq:posinf", "dk:neginf")
+
+
+def test_a_wrong_shape_fails_before_any_other_check(small_case):
+    case, expected = small_case
+    outputs = rounded_outputs(case, expected)
+    outputs["out"] = outputs["out"].transpose(1, 2)
+    verdict = compare_outputs(case, expected, **outputs)
+    assert verdict.signatures == ("out:shape",)
+    assert verdict.tensors["out"].error_ratio == math.inf
+
+
+def test_signatures_follow_tensor_order_then_severity(small_case):
+    case, expected = small_case
+    outputs = rounded_outputs(case, expected)
+    outputs["dv"] = outputs["dv"] * 2
+    outputs["dv"][0, 0, 0, 0] = math.nan
+    outputs["lse"] = outputs["lse"] + 1
+    verdict = compare_outputs(case, expected, **outputs)
+    assert verdict.signatures == ("lse:mismatch", "dv:nan", "dv:mismatch")
+    assert verdict.primary_signature == "lse:mismatch"
+    kinds = [sig.split(":")[1] for sig in verdict.tensors["dv"].signatures]
+    assert kinds == sorted(kinds, key=SEVERITY.index)
+
+
+def test_verdicts_serialise_to_strict_json(small_case):
+    case, expected = small_case
+    outputs = rounded_outputs(case, expected)
+    outputs["out"][0, 3, 0, 0] = math.nan
+    verdict = compare_outputs(case, expected, **outputs)
+    text = json.dumps(verdict.to_json(), allow_nan=False)
+    data = json.loads(text)
+    assert data["primary_signature"] == "out:nan"
+    assert data["error_ratio"] == "inf"
+    assert data["tensors"]["out"]["worst_index"] == [0, 3, 0, 0]
+    assert set(data["tensors"]) == {"out", "lse", "dq", "dk", "dv"}
+
+
+def test_gradients_without_a_reference_gradient_are_rejected(small_case):
+    case, expected = small_case
+    forward_only = ReferenceResult(out=expected.out, lse=expected.lse)
+    with pytest.raises(CompareInputError):
+        compare_outputs(case, forward_only, out=expected.out, dq=expected.dq)
+
+
+@st.composite
+def cases(draw) -> AttentionCase:
+    head_dim = draw(st.sampled_from((8, 32, 64)))
+    return AttentionCase(
+        batch_size=draw(st.integers(1, 2)),
+        seqlen_q=draw(st.sampled_from((1, 17, 64, 65, 130))),
+        seqlen_k=draw(st.sampled_from((1, 17, 64, 65, 130))),
+        num_heads=2,
+        num_heads_kv=draw(st.sampled_from((1, 2))),
+        head_dim=head_dim,
+        head_dim_v=draw(st.sampled_from((head_dim, 16))),
+        dtype=draw(st.sampled_from(("bfloat16", "float16", "float32"))),
+        causal=draw(st.booleans()),
+        causal_alignment=draw(st.sampled_from(("top_left", "bottom_right"))),
+        window_size_left=draw(st.one_of(st.none(), st.integers(0, 40))),
+        softcap=draw(st.one_of(st.none(), st.just(10.0))),
+        input_distribution=draw(st.sampled_from(("normal", "large_logits", "outliers", "near_constant"))),
+        seed=draw(st.integers(0, 2**32 - 1)),
+    )
+
+
+@settings(max_examples=30, deadline=None)
+@given(cases())
+def test_the_exact_result_rounded_to_the_kernel_dtype_passes(case):
+    expected = reference(case, make_inputs(case), backward=True)
+    verdict = compare_outputs(case, expected, **rounded_outputs(case, expected))
+    assert verdict.passed, verdict.signatures
+    for name, tensor_verdict in verdict.tensors.items():
+        assert tensor_verdict.error_ratio <= 1 / TOLERANCE_FACTORS[case.dtype][name] * 1.001, name
+
+
+@settings(max_examples=25, deadline=None)
+@given(cases())
+def test_flash_attention_rounding_emulated_in_torch_passes(case):
+    inputs = make_inputs(case)
+    expected = reference(case, inputs, backward=True)
+    verdict = compare_outputs(case, expected, **emulated_flash_attention(case, inputs))
+    assert verdict.passed, (verdict.signatures, verdict.error_ratio)
+
+
+@pytest.mark.parametrize("backend", ["math", "flash"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize("distribution", ["normal", "large_logits", "outliers", "near_constant"])
+def test_pytorch_sdpa_kernels_pass(backend, dtype, distribution):
+    case = AttentionCase(batch_size=1, seqlen_q=257, seqlen_k=255, num_heads=4, num_heads_kv=2, head_dim=64,
+                         dtype=dtype, causal=True, input_distribution=distribution, seed=7)
+    inputs = make_inputs(case)
+    expected = reference(case, inputs, backward=True)
+    outputs = sdpa_attention(case, inputs, backend=backend)
+    verdict = compare_outputs(case, expected, **outputs)
+    assert verdict.passed, (verdict.signatures, {n: v.error_ratio for n, v in verdict.tensors.items()})
+
+
+def test_a_kernel_with_a_one_percent_wrong_softmax_scale_fails_through_its_lse():
+    case = AttentionCase(seqlen_q=256, seqlen_k=256, num_heads=2, head_dim=64, dtype="bfloat16", causal=True)
+    inputs = make_inputs(case)
+    expected = reference(case, inputs)
+    wrong = emulated_flash_attention(case.replace(softmax_scale=case.softmax_scale * 1.01), inputs)
+    verdict = compare_outputs(case, expected, **wrong)
+    assert "lse:mismatch" in verdict.signatures
+
+
+def test_worst_index_is_reported_in_the_tensors_own_layout():
+    torch.manual_seed(0)
+    exact = torch.randn(300, 2, 3, 16, dtype=torch.float64)  # rows first, as in thd or sbhd
+    actual = exact.to(torch.bfloat16)
+    actual[237, 1, 2, 5] += 1.0
+    verdict = compare_tensor("dq", actual, exact, "bfloat16", row_dim=0)
+    assert not verdict.passed
+    assert verdict.worst_index == (237, 1, 2, 5)
+
+
+def test_thd_outputs_are_judged_per_packed_row():
+    case = AttentionCase(batch_size=3, seqlen_q=70, seqlen_k=80, qkv_format="thd", seqlens_q=(70, 5, 33),
+                         seqlens_k=(80, 9, 20), num_heads=2, head_dim=16, dtype="float16", causal=True,
+                         causal_alignment="bottom_right")
+    expected = reference(case, make_inputs(case))
+    outputs = rounded_outputs(case, expected)
+    assert compare_outputs(case, expected, **outputs).passed
+    outputs["lse"][1, 95] += 1  # second head, third sequence, local row 20 (rows 0-12 see no key)
+    outputs["dk"][85, 0, 3] = math.nan
+    verdict = compare_outputs(case, expected, **outputs)
+    assert verdict.signatures == ("lse:mismatch", "dk:nan")
+    assert verdict.tensors["lse"].worst_index == (1, 95)
+    assert verdict.tensors["dk"].worst_index == (85, 0, 3)
