@@ -94,6 +94,17 @@ class SDPABackend(Backend):
             reasons.append(f"{variant}: the case has no mask (covered by is_causal)")
         if self.kernel == "flash" and self.device == "cuda" and variant in ("bool_mask", "float_mask"):
             reasons.append("the CUDA flash kernel takes no mask tensor")
+        if (
+            self.kernel == "efficient"
+            and self.device == "cuda"
+            and variant != "aten_lse"
+            and case.num_heads != case.num_heads_kv
+        ):
+            # measured on the H200 (torch 2.11): enable_gqa gives "No available kernel"
+            reasons.append("the memory-efficient kernel does not take enable_gqa")
+        if self.kernel == "cudnn" and case.head_dim < 16:
+            # measured on the H200 (torch 2.11, 2026-11-29): head_dim 8 gives "No available kernel"
+            reasons.append(f"head_dim {case.head_dim} < 16 (cuDNN SDPA has no kernel)")
         return reasons
 
     # ------------------------------------------------------------------ execution
@@ -172,7 +183,12 @@ class SDPABackend(Backend):
         if self.kernel == "efficient":
             bias = None
             if case.has_mask:
-                bias = self._mask_arguments(case, "float_mask", q)[0].expand(q.shape[0], q.shape[1], -1, -1)
+                # the kernel needs the bias rows 8-element aligned (measured: "attn_bias is not
+                # correctly aligned (strideM)"); pad and slice as SDPA's public path does
+                mask = self._mask_arguments(case, "float_mask", q)[0]
+                pad = (-mask.shape[-1]) % 16
+                padded = torch.nn.functional.pad(mask, (0, pad))[..., : mask.shape[-1]]
+                bias = padded.expand(q.shape[0], q.shape[1], -1, -1)
             res = aten._scaled_dot_product_efficient_attention(q, k, v, bias, True, 0.0, False, scale=scale)
             return res[0], res[1][..., : q.shape[2]]
         if self.kernel == "cudnn":
