@@ -162,10 +162,12 @@ def _print_summary(stats: WorkerStats, url: str) -> None:
     for status, count in sorted(stats.results.items()):
         table.add_row(status, str(count))
     out.print(table)
+    other = max(stats.wall_s - stats.oracle_s - stats.kernel_s - stats.compile_s - stats.shrink_s, 0.0)
     out.print(
         f"{stats.cases} cases in {stats.wall_s:.1f} s ({stats.cases_per_s:.2f} cases/s); "
         f"oracle {stats.oracle_s:.1f} s, kernels {stats.kernel_s:.1f} s, JIT {stats.compile_s:.1f} s, "
-        f"shrinking {stats.shrink_s:.1f} s"
+        f"shrinking {stats.shrink_s:.1f} s, attnfuzz's own work (inputs, comparison, storage, "
+        f"processes) {other:.1f} s"
     )
     if stats.new_buckets:
         out.print(f"[bold red]{len(stats.new_buckets)} new bucket(s):[/]")

@@ -149,8 +149,13 @@ class Backend(abc.ABC):
         return found
 
     def version_string(self) -> str:
-        """``"pkg==ver pkg2==ver2"`` from ``versions()``."""
-        return " ".join(f"{k}=={v}" for k, v in sorted(self.versions().items()))
+        """``"pkg==ver pkg2==ver2"`` from ``versions()``, read once per backend object (reading
+        package metadata costs milliseconds and the worker asks for every result)."""
+        cached = self.__dict__.get("_version_string")
+        if cached is None:
+            cached = " ".join(f"{k}=={v}" for k, v in sorted(self.versions().items()))
+            self.__dict__["_version_string"] = cached
+        return cached
 
     # ------------------------------------------------------------------ per-case checks
     def unsupported_reasons(self, case: AttentionCase, variant: str) -> list[str]:
