@@ -75,3 +75,10 @@ class MemorySink:
 
     def known_bucket_keys(self) -> set[tuple[str, str, str]]:
         return set(self.buckets)
+
+    def known_failures(self, backends: list[str]) -> list[tuple[tuple[str, str, str], dict[str, Any]]]:
+        return [
+            (key, bucket.minimised_case or self.cases[bucket.first_case_id]["config"])
+            for key, bucket in self.buckets.items()
+            if key[0] in backends
+        ]

@@ -62,6 +62,9 @@ class WorkerConfig:
             (see `fuzzer.strategies.attention_cases`).
         allow_backward: also fuzz gradients.
         heartbeat_s: seconds between heartbeats to the sink.
+        replay_known: before fuzzing, re-run every stored bucket of the selected backends on its
+            minimised case (phase ``replay``), so a restarted or second worker checks known
+            failures first.
         reuse_kernels: after the first chunk, draw the head dims already run three times as often
             as others, so JIT backends (FA4 compiles one kernel per variant key) reuse kernels.
         kernel_pool_size: how many head dims that pool keeps (the first ones seen).
@@ -83,6 +86,7 @@ class WorkerConfig:
     max_work: int = 2**24
     allow_backward: bool = True
     heartbeat_s: float = 10.0
+    replay_known: bool = True
     reuse_kernels: bool = True
     kernel_pool_size: int = 3
 
@@ -103,7 +107,8 @@ class WorkerStats:
     results: Counter = field(default_factory=Counter)  # status -> count
     per_backend: Counter = field(default_factory=Counter)  # (backend, status) -> count
     new_buckets: list = field(default_factory=list)  # bucket keys, in order found
-    minimised: list = field(default_factory=list)  # MinimiseOutcome
+    minimised: list = field(default_factory=list)  # (bucket key, MinimiseOutcome)
+    replayed: list = field(default_factory=list)  # (bucket key, signature now or None)
     oracle_s: float = 0.0
     kernel_s: float = 0.0
     compile_s: float = 0.0
@@ -212,6 +217,8 @@ class Worker:
         self._started = time.monotonic()
         self.reporter.on_start(self)
         try:
+            if self.config.replay_known:
+                self.replay_known_failures()
             chunk = 0
             while not self._budget_spent():
                 self._run_chunk(chunk)
@@ -339,7 +346,8 @@ class Worker:
             t0 = time.perf_counter()
             ref = reference(case, inputs, backward=case.backward)
             oracle_ms = (time.perf_counter() - t0) * 1000.0
-            self.stats.oracle_s += oracle_ms / 1000.0
+            if phase == "fuzz":  # shrink/confirm time is counted whole in stats.shrink_s
+                self.stats.oracle_s += oracle_ms / 1000.0
             outcomes = self._executor.run(case, inputs, runnable, self.config.case_timeout_s)
             for outcome in outcomes:
                 results.append(self._judge(case, ref, outcome, oracle_ms, phase))
@@ -381,8 +389,9 @@ class Worker:
             backend_version=backend.version_string(),
             phase=phase,
         )
-        self.stats.kernel_s += outcome.run_ms / 1000.0
-        self.stats.compile_s += outcome.compile_ms / 1000.0
+        if phase == "fuzz":
+            self.stats.kernel_s += outcome.run_ms / 1000.0
+            self.stats.compile_s += outcome.compile_ms / 1000.0
         if outcome.status == "unsupported":
             return CaseResult(status="unsupported", detail=outcome.detail, **common)
         if outcome.status != "ok":
@@ -403,6 +412,23 @@ class Worker:
             selected_kernel=out.selected_kernel,
             **common,
         )
+
+    def replay_known_failures(self) -> list[CaseResult]:
+        """Re-run each known bucket's minimised case on its (backend, variant); results are
+        recorded with phase ``replay``. Buckets of unavailable backends are skipped."""
+        from oracle.errors import CaseValidationError
+
+        names = [b.name for b in self.usable]
+        results = []
+        for key, case_json in self.sink.known_failures(names):
+            try:
+                case = AttentionCase.from_json(case_json)
+            except CaseValidationError:
+                continue  # a case from an older schema: `attnfuzz replay` reports those
+            result = self.evaluate(case, phase="replay", tasks=[key[:2]])[0]
+            self.stats.replayed.append((key, result.signature))
+            results.append(result)
+        return results
 
     # ------------------------------------------------------------------ minimisation
     def still_fails(self, key: tuple[str, str, str]) -> Callable[[AttentionCase], bool]:

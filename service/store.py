@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from hypothesis.database import ExampleDatabase
-from sqlalchemy import Engine, Table, case, delete, select, update
+from sqlalchemy import func, Engine, Table, case, delete, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
@@ -353,6 +353,22 @@ class SqlStore:
         def run(connection: Connection) -> set[tuple[str, str, str]]:
             rows = connection.execute(select(Bucket.backend, Bucket.variant, Bucket.signature))
             return {(row.backend, row.variant, row.signature) for row in rows}
+
+        return self._tx.read(run)
+
+    def known_failures(self, backends: list[str]) -> list[tuple[tuple[str, str, str], dict[str, Any]]]:
+        """Each bucket of ``backends`` with its minimised case (its first case if not minimised),
+        as ``((backend, variant, signature), case_json)``, oldest bucket first."""
+
+        def run(connection: Connection) -> list[tuple[tuple[str, str, str], dict[str, Any]]]:
+            case_id = func.coalesce(Bucket.minimised_case_id, Bucket.first_case_id)
+            rows = connection.execute(
+                select(Bucket.backend, Bucket.variant, Bucket.signature, Case.config)
+                .join(Case, Case.id == case_id)
+                .where(Bucket.backend.in_(list(backends)))
+                .order_by(Bucket.id)
+            )
+            return [((r.backend, r.variant, r.signature), r.config) for r in rows]
 
         return self._tx.read(run)
 

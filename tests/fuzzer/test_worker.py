@@ -59,6 +59,15 @@ def test_the_worker_finds_and_shrinks_the_planted_window_bug_without_being_told_
     assert not [k for k in sink.buckets if k[1] == "native"]
     assert stats.cases >= 1
 
+    # a second worker on the same store replays the known failure before fuzzing
+    second = Worker(
+        WorkerConfig(backends=registry.select([planted_plugin]), max_cases=0, time_budget_s=None, isolation="none"),
+        sink,
+    ).run()
+    assert (key, "out:all_zero") in second.replayed
+    replays = [r for r in sink.results.values() if r.phase == "replay"]
+    assert any(r.case_id == minimal.case_id and r.signature == "out:all_zero" for r in replays)
+
 
 def test_crashes_and_hangs_become_results_and_the_worker_carries_on():
     backends = registry.select(

@@ -162,6 +162,21 @@ def test_record_minimised_rejects_unknown_buckets_and_original_cases(
     assert session.get(Case, AttentionCase(seqlen_q=2).case_id) is None, "the failed call left nothing behind"
 
 
+def test_known_failures_give_the_minimised_case_else_the_first_one(
+    store: SqlStore, build_id: int, case_id: str
+) -> None:
+    bucket_id = store.record_result(_failure(case_id), build_id, None).bucket_id
+    first = store.known_failures([_failure(case_id).backend])
+    assert [(key, AttentionCase.from_json(c).case_id) for key, c in first] == [
+        (_failure(case_id).bucket_key, case_id)
+    ]
+    small = AttentionCase(seqlen_q=2, seqlen_k=2, causal=True)
+    store.record_minimised(bucket_id, small.to_json(), case_id, "shrunk")
+    (_, case_json), = store.known_failures([_failure(case_id).backend])
+    assert AttentionCase.from_json(case_json) == small
+    assert store.known_failures(["some-other-backend"]) == []
+
+
 def test_workers_register_and_heartbeat(store: SqlStore, session: Session, build_id: int) -> None:
     worker_id = store.register_worker(build_id, "gpu-host", 77, "cuda:3")
     started = session.get(Worker, worker_id)
