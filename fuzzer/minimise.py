@@ -64,11 +64,15 @@ class MinimiseOutcome:
     note: str
 
 
-def neighbourhood(case: AttentionCase) -> tuple[st.SearchStrategy[AttentionCase], tuple]:
+def neighbourhood(
+    case: AttentionCase, keep_head_dims: bool = False
+) -> tuple[st.SearchStrategy[AttentionCase], tuple]:
     """The strategy of cases around ``case``, and the Hypothesis choices that draw ``case`` itself.
 
     Every field is one primitive choice (``integers``, ``booleans`` or ``sampled_from`` of at
-    least two values) so the choice sequence of the original is known exactly.
+    least two values) so the choice sequence of the original is known exactly. With
+    ``keep_head_dims`` the head dims stay as they are (for JIT backends, where each head dim tried
+    costs a kernel compilation).
     """
     original: list = []
 
@@ -85,10 +89,11 @@ def neighbourhood(case: AttentionCase) -> tuple[st.SearchStrategy[AttentionCase]
     plan.append(("batch_size", ints(1, case.batch_size)))
     plan.append(("num_heads_kv", ints(1, case.num_heads_kv)))
     plan.append(("group", ints(1, case.group_size)))
-    dims = sorted({d for d in _SMALL_HEAD_DIMS if d < case.head_dim} | {case.head_dim})
-    plan.append(("head_dim", pick(dims, case.head_dim)))
     same_v = case.head_dim_v == case.head_dim
-    if not same_v:
+    if not keep_head_dims:
+        dims = sorted({d for d in _SMALL_HEAD_DIMS if d < case.head_dim} | {case.head_dim})
+        plan.append(("head_dim", pick(dims, case.head_dim)))
+    if not same_v and not keep_head_dims:
         dims_v = sorted({d for d in _SMALL_HEAD_DIMS if d < case.head_dim_v} | {case.head_dim_v})
         plan.append(("head_dim_v", pick(dims_v, case.head_dim_v)))
     if case.is_varlen:
@@ -122,13 +127,13 @@ def neighbourhood(case: AttentionCase) -> tuple[st.SearchStrategy[AttentionCase]
     def cases(draw) -> AttentionCase:
         values = {name: draw(strategy) for name, strategy in plan}
         batch_size = values["batch_size"]
-        head_dim = values["head_dim"]
+        head_dim = values.get("head_dim", case.head_dim)
         changes: dict = {
             "batch_size": batch_size,
             "num_heads_kv": values["num_heads_kv"],
             "num_heads": values["num_heads_kv"] * values["group"],
             "head_dim": head_dim,
-            "head_dim_v": values.get("head_dim_v", head_dim) if not same_v else head_dim,
+            "head_dim_v": values.get("head_dim_v", case.head_dim_v) if not same_v else head_dim,
             "backward": values.get("backward", case.backward),
             "input_distribution": values.get("input_distribution", case.input_distribution),
             "seed": values.get("seed", case.seed),
@@ -157,6 +162,7 @@ def minimise(
     confirmations: int = 2,
     database: ExampleDatabase | None = None,
     database_key: bytes | None = None,
+    keep_head_dims: bool = False,
 ) -> MinimiseOutcome:
     """Shrink ``case`` while ``still_fails`` holds.
 
@@ -168,6 +174,7 @@ def minimise(
             all fail.
         database: Hypothesis example database (defaults to an in-memory one).
         database_key: key of this bucket in ``database`` (defaults to a hash of the case).
+        keep_head_dims: do not shrink head_dim / head_dim_v (see `neighbourhood`).
 
     Returns:
         A `MinimiseOutcome` naming what happened.
@@ -187,7 +194,7 @@ def minimise(
     if not all(check(case) for _ in range(max(confirmations, 1))):
         return MinimiseOutcome("not_reproduced", case, case, attempts, elapsed(), "original did not fail again")
 
-    strategy, choices = neighbourhood(case)
+    strategy, choices = neighbourhood(case, keep_head_dims=keep_head_dims)
     database = database if database is not None else InMemoryExampleDatabase()
     key = database_key or hashlib.sha256(b"attnfuzz-minimise:" + case.case_id.encode()).digest()[:16]
     database.save(key + b".secondary", choices_to_bytes(choices))

@@ -452,6 +452,7 @@ class Worker:
                 deadline_s=self.config.shrink_deadline_s,
                 database=self.example_db,
                 database_key=db_key,
+                keep_head_dims=self.backends[key[0]].jit_compiled,
             )
             self.stats.shrink_s += time.monotonic() - t0
             self.stats.minimised.append((key, outcome))

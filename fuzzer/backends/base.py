@@ -117,6 +117,9 @@ class Backend(abc.ABC):
             row with no visible key, when it is not attnfuzz's ``-inf`` (e.g. ``0.0`` for
             PyTorch's CPU flash op). The comparison accepts exactly that value on exactly those
             rows; None = ``-inf`` only.
+        jit_compiled: the library compiles a kernel per configuration on first use (FA4's CuTe
+            DSL): minimisation then keeps head dims fixed, and generation prefers head dims it
+            has already run.
     """
 
     name: ClassVar[str] = ""
@@ -127,6 +130,7 @@ class Backend(abc.ABC):
     packages: ClassVar[tuple[str, ...]] = ("torch",)
     capabilities: ClassVar[Capabilities] = Capabilities()
     masked_row_lse: ClassVar[float | None] = None
+    jit_compiled: ClassVar[bool] = False
 
     # ------------------------------------------------------------------ discovery-time checks
     def availability(self) -> str | None:

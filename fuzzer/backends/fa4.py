@@ -377,6 +377,7 @@ class FA4Backend(Backend):
     variants: ClassVar[tuple[str, ...]] = FA4_VARIANTS
     device: ClassVar[str] = "cuda"
     environment: ClassVar[str] = "fa4"
+    jit_compiled: ClassVar[bool] = True
     packages: ClassVar[tuple[str, ...]] = (FA4_DISTRIBUTION, "nvidia-cutlass-dsl", "torch")
     capabilities: ClassVar[Capabilities] = Capabilities(
         dtypes=("bfloat16", "float16"),

@@ -413,6 +413,7 @@ class TEFA4Backend(TEBackend):
 
     name: ClassVar[str] = "te-fa4"
     environment: ClassVar[str] = "te-fa4"
+    jit_compiled: ClassVar[bool] = True
     sub_backend: ClassVar[str] = "flash4"
     bottom_right_unless_square: ClassVar[bool] = True
     jit: ClassVar[bool] = True

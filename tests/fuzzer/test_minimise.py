@@ -82,3 +82,10 @@ def test_varlen_cases_shrink_per_sequence():
     outcome = minimise(case, lambda c: c.total_q >= 6, deadline_s=30)
     assert outcome.status == "minimised"
     assert outcome.case.total_q == 6 and outcome.case.is_varlen
+
+
+def test_jit_backends_keep_their_head_dims_while_shrinking():
+    outcome = minimise(BIG, lambda c: c.seqlen_k >= 3, deadline_s=60, keep_head_dims=True)
+    assert outcome.status == "minimised"
+    assert (outcome.case.head_dim, outcome.case.head_dim_v) == (BIG.head_dim, BIG.head_dim_v)
+    assert outcome.case.seqlen_k == 3 and outcome.case.batch_size == 1
