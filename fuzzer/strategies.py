@@ -9,6 +9,16 @@ bottom-right alignment with ``seqlen_q > seqlen_k`` or narrow windows, rows with
 Shrinking: every draw shrinks toward the first alternative / the lower bound, so a shrunk case
 tends to batch 1, one head, seqlen 1, bf16, bshd, normal inputs, seed 0, forward only.
 
+Context parallelism: only when a selected backend declares ``capabilities.cp`` *and* the caller
+allows ``max_cp_size >= 2`` (the executor knows how many ranks it can start) is ``cp_size`` drawn:
+1 half of the time (first, so shrinking leaves CP), else a power of two up to ``max_cp_size``, with a
+``cp_comm_type`` (``a2a+p2p`` only for ``cp_size >= 4``). CP cases are drawn so that they can be
+laid out (`fuzzer.cp.cp_unsupported_reasons`): bshd/sbhd lengths are ``2 * cp_size`` times a
+drawn chunk length (so chunk lengths, not totals, sit on tile edges), thd lengths are either such
+multiples (no padding: what TE's FlashAttention needs) or anything (padded), and ``a2a``
+(``a2a+p2p``) cases get head counts divisible by ``cp_size`` (by 2). Without CP no extra choice is
+drawn, so non-CP generation is unchanged.
+
 Source (lengths): flash-attention ``tests/cute/test_flash_attn.py`` seqlen parametrisations.
 """
 
@@ -19,12 +29,13 @@ from collections.abc import Sequence
 from hypothesis import strategies as st
 
 from fuzzer.backends.base import Capabilities
-from oracle.config import CAUSAL_ALIGNMENTS, DTYPES, INPUT_DISTRIBUTIONS, QKV_FORMATS, AttentionCase
+from oracle.config import CAUSAL_ALIGNMENTS, CP_COMM_TYPES, DTYPES, INPUT_DISTRIBUTIONS, QKV_FORMATS, AttentionCase
 from oracle.errors import AttnFuzzError
 
 TILE_EDGE_SEQLENS = (1, 2, 63, 64, 65, 113, 127, 128, 129, 255, 256, 257, 799, 1023, 1024, 1025, 2047, 2048, 4096)
 COMMON_HEAD_DIMS = (64, 128, 32, 96, 256, 80, 192, 16, 8, 512, 40, 72, 160, 224)
 GQA_GROUPS = (1, 2, 4, 8)
+CP_SIZES = (2, 4, 8)
 
 
 class StrategyArgumentError(AttnFuzzError, ValueError):
@@ -102,6 +113,30 @@ def window_sizes(max_seqlen: int) -> st.SearchStrategy[int | None]:
     )
 
 
+def cp_configs(max_cp_size: int) -> st.SearchStrategy[tuple[int, str | None]]:
+    """``(cp_size, cp_comm_type)``: ``(1, None)`` half of the time, else a size of ``CP_SIZES``
+    up to ``max_cp_size`` with a comm type it allows (``a2a+p2p`` needs ``cp_size >= 4``).
+
+    Shrinks toward ``(1, None)``.
+
+    Raises:
+        StrategyArgumentError: ``max_cp_size < 1``.
+    """
+    if isinstance(max_cp_size, bool) or not isinstance(max_cp_size, int) or max_cp_size < 1:
+        raise StrategyArgumentError(f"max_cp_size: must be an int >= 1, got {max_cp_size!r}")
+    with_cp = [
+        (size, comm) for size in CP_SIZES if size <= max_cp_size for comm in CP_COMM_TYPES if comm != "a2a+p2p" or size >= 4
+    ]
+    return st.sampled_from([(1, None)] * max(1, len(with_cp)) + with_cp)
+
+
+def _cp_lengths(limit: int, unit: int, padded: bool) -> st.SearchStrategy[int]:
+    """A sequence length for ``unit = 2 * cp_size``: a multiple of ``unit`` (chunk length drawn by
+    `seqlens`), or with ``padded`` also any length in ``[1, limit]``."""
+    multiples = seqlens(max(1, limit // unit)).map(lambda chunk: chunk * unit)
+    return st.one_of(multiples, seqlens(limit)) if padded else multiples
+
+
 def attention_cases(
     *,
     capabilities: Capabilities,
@@ -111,6 +146,7 @@ def attention_cases(
     max_work: int = 2**26,
     allow_backward: bool = True,
     preferred_head_dims: tuple[int, ...] = (),
+    max_cp_size: int = 1,
 ) -> st.SearchStrategy[AttentionCase]:
     """Cases that at least one backend with ``capabilities`` may run.
 
@@ -124,6 +160,8 @@ def attention_cases(
         allow_backward: draw ``backward=True`` cases when the capabilities allow.
         preferred_head_dims: head dims drawn three times as often as others (JIT backends
             compile one kernel per head dim: the worker passes those already compiled).
+        max_cp_size: largest ``cp_size`` to draw when ``capabilities.cp`` (1 = no context
+            parallelism; the worker passes its executor's ``max_cp_size``).
 
     Raises:
         StrategyArgumentError: a bound is below 1 (checked here, before anything is drawn).
@@ -133,6 +171,7 @@ def attention_cases(
             raise StrategyArgumentError(f"{name}: must be >= 1, got {value}")
     if max_seqlen is not None and max_seqlen < 1:
         raise StrategyArgumentError(f"max_seqlen: must be >= 1, got {max_seqlen}")
+    cp_configs(max_cp_size)  # checks max_cp_size
     return _attention_cases(
         capabilities=capabilities,
         max_batch_size=max_batch_size,
@@ -141,6 +180,7 @@ def attention_cases(
         max_work=max_work,
         allow_backward=allow_backward,
         preferred_head_dims=tuple(preferred_head_dims),
+        max_cp_size=max_cp_size,
     )
 
 
@@ -155,14 +195,20 @@ def _attention_cases(
     max_work: int = 2**26,
     allow_backward: bool = True,
     preferred_head_dims: tuple[int, ...] = (),
+    max_cp_size: int = 1,
 ) -> AttentionCase:
     """The draw behind `attention_cases` (arguments already checked)."""
     caps = capabilities
     max_seqlen = max_seqlen or caps.max_seqlen
     dtype = draw(st.sampled_from(caps.dtypes))
     qkv_format = draw(st.sampled_from(caps.qkv_formats))
+    cp_size, cp_comm_type = draw(cp_configs(max_cp_size)) if caps.cp and max_cp_size >= 2 else (1, None)
     batch_size = draw(st.integers(1, max_batch_size))
-    num_heads_kv = draw(st.integers(1, max_heads_kv))
+    heads_unit = {"a2a": cp_size, "a2a+p2p": 2}.get(cp_comm_type, 1)
+    if heads_unit > 1:
+        num_heads_kv = heads_unit * draw(st.integers(1, max(1, max_heads_kv // heads_unit)))
+    else:
+        num_heads_kv = draw(st.integers(1, max_heads_kv))
     group = draw(st.sampled_from(GQA_GROUPS)) if caps.gqa else 1
     num_heads = num_heads_kv * group
     dims = head_dims(caps.max_head_dim, caps.head_dim_multiple)
@@ -176,16 +222,17 @@ def _attention_cases(
     budget = max(1, int((max_work / (batch_size * num_heads * max(head_dim, head_dim_v))) ** 0.5))
     limit = max(1, min(max_seqlen, budget))
     seqlens_q = seqlens_k = None
+    lengths = seqlens(limit) if cp_size == 1 else _cp_lengths(limit, 2 * cp_size, padded=qkv_format == "thd")
     if qkv_format == "thd":
-        seqlens_q = tuple(draw(st.lists(seqlens(limit), min_size=batch_size, max_size=batch_size)))
+        seqlens_q = tuple(draw(st.lists(lengths, min_size=batch_size, max_size=batch_size)))
         if draw(st.booleans()):
-            seqlens_k = tuple(draw(st.lists(seqlens(limit), min_size=batch_size, max_size=batch_size)))
+            seqlens_k = tuple(draw(st.lists(lengths, min_size=batch_size, max_size=batch_size)))
         else:
             seqlens_k = seqlens_q
         seqlen_q, seqlen_k = max(seqlens_q), max(seqlens_k)
     else:
-        seqlen_q = draw(seqlens(limit))
-        seqlen_k = draw(st.one_of(st.just(seqlen_q), seqlens(limit)))
+        seqlen_q = draw(lengths)
+        seqlen_k = draw(st.one_of(st.just(seqlen_q), lengths))
     causal = draw(st.booleans())
     window_left = window_right = None
     if caps.windows and draw(st.booleans()):
@@ -220,4 +267,6 @@ def _attention_cases(
         backward=backward,
         input_distribution=input_distribution,
         seed=seed,
+        cp_size=cp_size,
+        cp_comm_type=cp_comm_type,
     )

@@ -63,6 +63,28 @@ Variants (TE's own encodings of one mask):
 
 Non-causal top-left windows add ``bottom_right_diagonal=False``; softcap is passed only when set.
 
+Context parallelism (``case.cp_size > 1``; `TEBackend.run_cp`, run on every rank by
+`fuzzer.cp_executor.CPExecutor`):
+
+* each rank gets its dual-chunk-swap shard (`fuzzer.cp`), calls
+  ``DotProductAttention.set_context_parallel_group(cp_group, cp_global_ranks, cp_stream,
+  cp_comm_type)`` once per module (`te_cp_group_args`; for ``a2a+p2p`` ``cp_group`` is the list
+  ``[a2a pair group, p2p ring group]``) and runs forward and backward on its shard; TE returns the
+  local out (no lse) and q/k/v gradients of the shard;
+* thd passes the *global* ``cu_seqlens_q``/``cu_seqlens_kv`` (real lengths) and
+  ``cu_seqlens_q_padded``/``cu_seqlens_kv_padded`` (lengths padded to multiples of ``2 cp_size``)
+  on every rank, with ``max_seqlen_q``/``max_seqlen_kv`` the largest padded length
+  (`te_cp_forward_kwargs`); bshd/sbhd pass nothing extra (TE multiplies the local length by
+  ``cp_size``);
+* `te_cp_unsupported_reasons` lists TE's CP limits (``get_attention_backend`` "Filter: Context
+  parallelism", ``attn_forward_func_with_cp`` assertions, and the skips of
+  ``tests/pytorch/attention/test_attention_with_cp.py``): no UnfusedDotProductAttention, no
+  ``causal_bottom_right``, no causal cross-attention, sliding windows only with ``all_gather`` and
+  ``a2a``, ``head_dim != head_dim_v`` only with ``p2p``/``a2a+p2p`` and not on FusedAttention,
+  FlashAttention neither with sbhd nor with thd sequences that need padding, thd neither with
+  ``a2a+p2p`` nor (FlashAttention 2/4) with ``all_gather``. Softcap and windows in cross-attention
+  under CP are not declared (TE's CP tests cover neither).
+
 Source: NVIDIA/TransformerEngine ``transformer_engine/pytorch/attention/dot_product_attention/
 dot_product_attention.py``, ``utils.py``, ``backends.py`` and ``transformer_engine/pytorch/
 constants.py`` (transformer-engine 2.20.2 wheel).
@@ -83,6 +105,7 @@ from fuzzer.backends.fa4 import (
     fit_to_signature,
     is_one_sided_window,
 )
+from fuzzer.cp import CPProcessGroups, CPSeqlens, CPShardInputs, cp_unsupported_reasons
 from oracle.config import AttentionCase
 
 TE_MODULE = "transformer_engine.pytorch"
@@ -221,6 +244,118 @@ def te_variant_reasons(case: AttentionCase, variant: str) -> list[str]:
     return []
 
 
+def _is_sliding_window(case: AttentionCase) -> bool:
+    """TE's ``sliding_window_attn``: a window other than ``(-1, 0)`` and ``(-1, -1)``."""
+    return _has_window(case) and te_window_size(case) not in ((_MINUS1, 0), (_MINUS1, _MINUS1))
+
+
+def te_cp_unsupported_reasons(case: AttentionCase, sub_backend: str) -> list[str]:
+    """Why TE cannot run ``case`` under context parallelism on ``sub_backend`` (empty = it can).
+
+    Args:
+        case: a case; nothing is reported for ``cp_size == 1``.
+        sub_backend: ``"flash4"``, ``"flash2"``, ``"fused"`` or ``"unfused"``.
+
+    Returns:
+        The layout limits (`fuzzer.cp.cp_unsupported_reasons`) and TE's own (module docstring).
+    """
+    if case.cp_size == 1:
+        return []
+    comm = case.cp_comm_type
+    flash = sub_backend in ("flash4", "flash2")
+    reasons = list(cp_unsupported_reasons(case))
+    if sub_backend == "unfused":
+        reasons.append("TE disables UnfusedDotProductAttention under context parallelism")
+    cross = case.seqlens_q_list != case.seqlens_k_list
+    if case.causal and case.causal_alignment == "bottom_right":
+        reasons.append("TE has no context parallelism for causal_bottom_right masks")
+    if case.causal and cross:
+        reasons.append("TE has no context parallelism for causal cross-attention (seqlen_q != seqlen_k)")
+    if _has_window(case):
+        try:
+            sliding = _is_sliding_window(case)
+        except ValueError:
+            sliding = False  # TE cannot express the window at all: te_variant_reasons says so
+        if sliding and comm not in ("all_gather", "a2a"):
+            reasons.append(f"TE supports sliding windows under context parallelism only with all_gather and a2a, not {comm}")
+        if cross:
+            reasons.append("windows in cross-attention under context parallelism are not declared (TE's CP tests cover none)")
+    if case.softcap is not None:
+        reasons.append("softcap under context parallelism is not declared (TE's CP paths do not take it)")
+    if case.head_dim != case.head_dim_v:
+        if "p2p" not in comm:
+            reasons.append(
+                f"TE supports head_dim != head_dim_v (MLA) under context parallelism only with p2p and a2a+p2p, not {comm}"
+            )
+        if sub_backend == "fused":
+            reasons.append("TE FusedAttention has no context parallelism with head_dim != head_dim_v (MLA)")
+    if case.qkv_format == "sbhd" and flash:
+        reasons.append("TE's FlashAttention has no context parallelism for sbhd")
+    if case.is_varlen:
+        if comm == "a2a+p2p":
+            reasons.append("TE's a2a+p2p context parallelism does not support thd")
+        if flash and comm == "all_gather":
+            reasons.append("TE's thd + all_gather context parallelism needs FlashAttention 3 (seqused_k)")
+        unit = 2 * case.cp_size
+        if flash and any(n % unit for n in case.seqlens_q_list + case.seqlens_k_list):
+            reasons.append(
+                f"TE's FlashAttention under context parallelism needs thd sequences without padding "
+                f"(every length a multiple of 2 * cp_size = {unit})"
+            )
+    return reasons
+
+
+def te_cp_forward_kwargs(case: AttentionCase, variant: str, seqlens: CPSeqlens) -> dict[str, Any]:
+    """The non-tensor ``forward(...)`` keywords of one rank's CP call (`te_forward_kwargs`, with
+    thd's ``max_seqlen_q``/``max_seqlen_kv`` the largest *padded* lengths).
+
+    Raises:
+        ValueError: as `te_module_kwargs`.
+    """
+    kwargs = te_forward_kwargs(case, variant)
+    if case.is_varlen:
+        kwargs["max_seqlen_q"] = seqlens.max_seqlen_q
+        kwargs["max_seqlen_kv"] = seqlens.max_seqlen_k
+    return kwargs
+
+
+def te_cp_tensor_kwargs(case: AttentionCase, seqlens: CPSeqlens, device: Any) -> dict[str, Any]:
+    """The varlen tensors of one rank's CP call, on ``device``: for thd the global
+    ``cu_seqlens_q``, ``cu_seqlens_kv``, ``cu_seqlens_q_padded``, ``cu_seqlens_kv_padded``
+    (``[batch_size + 1] int32``); nothing for bshd/sbhd."""
+    if not case.is_varlen:
+        return {}
+    return {
+        "cu_seqlens_q": seqlens.cu_seqlens_q.to(device),
+        "cu_seqlens_kv": seqlens.cu_seqlens_k.to(device),
+        "cu_seqlens_q_padded": seqlens.cu_seqlens_q_padded.to(device),
+        "cu_seqlens_kv_padded": seqlens.cu_seqlens_k_padded.to(device),
+    }
+
+
+def te_cp_group_args(case: AttentionCase, groups: CPProcessGroups) -> tuple[Any, list[int], Any, str]:
+    """The arguments of ``DotProductAttention.set_context_parallel_group``:
+    ``(cp_group, cp_global_ranks, cp_stream, cp_comm_type)``.
+
+    ``cp_group`` is the CP group, or for ``a2a+p2p`` the two-level list ``[a2a_group, p2p_group]``
+    (TE: "Hierarchical CP implementation needs multi-level CP groups").
+
+    Raises:
+        ValueError: ``case.cp_size == 1``, a group of another size, or ``a2a+p2p`` without
+            the two-level groups.
+    """
+    if case.cp_size == 1:
+        raise ValueError("cp_size: set_context_parallel_group is for cp_size > 1")
+    if groups.cp_size != case.cp_size:
+        raise ValueError(f"cp_size: the case has {case.cp_size}, the process group {groups.cp_size}")
+    cp_group: Any = groups.group
+    if case.cp_comm_type == "a2a+p2p":
+        if groups.a2a_group is None or groups.p2p_group is None:
+            raise ValueError("cp_comm_type: a2a+p2p needs the a2a and p2p groups (even cp_size >= 4)")
+        cp_group = [groups.a2a_group, groups.p2p_group]
+    return cp_group, list(groups.global_ranks), groups.stream, case.cp_comm_type
+
+
 def _major(version: Any) -> int | None:
     major = getattr(version, "major", None)
     if isinstance(major, int):
@@ -330,6 +465,7 @@ class TEBackend(Backend):
             elif _has_window(case) and case.causal_alignment == "top_left":
                 reasons.append("TE disables FlashAttention for top-left sliding windows when seqlen_q != seqlen_k")
         reasons.extend(te_variant_reasons(case, variant))
+        reasons.extend(te_cp_unsupported_reasons(case, self.sub_backend))
         return reasons
 
     # ------------------------------------------------------------------ execution
@@ -342,6 +478,18 @@ class TEBackend(Backend):
             self._modules[key] = te.DotProductAttention(**accepted).to(dtype=dtype, device=device)
         return self._modules[key], kwargs
 
+    def _cp_module(self, case: AttentionCase, variant: str, dtype: Any, groups: CPProcessGroups) -> tuple[Any, dict]:
+        """A module of its own per CP configuration, its CP group set once (`te_cp_group_args`)."""
+        te = importlib.import_module(TE_MODULE)
+        kwargs = te_module_kwargs(case, variant)
+        key = (tuple(sorted(kwargs.items())), str(dtype), str(groups.device), "cp", case.cp_size, case.cp_comm_type)
+        if key not in self._modules:
+            accepted, _ = fit_to_signature(te.DotProductAttention, kwargs, TE_ESSENTIAL_KWARGS)
+            module = te.DotProductAttention(**accepted).to(dtype=dtype, device=groups.device)
+            module.set_context_parallel_group(*te_cp_group_args(case, groups))
+            self._modules[key] = module
+        return self._modules[key], kwargs
+
     def run(self, case: AttentionCase, inputs: Any, variant: str) -> BackendOutput:
         """Run DotProductAttention and verify TE selected this adapter's sub-backend.
 
@@ -351,12 +499,49 @@ class TEBackend(Backend):
             RuntimeError: TE's selection state cannot be read, so the result cannot be attributed.
         """
         module, module_kwargs = self._module(case, variant, inputs.q.dtype, inputs.q.device)
-        dpa = importlib.import_module(TE_DPA_MODULE)
-        forward_kwargs = te_forward_kwargs(case, variant)
-        accepted, _ = fit_to_signature(module.forward, forward_kwargs, TE_ESSENTIAL_KWARGS)
         tensor_kwargs = (
             {"cu_seqlens_q": inputs.cu_seqlens_q, "cu_seqlens_kv": inputs.cu_seqlens_k} if case.is_varlen else {}
         )
+        return self._call(
+            case, variant, inputs, module, module_kwargs, te_forward_kwargs(case, variant), tensor_kwargs,
+            self.kernel_key(case, variant),
+        )
+
+    def run_cp(self, case: AttentionCase, inputs: CPShardInputs, groups: CPProcessGroups, variant: str) -> BackendOutput:
+        """This rank's part of ``case`` under context parallelism (module docstring): local out
+        and gradients of the rank's shard, no lse.
+
+        Args:
+            case: a case with ``cp_size > 1``.
+            inputs: this rank's `fuzzer.cp.CPShardInputs` (on ``groups.device``).
+            groups: the process groups (`fuzzer.cp.CPProcessGroups`).
+            variant: one of ``TE_VARIANTS``.
+
+        Raises:
+            UnsupportedCaseError, RuntimeError: as `run`.
+            ValueError: the groups do not fit the case (`te_cp_group_args`).
+        """
+        module, module_kwargs = self._cp_module(case, variant, inputs.q.dtype, groups)
+        return self._call(
+            case, variant, inputs, module, module_kwargs, te_cp_forward_kwargs(case, variant, inputs.seqlens),
+            te_cp_tensor_kwargs(case, inputs.seqlens, inputs.q.device),
+            (*self.kernel_key(case, variant), "cp", case.cp_size, case.cp_comm_type),
+        )
+
+    def _call(
+        self,
+        case: AttentionCase,
+        variant: str,
+        inputs: Any,
+        module: Any,
+        module_kwargs: dict[str, Any],
+        forward_kwargs: dict[str, Any],
+        tensor_kwargs: dict[str, Any],
+        kernel_key: tuple,
+    ) -> BackendOutput:
+        """Forward (and backward) through ``module``, checking TE's selection after the forward."""
+        dpa = importlib.import_module(TE_DPA_MODULE)
+        accepted, _ = fit_to_signature(module.forward, forward_kwargs, TE_ESSENTIAL_KWARGS)
         selected: dict[str, str | None] = {}
 
         def attention(q: Any, k: Any, v: Any) -> tuple[Any, None]:
@@ -385,7 +570,7 @@ class TEBackend(Backend):
             return run_with_grad(attention, case, inputs)
 
         if self.jit:
-            (out, lse, dq, dk, dv), compile_ms = self._timer.run(self.kernel_key(case, variant), once, inputs.q)
+            (out, lse, dq, dk, dv), compile_ms = self._timer.run(kernel_key, once, inputs.q)
         else:
             (out, lse, dq, dk, dv), compile_ms = once(), 0.0
         extra = {
@@ -393,6 +578,8 @@ class TEBackend(Backend):
             "forward": describe_call("forward", forward_kwargs),
             "transformer_engine_version": distribution_version("transformer-engine") or "unknown",
         }
+        if case.cp_size > 1:
+            extra["cp"] = f"cp_size={case.cp_size} cp_comm_type={case.cp_comm_type}"
         return BackendOutput(
             out=out,
             lse=lse,
@@ -440,6 +627,7 @@ class TEFA4Backend(TEBackend):
         softcap=False,  # "Disabling FlashAttention 4 as TE does not pass it softcap"
         backward=True,
         lse=False,
+        cp=True,
     )
 
 
@@ -472,6 +660,7 @@ class TEFA2Backend(TEBackend):
         softcap=True,  # flash-attn >= 2.6
         backward=True,
         lse=False,
+        cp=True,
     )
 
 
@@ -496,6 +685,7 @@ class TEFusedBackend(TEBackend):
         softcap=False,  # "Disabling FusedAttention as it does not support softcap"
         backward=True,
         lse=False,
+        cp=True,
     )
 
     def unsupported_reasons(self, case: AttentionCase, variant: str) -> list[str]:
@@ -526,6 +716,7 @@ class TEUnfusedBackend(TEBackend):
         softcap=True,
         backward=True,
         lse=False,
+        cp=False,  # "Disabling UnfusedDotProductAttention as it does not support context parallelism"
     )
 
 
@@ -544,6 +735,10 @@ __all__ = [
     "builtin_backends",
     "from_te_output",
     "te_attn_mask_type",
+    "te_cp_forward_kwargs",
+    "te_cp_group_args",
+    "te_cp_tensor_kwargs",
+    "te_cp_unsupported_reasons",
     "te_forward_kwargs",
     "te_module_kwargs",
     "te_selected_backend",
