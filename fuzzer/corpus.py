@@ -20,6 +20,11 @@ One file per (case, backend, variant): ``corpus/<backend>/<variant>-<case_id>.js
 and the primary ``signature`` for a failure); ``verdicts`` keeps the last verdict per build. The
 database stays the source of truth for results; the corpus is what is exported, reviewed and
 imported elsewhere.
+
+A verdict may also carry ``"packages"`` (every package version of the build, e.g.
+``{"flash-attn-4": "4.0.0b30", ...}``, see `fuzzer.builds.build_packages`) and ``"build_key"``
+(the build's identity in the database that recorded it, `fuzzer.builds.build_key`); both are
+optional and written only when known, so older files stay valid.
 """
 
 from __future__ import annotations
@@ -45,20 +50,42 @@ class CorpusError(AttnFuzzError, ValueError):
 
 @dataclass(frozen=True)
 class Verdict:
-    """The last verdict of a corpus entry on one build."""
+    """The last verdict of a corpus entry on one build.
+
+    Attributes:
+        build: the build's fingerprint.
+        status: a result status (``pass``, ``fail``, ``unsupported``, ``crash``, ...).
+        signature: the primary failure signature, None unless failing.
+        recorded_at: when (UTC ISO 8601).
+        packages: every package version of the build (may be empty).
+        build_key: the build's identity in the recording database ("" when unknown).
+    """
 
     build: BuildFingerprint
     status: str
     signature: str | None
     recorded_at: str
+    packages: tuple[tuple[str, str], ...] = ()
+    build_key: str = ""
+
+    @property
+    def key(self) -> str:
+        """What makes two verdicts be about the same build: ``build_key`` when known, else the
+        fingerprint's id."""
+        return self.build_key or self.build.fingerprint_id
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "build": self.build.to_json(),
             "status": self.status,
             "signature": self.signature,
             "recorded_at": self.recorded_at,
         }
+        if self.packages:
+            data["packages"] = dict(self.packages)
+        if self.build_key:
+            data["build_key"] = self.build_key
+        return data
 
 
 @dataclass(frozen=True)
@@ -139,12 +166,17 @@ class CorpusEntry:
         for i, v in enumerate(data.get("verdicts", [])):
             if not isinstance(v, dict) or v.get("status") not in STATUSES:
                 raise CorpusError(f"{origin}: verdicts[{i}].status: must be one of {', '.join(STATUSES)}")
+            packages = v.get("packages", {})
+            if not isinstance(packages, dict):
+                raise CorpusError(f"{origin}: verdicts[{i}].packages: must be an object of package -> version")
             verdicts.append(
                 Verdict(
                     BuildFingerprint.from_json(v.get("build", {})),
                     v["status"],
                     v.get("signature"),
                     str(v.get("recorded_at", "")),
+                    tuple(sorted((str(k), str(val)) for k, val in packages.items())),
+                    str(v.get("build_key", "")),
                 )
             )
         try:
@@ -162,8 +194,9 @@ class CorpusEntry:
             raise CorpusError(f"{origin}: {exc}") from exc
 
     def with_verdict(self, verdict: Verdict) -> CorpusEntry:
-        """A copy whose verdict for ``verdict.build`` is replaced (one verdict per build)."""
-        kept = tuple(v for v in self.verdicts if v.build.fingerprint_id != verdict.build.fingerprint_id)
+        """A copy whose verdict for ``verdict``'s build (`Verdict.key`) is replaced (one verdict
+        per build)."""
+        kept = tuple(v for v in self.verdicts if v.key != verdict.key)
         return CorpusEntry(
             self.case, self.backend, self.variant, self.why, self.expected_status,
             self.expected_signature, self.source, kept + (verdict,),

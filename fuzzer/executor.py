@@ -8,9 +8,12 @@ tensors, through ``torch.multiprocessing``); children return outputs on the CPU.
 
 A child that dies (segfault, abort, a CUDA fatal error that poisons its context) turns the backend
 call in flight into a ``crash`` outcome with the last lines of the child's stderr; one that runs
-past the timeout is killed and becomes ``timeout``; ``torch.OutOfMemoryError`` or a SIGKILL that
-the executor did not send becomes ``oom``. The child is restarted and the remaining tasks of the
-case run in the new child, so no result is lost.
+past the timeout is killed and becomes ``timeout``; ``torch.OutOfMemoryError``, ``MemoryError``
+(host memory, e.g. under an ``RLIMIT_AS``), a SIGKILL that the executor did not send (the kernel's
+OOM killer) and a child whose resident memory passes ``memory_limit_bytes`` (the executor watches
+it and kills the child) become ``oom``. The child is restarted and the remaining tasks of the
+case run in the new child, so no result is lost. On Linux a child dies with its parent
+(``PR_SET_PDEATHSIG``): a worker killed by SIGKILL leaves no child running a kernel.
 
 Protocol (parent -> child): ``("run", case_json, inputs, [(backend_name, variant), ...])`` and
 ``("stop",)``. Child -> parent: ``("ready", {name: availability})`` once, then for each task
@@ -44,6 +47,31 @@ _FATAL_CUDA_MARKERS = (
     "CUDA_ERROR_ILLEGAL_ADDRESS",
 )
 _STDERR_TAIL_LINES = 30
+# torch's CPU allocator raises RuntimeError with these when malloc fails
+_HOST_OOM_MARKERS = ("can't allocate memory", "not enough memory")
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """Linux: have the kernel SIGKILL this process when its parent dies (best effort elsewhere)."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+
+
+def resident_bytes(pid: int) -> int | None:
+    """Resident set size of process ``pid`` in bytes (Linux ``/proc``), None if unknown."""
+    try:
+        with open(f"/proc/{pid}/statm", "rb") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 class ExecutorError(AttnFuzzError):
@@ -98,17 +126,30 @@ def run_task(backend: Backend, case: AttentionCase, inputs: Any, variant: str) -
         return TaskOutcome(backend.name, variant, "unsupported", detail=str(exc))
     except torch.OutOfMemoryError as exc:
         return TaskOutcome(backend.name, variant, "oom", detail=str(exc)[-2000:], exception_type="OutOfMemoryError")
+    except MemoryError as exc:  # host memory (an RLIMIT_AS, or a failed malloc in Python)
+        detail = f"host out of memory: MemoryError: {exc}"[-2000:]
+        return TaskOutcome(backend.name, variant, "oom", detail=detail, exception_type="MemoryError")
+    except RuntimeError as exc:
+        if any(marker in str(exc) for marker in _HOST_OOM_MARKERS):  # torch's CPU allocator
+            detail = f"host out of memory: {type(exc).__name__}: {exc}"[-2000:]
+            return TaskOutcome(backend.name, variant, "oom", detail=detail, exception_type=type(exc).__name__)
+        return _failed(backend, variant, exc)
     except Exception as exc:  # a backend bug or an undeclared limitation: recorded, never raised
-        status = "crash" if _is_fatal_cuda(exc) else "error"
-        detail = ("fatal CUDA error: " if status == "crash" else "") + "".join(
-            traceback.format_exception_only(type(exc), exc)
-        ).strip()[-2000:]
-        return TaskOutcome(backend.name, variant, status, detail=detail, exception_type=type(exc).__name__)
+        return _failed(backend, variant, exc)
     elapsed_ms = (time.perf_counter() - start) * 1000.0
     run_ms = max(elapsed_ms - output.compile_ms, 0.0)
     return TaskOutcome(
         backend.name, variant, "ok", output=output, run_ms=run_ms, compile_ms=output.compile_ms
     )
+
+
+def _failed(backend: Backend, variant: str, exc: BaseException) -> TaskOutcome:
+    """``crash`` for a fatal CUDA error (the context is poisoned), else ``error``."""
+    status = "crash" if _is_fatal_cuda(exc) else "error"
+    detail = ("fatal CUDA error: " if status == "crash" else "") + "".join(
+        traceback.format_exception_only(type(exc), exc)
+    ).strip()[-2000:]
+    return TaskOutcome(backend.name, variant, status, detail=detail, exception_type=type(exc).__name__)
 
 
 def _device_of(inputs: Any) -> str:
@@ -158,6 +199,10 @@ class InProcessExecutor:
 # ---------------------------------------------------------------------------------------- child
 def _child_main(conn, specs: list[tuple[str, str]], env_vars: dict[str, str], log_path: str) -> None:
     """Entry point of a child process: load the backends, then serve ``run`` requests."""
+    parent = os.getppid()
+    _die_with_parent()
+    if os.getppid() != parent:  # the parent died before the death signal was armed
+        os._exit(0)
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(fd, 2)
     sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
@@ -227,16 +272,30 @@ class ChildProcessExecutor:
             same backend.
         start_timeout_s: seconds a child may take to import its libraries and report ready.
         log_dir: where each child's stderr goes (a temporary directory by default).
+        memory_limit_bytes: kill a child whose resident memory passes this many bytes while it
+            runs a task (outcome ``oom``); None: no limit (Linux only: read from ``/proc``).
+        memory_poll_s: how often that is checked, seconds.
 
     Raises:
         ExecutorError: (from ``run``) a child could not be started within ``start_timeout_s``.
     """
 
-    def __init__(self, backends: list[tuple[Backend, str]], start_timeout_s: float = 300.0, log_dir: str | None = None):
+    def __init__(
+        self,
+        backends: list[tuple[Backend, str]],
+        start_timeout_s: float = 300.0,
+        log_dir: str | None = None,
+        memory_limit_bytes: int | None = None,
+        memory_poll_s: float = 0.05,
+    ):
         import torch.multiprocessing  # noqa: F401  (registers tensor reductions)
 
+        if memory_limit_bytes is not None and memory_limit_bytes <= 0:
+            raise ExecutorError(f"memory_limit_bytes: must be positive, got {memory_limit_bytes}")
         self.backends = {b.name: (b, spec) for b, spec in backends}
         self.start_timeout_s = start_timeout_s
+        self.memory_limit_bytes = memory_limit_bytes
+        self.memory_poll_s = memory_poll_s
         self.log_dir = log_dir or tempfile.mkdtemp(prefix="attnfuzz-children-")
         self._ctx = multiprocessing.get_context("spawn")
         self._children: dict[str, _Child] = {}
@@ -348,7 +407,18 @@ class ChildProcessExecutor:
         started_at = time.monotonic()
         while True:
             remaining = timeout_s - (time.monotonic() - started_at) if current is not None else self.start_timeout_s
-            ready = child.conn.poll(max(remaining, 0.0))
+            ready, rss = self._wait(child, max(remaining, 0.0))
+            if rss is not None:
+                if current is None:
+                    current = next(k for k, p in enumerate(pending) if p not in outcomes)
+                name, variant = batch[current]
+                detail = (
+                    f"child resident memory {rss} bytes passed memory_limit_bytes {self.memory_limit_bytes}; "
+                    f"child killed\n{_tail(child.log_path)}"
+                )
+                outcomes[pending[current]] = TaskOutcome(name, variant, "oom", detail=detail)
+                self._kill(environment)
+                return [p for p in pending if p not in outcomes]
             if not ready:
                 if current is None:  # stuck before starting the next task
                     current = next(k for k, p in enumerate(pending) if p not in outcomes)
@@ -374,6 +444,22 @@ class ChildProcessExecutor:
                 current = None
                 if message[1] == len(batch) - 1:
                     return []
+
+    def _wait(self, child: _Child, timeout_s: float) -> tuple[bool, int | None]:
+        """Wait up to ``timeout_s`` for a message; ``(ready, None)``, or ``(False, rss)`` as soon
+        as the child's resident memory passes ``memory_limit_bytes``."""
+        if self.memory_limit_bytes is None:
+            return child.conn.poll(timeout_s), None
+        deadline = time.monotonic() + timeout_s
+        while True:
+            rss = resident_bytes(child.process.pid)
+            if rss is not None and rss > self.memory_limit_bytes:
+                return False, rss
+            left = deadline - time.monotonic()
+            if child.conn.poll(max(min(self.memory_poll_s, left), 0.0)):
+                return True, None
+            if left <= 0:
+                return False, None
 
     @staticmethod
     def _death_outcome(child: _Child, name: str, variant: str) -> TaskOutcome:

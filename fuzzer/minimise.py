@@ -5,7 +5,11 @@ fails *with the same signature*) and asks Hypothesis's shrinker for the smallest
 *neighbourhood* of the failing one that still fails:
 
 * categorical fields stay fixed (dtype, qkv_format, causal, causal_alignment, whether a window
-  exists): they define the bug class;
+  exists, ``cp_size`` and ``cp_comm_type``): they define the bug class;
+* a CP case stays one that can be laid out (`fuzzer.cp.cp_unsupported_reasons`): bshd/sbhd
+  ``seqlen_q``/``seqlen_k`` step in multiples of ``2 * cp_size``, and under ``a2a`` (``a2a+p2p``)
+  ``num_heads_kv`` in multiples of ``cp_size`` (2), so ``num_heads`` stays one too; thd lengths
+  shrink freely (the CP layout pads them);
 * sizes shrink toward 1 (batch_size, num_heads_kv, GQA group, seqlen_q, seqlen_k, per-sequence
   lengths) and head dims toward small common sizes; windows toward 0;
 * optional features shrink toward "off" (backward -> forward only, softcap, softmax_scale ->
@@ -80,14 +84,25 @@ def neighbourhood(
         original.append(value)
         return st.integers(lo, value)
 
+    def steps(unit: int, value: int):
+        """Multiples of ``unit`` up to ``value`` (one integer choice: the multiplier); any value
+        from 1 when ``value`` is not a multiple (the original case is kept as it is)."""
+        if unit <= 1 or value % unit:
+            return ints(1, value)
+        original.append(value // unit)
+        return st.integers(1, value // unit).map(lambda n: n * unit)
+
     def pick(options: list, value):
         original.append(options.index(value))
         return st.sampled_from(options)
 
     # Build the per-field strategies in draw order; `original` collects the choices of `case`.
     plan = []
+    # context parallelism: the units that keep the case laid out (see the module docstring)
+    seqlen_unit = 2 * case.cp_size if case.cp_size > 1 and not case.is_varlen else 1
+    heads_unit = {"a2a": case.cp_size, "a2a+p2p": 2}.get(case.cp_comm_type, 1)
     plan.append(("batch_size", ints(1, case.batch_size)))
-    plan.append(("num_heads_kv", ints(1, case.num_heads_kv)))
+    plan.append(("num_heads_kv", steps(heads_unit, case.num_heads_kv)))
     plan.append(("group", ints(1, case.group_size)))
     same_v = case.head_dim_v == case.head_dim
     if not keep_head_dims:
@@ -102,8 +117,8 @@ def neighbourhood(
         for i, n in enumerate(case.seqlens_k_list):
             plan.append((f"seqlens_k[{i}]", ints(1, n)))
     else:
-        plan.append(("seqlen_q", ints(1, case.seqlen_q)))
-        plan.append(("seqlen_k", ints(1, case.seqlen_k)))
+        plan.append(("seqlen_q", steps(seqlen_unit, case.seqlen_q)))
+        plan.append(("seqlen_k", steps(seqlen_unit, case.seqlen_k)))
     for name in ("window_size_left", "window_size_right"):
         value = getattr(case, name)
         if value is not None:

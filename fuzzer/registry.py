@@ -22,6 +22,11 @@ BUILTIN_MODULES = (
     "fuzzer.backends.te",
     "fuzzer.backends.fa2",
 )
+#: Built-in modules whose backends are found by name (`select`, ``attnfuzz fuzz --backend NAME``)
+#: but are not part of `discover`'s default set ("every backend that runs here"): backends that
+#: exist to exercise attnfuzz itself, e.g. the CPU context-parallel backend and its planted bugs
+#: (``cp-cpu-ring``, ``cp-cpu-planted-window``, ``cp-cpu-planted-merge``).
+OPT_IN_MODULES = ("fuzzer.backends.cp_cpu",)
 # Backends fuzzed by default on a machine without a GPU.
 DEFAULT_CPU_BACKENDS = ("torch-cpu-math", "torch-cpu-flash")
 
@@ -61,12 +66,13 @@ def load_spec(spec: str) -> list[Backend]:
     return _as_backends(obj, spec)
 
 
-def discover(extra_specs: Iterable[str] = ()) -> dict[str, tuple[Backend, str]]:
+def discover(extra_specs: Iterable[str] = (), *, opt_in: bool = False) -> dict[str, tuple[Backend, str]]:
     """All known backends by name, each with the spec that loads it again (for child processes).
 
-    Order: entry points, then built-in modules not already seen, then ``extra_specs`` (which
-    override same-named backends). A built-in module that fails to import is skipped (its
-    backends then report nothing); a broken third-party entry point raises.
+    Order: entry points, then built-in modules not already seen, then (with ``opt_in``) the
+    backends of `OPT_IN_MODULES`, then ``extra_specs`` (which override same-named backends). A
+    built-in module that fails to import is skipped (its backends then report nothing); a broken
+    third-party entry point raises.
 
     Raises:
         BackendError: an entry point or extra spec cannot be loaded, or two entry points
@@ -85,7 +91,7 @@ def discover(extra_specs: Iterable[str] = ()) -> dict[str, tuple[Backend, str]]:
             if backend.name in found and found[backend.name][1] != spec:
                 raise BackendError(f"backend name {backend.name!r} defined by {found[backend.name][1]} and {spec}")
             found[backend.name] = (backend, spec)
-    for module_name in BUILTIN_MODULES:
+    for module_name in BUILTIN_MODULES + (OPT_IN_MODULES if opt_in else ()):
         spec = f"{module_name}:builtin_backends"
         try:
             backends = load_spec(spec)
@@ -102,10 +108,12 @@ def discover(extra_specs: Iterable[str] = ()) -> dict[str, tuple[Backend, str]]:
 def select(names: Iterable[str], extra_specs: Iterable[str] = ()) -> list[tuple[Backend, str]]:
     """The backends called ``names`` (all of ``extra_specs``' backends are always included).
 
+    Names may also be those of `OPT_IN_MODULES`' backends, which `discover` leaves out by default.
+
     Raises:
         BackendError: a name is unknown; the message lists the known names.
     """
-    known = discover(extra_specs)
+    known = discover(extra_specs, opt_in=True)
     wanted = list(dict.fromkeys(names))
     for spec in extra_specs:
         for backend in load_spec(spec):

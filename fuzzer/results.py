@@ -156,6 +156,35 @@ class BuildFingerprint:
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+class SinkUnavailableError(AttnFuzzError):
+    """The sink cannot be reached right now (database stopped or restarting, connection lost,
+    SQLite file locked past its busy timeout). Nothing of the failed call was written; the same
+    call may succeed later (`fuzzer.spool.SpoolingSink` keeps it and retries with backoff)."""
+
+
+class SinkFatalError(AttnFuzzError):
+    """The sink refuses writes and retrying will not help (disk full, read-only database).
+    Nothing of the failed call was written; the worker must stop."""
+
+
+@dataclass(frozen=True)
+class MinimiseClaim:
+    """A bucket whose minimisation a worker now owns (until ``lease_s`` seconds pass without a
+    renewal, or it records the minimised case).
+
+    Attributes:
+        bucket_id: the bucket.
+        key: its ``(backend, variant, signature)``.
+        case_json: ``AttentionCase.to_json()`` of the bucket's first case: where shrinking starts.
+        attempt: how many times this bucket has been claimed, this claim included.
+    """
+
+    bucket_id: int
+    key: tuple[str, str, str]
+    case_json: dict[str, Any]
+    attempt: int
+
+
 @dataclass(frozen=True)
 class BucketUpdate:
     """What storage says after recording a failing result."""
@@ -167,11 +196,21 @@ class BucketUpdate:
 class ResultSink(Protocol):
     """Where a worker puts what it finds. `service.store.SqlStore` is the SQL implementation;
     tests use an in-memory one. Implementations must be idempotent per
-    ``(case_id, build, backend, variant, phase)``."""
+    ``(case_id, build, backend, variant, phase)``.
+
+    Any method may raise `SinkUnavailableError` (try again later) or `SinkFatalError` (stop);
+    either way nothing of the failed call is written.
+
+    Minimisation is shared work: a worker takes a bucket whose minimisation never finished with
+    ``claim_minimisation`` (a lease of ``lease_s`` seconds that one worker holds at a time),
+    keeps it with ``renew_minimisation`` while it shrinks, and ends it with ``record_minimised``
+    (or ``release_minimisation`` when it gives up). A lease whose worker died expires, and
+    ``mark_worker_lost`` ends the leases of a worker known to be dead at once.
+    """
 
     def register_build(self, fingerprint: BuildFingerprint) -> int: ...
 
-    def register_worker(self, build_id: int, hostname: str, pid: int, device: str) -> int: ...
+    def register_worker(self, build_id: int, hostname: str, pid: int, device: str, slot: str | None = None) -> int: ...
 
     def heartbeat(self, worker_id: int, cases_run: int, status: str = "running") -> None: ...
 
@@ -187,4 +226,24 @@ class ResultSink(Protocol):
 
     def known_failures(self, backends: list[str]) -> list[tuple[tuple[str, str, str], dict[str, Any]]]:
         """Each bucket of ``backends`` with its minimised (else first) case JSON."""
+        ...
+
+    def claim_minimisation(
+        self, worker_id: int, backends: list[str], lease_s: float, max_attempts: int
+    ) -> MinimiseClaim | None:
+        """Take the oldest bucket of ``backends`` that has no minimised case, no live lease and
+        fewer than ``max_attempts`` claims; None when there is none."""
+        ...
+
+    def renew_minimisation(self, bucket_id: int, worker_id: int, lease_s: float) -> bool:
+        """Extend the lease by ``lease_s`` seconds from now; False if ``worker_id`` lost it."""
+        ...
+
+    def release_minimisation(self, bucket_id: int, worker_id: int, outcome: str) -> None:
+        """End ``worker_id``'s lease on the bucket without a minimised case (``outcome`` says why)."""
+        ...
+
+    def mark_worker_lost(self, worker_id: int) -> None:
+        """The worker is known to be dead: status ``"lost"`` (its last heartbeat is kept) and its
+        leases end at once."""
         ...

@@ -7,10 +7,11 @@ It follows the same contract as the SQL store: results are idempotent per
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from fuzzer.results import BucketUpdate, BuildFingerprint, CaseResult
+from fuzzer.results import BucketUpdate, BuildFingerprint, CaseResult, MinimiseClaim
 
 
 @dataclass
@@ -21,6 +22,9 @@ class MemoryBucket:
     hit_count: int = 1
     minimised_case: dict[str, Any] | None = None
     note: str = ""
+    owner: int | None = None
+    lease_expires: float = 0.0  # time.monotonic() seconds
+    attempts: int = 0
 
 
 @dataclass
@@ -34,13 +38,53 @@ class MemorySink:
     def register_build(self, fingerprint: BuildFingerprint) -> int:
         return self.builds.setdefault(fingerprint.fingerprint_id, len(self.builds) + 1)
 
-    def register_worker(self, build_id: int, hostname: str, pid: int, device: str) -> int:
+    def register_worker(self, build_id: int, hostname: str, pid: int, device: str, slot: str | None = None) -> int:
         worker_id = len(self.workers) + 1
-        self.workers[worker_id] = {"build_id": build_id, "hostname": hostname, "pid": pid, "cases_run": 0}
+        self.workers[worker_id] = {
+            "build_id": build_id, "hostname": hostname, "pid": pid, "cases_run": 0, "status": "running", "slot": slot
+        }
         return worker_id
 
     def heartbeat(self, worker_id: int, cases_run: int, status: str = "running") -> None:
         self.workers[worker_id].update(cases_run=cases_run, status=status)
+        if status != "running":
+            self._end_leases_of(worker_id)
+
+    def _end_leases_of(self, worker_id: int) -> None:
+        for bucket in self.buckets.values():
+            if bucket.owner == worker_id:
+                bucket.owner = None
+
+    def mark_worker_lost(self, worker_id: int) -> None:
+        if self.workers[worker_id].get("status") == "running":
+            self.workers[worker_id]["status"] = "lost"
+        self._end_leases_of(worker_id)
+
+    def claim_minimisation(
+        self, worker_id: int, backends: list[str], lease_s: float, max_attempts: int = 3
+    ) -> MinimiseClaim | None:
+        now = time.monotonic()
+        for key, bucket in sorted(self.buckets.items(), key=lambda kv: kv[1].bucket_id):
+            if bucket.minimised_case is not None or key[0] not in backends or bucket.attempts >= max_attempts:
+                continue
+            if bucket.owner is not None and bucket.lease_expires >= now:
+                continue
+            bucket.owner, bucket.lease_expires = worker_id, now + lease_s
+            bucket.attempts += 1
+            return MinimiseClaim(bucket.bucket_id, key, self.cases[bucket.first_case_id]["config"], bucket.attempts)
+        return None
+
+    def renew_minimisation(self, bucket_id: int, worker_id: int, lease_s: float) -> bool:
+        for bucket in self.buckets.values():
+            if bucket.bucket_id == bucket_id and bucket.owner == worker_id and bucket.minimised_case is None:
+                bucket.lease_expires = time.monotonic() + lease_s
+                return True
+        return False
+
+    def release_minimisation(self, bucket_id: int, worker_id: int, outcome: str) -> None:
+        for bucket in self.buckets.values():
+            if bucket.bucket_id == bucket_id and bucket.owner == worker_id:
+                bucket.owner, bucket.note = None, outcome
 
     def record_case(self, case_json: dict[str, Any], origin: str) -> str:
         from oracle.config import AttentionCase
@@ -70,6 +114,7 @@ class MemorySink:
             if bucket.bucket_id == bucket_id:
                 bucket.minimised_case = minimised_case_json
                 bucket.note = note
+                bucket.owner = None
                 return
         raise KeyError(f"bucket_id: no bucket {bucket_id}")
 

@@ -5,9 +5,25 @@ chunks of ``chunk_size`` examples (``@given`` over `fuzzer.strategies.attention_
 ``target(error_ratio)`` steering toward large errors). For each case the inputs and the float64
 oracle are computed once, on the worker's device, and every selected (backend, variant) that
 declares support runs through the executor (isolated child processes by default). Each result
-goes to the `ResultSink`; the first failure of a bucket ``(backend, variant, signature)`` this
-worker sees is shrunk with `fuzzer.minimise.minimise` right after the chunk, and the minimised
-case is stored with the bucket.
+goes to the `ResultSink`.
+
+Minimisation is shared between workers: after each chunk (and once at start, to resume what a
+dead worker left) the worker claims buckets of its backends that have no minimised case
+(`ResultSink.claim_minimisation`, a lease renewed with its heartbeats, so one worker at a time
+shrinks a bucket and a dead worker's bucket is taken up again), shrinks the bucket's first case
+with `fuzzer.minimise.minimise` and stores the minimised case with the bucket.
+
+Context parallelism: when a selected backend is a CP backend (`fuzzer.cp.is_cp_backend`),
+`open` puts a `fuzzer.cp_executor.CPExecutor` beside the usual executor (`RoutingExecutor`:
+cases with ``cp_size > 1`` go to it), generation draws ``cp_size`` up to what that executor can
+start, and each CP result is judged with `fuzzer.cp.judge_cp`: against the float64 oracle, with
+the same backend's non-CP run of the *twin* case (`fuzzer.cp.cp_twin`) judged too and the
+CP-vs-non-CP agreement in ``metrics["cp"]``. The twin case and its results are recorded as well
+(see docs/cp.md).
+
+Crash safety: with a ``journal`` (`fuzzer.spool.Spool`), each recorded evaluation is written down
+before it runs and forgotten once its results are stored; a worker that starts on the journal
+of a killed one redoes that evaluation first (writes are idempotent, so nothing is stored twice).
 
 The worker never touches a database itself: storage is the injected sink (``service.store.SqlStore``
 in production), the Hypothesis example database is injected too.
@@ -31,9 +47,10 @@ from hypothesis import HealthCheck, Phase, Verbosity, given, seed, settings, tar
 from hypothesis.database import ExampleDatabase
 
 from fuzzer.backends.base import Backend
+from fuzzer.cp import cp_twin, cp_unsupported_reasons, is_cp_backend, judge_cp
 from fuzzer.executor import ChildProcessExecutor, InProcessExecutor, TaskOutcome
 from fuzzer.minimise import MinimiseOutcome, minimise
-from fuzzer.results import CaseResult, ResultSink
+from fuzzer.results import CaseResult, MinimiseClaim, ResultSink
 from fuzzer.strategies import attention_cases, merge_capabilities
 from oracle.config import AttentionCase
 from oracle.errors import AttnFuzzError
@@ -68,6 +85,15 @@ class WorkerConfig:
         reuse_kernels: after the first chunk, draw the head dims already run three times as often
             as others, so JIT backends (FA4 compiles one kernel per variant key) reuse kernels.
         kernel_pool_size: how many head dims that pool keeps (the first ones seen).
+        minimise_lease_s: how long a claim on a bucket's minimisation lasts without renewal,
+            seconds (renewed at every heartbeat while shrinking). None: ``case_timeout_s +
+            2 * heartbeat_s + 30``, so one backend call never outlives the lease.
+        minimise_max_attempts: a bucket claimed this many times (its shrinking keeps dying) is
+            left alone.
+        child_memory_limit_bytes: a backend child whose resident memory passes this many bytes
+            is killed and the call recorded as ``oom`` (None: no limit).
+        corpus_dir: the corpus replayed the first time this worker's build is seen (with a
+            ``build_history``; see `fuzzer.replay.replay_on_new_build`). None: no corpus replay.
     """
 
     backends: list[tuple[Backend, str]]
@@ -89,8 +115,18 @@ class WorkerConfig:
     replay_known: bool = True
     reuse_kernels: bool = True
     kernel_pool_size: int = 3
+    minimise_lease_s: float | None = None
+    minimise_max_attempts: int = 3
+    child_memory_limit_bytes: int | None = None
+    corpus_dir: str | None = None
 
     def __post_init__(self) -> None:
+        if self.minimise_lease_s is None:
+            self.minimise_lease_s = self.case_timeout_s + 2 * self.heartbeat_s + 30.0
+        if not self.minimise_lease_s > 0:
+            raise WorkerError(f"minimise_lease_s: must be positive, got {self.minimise_lease_s!r}")
+        if self.minimise_max_attempts < 1:
+            raise WorkerError(f"minimise_max_attempts: must be at least 1, got {self.minimise_max_attempts!r}")
         if self.isolation not in ("process", "none"):
             raise WorkerError(f"isolation: unknown value {self.isolation!r} (allowed: process, none)")
         if self.device not in ("cpu", "cuda"):
@@ -109,6 +145,8 @@ class WorkerStats:
     new_buckets: list = field(default_factory=list)  # bucket keys, in order found
     minimised: list = field(default_factory=list)  # (bucket key, MinimiseOutcome)
     replayed: list = field(default_factory=list)  # (bucket key, signature now or None)
+    redone: list = field(default_factory=list)  # case_ids of evaluations a killed worker left
+    leases_lost: int = 0  # minimisations abandoned because another worker took the bucket
     oracle_s: float = 0.0
     kernel_s: float = 0.0
     compile_s: float = 0.0
@@ -142,6 +180,12 @@ class Worker:
         sink: where results go (`fuzzer.results.ResultSink`).
         example_db: Hypothesis example database (shared SQL one in production).
         reporter: progress callbacks.
+        fingerprint: the build to register (default: this machine's).
+        journal: where in-flight evaluations are written down (`fuzzer.spool.Spool`); None
+            keeps no journal.
+        build_history: storage of per-build replays (`fuzzer.replay.BuildHistory`, e.g.
+            `service.matrix.SqlBuildHistory`); with ``config.corpus_dir`` the worker replays the
+            corpus before fuzzing on a build it has not replayed yet.
     """
 
     def __init__(
@@ -151,17 +195,19 @@ class Worker:
         example_db: ExampleDatabase | None = None,
         reporter: Reporter | None = None,
         fingerprint: Any = None,
+        journal: Any = None,
+        build_history: Any = None,
     ):
         self.config = config
         self.sink = sink
+        self.journal = journal
+        self.build_history = build_history
         self.example_db = example_db
         self.reporter = reporter or Reporter()
         self.backends = {b.name: b for b, _ in config.backends}
         self.stats = WorkerStats()
         self._fingerprint = fingerprint
         self._executor = None
-        self._pending: list[tuple[int, tuple[str, str, str], AttentionCase]] = []
-        self._tried: set[tuple[str, str, str]] = set()
         self._head_dim_pool: list[int] = []
         self._started = 0.0
         self._last_heartbeat = 0.0
@@ -173,15 +219,25 @@ class Worker:
     def open(self) -> None:
         """Start the executor, check availability, register the build and this worker.
 
+        With a CP backend among the selected ones the executor is a
+        `fuzzer.cp_executor.RoutingExecutor` over the usual one and a `CPExecutor` (which starts
+        its rank processes at the first CP case).
+
         Raises:
             WorkerError: no selected backend is available on this machine.
         """
         from fuzzer.environment import current_fingerprint
 
         if self.config.isolation == "process":
-            self._executor = ChildProcessExecutor(self.config.backends)
+            self._executor = ChildProcessExecutor(
+                self.config.backends, memory_limit_bytes=self.config.child_memory_limit_bytes
+            )
         else:
             self._executor = InProcessExecutor(self.config.backends)
+        if any(is_cp_backend(b) for b, _ in self.config.backends):
+            from fuzzer.cp_executor import CPExecutor, RoutingExecutor
+
+            self._executor = RoutingExecutor(self._executor, CPExecutor(self.config.backends))
         availability = self._executor.availability()
         self.unavailable = {n: r for n, r in availability.items() if r}
         usable = [b for n, b in self.backends.items() if n not in self.unavailable]
@@ -191,8 +247,9 @@ class Worker:
         self.usable = usable
         fingerprint = self._fingerprint or current_fingerprint(self.config.device)
         self.build_id = self.sink.register_build(fingerprint)
-        self.worker_id = self.sink.register_worker(self.build_id, socket.gethostname(), os.getpid(), self.config.device)
-        self._tried = set()
+        where = (self.build_id, socket.gethostname(), os.getpid(), self.config.device)
+        slot = getattr(self.journal, "slot", None)
+        self.worker_id = self.sink.register_worker(*where, slot) if slot else self.sink.register_worker(*where)
 
     def close(self) -> None:
         """Stop the executor's child processes."""
@@ -216,22 +273,61 @@ class Worker:
         self.open()
         self._started = time.monotonic()
         self.reporter.on_start(self)
+        status = "failed"
         try:
+            self.redo_interrupted()
+            if self.build_history is not None and self.config.corpus_dir is not None:
+                from fuzzer.replay import replay_on_new_build
+
+                replay_on_new_build(self, self.config.corpus_dir, self.build_history)
             if self.config.replay_known:
                 self.replay_known_failures()
+            self._drain_minimisation()  # what earlier or dead workers left unfinished
             chunk = 0
             while not self._budget_spent():
                 self._run_chunk(chunk)
                 chunk += 1
                 self._drain_minimisation()
                 self._heartbeat(force=True)
+            status = "stopped"
         finally:
             self.stats.wall_s = time.monotonic() - self._started
             if self.worker_id is not None:
-                self.sink.heartbeat(self.worker_id, self.stats.cases, status="stopped")
+                try:
+                    self.sink.heartbeat(self.worker_id, self.stats.cases, status=status)
+                except AttnFuzzError:
+                    if status == "stopped":
+                        raise
+                    # already failing: the original error is the one to report
             self.close()
             self.reporter.on_stop(self.stats)
         return self.stats
+
+    def redo_interrupted(self) -> list[CaseResult]:
+        """Run again the evaluation a killed worker left in the journal, recording its results
+        (idempotent: what it had stored is not stored twice). Backends not selected now are
+        skipped; a case that no longer validates is dropped from the journal."""
+        from oracle.errors import CaseValidationError
+
+        if self.journal is None:
+            return []
+        entry = self.journal.interrupted_evaluation()
+        if entry is None:
+            return []
+        try:
+            case = AttentionCase.from_json(entry["case"])
+        except CaseValidationError:
+            self.journal.end_evaluation()
+            return []
+        tasks = entry.get("tasks")
+        if tasks is not None:
+            tasks = [(name, variant) for name, variant in tasks if name in {b.name for b in self.usable}]
+            if not tasks:
+                self.journal.end_evaluation()
+                return []
+        results = self.evaluate(case, phase=entry.get("phase", "fuzz"), tasks=tasks)
+        self.stats.redone.append(case.case_id)
+        return results
 
     def _budget_spent(self) -> bool:
         c = self.config
@@ -257,6 +353,7 @@ class Worker:
             max_work=c.max_work,
             allow_backward=c.allow_backward,
             preferred_head_dims=tuple(self._head_dim_pool) if c.reuse_kernels else (),
+            max_cp_size=getattr(self._executor, "max_cp_size", 1),
         )
 
     def _run_chunk(self, chunk: int) -> None:
@@ -322,12 +419,15 @@ class Worker:
             record: send the case and results to the sink (and queue new buckets for shrinking).
 
         Returns:
-            One `CaseResult` per (backend, variant) considered.
+            One `CaseResult` per (backend, variant) considered. For a CP case these are the CP
+            results (with ``metrics["cp"]``); the non-CP twin's results are recorded, not returned.
         """
         from oracle.compare import compare_outputs
         from oracle.inputs import make_inputs
         from oracle.reference import reference
 
+        if record and self.journal is not None:
+            self.journal.begin_evaluation(case.to_json(), phase, None if tasks is None else [list(t) for t in tasks])
         if tasks is None:
             runnable, results = self.tasks_for(case)
         else:
@@ -341,6 +441,7 @@ class Worker:
                 else:
                     runnable.append((name, variant))
         results = [r if r.phase == phase else _with_phase(r, phase) for r in results]
+        twin_results: list[CaseResult] = []
         if runnable:
             inputs = make_inputs(case, device=self.config.device)
             t0 = time.perf_counter()
@@ -350,7 +451,12 @@ class Worker:
                 self.stats.oracle_s += oracle_ms / 1000.0
             outcomes = self._executor.run(case, inputs, runnable, self.config.case_timeout_s)
             for outcome in outcomes:
-                results.append(self._judge(case, ref, outcome, oracle_ms, phase))
+                result, twin_result = judge_cp(
+                    case, ref, outcome, lambda c, o: self._judge(c, ref, o, oracle_ms, phase)
+                )
+                results.append(result)
+                if twin_result is not None:
+                    twin_results.append(twin_result)
         if phase == "fuzz":
             self.stats.cases += 1
             if runnable and case.head_dim not in self._head_dim_pool and len(self._head_dim_pool) < self.config.kernel_pool_size:
@@ -363,14 +469,20 @@ class Worker:
             for r in results:
                 update = self.sink.record_result(r, self.build_id, self.worker_id)
                 key = r.bucket_key
-                if update is not None and key is not None:
-                    if update.is_new:
+                if update is not None and key is not None and update.is_new:
+                    self.stats.new_buckets.append(key)
+                    self.reporter.on_new_bucket(key, case)
+            if twin_results:  # the non-CP twin: same inputs and oracle, run by the CP executor
+                twin = cp_twin(case)
+                self.sink.record_case(twin.to_json(), origin="fuzz" if phase == "fuzz" else phase)
+                for twin_result in twin_results:
+                    update = self.sink.record_result(twin_result, self.build_id, self.worker_id)
+                    key = twin_result.bucket_key
+                    if update is not None and key is not None and update.is_new:
                         self.stats.new_buckets.append(key)
-                        self.reporter.on_new_bucket(key, case)
-                    if self.config.shrink and phase == "fuzz" and key not in self._tried:
-                        self._tried.add(key)
-                        if update.is_new:
-                            self._pending.append((update.bucket_id, key, case))
+                        self.reporter.on_new_bucket(key, twin)
+            if self.journal is not None:
+                self.journal.end_evaluation()
             self.reporter.on_case(case, results, self.stats)
             self._heartbeat()
         return results
@@ -431,38 +543,87 @@ class Worker:
         return results
 
     # ------------------------------------------------------------------ minimisation
-    def still_fails(self, key: tuple[str, str, str]) -> Callable[[AttentionCase], bool]:
-        """The predicate for `minimise`: the case fails on ``key``'s backend variant with its signature."""
+    def still_fails(
+        self, key: tuple[str, str, str], bucket_id: int | None = None
+    ) -> Callable[[AttentionCase], bool]:
+        """The predicate for `minimise`: the case fails on ``key``'s backend variant with its
+        signature. With ``bucket_id``, each call first renews this worker's lease on the bucket
+        (at most once per ``heartbeat_s``); once another worker has it, ``predicate.lease_lost``
+        is set and every later call answers False at once, so the shrink ends quickly (an
+        exception would be taken by Hypothesis for a failure of the case). A CP case that cannot be
+        laid out (`fuzzer.cp.cp_unsupported_reasons`) answers False without running: the
+        shrinker steps in valid multiples, this only guards against a backend that does not
+        declare the layout limits."""
         backend, variant, signature = key
+        last_renewal = [time.monotonic()]
 
         def predicate(case: AttentionCase) -> bool:
+            if predicate.lease_lost or cp_unsupported_reasons(case):
+                return False
+            if bucket_id is not None and time.monotonic() - last_renewal[0] >= self.config.heartbeat_s:
+                last_renewal[0] = time.monotonic()
+                if not self.sink.renew_minimisation(bucket_id, self.worker_id, self.config.minimise_lease_s):
+                    predicate.lease_lost = True
+                    return False
+                self._heartbeat()
             result = self.evaluate(case, phase="shrink", tasks=[(backend, variant)], record=False)[0]
             return result.signature == signature
 
+        predicate.lease_lost = False
         return predicate
 
     def _drain_minimisation(self) -> None:
-        while self._pending and not self._budget_spent_hard():
-            bucket_id, key, case = self._pending.pop(0)
-            t0 = time.monotonic()
-            db_key = ("attnfuzz-minimise:" + "|".join(key)).encode()
+        """Claim and shrink buckets until none is left to claim or the hard budget is spent."""
+        if not self.config.shrink:
+            return
+        names = [b.name for b in self.usable]
+        while not self._budget_spent_hard():
+            claim = self.sink.claim_minimisation(
+                self.worker_id, names, self.config.minimise_lease_s, self.config.minimise_max_attempts
+            )
+            if claim is None:
+                return
+            self.minimise_claimed(claim)
+
+    def minimise_claimed(self, claim: MinimiseClaim) -> MinimiseOutcome | None:
+        """Shrink the claimed bucket's first case and store the result with the bucket (which
+        ends the lease). Returns None when the minimisation was given up (the lease lost to
+        another worker, or a stored case that no longer validates)."""
+        from oracle.errors import CaseValidationError
+
+        key = claim.key
+        try:
+            case = AttentionCase.from_json(claim.case_json)
+        except CaseValidationError as exc:
+            self.sink.release_minimisation(claim.bucket_id, self.worker_id, f"not minimised: stored case invalid: {exc}")
+            return None
+        t0 = time.monotonic()
+        db_key = ("attnfuzz-minimise:" + "|".join(key)).encode()
+        predicate = self.still_fails(key, claim.bucket_id)
+        try:
             outcome = minimise(
                 case,
-                self.still_fails(key),
+                predicate,
                 deadline_s=self.config.shrink_deadline_s,
                 database=self.example_db,
                 database_key=db_key,
                 keep_head_dims=self.backends[key[0]].jit_compiled,
             )
+        finally:
             self.stats.shrink_s += time.monotonic() - t0
-            self.stats.minimised.append((key, outcome))
-            self.sink.record_minimised(bucket_id, outcome.case.to_json(), case.case_id, f"{outcome.status}: {outcome.note}")
-            if outcome.status == "minimised":
-                self.sink.record_case(outcome.case.to_json(), origin="minimised")
-                confirm = self.evaluate(outcome.case, phase="confirm", tasks=[key[:2]], record=False)
-                for r in confirm:
-                    self.sink.record_result(r, self.build_id, self.worker_id)
-            self.reporter.on_minimised(key, outcome)
+        if predicate.lease_lost:  # the other worker's result will be the one stored
+            self.stats.leases_lost += 1
+            return None
+        self.stats.minimised.append((key, outcome))
+        if outcome.status == "minimised":
+            self.sink.record_case(outcome.case.to_json(), origin="minimised")
+        self.sink.record_minimised(claim.bucket_id, outcome.case.to_json(), case.case_id, f"{outcome.status}: {outcome.note}")
+        if outcome.status == "minimised":
+            confirm = self.evaluate(outcome.case, phase="confirm", tasks=[key[:2]], record=False)
+            for r in confirm:
+                self.sink.record_result(r, self.build_id, self.worker_id)
+        self.reporter.on_minimised(key, outcome)
+        return outcome
 
     def _budget_spent_hard(self) -> bool:
         """Minimisation may run past the budget by at most one shrink deadline."""

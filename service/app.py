@@ -10,24 +10,58 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+from pathlib import Path
+
 from fastapi import Depends, FastAPI, Request, status
 from fastapi.responses import JSONResponse
+from fastapi.staticfiles import StaticFiles
+from sqlalchemy.exc import DBAPIError
 
-from service.api.deps import require_read_token
-from service.api.routes import buckets, cases, overview
+from fuzzer.results import ResultValidationError
+from oracle.errors import CaseValidationError
+from service import metrics
+from service import store as store_module
+from service.api.deps import WRITE_METHODS, reject_unstorable_text, require_read_token
+from service.api.routes import auth, buckets, builds, cases, matrix, overview, results, workers
 from service.api.templating import make_templates
-from service.db import make_engine, make_session_factory
+from service.db import SQLITE_BEGIN_OPTION, make_engine, make_session_factory
 from service.errors import FieldValidationError, NotFoundError
 from service.settings import Settings
 
-WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+STATIC_DIR = Path(__file__).resolve().parent / "static"
+TRANSIENT_SQLSTATES = frozenset({"40001", "40P01"})  # serialization_failure, deadlock_detected
+RETRY_AFTER_S = 1
+
+
+def _store_error_handler(code: int):
+    async def handler(_request: Request, exc: Exception) -> JSONResponse:
+        return JSONResponse(
+            {"detail": f"{exc}; nothing was stored, retry later"}, status_code=code, headers={"Retry-After": str(RETRY_AFTER_S)}
+        )
+
+    return handler
+
+
+def _is_transient(exc: DBAPIError) -> bool:
+    if getattr(exc.orig, "sqlstate", None) in TRANSIENT_SQLSTATES:
+        return True
+    text = str(exc.orig).lower()
+    return "database is locked" in text or "database is busy" in text
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     """A new application on the database of ``settings`` (default: `Settings()` from the env).
 
-    ``app.state`` holds ``settings``, ``engine``, ``session_factory`` and ``templates``; the
-    engine is disposed when the application shuts down.
+    ``app.state`` holds ``settings``, ``engine``, ``session_factory``, ``write_session_factory``
+    (``BEGIN IMMEDIATE`` on SQLite) and ``templates``; the engine is
+    disposed when the application shuts down.
+
+    Errors: bad input answers 422 with ``loc`` naming the field, never 500: request validation
+    (ids bounded to what the database holds, enums with their allowed values), a NUL character
+    anywhere in the request (`reject_unstorable_text`), `FieldValidationError`,
+    `CaseValidationError` (also a stored case that no longer validates) and
+    `fuzzer.results.ResultValidationError`; `NotFoundError` 404, a transient database conflict (deadlock,
+    serialization failure, SQLite busy) 503 with ``Retry-After``; the request then stored nothing.
     """
     settings = settings if settings is not None else Settings()
     engine = make_engine(settings.database_url)
@@ -41,12 +75,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.engine = engine
     app.state.session_factory = make_session_factory(engine)
+    write_engine = engine.execution_options(**{SQLITE_BEGIN_OPTION: "IMMEDIATE"}) if engine.dialect.name == "sqlite" else engine
+    app.state.write_session_factory = make_session_factory(write_engine)
     app.state.templates = make_templates()
 
-    read = [Depends(require_read_token)]
-    for module in (overview, buckets, cases):
+    read = [Depends(require_read_token), Depends(reject_unstorable_text)]
+    for module in (overview, buckets, cases, builds, workers, results, matrix):
         app.include_router(module.api_router, dependencies=read)
         app.include_router(module.page_router, dependencies=read, include_in_schema=False)
+    app.include_router(metrics.router, dependencies=read, include_in_schema=True)
+    app.include_router(auth.page_router, include_in_schema=False)
+    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
 
     @app.exception_handler(NotFoundError)
     async def _not_found(_request: Request, exc: NotFoundError) -> JSONResponse:
@@ -55,7 +94,37 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.exception_handler(FieldValidationError)
     async def _invalid(request: Request, exc: FieldValidationError) -> JSONResponse:
         where = "body" if request.method in WRITE_METHODS else "query"
-        error = {"loc": [where, exc.field], "msg": exc.message, "type": "value_error"}
+        loc = [where, *(int(p) if p.isdigit() else p for p in exc.field.split("."))]
+        error = {"loc": loc, "msg": exc.message, "type": "value_error"}
         return JSONResponse({"detail": [error]}, status_code=status.HTTP_422_UNPROCESSABLE_CONTENT)
+
+    @app.exception_handler(CaseValidationError)
+    async def _invalid_case(request: Request, exc: CaseValidationError) -> JSONResponse:
+        where = "body" if request.method in WRITE_METHODS else "query"
+        error = {"loc": [where, "case", exc.field], "msg": str(exc), "type": "value_error"}
+        return JSONResponse({"detail": [error]}, status_code=status.HTTP_422_UNPROCESSABLE_CONTENT)
+
+    @app.exception_handler(ResultValidationError)
+    async def _invalid_result(request: Request, exc: ResultValidationError) -> JSONResponse:
+        where = "body" if request.method in WRITE_METHODS else "query"
+        field, _, message = str(exc).partition(": ")  # its messages are "<field>: <what is wrong>"
+        error = {"loc": [where, field] if message else [where], "msg": str(exc), "type": "value_error"}
+        return JSONResponse({"detail": [error]}, status_code=status.HTTP_422_UNPROCESSABLE_CONTENT)
+
+    for name, code in (("StoreUnavailableError", status.HTTP_503_SERVICE_UNAVAILABLE),
+                       ("StoreRefusedError", status.HTTP_503_SERVICE_UNAVAILABLE)):
+        store_error = getattr(store_module, name, None)  # the store's own error types, where it has them
+        if store_error is not None:
+            app.add_exception_handler(store_error, _store_error_handler(code))
+
+    @app.exception_handler(DBAPIError)
+    async def _database_error(_request: Request, exc: DBAPIError) -> JSONResponse:
+        if not _is_transient(exc):
+            raise exc
+        return JSONResponse(
+            {"detail": "the database is busy (transient conflict); nothing was stored, retry"},
+            status_code=status.HTTP_503_SERVICE_UNAVAILABLE,
+            headers={"Retry-After": str(RETRY_AFTER_S)},
+        )
 
     return app

@@ -1,16 +1,22 @@
 """The ``attnfuzz`` command line (typer).
 
-Commands: ``fuzz``, ``backends``, ``db upgrade``/``db current``, ``cases show``, ``serve``.
-The CLI composes the fuzzer (worker, backends) with storage (the SQL store); its only extra job is
-turning `AttnFuzzError` subclasses into exit codes:
+Commands: ``fuzz``, ``backends``, ``db upgrade``/``db current``, ``cases show``/``cases add``,
+``report``, ``serve``; ``export`` (`service.cli_export`); ``builds``, ``replay``,
+``regressions``, ``bisect``, ``corpus export``/``import`` (`service.cli_builds`).
+The CLI composes the fuzzer (worker, backends) with storage (the SQL store, behind the worker's
+local spool, `fuzzer.spool`); its only extra job is turning `AttnFuzzError` subclasses into exit
+codes:
 
 ====  ==============================================================
 0     success
 1     any other attnfuzz error
-2     bad input (a case or option violates a constraint)
+2     bad input (a case, corpus file or option violates a constraint)
 3     a backend cannot be loaded (bad plugin spec or entry point)
 4     the worker cannot run (no usable backend on this machine)
-5     the database cannot be opened or migrated
+5     the database cannot be opened or migrated, or stayed unreachable
+6     the database refuses writes (disk full, read-only); unsaved
+      results stay in the spool
+7     the local spool is full or unusable (nothing was dropped)
 ====  ==============================================================
 """
 
@@ -58,8 +64,16 @@ def _db_url(db: str | None) -> str:
 
 
 def _exit_code(exc: AttnFuzzError) -> int:
-    if isinstance(exc, (CaseValidationError, StrategyArgumentError)):
+    from fuzzer.corpus import CorpusError
+    from fuzzer.results import SinkFatalError
+    from fuzzer.spool import SpoolError
+
+    if isinstance(exc, (CaseValidationError, StrategyArgumentError, CorpusError)):
         return 2
+    if isinstance(exc, SinkFatalError):
+        return 6
+    if isinstance(exc, SpoolError):
+        return 7
     if isinstance(exc, BackendError):
         return 3
     if isinstance(exc, WorkerError):
@@ -76,15 +90,58 @@ def _fail(exc: AttnFuzzError) -> None:
     raise typer.Exit(_exit_code(exc))
 
 
-def _upgrade(url: str) -> None:
+def _upgrade(url: str, wait_s: float = 0.0) -> None:
+    """Migrate ``url`` to the newest revision; while the server cannot be reached (connection
+    refused, starting up), retry with backoff for up to ``wait_s`` seconds.
+
+    Raises:
+        ServiceError: the migration failed (the message names the database and the cause).
+    """
+    from sqlalchemy.exc import OperationalError
+
+    from service.errors import ServiceError
     from service.migrations import upgrade
 
-    try:
-        upgrade(url)
-    except Exception as exc:  # SQLAlchemy / Alembic errors: name the database, keep the cause
-        from service.errors import ServiceError
+    deadline = time.monotonic() + wait_s
+    delay = 0.5
+    while True:
+        try:
+            upgrade(url)
+            return
+        except OperationalError as exc:
+            unreachable = not url.startswith("sqlite") or "locked" in str(exc)
+            if unreachable and time.monotonic() + delay < deadline:
+                console.print(f"[yellow]database {url!r} unreachable ({str(exc.orig).strip()[:200]}); retrying[/]")
+                time.sleep(delay)  # backoff before reconnecting
+                delay = min(delay * 2, 10.0)
+                continue
+            _raise_refused(url, exc)
+            raise ServiceError(f"database {url!r}: cannot migrate: {type(exc).__name__}: {exc}") from exc
+        except Exception as exc:  # SQLAlchemy / Alembic errors: name the database, keep the cause
+            _raise_refused(url, exc)
+            raise ServiceError(f"database {url!r}: cannot migrate: {type(exc).__name__}: {exc}") from exc
 
-        raise ServiceError(f"database {url!r}: cannot migrate: {type(exc).__name__}: {exc}") from exc
+
+def _raise_refused(url: str, exc: Exception) -> None:
+    """For a SQLite file: raise `StoreRefusedError` when its directory is read-only or its disk is
+    full (SQLite itself only says "unable to open database file")."""
+    import shutil
+
+    from sqlalchemy.engine import make_url
+
+    from service.store import StoreRefusedError
+
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or not parsed.database or parsed.database == ":memory:":
+        return
+    directory = os.path.dirname(os.path.abspath(parsed.database))
+    reason = None
+    if os.path.isdir(directory) and not os.access(directory, os.W_OK):
+        reason = f"read-only database: {directory} is not writable"
+    elif os.path.isdir(directory) and shutil.disk_usage(directory).free == 0:
+        reason = f"disk full: no space left in {directory}"
+    if reason is not None:
+        raise StoreRefusedError(f"database {url!r} refuses writes ({reason}): {type(exc).__name__}: {exc}") from exc
 
 
 # --------------------------------------------------------------------------------------- fuzz
@@ -205,8 +262,38 @@ def fuzz(
     max_work: Annotated[int, typer.Option(help="Bound on batch*heads*seqlen_q*seqlen_k*head_dim.")] = 2**24,
     forward_only: Annotated[bool, typer.Option("--forward-only", help="Do not fuzz gradients.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", help="No live display.")] = False,
+    replay: Annotated[bool, typer.Option("--replay/--no-replay", help="Re-run known buckets first.")] = True,
+    spool_dir: Annotated[
+        Optional[str],
+        typer.Option(help="Root of the local spool slots (default $ATTNFUZZ_SPOOL_DIR or ~/.cache/attnfuzz/spool)."),
+    ] = None,
+    spool_max_bytes: Annotated[int, typer.Option(help="Bound on one worker's spool, bytes.")] = 256 * 2**20,
+    ledger: Annotated[
+        Optional[str], typer.Option(help="Append every result handed to storage to this JSON-lines file.")
+    ] = None,
+    db_timeout: Annotated[
+        Optional[float],
+        typer.Option(help="Seconds: SQLite busy timeout / PostgreSQL connect timeout (default 30 s / libpq's)."),
+    ] = None,
+    db_wait: Annotated[float, typer.Option(help="Seconds to wait for an unreachable database at start.")] = 300.0,
+    heartbeat: Annotated[float, typer.Option(help="Seconds between heartbeats.")] = 10.0,
+    minimise_lease: Annotated[
+        Optional[float], typer.Option(help="Seconds a minimisation claim lasts without renewal.")
+    ] = None,
+    child_memory_limit_bytes: Annotated[
+        Optional[int], typer.Option(help="Kill a backend child past this resident memory, bytes (outcome oom).")
+    ] = None,
+    corpus: Annotated[
+        str,
+        typer.Option(help="Corpus directory replayed first on a build not replayed yet ('' = none)."),
+    ] = "corpus",
 ) -> None:
-    """Fuzz the selected backends, store every result, shrink new failures."""
+    """Fuzz the selected backends, store every result, shrink new failures.
+
+    Results that cannot be stored (database stopped, restarting or locked) wait in a local spool
+    and are written, in order, when the database is back; a worker started after one was killed
+    takes over its spool slot, stores what it left and redoes its interrupted case.
+    """
     from fuzzer import registry
 
     url = _db_url(db)
@@ -229,11 +316,13 @@ def fuzz(
             resolved_device = "cuda" if wants_cuda and torch.cuda.is_available() else "cpu"
         if not names and not specs:  # default: what can run here
             selected = [(b, s) for b, s in selected if b.device == resolved_device and not b.availability()]
-        _upgrade(url)
+        _upgrade(url, wait_s=db_wait)
+        from fuzzer.spool import Ledger, Spool, SpoolingSink, TolerantExampleDatabase, default_spool_root
         from service.db import make_engine
+        from service.matrix import SqlBuildHistory
         from service.store import SqlExampleDatabase, SqlStore
 
-        engine = make_engine(url)
+        engine = make_engine(url, timeout_s=db_timeout)
         config = WorkerConfig(
             backends=selected,
             device=resolved_device,
@@ -249,14 +338,56 @@ def fuzz(
             max_heads_kv=max_heads_kv,
             max_work=max_work,
             allow_backward=not forward_only,
+            replay_known=replay,
+            heartbeat_s=heartbeat,
+            minimise_lease_s=minimise_lease,
+            child_memory_limit_bytes=child_memory_limit_bytes,
+            corpus_dir=corpus or None,
         )
         reporter = Reporter() if quiet else RichReporter(budget, max_cases)
-        worker = Worker(config, SqlStore(engine), example_db=SqlExampleDatabase(engine), reporter=reporter)
-        stats = worker.run()
+        spool = Spool.acquire(spool_dir or default_spool_root(), url, max_bytes=spool_max_bytes)
+        journal = Ledger(ledger) if ledger else None
+        sink = SpoolingSink(
+            SqlStore(engine), spool, ledger=journal, startup_timeout_s=db_wait, log=lambda line: console.print(line)
+        )
+        try:
+            worker = Worker(
+                config,
+                sink,
+                example_db=TolerantExampleDatabase(SqlExampleDatabase(engine)),
+                reporter=reporter,
+                journal=spool,
+                build_history=SqlBuildHistory(engine),
+            )
+            stats = worker.run()
+        except AttnFuzzError as exc:
+            left = sink.close()
+            if left and _reraisable(exc):
+                raise type(exc)(f"{exc}; {left} unsaved writes kept in spool {spool.path} (stored by the next run)") from exc
+            raise
+        else:
+            left = sink.close()
+        finally:
+            spool.close()
+            if journal is not None:
+                journal.close()
+            engine.dispose()
         _print_summary(stats, url)
-        engine.dispose()
+        if sink.outages or left:
+            out.print(
+                f"database outages: {sink.outages}; writes spooled {sink.spooled}, flushed {sink.flushed}, "
+                f"left in {spool.path}: {left}"
+            )
     except AttnFuzzError as exc:
         _fail(exc)
+
+
+def _reraisable(exc: AttnFuzzError) -> bool:
+    """Whether ``type(exc)(message)`` rebuilds ``exc`` with a longer message."""
+    from fuzzer.results import SinkFatalError, SinkUnavailableError
+    from fuzzer.spool import SpoolError
+
+    return isinstance(exc, (SinkFatalError, SinkUnavailableError, SpoolError))
 
 
 def _fuzz_on_gpus(gpus: str, url: str) -> None:
@@ -411,7 +542,45 @@ def cases_show(case_id: str, db: DbOption = None, as_json: Annotated[bool, typer
     out.print(table)
 
 
-# --------------------------------------------------------------------------------------- report
+@cases_app.command("add")
+def cases_add(
+    paths: Annotated[list[str], typer.Argument(help="JSON files, each one AttentionCase.to_json() object.")],
+    db: DbOption = None,
+) -> None:
+    """Store cases from JSON files (origin ``corpus``). Every file is checked first: one bad file
+    (not JSON, an unknown field, a constraint violated) stores nothing and names the file and field."""
+    from oracle.config import AttentionCase
+    from service.db import make_engine
+    from service.store import SqlStore
+
+    url = _db_url(db)
+    try:
+        cases = []
+        for path in paths:
+            try:
+                data = json.loads(open(path, encoding="utf-8").read())
+            except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+                raise CaseValidationError("case", f"{path}: not readable JSON: {exc}") from exc
+            try:
+                cases.append(AttentionCase.from_json(data))
+            except CaseValidationError as exc:
+                raise CaseValidationError(exc.field, f"{path}: {exc}") from exc
+            except TypeError as exc:  # a value of the wrong type for a field
+                raise CaseValidationError("case", f"{path}: {exc}") from exc
+        _upgrade(url)
+        engine = make_engine(url)
+        try:
+            store = SqlStore(engine)
+            for case in cases:
+                store.record_case(case.to_json(), "corpus")
+        finally:
+            engine.dispose()
+    except AttnFuzzError as exc:
+        _fail(exc)
+    for case in cases:
+        out.print(f"{case.case_id}  {case.describe()}")
+
+
 @app.command()
 def report(db: DbOption = None, as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
     """Summarise a database: results per backend and status, times, and every bucket with its
@@ -497,6 +666,12 @@ def serve(
         _fail(exc)
     uvicorn.run(create_app(Settings(database_url=url)), host=host, port=port)
 
+
+# Commands defined in their own modules.
+from service import cli_builds, cli_export  # noqa: E402
+
+cli_export.register(app)
+cli_builds.register(app)
 
 if __name__ == "__main__":
     app()

@@ -70,30 +70,41 @@ def json_dumps(value: Any) -> str:
     return json.dumps(_json_safe(value), allow_nan=False)
 
 
-def make_engine(url: str, **kwargs: Any) -> Engine:
+def make_engine(url: str, *, timeout_s: float | None = None, **kwargs: Any) -> Engine:
     """An Engine for ``url`` (SQLite or PostgreSQL) set up as the module docstring says.
 
     Args:
         url: SQLAlchemy URL, e.g. ``sqlite:///attnfuzz.db`` or
             ``postgresql+psycopg://user@host:5432/db``.
+        timeout_s: SQLite: how long a write waits for another writer's lock (busy timeout,
+            default 30 s); PostgreSQL: how long connecting may take (``connect_timeout``, whole
+            seconds, at least 1; default: libpq's). Seconds.
         **kwargs: passed on to `sqlalchemy.create_engine`.
+
+    Raises:
+        ValueError: ``timeout_s`` is not positive.
     """
+    if timeout_s is not None and not timeout_s > 0:
+        raise ValueError(f"timeout_s: must be positive, got {timeout_s!r}")
     parsed = make_url(url)
     if parsed.drivername in ("postgresql", "postgres"):
         parsed = parsed.set(drivername="postgresql+psycopg")
     kwargs.setdefault("json_serializer", json_dumps)
     if parsed.get_backend_name() == "sqlite":
+        busy_timeout_ms = SQLITE_BUSY_TIMEOUT_MS if timeout_s is None else max(int(timeout_s * 1000), 1)
         connect_args = kwargs.setdefault("connect_args", {})
-        connect_args.setdefault("timeout", SQLITE_BUSY_TIMEOUT_MS / 1000)
+        connect_args.setdefault("timeout", busy_timeout_ms / 1000)
         engine = create_engine(parsed, **kwargs)
-        _configure_sqlite(engine)
+        _configure_sqlite(engine, busy_timeout_ms)
         return engine
     if parsed.get_backend_name() == "postgresql":
         kwargs.setdefault("pool_pre_ping", True)
+        if timeout_s is not None:
+            kwargs.setdefault("connect_args", {}).setdefault("connect_timeout", max(int(round(timeout_s)), 1))
     return create_engine(parsed, **kwargs)
 
 
-def _configure_sqlite(engine: Engine) -> None:
+def _configure_sqlite(engine: Engine, busy_timeout_ms: int = SQLITE_BUSY_TIMEOUT_MS) -> None:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
         # Let SQLAlchemy emit BEGIN (see `_on_begin`); the driver then never opens transactions.
@@ -101,7 +112,7 @@ def _configure_sqlite(engine: Engine) -> None:
         cursor = dbapi_connection.cursor()
         try:
             cursor.execute("PRAGMA journal_mode=WAL")
-            cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+            cursor.execute(f"PRAGMA busy_timeout={busy_timeout_ms}")
             cursor.execute("PRAGMA foreign_keys=ON")
         finally:
             cursor.close()

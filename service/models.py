@@ -36,9 +36,15 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from oracle.config import AttentionCase
+from oracle.errors import CaseValidationError
 from service.db import Base
 
 ORIGINS = ("fuzz", "minimised", "corpus", "replay")
+MAX_SQL_INTEGER = 2**31 - 1
+"""The largest value an ``Integer`` column holds on both databases (32-bit on PostgreSQL): every
+id, count and denormalised case size. The API refuses larger ids and sizes with 422."""
+MAX_SQL_BIGINT = 2**63 - 1
+"""The largest ``BIGINT`` (SQLite's integers, PostgreSQL's ``OFFSET``): the bound of ``offset``."""
 
 
 def utcnow() -> datetime:
@@ -120,6 +126,10 @@ class Worker(Base):
     last_heartbeat: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
     cases_run: Mapped[int] = mapped_column(Integer, default=0)
     status: Mapped[str] = mapped_column(String(32), default="running")
+    # The worker's local spool slot (``fuzzer.spool``): consecutive workers of one host and slot
+    # are one worker restarted, so the time between one's last heartbeat and the next one's
+    # start is a gap. None for workers without a spool.
+    slot: Mapped[str | None] = mapped_column(String(128))
 
     build: Mapped[Build] = relationship(lazy="raise")
 
@@ -128,6 +138,11 @@ class Case(Base):
     """One `AttentionCase`, keyed by its content hash, with columns to filter on."""
 
     __tablename__ = "cases"
+    __table_args__ = (
+        # Covering index (migration 0004): the bucket list's case filters look cases up by id
+        # from each failing result and test these columns, index-only.
+        Index(None, "id", "dtype", "head_dim", "causal", "has_window"),
+    )
 
     id: Mapped[str] = mapped_column(String(16), primary_key=True)
     config: Mapped[dict[str, Any]] = mapped_column(JSONType)
@@ -166,7 +181,16 @@ class Case(Base):
 
 
 def case_filter_columns(case: AttentionCase) -> dict[str, Any]:
-    """The denormalised filter columns of ``cases`` for ``case``."""
+    """The denormalised filter columns of ``cases`` for ``case``.
+
+    Raises:
+        CaseValidationError: a size is larger than its ``Integer`` column holds (`MAX_SQL_INTEGER`);
+            `AttentionCase` itself bounds it only from below.
+    """
+    for name in ("seqlen_q", "seqlen_k", "batch_size", "num_heads", "num_heads_kv", "head_dim", "head_dim_v"):
+        value = getattr(case, name)
+        if value > MAX_SQL_INTEGER:
+            raise CaseValidationError(name, f"out of range: {value}", f"1 <= {name} <= {MAX_SQL_INTEGER}")
     return {
         "dtype": case.dtype,
         "head_dim": case.head_dim,
@@ -190,12 +214,19 @@ class Result(Base):
     __tablename__ = "results"
     __table_args__ = (
         UniqueConstraint("case_id", "build_id", "backend", "variant", "phase"),
-        Index(None, "backend", "variant", "signature"),
+        # Migration 0004 (figures in benchmarks/README.md, 1,000,000 results): ``case_id`` makes
+        # the bucket list's case-filter semi-join index-only; ``(backend, status)`` serves the
+        # overview's counts; ``(build_id, phase)`` the build matrix's replayed tasks (and the
+        # build filter); ``(created_at, case_id)`` the overview's cases and results per hour.
+        Index(None, "backend", "variant", "signature", "case_id"),
+        Index(None, "backend", "status"),
+        Index(None, "build_id", "phase"),
+        Index(None, "created_at", "case_id"),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     case_id: Mapped[str] = mapped_column(ForeignKey("cases.id"))
-    build_id: Mapped[int] = mapped_column(ForeignKey("builds.id"), index=True)
+    build_id: Mapped[int] = mapped_column(ForeignKey("builds.id"))
     worker_id: Mapped[int | None] = mapped_column(ForeignKey("workers.id"), index=True)
     backend: Mapped[str] = mapped_column(String(64))
     variant: Mapped[str] = mapped_column(String(64))
@@ -211,7 +242,7 @@ class Result(Base):
     backend_version: Mapped[str] = mapped_column(String, default="")
     selected_kernel: Mapped[str | None] = mapped_column(String)
     phase: Mapped[str] = mapped_column(String(16))
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
     case: Mapped[Case] = relationship(back_populates="results", lazy="raise")
     build: Mapped[Build] = relationship(lazy="raise")
@@ -252,6 +283,11 @@ class Bucket(Base):
     upstream_url: Mapped[str | None] = mapped_column(Text)
     notes: Mapped[str] = mapped_column(Text, default="")
     duplicate_of_id: Mapped[int | None] = mapped_column(ForeignKey("buckets.id"), index=True)
+    # Minimisation lease: the worker shrinking this bucket now, until the lease expires (renewed
+    # while it works); both None when nobody holds it. Attempts count every claim.
+    minimise_owner_id: Mapped[int | None] = mapped_column(ForeignKey("workers.id"), index=True)
+    minimise_lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    minimise_attempts: Mapped[int] = mapped_column(Integer, default=0)
 
     first_case: Mapped[Case] = relationship(foreign_keys=[first_case_id], lazy="raise")
     minimised_case: Mapped[Case | None] = relationship(foreign_keys=[minimised_case_id], lazy="raise")
@@ -274,3 +310,124 @@ class HypothesisExample(Base):
     key: Mapped[bytes] = mapped_column(LargeBinary)
     value: Mapped[bytes] = mapped_column(LargeBinary)
     value_sha256: Mapped[bytes] = mapped_column(LargeBinary(32))
+
+
+# ============================================================================================
+# Build matrix (fuzzer/builds.py, fuzzer/replay.py, fuzzer/bisect.py, service/matrix.py;
+# migration 0003): package versions of each build, replays and their skips, bisections.
+# ============================================================================================
+
+REPLAY_TRIGGERS = ("cli", "worker", "builds", "bisect", "corpus")
+BISECT_RUN_STATUSES = ("running", "found", "ambiguous", "good_fails", "bad_passes", "endpoint_skipped", "failed")
+BISECT_STEP_VERDICTS = ("good", "bad", "skip")
+
+
+class BuildPackage(Base):
+    """One package version of a build. The rows of one ``package`` form a package line
+    (``flash-attn-4``, ``transformer-engine``, ``torch``, ``cudnn``, a plugin's own package),
+    ordered by PEP 440 version in `service.matrix`, then by the build's ``first_seen``."""
+
+    __tablename__ = "build_packages"
+
+    build_id: Mapped[int] = mapped_column(ForeignKey("builds.id"), primary_key=True)
+    package: Mapped[str] = mapped_column(String(128), primary_key=True, index=True)
+    version: Mapped[str] = mapped_column(String(128))
+
+
+class ReplayRun(Base):
+    """One replay of saved cases on one build (`fuzzer.replay`): who asked, for which backends,
+    how many tasks ran or were skipped, and how long it took (``wall_s``, seconds)."""
+
+    __tablename__ = "replay_runs"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    build_id: Mapped[int] = mapped_column(ForeignKey("builds.id"), index=True)
+    trigger: Mapped[str] = mapped_column(
+        Enum(*REPLAY_TRIGGERS, name="replay_trigger", native_enum=False, create_constraint=True, length=16)
+    )
+    backends: Mapped[list[str]] = mapped_column(JSONType, default=list)
+    task_count: Mapped[int] = mapped_column(Integer, default=0)
+    result_count: Mapped[int] = mapped_column(Integer, default=0)
+    skip_count: Mapped[int] = mapped_column(Integer, default=0)
+    wall_s: Mapped[float] = mapped_column(Float, default=0.0)
+    recorded_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
+    note: Mapped[str] = mapped_column(Text, default="")
+
+
+class ReplaySkip(Base):
+    """A task a build could not run at all (its library or adapter does not import, the API is
+    missing, the backend is unavailable there): the matrix's ``skip``. One row per task and
+    build; a later result of the same task on the build takes precedence."""
+
+    __tablename__ = "replay_skips"
+    __table_args__ = (UniqueConstraint("case_id", "build_id", "backend", "variant"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    case_id: Mapped[str] = mapped_column(ForeignKey("cases.id"))
+    build_id: Mapped[int] = mapped_column(ForeignKey("builds.id"), index=True)
+    run_id: Mapped[int | None] = mapped_column(ForeignKey("replay_runs.id"), index=True)
+    backend: Mapped[str] = mapped_column(String(64))
+    variant: Mapped[str] = mapped_column(String(64))
+    reason: Mapped[str] = mapped_column(Text, default="")
+    recorded_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class BisectRun(Base):
+    """One bisection of a case on a backend variant along a package line, from ``good_version``
+    to ``bad_version`` (`fuzzer.bisect`). ``replays`` counts every step; ``candidates`` lists the
+    versions that may be the first bad one (one when ``status`` is ``found``)."""
+
+    __tablename__ = "bisect_runs"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    case_id: Mapped[str] = mapped_column(ForeignKey("cases.id"), index=True)
+    backend: Mapped[str] = mapped_column(String(64))
+    variant: Mapped[str] = mapped_column(String(64))
+    package: Mapped[str] = mapped_column(String(128), index=True)
+    good_version: Mapped[str] = mapped_column(String(128))
+    bad_version: Mapped[str] = mapped_column(String(128))
+    signature: Mapped[str | None] = mapped_column(Text)
+    status: Mapped[str] = mapped_column(
+        Enum(*BISECT_RUN_STATUSES, name="bisect_status", native_enum=False, create_constraint=True, length=16),
+        default="running",
+    )
+    last_good_version: Mapped[str | None] = mapped_column(String(128))
+    first_bad_version: Mapped[str | None] = mapped_column(String(128))
+    last_good_build_id: Mapped[int | None] = mapped_column(ForeignKey("builds.id"))
+    first_bad_build_id: Mapped[int | None] = mapped_column(ForeignKey("builds.id"))
+    candidates: Mapped[list[str]] = mapped_column(JSONType, default=list)
+    replays: Mapped[int] = mapped_column(Integer, default=0)
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    note: Mapped[str] = mapped_column(Text, default="")
+
+    steps: Mapped[list[BisectStep]] = relationship(
+        back_populates="run", lazy="raise", order_by="BisectStep.number"
+    )
+
+
+class BisectStep(Base):
+    """One replay of a bisection: the build tested (``build_id`` None when it could not even
+    start), the verdict ``good``/``bad``/``skip`` and why, the observed status and signature, and
+    the replay's wall time (``wall_s``, seconds)."""
+
+    __tablename__ = "bisect_steps"
+    __table_args__ = (UniqueConstraint("run_id", "number"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("bisect_runs.id"))
+    number: Mapped[int] = mapped_column(Integer)
+    position: Mapped[int] = mapped_column(Integer)
+    version: Mapped[str] = mapped_column(String(128))
+    build_id: Mapped[int | None] = mapped_column(ForeignKey("builds.id"), index=True)
+    verdict: Mapped[str] = mapped_column(
+        Enum(*BISECT_STEP_VERDICTS, name="verdict", native_enum=False, create_constraint=True, length=8)
+    )
+    status: Mapped[str] = mapped_column(String(16))
+    signature: Mapped[str | None] = mapped_column(Text)
+    why: Mapped[str] = mapped_column(Text, default="")
+    detail: Mapped[str] = mapped_column(Text, default="")
+    wall_s: Mapped[float] = mapped_column(Float, default=0.0)
+    recorded_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+    run: Mapped[BisectRun] = relationship(back_populates="steps", lazy="raise")

@@ -8,23 +8,31 @@ but do not commit: the caller owns the transaction.
 from __future__ import annotations
 
 from collections import defaultdict
+import dataclasses
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit
 
-from sqlalchemy import ColumnElement, Select, func, literal_column, select
+from sqlalchemy import ColumnElement, Select, func, literal_column, select, tuple_
+from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session, joinedload, selectinload
 
+from fuzzer.results import BucketUpdate, BuildFingerprint, CaseResult
 from service.errors import FieldValidationError, NotFoundError
-from service.models import Bucket, Case, Result, TriageState, Worker, utcnow
+from service.models import Bucket, Build, Case, Result, TriageState, Worker, utcnow
 
 BUCKET_SORT_COLUMNS = {
     "last_seen": Bucket.last_seen,
     "first_seen": Bucket.first_seen,
     "hit_count": Bucket.hit_count,
     "id": Bucket.id,
+    "backend": Bucket.backend,
+    "signature": Bucket.signature,
+    "triage_state": Bucket.triage_state,
 }
+MASKS = ("none", "causal", "window", "causal_window")
+"""Mask kinds to filter on: no mask, causal only, a sliding window only, causal plus a window."""
 BUCKET_SORTS = tuple(f"{prefix}{name}" for name in BUCKET_SORT_COLUMNS for prefix in ("-", ""))
 DEFAULT_BUCKET_SORT = "-last_seen"
 MAX_PAGE_SIZE = 500
@@ -54,7 +62,14 @@ class BucketPage:
 
 
 def _bucket_filters(
-    backend: str | None, variant: str | None, signature: str | None, triage_state: TriageState | str | None
+    backend: str | None,
+    variant: str | None,
+    signature: str | None,
+    triage_state: TriageState | str | None,
+    dtype: str | None = None,
+    head_dim: int | None = None,
+    mask: str | None = None,
+    build_id: int | None = None,
 ) -> list[ColumnElement[bool]]:
     conditions: list[ColumnElement[bool]] = []
     if backend:
@@ -65,7 +80,31 @@ def _bucket_filters(
         conditions.append(Bucket.signature.contains(signature, autoescape=True))
     if triage_state:
         conditions.append(Bucket.triage_state == _triage_state(triage_state))
+    if build_id is not None:
+        conditions.append(_has_result(Result.build_id == build_id))
+    case_conditions: list[ColumnElement[bool]] = []
+    if dtype:
+        case_conditions.append(Case.dtype == dtype)
+    if head_dim is not None:
+        case_conditions.append(Case.head_dim == head_dim)
+    if mask:
+        if mask not in MASKS:
+            raise FieldValidationError("mask", f"unknown value {mask!r} (allowed: {', '.join(MASKS)})")
+        case_conditions.append(Case.causal == (mask in ("causal", "causal_window")))
+        case_conditions.append(Case.has_window == (mask in ("window", "causal_window")))
+    if case_conditions:
+        conditions.append(_has_result(*case_conditions, with_case=True))
     return conditions
+
+
+def _has_result(*conditions: ColumnElement[bool], with_case: bool = False) -> ColumnElement[bool]:
+    """The bucket's key is among the keys of failing results meeting ``conditions`` (a semi-join
+    the planner may drive from either side: from the few matching cases through the results'
+    ``(case_id, ...)`` unique index, or from the results)."""
+    query = select(Result.backend, Result.variant, Result.signature).where(Result.signature.is_not(None), *conditions)
+    if with_case:
+        query = query.join(Case, Case.id == Result.case_id)
+    return tuple_(Bucket.backend, Bucket.variant, Bucket.signature).in_(query)
 
 
 def _triage_state(value: Any) -> TriageState:
@@ -83,23 +122,31 @@ def list_buckets(
     variant: str | None = None,
     signature: str | None = None,
     triage_state: TriageState | str | None = None,
+    dtype: str | None = None,
+    head_dim: int | None = None,
+    mask: str | None = None,
+    build_id: int | None = None,
     sort: str = DEFAULT_BUCKET_SORT,
     limit: int = 50,
     offset: int = 0,
 ) -> BucketPage:
-    """Buckets matching every filter given, sorted, one page.
+    """Buckets matching every filter given, sorted, one page; ``first_build`` and ``last_build``
+    are loaded.
 
     Args:
         backend, variant: exact matches.
         signature: a substring of the signature.
         triage_state: one of `TriageState`.
+        dtype, head_dim, mask: the bucket has a failing result on a case with this dtype, this
+            head_dim, this mask kind (one of ``MASKS``).
+        build_id: the bucket has a failing result on this build.
         sort: a column of ``BUCKET_SORT_COLUMNS``, prefixed with ``-`` for descending; ties are
             broken by id so pages never overlap.
         limit: page size, 1 to ``MAX_PAGE_SIZE``.
         offset: buckets to skip, >= 0.
 
     Raises:
-        FieldValidationError: a bad ``sort``, ``limit``, ``offset`` or ``triage_state``.
+        FieldValidationError: a bad ``sort``, ``limit``, ``offset``, ``triage_state`` or ``mask``.
     """
     if sort not in BUCKET_SORTS:
         raise FieldValidationError("sort", f"unknown value {sort!r} (allowed: {', '.join(BUCKET_SORTS)})")
@@ -107,11 +154,18 @@ def list_buckets(
         raise FieldValidationError("limit", f"must be between 1 and {MAX_PAGE_SIZE}, got {limit}")
     if offset < 0:
         raise FieldValidationError("offset", f"must be >= 0, got {offset}")
-    conditions = _bucket_filters(backend, variant, signature, triage_state)
+    conditions = _bucket_filters(backend, variant, signature, triage_state, dtype, head_dim, mask, build_id)
     column = BUCKET_SORT_COLUMNS[sort.lstrip("-")]
     descending = sort.startswith("-")
     order = [column.desc(), Bucket.id.desc()] if descending else [column.asc(), Bucket.id.asc()]
-    items = session.scalars(select(Bucket).where(*conditions).order_by(*order).limit(limit).offset(offset)).all()
+    items = session.scalars(
+        select(Bucket)
+        .where(*conditions)
+        .options(selectinload(Bucket.first_build), selectinload(Bucket.last_build))
+        .order_by(*order)
+        .limit(limit)
+        .offset(offset)
+    ).all()
     total = session.scalar(select(func.count()).select_from(Bucket).where(*conditions)) or 0
     return BucketPage(items=list(items), total=total, limit=limit, offset=offset)
 
@@ -239,9 +293,13 @@ def _check_duplicate_target(session: Session, bucket_id: int, target_id: Any) ->
 def _check_url(url: str | None) -> str | None:
     if url is None or url == "":
         return None
-    parts = urlsplit(url)
+    message = f"must be an http(s) URL of at most {MAX_URL_LENGTH} characters"
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:  # e.g. "Invalid IPv6 URL" for "http://[::1"
+        raise FieldValidationError("upstream_url", f"{message} ({exc})") from None
     if parts.scheme not in ("http", "https") or not parts.netloc or len(url) > MAX_URL_LENGTH:
-        raise FieldValidationError("upstream_url", f"must be an http(s) URL of at most {MAX_URL_LENGTH} characters")
+        raise FieldValidationError("upstream_url", message)
     return url
 
 
@@ -317,6 +375,8 @@ class Overview:
     buckets_by_triage_state: dict[str, int]
     live_workers: list[LiveWorker]
     cases_per_hour: list[HourCount]
+    failures_by_backend: dict[str, int] = dataclasses.field(default_factory=dict)
+    failures_by_signature: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
 def _hour_of(session: Session, column: Any) -> Any:
@@ -398,7 +458,21 @@ def overview(
         buckets_by_triage_state=buckets_by_triage_state,
         live_workers=live,
         cases_per_hour=per_hour,
+        failures_by_backend=_failures_by(session, Bucket.backend),
+        failures_by_signature=_failures_by(session, Bucket.signature, limit=TOP_SIGNATURES),
     )
+
+
+TOP_SIGNATURES = 12
+
+
+def _failures_by(session: Session, column: Any, limit: int | None = None) -> dict[str, int]:
+    """Failing results per value of a bucket column (from the buckets' hit counts), largest first."""
+    total = func.sum(Bucket.hit_count)
+    query = select(column, total).group_by(column).order_by(total.desc(), column)
+    if limit is not None:
+        query = query.limit(limit)
+    return {key: int(n) for key, n in session.execute(query)}
 
 
 # --------------------------------------------------------------------------------- campaign report
@@ -447,3 +521,329 @@ def campaign_report(session: Session) -> CampaignReport:
         .order_by(Bucket.backend, Bucket.variant, Bucket.signature)
     ).all()
     return CampaignReport(overview(session), timings, oracle_ms, list(buckets))
+
+
+# ------------------------------------------------------------------------------ bucket results
+@dataclass(frozen=True)
+class ResultPage:
+    """One page of results (``build`` loaded) and the number matching."""
+
+    items: list[Result]
+    total: int
+    limit: int
+    offset: int
+
+
+def _check_page(limit: int, offset: int) -> None:
+    if not 1 <= limit <= MAX_PAGE_SIZE:
+        raise FieldValidationError("limit", f"must be between 1 and {MAX_PAGE_SIZE}, got {limit}")
+    if offset < 0:
+        raise FieldValidationError("offset", f"must be >= 0, got {offset}")
+
+
+def bucket_results(session: Session, bucket_id: int, *, limit: int = 50, offset: int = 0) -> ResultPage:
+    """The results counted in a bucket, newest first, one page.
+
+    Raises:
+        NotFoundError: no bucket ``bucket_id``.
+        FieldValidationError: a bad ``limit`` or ``offset``.
+    """
+    _check_page(limit, offset)
+    bucket = session.get(Bucket, bucket_id)
+    if bucket is None:
+        raise NotFoundError("bucket", bucket_id)
+    query = _bucket_results(bucket)
+    items = session.scalars(
+        query.options(joinedload(Result.build))
+        .order_by(Result.created_at.desc(), Result.id.desc())
+        .limit(limit)
+        .offset(offset)
+    ).all()
+    total = session.scalar(select(func.count()).select_from(query.subquery())) or 0
+    return ResultPage(items=list(items), total=total, limit=limit, offset=offset)
+
+
+# ------------------------------------------------------------------------------------ repros
+@dataclass(frozen=True)
+class ReproTarget:
+    """What to export: the stored case row, the backend variant, and the recorded signature
+    (None when the case did not fail there)."""
+
+    case: Case
+    backend: str
+    variant: str
+    signature: str | None
+
+
+def repro_target(session: Session, case_id: str, *, backend: str | None = None, variant: str | None = None) -> ReproTarget:
+    """The case and the backend variant to export it for.
+
+    Without ``backend``/``variant`` the case's failing results decide: exactly one failing
+    (backend, variant) is required. The signature is that of the newest failing result of the
+    chosen backend variant.
+
+    Raises:
+        NotFoundError: no case ``case_id``.
+        FieldValidationError: ``backend``/``variant`` needed but not given or ambiguous.
+    """
+    case = session.get(Case, case_id)
+    if case is None:
+        raise NotFoundError("case", case_id)
+    query = select(Result.backend, Result.variant, Result.signature).where(
+        Result.case_id == case_id, Result.signature.is_not(None)
+    )
+    if backend:
+        query = query.where(Result.backend == backend)
+    if variant:
+        query = query.where(Result.variant == variant)
+    rows = session.execute(query.order_by(Result.created_at.desc(), Result.id.desc())).all()
+    pairs = list(dict.fromkeys((r.backend, r.variant) for r in rows))
+    if backend and variant:
+        return ReproTarget(case, backend, variant, rows[0].signature if rows else None)
+    if not pairs:
+        field = "backend" if not backend else "variant"
+        raise FieldValidationError(field, "required: the case has no failing result to take it from")
+    if len(pairs) > 1:
+        field = "backend" if not backend else "variant"
+        listed = ", ".join(f"{b}/{v}" for b, v in pairs)
+        raise FieldValidationError(field, f"required: the case failed on several backend variants ({listed})")
+    chosen = pairs[0]
+    return ReproTarget(case, chosen[0], chosen[1], rows[0].signature)
+
+
+def bucket_repro_target(session: Session, bucket_id: int) -> ReproTarget:
+    """The bucket's minimised case (its first case if not minimised) on its backend variant.
+
+    Raises:
+        NotFoundError: no bucket ``bucket_id``.
+    """
+    bucket = session.scalar(
+        select(Bucket)
+        .where(Bucket.id == bucket_id)
+        .options(selectinload(Bucket.first_case), selectinload(Bucket.minimised_case))
+    )
+    if bucket is None:
+        raise NotFoundError("bucket", bucket_id)
+    case = bucket.minimised_case or bucket.first_case
+    return ReproTarget(case, bucket.backend, bucket.variant, bucket.signature)
+
+
+# ------------------------------------------------------------------------------------ builds
+@dataclass(frozen=True)
+class BuildPage:
+    """One page of builds (newest first) and the number of builds."""
+
+    items: list[Build]
+    total: int
+    limit: int
+    offset: int
+
+
+def list_builds(session: Session, *, device_name: str | None = None, limit: int = 50, offset: int = 0) -> BuildPage:
+    """Builds, newest first, optionally of one ``device_name``.
+
+    Raises:
+        FieldValidationError: a bad ``limit`` or ``offset``.
+    """
+    _check_page(limit, offset)
+    conditions = [Build.device_name == device_name] if device_name else []
+    items = session.scalars(
+        select(Build).where(*conditions).order_by(Build.first_seen.desc(), Build.id.desc()).limit(limit).offset(offset)
+    ).all()
+    total = session.scalar(select(func.count()).select_from(Build).where(*conditions)) or 0
+    return BuildPage(items=list(items), total=total, limit=limit, offset=offset)
+
+
+def get_build(session: Session, build_id: int) -> Build | None:
+    """The build with id ``build_id``, or None."""
+    return session.get(Build, build_id)
+
+
+# ----------------------------------------------------------------------------------- workers
+@dataclass(frozen=True)
+class WorkerPage:
+    """One page of workers (``build`` loaded) with each one's heartbeat age, newest heartbeat first."""
+
+    items: list[LiveWorker]
+    total: int
+    limit: int
+    offset: int
+
+
+def list_workers(
+    session: Session,
+    *,
+    live_only: bool = False,
+    now: datetime | None = None,
+    live_within_s: float = LIVE_WORKER_S,
+    limit: int = 50,
+    offset: int = 0,
+) -> WorkerPage:
+    """Workers, newest heartbeat first; with ``live_only`` only those heard from within
+    ``live_within_s`` seconds of ``now``.
+
+    Raises:
+        FieldValidationError: a bad ``limit`` or ``offset``.
+    """
+    _check_page(limit, offset)
+    now = now or utcnow()
+    conditions = [Worker.last_heartbeat >= now - timedelta(seconds=live_within_s)] if live_only else []
+    workers = session.scalars(
+        select(Worker)
+        .where(*conditions)
+        .options(joinedload(Worker.build))
+        .order_by(Worker.last_heartbeat.desc(), Worker.id)
+        .limit(limit)
+        .offset(offset)
+    ).all()
+    total = session.scalar(select(func.count()).select_from(Worker).where(*conditions)) or 0
+    items = [LiveWorker(w, max(0.0, (now - w.last_heartbeat).total_seconds())) for w in workers]
+    return WorkerPage(items=items, total=total, limit=limit, offset=offset)
+
+
+# ----------------------------------------------------------------------------------- metrics
+@dataclass(frozen=True)
+class MetricsSnapshot:
+    """What ``/metrics`` exports, read in one go.
+
+    ``results`` maps (backend, status) -> count; ``buckets`` (backend, triage_state) -> count;
+    ``bucket_hits`` (backend, variant, signature) -> failing results; ``workers`` every worker
+    heard from within ``window_s`` with its heartbeat age.
+    """
+
+    cases: int
+    results: dict[tuple[str, str], int]
+    buckets: dict[tuple[str, str], int]
+    bucket_hits: dict[tuple[str, str, str], int]
+    workers: list[LiveWorker]
+    live_workers: int
+
+
+def metrics_snapshot(
+    session: Session, *, now: datetime | None = None, live_within_s: float = LIVE_WORKER_S, window_s: float = 86_400.0
+) -> MetricsSnapshot:
+    """Counts for Prometheus (see `MetricsSnapshot`)."""
+    now = now or utcnow()
+    results = {
+        (backend, status): n
+        for backend, status, n in session.execute(
+            select(Result.backend, Result.status, func.count()).group_by(Result.backend, Result.status)
+        )
+    }
+    buckets = {
+        (backend, state.value): n
+        for backend, state, n in session.execute(
+            select(Bucket.backend, Bucket.triage_state, func.count()).group_by(Bucket.backend, Bucket.triage_state)
+        )
+    }
+    hits = {
+        (b.backend, b.variant, b.signature): b.hit_count
+        for b in session.execute(select(Bucket.backend, Bucket.variant, Bucket.signature, Bucket.hit_count))
+    }
+    recent = list_workers(session, live_only=True, now=now, live_within_s=window_s, limit=MAX_PAGE_SIZE).items
+    return MetricsSnapshot(
+        cases=session.scalar(select(func.count()).select_from(Case)) or 0,
+        results=results,
+        buckets=buckets,
+        bucket_hits=hits,
+        workers=recent,
+        live_workers=sum(1 for w in recent if w.heartbeat_age_s <= live_within_s),
+    )
+
+
+# --------------------------------------------------------------------------------- ingestion
+def ingest_results(
+    connection: Connection, build_id: int, worker_id: int | None, results: list[CaseResult]
+) -> list[BucketUpdate | None]:
+    """Store ``results`` through `service.store.SqlStore` on ``connection`` (each in a savepoint of
+    the caller's transaction), in a stable order (by bucket key) so that concurrent batches take
+    bucket locks in the same order. The caller commits, or rolls back to store none of them.
+
+    Returns:
+        One entry per result, in the order given: the bucket update for a failure, else None.
+
+    Raises:
+        NotFoundError: a case, the build or the worker does not exist.
+    """
+    from service.store import SqlStore
+
+    store = SqlStore(connection)
+    order = sorted(range(len(results)), key=lambda i: (results[i].bucket_key or ("", "", ""), i))
+    updates: list[BucketUpdate | None] = [None] * len(results)
+    for i in order:
+        try:
+            updates[i] = store.record_result(results[i], build_id, worker_id)
+        except NotFoundError as exc:
+            field = {"case": f"results.{i}.case_id", "build": "build_id", "worker": "worker_id"}.get(exc.kind, exc.kind)
+            raise FieldValidationError(field, f"{exc.kind} {exc.key!r} does not exist") from None
+    return updates
+
+
+def ingest_build(connection: Connection, fingerprint: BuildFingerprint) -> int:
+    """`SqlStore.register_build` in the caller's transaction."""
+    from service.store import SqlStore
+
+    return SqlStore(connection).register_build(fingerprint)
+
+
+def ingest_worker(connection: Connection, build_id: int, hostname: str, pid: int, device: str) -> int:
+    """`SqlStore.register_worker` in the caller's transaction.
+
+    Raises:
+        NotFoundError: ``build_id`` is unknown.
+    """
+    from service.store import SqlStore
+
+    try:
+        return SqlStore(connection).register_worker(build_id, hostname, pid, device)
+    except NotFoundError:
+        raise FieldValidationError("build_id", f"build {build_id} does not exist") from None
+
+
+def ingest_heartbeat(connection: Connection, worker_id: int, cases_run: int, status: str) -> None:
+    """`SqlStore.heartbeat` in the caller's transaction.
+
+    Raises:
+        NotFoundError: ``worker_id`` is unknown.
+    """
+    from service.store import SqlStore
+
+    SqlStore(connection).heartbeat(worker_id, cases_run, status)
+
+
+def ingest_case(connection: Connection, case_json: dict[str, Any], origin: str) -> str:
+    """`SqlStore.record_case` in the caller's transaction; the case id.
+
+    Raises:
+        oracle.errors.CaseValidationError: the case is invalid.
+        FieldValidationError: unknown ``origin``.
+    """
+    from service.store import SqlStore
+
+    return SqlStore(connection).record_case(case_json, origin)
+
+
+def ingest_minimised(
+    connection: Connection, bucket_id: int, case_json: dict[str, Any], original_case_id: str, note: str
+) -> None:
+    """`SqlStore.record_minimised` in the caller's transaction.
+
+    Raises:
+        oracle.errors.CaseValidationError: the case is invalid.
+        NotFoundError: the bucket or the original case does not exist.
+    """
+    from service.store import SqlStore
+
+    if connection.scalar(select(Bucket.id).where(Bucket.id == bucket_id)) is None:
+        raise NotFoundError("bucket", bucket_id)
+    try:
+        SqlStore(connection).record_minimised(bucket_id, case_json, original_case_id, note)
+    except NotFoundError as exc:
+        raise FieldValidationError("original_case_id", f"case {exc.key!r} does not exist") from None
+
+
+def known_failures(connection: Connection, backends: list[str]) -> list[tuple[tuple[str, str, str], dict[str, Any]]]:
+    """`SqlStore.known_failures`: each bucket of ``backends`` with its minimised (else first) case."""
+    from service.store import SqlStore
+
+    return SqlStore(connection).known_failures(backends)

@@ -13,6 +13,18 @@ when a reader upgrades to a writer. A transaction that still fails transiently (
 is locked" after the busy timeout, PostgreSQL serialization failure or deadlock) is retried a
 few times with a short backoff.
 
+Faults: an error that means "the database cannot be reached now" (connection refused or lost,
+PostgreSQL shutting down or starting, SQLite still locked after the retries) is raised as
+`StoreUnavailableError` (a `fuzzer.results.SinkUnavailableError`: try again later); one that means
+"the database refuses writes" (disk full, read-only file or transaction) as `StoreRefusedError`
+(a `fuzzer.results.SinkFatalError`: stop). Every call is one transaction, so after either error
+nothing of the call is stored.
+
+Minimisation leases (`claim_minimisation`): a bucket without a minimised case is claimed by one
+worker at a time with a compare-and-set UPDATE (``... WHERE minimise_owner_id IS NULL OR
+minimise_lease_expires_at < now``), which PostgreSQL re-checks after taking the row lock and
+SQLite runs under ``BEGIN IMMEDIATE``, so two workers never both win.
+
 Create a store in the process that uses it (an Engine must not cross a fork).
 """
 
@@ -22,18 +34,27 @@ import hashlib
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from hypothesis.database import ExampleDatabase
-from sqlalchemy import func, Engine, Table, case, delete, select, update
+from sqlalchemy import func, Engine, Table, case, delete, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, OperationalError
 
-from fuzzer.results import BucketUpdate, BuildFingerprint, CaseResult
+from fuzzer.results import (
+    BucketUpdate,
+    BuildFingerprint,
+    CaseResult,
+    MinimiseClaim,
+    SinkFatalError,
+    SinkUnavailableError,
+)
 from oracle.config import AttentionCase
 from service.db import SQLITE_BEGIN_OPTION
-from service.errors import FieldValidationError, NotFoundError
+from service.errors import FieldValidationError, NotFoundError, ServiceError
 from service.models import (
     ORIGINS,
     Bucket,
@@ -50,7 +71,25 @@ from service.models import (
 T = TypeVar("T")
 
 TRANSIENT_SQLSTATES = frozenset({"40001", "40P01"})  # serialization_failure, deadlock_detected
+# admin_shutdown, crash_shutdown, cannot_connect_now, too_many_connections
+UNAVAILABLE_SQLSTATES = frozenset({"57P01", "57P02", "57P03", "53300"})
+# disk_full, read_only_sql_transaction, insufficient_resources' out_of_memory is left out (transient)
+REFUSED_SQLSTATES = {"53100": "disk full", "25006": "read-only database"}
+SQLITE_REFUSED_MESSAGES = {
+    "database or disk is full": "disk full",
+    "readonly database": "read-only database",
+    "disk i/o error": "disk I/O error",
+}
 DEFAULT_RETRIES = 5
+WORKER_STATUSES = ("running", "stopping", "stopped", "failed", "lost")
+
+
+class StoreUnavailableError(SinkUnavailableError, ServiceError):
+    """The database cannot be reached now; nothing of the call was stored. Try again later."""
+
+
+class StoreRefusedError(SinkFatalError, ServiceError):
+    """The database refuses writes (disk full, read-only); nothing of the call was stored."""
 
 
 def _is_transient(exc: DBAPIError) -> bool:
@@ -59,6 +98,26 @@ def _is_transient(exc: DBAPIError) -> bool:
         return True
     text = str(exc.orig).lower()
     return "database is locked" in text or "database is busy" in text
+
+
+def _translate(exc: DBAPIError, dialect: str) -> Exception | None:
+    """The `StoreUnavailableError`/`StoreRefusedError` that ``exc`` means, or None (a bug: re-raise)."""
+    sqlstate = getattr(exc.orig, "sqlstate", None)
+    text = str(exc.orig).lower()
+    first_line = str(exc.orig).strip().splitlines()[0] if str(exc.orig).strip() else type(exc.orig).__name__
+    if sqlstate in REFUSED_SQLSTATES:
+        return StoreRefusedError(f"database refuses writes ({REFUSED_SQLSTATES[sqlstate]}): {first_line}")
+    if dialect == "sqlite":
+        for needle, what in SQLITE_REFUSED_MESSAGES.items():
+            if needle in text:
+                return StoreRefusedError(f"database refuses writes ({what}): {first_line}")
+    if exc.connection_invalidated or _is_transient(exc) or sqlstate in UNAVAILABLE_SQLSTATES:
+        return StoreUnavailableError(f"database unavailable: {first_line}")
+    if sqlstate is not None and sqlstate.startswith("08"):  # connection_exception class
+        return StoreUnavailableError(f"database unavailable: {first_line}")
+    if dialect == "postgresql" and isinstance(exc, OperationalError):  # refused, reset, closed
+        return StoreUnavailableError(f"database unavailable: {first_line}")
+    return None
 
 
 class _Transactor:
@@ -88,21 +147,43 @@ class _Transactor:
                 yield connection
 
     def write(self, fn: Callable[[Connection], T]) -> T:
+        """Run ``fn`` in a write transaction.
+
+        Raises:
+            StoreUnavailableError: the database cannot be reached (after the retries for locks).
+            StoreRefusedError: the database refuses writes (disk full, read-only).
+        """
         for attempt in range(self.retries + 1):
             try:
                 with self._begin() as connection:
                     return fn(connection)
             except DBAPIError as exc:
-                if attempt == self.retries or not _is_transient(exc):
+                if attempt < self.retries and _is_transient(exc) and not exc.connection_invalidated:
+                    time.sleep(min(0.05 * 2**attempt, 1.0))  # backoff between retries, not a test sync
+                    continue
+                translated = _translate(exc, self.dialect)
+                if translated is None:
                     raise
-                time.sleep(min(0.05 * 2**attempt, 1.0))  # backoff between retries, not a test sync
+                raise translated from exc
         raise AssertionError("unreachable")  # pragma: no cover
 
     def read(self, fn: Callable[[Connection], T]) -> T:
-        if isinstance(self.bind, Connection):
-            return fn(self.bind)
-        with self.bind.connect() as connection:
-            return fn(connection)
+        """Run ``fn`` on a connection (no write lock).
+
+        Raises:
+            StoreUnavailableError: the database cannot be reached.
+            StoreRefusedError: the database cannot be read (I/O error).
+        """
+        try:
+            if isinstance(self.bind, Connection):
+                return fn(self.bind)
+            with self.bind.connect() as connection:
+                return fn(connection)
+        except DBAPIError as exc:
+            translated = _translate(exc, self.dialect)
+            if translated is None:
+                raise
+            raise translated from exc
 
 
 def _insert_ignore(connection: Connection, table: Table, values: dict[str, Any], conflict: list[str]) -> Any | None:
@@ -140,8 +221,13 @@ class SqlStore:
 
         return self._tx.write(run)
 
-    def register_worker(self, build_id: int, hostname: str, pid: int, device: str) -> int:
+    def register_worker(self, build_id: int, hostname: str, pid: int, device: str, slot: str | None = None) -> int:
         """A new ``workers`` row (status ``"running"``); its id.
+
+        Args:
+            build_id: the worker's build.
+            hostname, pid, device: where it runs.
+            slot: its local spool slot (`fuzzer.spool`), None without a spool.
 
         Raises:
             NotFoundError: ``build_id`` is unknown.
@@ -162,6 +248,7 @@ class SqlStore:
                     last_heartbeat=now,
                     cases_run=0,
                     status="running",
+                    slot=slot,
                 )
                 .returning(Worker.id)
             )
@@ -172,9 +259,14 @@ class SqlStore:
     def heartbeat(self, worker_id: int, cases_run: int, status: str = "running") -> None:
         """Set the worker's ``last_heartbeat`` to now with its ``cases_run`` and ``status``.
 
+        A status other than ``"running"`` also ends the worker's minimisation leases.
+
         Raises:
             NotFoundError: ``worker_id`` is unknown.
+            FieldValidationError: ``status`` is not one of ``WORKER_STATUSES``.
         """
+        if status not in WORKER_STATUSES:
+            raise FieldValidationError("status", f"unknown value {status!r} (allowed: {', '.join(WORKER_STATUSES)})")
 
         def run(connection: Connection) -> None:
             statement = (
@@ -184,8 +276,60 @@ class SqlStore:
             )
             if connection.execute(statement).rowcount == 0:
                 raise NotFoundError("worker", worker_id)
+            if status != "running":
+                self._end_leases_of(connection, worker_id)
 
         self._tx.write(run)
+
+    @staticmethod
+    def _end_leases_of(connection: Connection, worker_id: int) -> None:
+        connection.execute(
+            update(Bucket)
+            .where(Bucket.minimise_owner_id == worker_id)
+            .values(minimise_owner_id=None, minimise_lease_expires_at=None)
+        )
+
+    def mark_worker_lost(self, worker_id: int) -> None:
+        """The worker is known to be dead (its spool slot was taken over): status ``"lost"`` if it
+        was ``"running"``, ``last_heartbeat`` kept (the gap stays visible), its leases ended.
+
+        Raises:
+            NotFoundError: ``worker_id`` is unknown.
+        """
+
+        def run(connection: Connection) -> None:
+            if connection.scalar(select(Worker.id).where(Worker.id == worker_id)) is None:
+                raise NotFoundError("worker", worker_id)
+            connection.execute(
+                update(Worker).where(Worker.id == worker_id, Worker.status == "running").values(status="lost")
+            )
+            self._end_leases_of(connection, worker_id)
+
+        self._tx.write(run)
+
+    def worker_sessions(self, hostname: str | None = None) -> list[WorkerSession]:
+        """Every worker (of ``hostname``, if given), oldest first: what `heartbeat_gaps` reads."""
+
+        def run(connection: Connection) -> list[WorkerSession]:
+            statement = select(Worker).order_by(Worker.started_at, Worker.id)
+            if hostname is not None:
+                statement = statement.where(Worker.hostname == hostname)
+            rows = connection.execute(statement.with_only_columns(*Worker.__table__.c)).all()
+            return [
+                WorkerSession(
+                    worker_id=r.id,
+                    hostname=r.hostname,
+                    slot=r.slot,
+                    pid=r.pid,
+                    started_at=r.started_at,
+                    last_heartbeat=r.last_heartbeat,
+                    status=r.status,
+                    cases_run=r.cases_run,
+                )
+                for r in rows
+            ]
+
+        return self._tx.read(run)
 
     def record_case(self, case_json: dict[str, Any], origin: str = "fuzz") -> str:
         """Store the case if it is new (the first origin recorded is kept); its ``case_id``.
@@ -340,10 +484,110 @@ class SqlStore:
             statement = (
                 update(Bucket)
                 .where(Bucket.id == bucket_id)
-                .values(minimised_case_id=attention_case.case_id, minimise_note=note)
+                .values(
+                    minimised_case_id=attention_case.case_id,
+                    minimise_note=note,
+                    minimise_owner_id=None,
+                    minimise_lease_expires_at=None,
+                )
             )
             if connection.execute(statement).rowcount == 0:
                 raise NotFoundError("bucket", bucket_id)
+
+        self._tx.write(run)
+
+    # ------------------------------------------------------------------ minimisation leases
+    def claim_minimisation(
+        self,
+        worker_id: int,
+        backends: list[str],
+        lease_s: float,
+        max_attempts: int = 3,
+        *,
+        now: datetime | None = None,
+    ) -> MinimiseClaim | None:
+        """Take the oldest bucket of ``backends`` with no minimised case, no live lease and
+        fewer than ``max_attempts`` claims, for ``lease_s`` seconds; None when there is none.
+
+        Args:
+            worker_id: the claiming worker.
+            backends: backend names the worker can run.
+            lease_s: lease length, seconds (renew with `renew_minimisation`).
+            max_attempts: a bucket claimed this many times is left alone (its shrinking keeps
+                killing workers or never ends).
+            now: the current time (tests pass a later one instead of waiting).
+
+        Raises:
+            FieldValidationError: ``lease_s`` is not positive.
+            NotFoundError: ``worker_id`` is unknown.
+        """
+        if not lease_s > 0:
+            raise FieldValidationError("lease_s", f"must be positive, got {lease_s!r}")
+
+        def run(connection: Connection) -> MinimiseClaim | None:
+            at = now or utcnow()
+            if connection.scalar(select(Worker.id).where(Worker.id == worker_id)) is None:
+                raise NotFoundError("worker", worker_id)
+            claimable = (
+                Bucket.minimised_case_id.is_(None)
+                & (Bucket.minimise_attempts < max_attempts)
+                & or_(Bucket.minimise_owner_id.is_(None), Bucket.minimise_lease_expires_at < at)
+            )
+            candidates = connection.scalars(
+                select(Bucket.id).where(claimable, Bucket.backend.in_(list(backends))).order_by(Bucket.id).limit(8)
+            ).all()
+            for bucket_id in candidates:
+                won = connection.execute(
+                    update(Bucket)
+                    .where(Bucket.id == bucket_id, claimable)
+                    .values(
+                        minimise_owner_id=worker_id,
+                        minimise_lease_expires_at=at + timedelta(seconds=lease_s),
+                        minimise_attempts=Bucket.minimise_attempts + 1,
+                    )
+                    .returning(Bucket.backend, Bucket.variant, Bucket.signature, Bucket.first_case_id, Bucket.minimise_attempts)
+                ).one_or_none()
+                if won is None:  # another worker took it between the SELECT and the UPDATE
+                    continue
+                config = connection.scalar(select(Case.config).where(Case.id == won.first_case_id))
+                return MinimiseClaim(
+                    bucket_id=bucket_id,
+                    key=(won.backend, won.variant, won.signature),
+                    case_json=config,
+                    attempt=won.minimise_attempts,
+                )
+            return None
+
+        return self._tx.write(run)
+
+    def renew_minimisation(self, bucket_id: int, worker_id: int, lease_s: float, *, now: datetime | None = None) -> bool:
+        """Extend ``worker_id``'s lease on the bucket to ``lease_s`` seconds from now.
+
+        Returns:
+            False when the worker no longer holds it (expired and taken, or released).
+        """
+
+        def run(connection: Connection) -> bool:
+            at = now or utcnow()
+            statement = (
+                update(Bucket)
+                .where(Bucket.id == bucket_id, Bucket.minimise_owner_id == worker_id, Bucket.minimised_case_id.is_(None))
+                .values(minimise_lease_expires_at=at + timedelta(seconds=lease_s))
+            )
+            return connection.execute(statement).rowcount > 0
+
+        return self._tx.write(run)
+
+    def release_minimisation(self, bucket_id: int, worker_id: int, outcome: str) -> None:
+        """End ``worker_id``'s lease without a minimised case; ``outcome`` goes to the bucket's
+        ``minimise_note``. Nothing happens if the worker no longer holds the lease."""
+
+        def run(connection: Connection) -> None:
+            connection.execute(
+                update(Bucket)
+                .where(Bucket.id == bucket_id, Bucket.minimise_owner_id == worker_id)
+                .values(minimise_owner_id=None, minimise_lease_expires_at=None, minimise_note=outcome)
+            )
 
         self._tx.write(run)
 
@@ -371,6 +615,47 @@ class SqlStore:
             return [((r.backend, r.variant, r.signature), r.config) for r in rows]
 
         return self._tx.read(run)
+
+
+@dataclass(frozen=True)
+class WorkerSession:
+    """One ``workers`` row: a worker process from start to its last heartbeat (times UTC)."""
+
+    worker_id: int
+    hostname: str
+    slot: str | None
+    pid: int
+    started_at: datetime
+    last_heartbeat: datetime
+    status: str
+    cases_run: int
+
+
+@dataclass(frozen=True)
+class HeartbeatGap:
+    """The time between a worker's last heartbeat and the start of the next worker of its host
+    and slot (its restart), in seconds; ``clean`` when the first one stopped normally."""
+
+    before: WorkerSession
+    after: WorkerSession
+    gap_s: float
+    clean: bool
+
+
+def heartbeat_gaps(sessions: Iterable[WorkerSession]) -> list[HeartbeatGap]:
+    """Consecutive sessions of each (hostname, slot), in start order; sessions without a slot are
+    left out (nothing says which one restarted which)."""
+    by_slot: dict[tuple[str, str], list[WorkerSession]] = {}
+    for session in sessions:
+        if session.slot is not None:
+            by_slot.setdefault((session.hostname, session.slot), []).append(session)
+    gaps = []
+    for runs in by_slot.values():
+        runs.sort(key=lambda r: (r.started_at, r.worker_id))
+        for before, after in zip(runs, runs[1:]):
+            gap_s = (after.started_at - before.last_heartbeat).total_seconds()
+            gaps.append(HeartbeatGap(before, after, gap_s, clean=before.status == "stopped"))
+    return gaps
 
 
 class SqlExampleDatabase(ExampleDatabase):

@@ -185,7 +185,7 @@ class Backend(abc.ABC):
             reasons.append("head_dim_v != head_dim")
         if case.num_heads_kv != case.num_heads and not caps.gqa:
             reasons.append("num_heads_kv != num_heads (GQA/MQA)")
-        if case.causal and case.causal_alignment not in caps.causal_alignments:
+        if case.causal and case.causal_alignment not in caps.causal_alignments and not alignment_irrelevant(case):
             reasons.append(f"causal_alignment {case.causal_alignment} not in {caps.causal_alignments}")
         if (case.window_size_left is not None or case.window_size_right is not None) and not caps.windows:
             reasons.append("sliding window")
@@ -270,3 +270,12 @@ def run_with_grad(fn, case: AttentionCase, inputs: Any) -> tuple[Any, Any, Any, 
     out, lse = fn(q, k, v)
     out.backward(inputs.dout)
     return out.detach(), None if lse is None else lse.detach(), q.grad, k.grad, v.grad
+
+
+def alignment_irrelevant(case: AttentionCase) -> bool:
+    """Whether top-left and bottom-right alignment give the same mask for ``case``: every
+    sequence has as many keys as queries, so the offset ``seqlen_k - seqlen_q`` is 0
+    (`oracle.masks`). A backend that implements one alignment then runs the other too."""
+    if case.is_varlen:
+        return tuple(case.seqlens_q) == tuple(case.seqlens_k)
+    return case.seqlen_q == case.seqlen_k

@@ -1,7 +1,7 @@
 """FlashAttention 4 (flash-attn-4, CuTe DSL) adapter: ``flash_attn.cute.interface``.
 
-What the library expects (read in flash-attn-4 4.0.0b36, cross-checked against 4.0.0b3, b11, b20,
-b25, b28, b29, b30, b31 wheels and upstream commit 66ee1b5):
+What the library expects (read in flash-attn-4 4.0.0b36, cross-checked against the 4.0.0b3 and
+every 4.0.0b11 .. 4.0.0b35 wheel and upstream commit 66ee1b5):
 
 * ``flash_attn_func(q, k, v, *, softmax_scale=None, causal=False, window_size=(None, None),
   softcap=0.0, ..., return_lse=False)`` on ``[batch_size, seqlen, heads, dim]`` tensors and
@@ -30,6 +30,16 @@ API drift handled here (never by version string):
   ``max_seqlen_q/k``. Keywords absent from ``inspect.signature`` are dropped when optional
   (``return_lse``, ``max_seqlen_*``) and refused (`UnsupportedCaseError`) when they carry the mask.
 * A result that is a tuple/list is ``(out, lse, ...)``; a bare tensor is ``out`` (lse None).
+* Every build 4.0.0b11 .. 4.0.0b36 (all 26 wheels read) takes every keyword the adapter sends
+  (``softmax_scale``, ``causal``, ``window_size``, ``softcap``, ``return_lse``; varlen also
+  ``cu_seqlens_q/k``, ``max_seqlen_q/k``) and returns ``FlashAttnFunc.apply(...)`` = ``(out,
+  lse)``. Later parameters only: ``mask_mod``/``block_sparse_tensors`` in the varlen function
+  (b13), ``aux_scalars`` (b17), ``scheduler_metadata``/``seqlen_k_per_split``/
+  ``disable_scheduler_metadata`` (varlen, b25), ``gather_bwd_recompute_p``/
+  ``gather_bwd_token_chunk`` (b32); the adapter sends none of them. `fa4_build_mismatch` checks
+  that the imported module is the build whose version is recorded (``extra`` has both).
+* SM90 backward with GQA and ``head_dim != head_dim_v`` asserts in every build
+  (`fa4_sm90_backward_reasons`).
 
 Variants (the same mask, encoded the way different callers encode it):
 
@@ -61,6 +71,8 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import inspect
+import os
+import sys
 import time
 from typing import Any, Callable, ClassVar
 
@@ -205,6 +217,50 @@ def fa4_head_dim_reasons(head_dim: int, head_dim_v: int, arch_major: int | None)
     elif arch_major is None and not (sm90_ok() or sm100_ok()):
         reasons.append(f"(head_dim, head_dim_v) = ({head_dim}, {head_dim_v}) is supported on no FA4 architecture")
     return reasons
+
+
+def fa4_sm90_backward_reasons(case: AttentionCase, arch_major: int | None) -> list[str]:
+    """FA4's SM90 backward limits that its interface does not validate up front.
+
+    ``FlashAttentionBackwardSm90.__init__`` asserts "GQA backward requires head_dim == head_dim_v"
+    when ``qhead_per_kvhead > 1`` (``flash_bwd_sm90.py``, identical in every build 4.0.0b11 ..
+    4.0.0b36); it surfaces as an AssertionError at the first backward call.
+    """
+    if arch_major != 9 or not case.backward:
+        return []
+    if case.num_heads != case.num_heads_kv and case.head_dim != case.head_dim_v:
+        return ["FA4's SM90 backward does not support GQA/MQA with head_dim != head_dim_v"]
+    return []
+
+
+def fa4_build_mismatch(interface: Any | None = None) -> str | None:
+    """Why the imported ``flash_attn.cute.interface`` is not the flash-attn-4 build its metadata
+    names (None when they agree or when it cannot be told).
+
+    Bisection puts one build's folder before another on ``sys.path``; ``flash_attn`` is a namespace
+    package in flash-attn-4 wheels, so an installed FlashAttention 2 (a regular ``flash_attn``
+    package) or a stale ``sys.path`` order would silently run another build than the recorded
+    version. The metadata's own location of ``flash_attn/cute/interface.py`` decides.
+    """
+    if interface is None:
+        interface = sys.modules.get(FA4_MODULE)
+    module_file = getattr(interface, "__file__", None)
+    if not module_file:
+        return None
+    try:
+        dist = importlib.metadata.distribution(FA4_DISTRIBUTION)
+        expected = os.path.realpath(str(dist.locate_file("flash_attn/cute/interface.py")))
+    except Exception:  # noqa: BLE001 - no metadata or an unusual installation: cannot tell
+        return None
+    if not os.path.exists(expected):
+        return None  # e.g. an editable install: the metadata does not locate the sources
+    actual = os.path.realpath(module_file)
+    if actual == expected:
+        return None
+    return (
+        f"{FA4_MODULE} was imported from {actual}, but the {FA4_DISTRIBUTION} metadata found first "
+        f"(version {dist.version}) belongs to {expected}: results would be recorded under the wrong build"
+    )
 
 
 def cuda_arch_major() -> int | None:
@@ -408,10 +464,10 @@ class FA4Backend(Backend):
         if major not in FA4_ARCH_MAJORS:
             return f"FA4 targets SM90/SM100 (compute capability major {FA4_ARCH_MAJORS}), this GPU is sm{major}x"
         try:
-            importlib.import_module(FA4_MODULE)
+            interface = importlib.import_module(FA4_MODULE)
         except Exception as exc:  # noqa: BLE001 - any import failure makes the backend unusable
             return f"cannot import {FA4_MODULE}: {type(exc).__name__}: {exc}"
-        return None
+        return fa4_build_mismatch(interface)
 
     def unsupported_reasons(self, case: AttentionCase, variant: str) -> list[str]:
         """Base checks, window alignment, head dims for this GPU, and the variant's meaning."""
@@ -419,7 +475,9 @@ class FA4Backend(Backend):
         has_window = case.window_size_left is not None or case.window_size_right is not None
         if has_window and not case.causal and case.causal_alignment != "bottom_right":
             reasons.append("FA4 aligns sliding windows bottom-right only")
-        reasons.extend(fa4_head_dim_reasons(case.head_dim, case.head_dim_v, cuda_arch_major()))
+        arch_major = cuda_arch_major()
+        reasons.extend(fa4_head_dim_reasons(case.head_dim, case.head_dim_v, arch_major))
+        reasons.extend(fa4_sm90_backward_reasons(case, arch_major))
         reasons.extend(fa4_variant_reasons(case, variant))
         return reasons
 
@@ -475,6 +533,7 @@ class FA4Backend(Backend):
         extra = {
             "call": describe_call(func_name, kwargs),
             "flash_attn_4_version": distribution_version(FA4_DISTRIBUTION) or "unknown",
+            "flash_attn_4_module": str(getattr(interface, "__file__", None) or "unknown"),
             **facts,
         }
         return BackendOutput(out=out, lse=lse, dq=dq, dk=dk, dv=dv, compile_ms=compile_ms, extra=extra)
@@ -492,8 +551,10 @@ __all__ = [
     "builtin_backends",
     "canonical_lse",
     "call_with_signature",
+    "fa4_build_mismatch",
     "fa4_call_kwargs",
     "fa4_head_dim_reasons",
+    "fa4_sm90_backward_reasons",
     "fa4_variant_reasons",
     "fa4_window_args",
     "fit_to_signature",

@@ -16,7 +16,11 @@ TE conventions (read in transformer-engine 2.20.2):
   cu_seqlens_kv, max_seqlen_q, max_seqlen_kv, attn_mask_type, window_size, bottom_right_diagonal,
   softcap, ...)`` may override the mask settings per call. Output heads are flattened:
   ``[b, s, h * d_v]`` (bshd), ``[s, b, h * d_v]`` (sbhd), ``[t, h * d_v]`` (thd). No LSE is
-  returned.
+  returned, so every TE adapter declares ``lse=False`` and returns ``lse=None``.
+* ``attention_type`` (constructor, default ``"self"``): for thd padding masks
+  UnfusedDotProductAttention builds the key mask from ``cu_seqlens_q`` alone unless it is
+  ``"cross"`` (``utils.py`` ``get_padding_mask``/``get_full_mask``), so cases whose per-sequence
+  query and key lengths differ pass ``attention_type="cross"``, as a cross-attention caller does.
 * ``attn_mask_type``: ``no_mask``, ``causal`` (top-left), ``causal_bottom_right``, and for thd
   ``padding``, ``padding_causal``, ``padding_causal_bottom_right`` (thd requires a padding type).
 * ``window_size`` uses ``-1`` for an unbounded side; ``check_set_window_size`` normalises causal
@@ -39,11 +43,19 @@ Selection control and detection:
   ``NVTE_FLASH_ATTN_V2``, ``NVTE_FLASH_ATTN_V3``, ``NVTE_FLASH_ATTN_V4``, ``NVTE_FUSED_ATTN``,
   ``NVTE_UNFUSED_ATTN`` (1 = allowed, default 1). With every other sub-backend off, TE raises
   ValueError "No dot product attention backend is available" instead of falling back. On SM90 TE
-  prefers FA3 over FA4, hence ``NVTE_FLASH_ATTN_V3=0`` for te-fa4. ``NVTE_DEBUG=1
-  NVTE_DEBUG_LEVEL=2`` logs "Selected backend = ..." (not needed here).
+  prefers FA3 over FA4, hence ``NVTE_FLASH_ATTN_V3=0`` for te-fa4; on SM90+ it prefers
+  FusedAttention over FlashAttention when both are eligible, hence ``NVTE_FUSED_ATTN=0`` there.
+  ``NVTE_DEBUG=1 NVTE_DEBUG_LEVEL=2`` logs "Selected backend = ..." (not needed here). The
+  selection is cached per attention parameters, so each call applies the adapter's ``env_vars``
+  and sets ``backend_selection_requires_update`` (`TEBackend._selection_forced`): correct even
+  when several TE adapters share one process.
+* TE imports FlashAttention 2/4 once, at import, and only *warns* when that fails (e.g. FA4
+  4.0.0b24 with nvidia-cutlass-dsl < 4.6.2, or flash-attn outside ``[2.1.1, 2.8.4)``); then
+  ``FlashAttentionUtils.v4_is_installed``/``is_installed`` stays False and `availability` says so
+  instead of every case ending in "No dot product attention backend".
 * Detection: the module global ``_attention_backends`` in ``dot_product_attention.py``
   (keys ``use_flash_attention``, ``flash_attention_backend`` (a ``packaging`` Version, major 2/3/4),
-  ``use_fused_attention``, ``fused_attention_backend`` (cuDNN sub-backend enum),
+  ``use_fused_attention``, ``fused_attention_backend`` (cuDNN sub-backend, an int in 2.20),
   ``use_unfused_attention``) is updated by ``DotProductAttention.forward`` whenever the attention
   parameters change; it is read right after each forward. ``selected_kernel`` uses TE's own
   wording ("FlashAttention (4.0.0b36)", "FusedAttention (sub-backend 1)",
@@ -74,7 +86,9 @@ Context parallelism (``case.cp_size > 1``; `TEBackend.run_cp`, run on every rank
 * thd passes the *global* ``cu_seqlens_q``/``cu_seqlens_kv`` (real lengths) and
   ``cu_seqlens_q_padded``/``cu_seqlens_kv_padded`` (lengths padded to multiples of ``2 cp_size``)
   on every rank, with ``max_seqlen_q``/``max_seqlen_kv`` the largest padded length
-  (`te_cp_forward_kwargs`); bshd/sbhd pass nothing extra (TE multiplies the local length by
+  (`te_cp_forward_kwargs`); when no sequence needs padding the padded tensors are the very same
+  objects as the unpadded ones, which is how TE infers ``pad_between_seqs=False``
+  (`te_cp_tensor_kwargs`); bshd/sbhd pass nothing extra (TE multiplies the local length by
   ``cp_size``);
 * `te_cp_unsupported_reasons` lists TE's CP limits (``get_attention_backend`` "Filter: Context
   parallelism", ``attn_forward_func_with_cp`` assertions, and the skips of
@@ -92,8 +106,10 @@ constants.py`` (transformer-engine 2.20.2 wheel).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
-from collections.abc import Mapping
+import os
+from collections.abc import Iterator, Mapping, MutableMapping
 from typing import Any, ClassVar
 
 from fuzzer.backends.base import Backend, BackendOutput, Capabilities, UnsupportedCaseError, run_with_grad
@@ -102,6 +118,7 @@ from fuzzer.backends.fa4 import (
     cuda_arch_major,
     describe_call,
     distribution_version,
+    fa4_build_mismatch,
     fit_to_signature,
     is_one_sided_window,
 )
@@ -110,6 +127,7 @@ from oracle.config import AttentionCase
 
 TE_MODULE = "transformer_engine.pytorch"
 TE_DPA_MODULE = "transformer_engine.pytorch.attention.dot_product_attention.dot_product_attention"
+TE_UTILS_MODULE = "transformer_engine.pytorch.attention.dot_product_attention.utils"
 TE_VARIANTS = ("mask_type", "explicit_window", "forward_args")
 TE_PACKAGES = (
     "transformer-engine",
@@ -123,6 +141,7 @@ TE_NO_BACKEND_MESSAGE = "No dot product attention backend is available"
 TE_ESSENTIAL_KWARGS = frozenset(
     {
         "attn_mask_type",
+        "attention_type",
         "window_size",
         "bottom_right_diagonal",
         "softcap",
@@ -204,11 +223,21 @@ def te_module_kwargs(case: AttentionCase, variant: str) -> dict[str, Any]:
         "qkv_format": case.qkv_format,
         "softmax_scale": case.softmax_scale,
     }
+    if te_is_cross_attention(case):
+        # TE's default "self" builds a thd padding mask from cu_seqlens_q alone for q *and* kv
+        # (utils.py get_padding_mask / get_full_mask), wrong for UnfusedDotProductAttention once
+        # the kv lengths differ. A real cross-attention caller says "cross".
+        kwargs["attention_type"] = "cross"
     if variant == "forward_args":
         te_window_size(case)  # raise for masks TE cannot express, as the other variants do
         return kwargs
     kwargs.update(_mask_kwargs(case, explicit_window=variant == "explicit_window"))
     return kwargs
+
+
+def te_is_cross_attention(case: AttentionCase) -> bool:
+    """Whether some sequence has a different query and key length (TE's ``attention_type="cross"``)."""
+    return case.seqlens_q_list != case.seqlens_k_list
 
 
 def te_forward_kwargs(case: AttentionCase, variant: str) -> dict[str, Any]:
@@ -322,15 +351,35 @@ def te_cp_forward_kwargs(case: AttentionCase, variant: str, seqlens: CPSeqlens) 
 def te_cp_tensor_kwargs(case: AttentionCase, seqlens: CPSeqlens, device: Any) -> dict[str, Any]:
     """The varlen tensors of one rank's CP call, on ``device``: for thd the global
     ``cu_seqlens_q``, ``cu_seqlens_kv``, ``cu_seqlens_q_padded``, ``cu_seqlens_kv_padded``
-    (``[batch_size + 1] int32``); nothing for bshd/sbhd."""
+    (``[batch_size + 1] int32``); nothing for bshd/sbhd.
+
+    When no sequence needs padding (every length already a multiple of ``2 * cp_size``), the
+    padded tensors *are* the unpadded ones (the same objects): TE 2.20 infers
+    ``pad_between_seqs`` from ``cu_seqlens_q_padded is cu_seqlens_q and cu_seqlens_kv_padded is
+    cu_seqlens_kv`` (``DotProductAttention.forward``) and otherwise disables FlashAttention 2 and
+    sends FlashAttention 4 down its ``seqused`` path.
+    """
     if not case.is_varlen:
         return {}
+    cu_q, cu_kv = seqlens.cu_seqlens_q.to(device), seqlens.cu_seqlens_k.to(device)
+    if _same_values(seqlens.cu_seqlens_q, seqlens.cu_seqlens_q_padded) and _same_values(
+        seqlens.cu_seqlens_k, seqlens.cu_seqlens_k_padded
+    ):
+        cu_q_padded, cu_kv_padded = cu_q, cu_kv
+    else:
+        cu_q_padded = seqlens.cu_seqlens_q_padded.to(device)
+        cu_kv_padded = seqlens.cu_seqlens_k_padded.to(device)
     return {
-        "cu_seqlens_q": seqlens.cu_seqlens_q.to(device),
-        "cu_seqlens_kv": seqlens.cu_seqlens_k.to(device),
-        "cu_seqlens_q_padded": seqlens.cu_seqlens_q_padded.to(device),
-        "cu_seqlens_kv_padded": seqlens.cu_seqlens_k_padded.to(device),
+        "cu_seqlens_q": cu_q,
+        "cu_seqlens_kv": cu_kv,
+        "cu_seqlens_q_padded": cu_q_padded,
+        "cu_seqlens_kv_padded": cu_kv_padded,
     }
+
+
+def _same_values(a: Any, b: Any) -> bool:
+    """Same shape and values (CPU tensors of the CP metadata)."""
+    return tuple(a.shape) == tuple(b.shape) and bool((a == b).all())
 
 
 def te_cp_group_args(case: AttentionCase, groups: CPProcessGroups) -> tuple[Any, list[int], Any, str]:
@@ -425,8 +474,6 @@ class TEBackend(Backend):
     sub_backend: ClassVar[str] = ""
     #: TE disables FlashAttention for top-left causal masks and windows when seqlen_q != seqlen_k.
     bottom_right_unless_square: ClassVar[bool] = False
-    #: The sub-backend compiles at first use (FA4 JIT, cuDNN graphs): time it (`CompileTimer`).
-    jit: ClassVar[bool] = False
     #: Distributions the sub-backend needs besides TE, with the reason given when one is missing.
     requires: ClassVar[tuple[str, ...]] = ()
     #: Smallest compute capability TE allows the sub-backend on.
@@ -454,7 +501,30 @@ class TEBackend(Backend):
             importlib.import_module(TE_MODULE)
         except Exception as exc:  # noqa: BLE001
             return f"cannot import {TE_MODULE}: {type(exc).__name__}: {exc}"
-        return None
+        return self._sub_backend_loaded_reason()
+
+    def _sub_backend_loaded_reason(self) -> str | None:
+        """Why TE did not load this sub-backend's library although it is installed (else None).
+
+        TE imports FlashAttention once (``backends.py``) and, when that fails or the version is out
+        of its range, only warns and leaves ``FlashAttentionUtils.v4_is_installed`` /
+        ``is_installed`` False: every call would then end in "No dot product attention backend".
+        """
+        flag = {"flash4": "v4_is_installed", "flash2": "is_installed"}.get(self.sub_backend)
+        if flag is None:
+            return None
+        try:
+            utils = importlib.import_module(TE_UTILS_MODULE)
+            loaded = getattr(utils.FlashAttentionUtils, flag)
+        except Exception:  # noqa: BLE001 - another TE layout: let the per-call selection check decide
+            return None
+        if loaded:
+            return fa4_build_mismatch() if self.sub_backend == "flash4" else None
+        package = self.requires[0] if self.requires else "flash-attn"
+        return (
+            f"TE did not load {package} {distribution_version(package)} (FlashAttentionUtils.{flag} is False: "
+            "TE's import of it failed or the version is outside TE's range; see TE's warning at import)"
+        )
 
     def unsupported_reasons(self, case: AttentionCase, variant: str) -> list[str]:
         """Base checks, TE's FlashAttention alignment filter, and the variant's meaning."""
@@ -528,6 +598,29 @@ class TEBackend(Backend):
             (*self.kernel_key(case, variant), "cp", case.cp_size, case.cp_comm_type),
         )
 
+    @contextlib.contextmanager
+    def _selection_forced(self, dpa: Any) -> Iterator[None]:
+        """This adapter's ``env_vars`` in ``os.environ`` for the call, and a fresh backend selection.
+
+        TE reads ``NVTE_*`` with ``os.environ.get`` on each selection but caches the selection in
+        ``_attention_backends`` per attention parameters, so two TE adapters in one process (the
+        in-process executor) would otherwise reuse each other's choice. With one child process per
+        adapter (the default) the environment is already set and this only re-runs the selection.
+        """
+        state = getattr(dpa, "_attention_backends", None)
+        if isinstance(state, MutableMapping) and "backend_selection_requires_update" in state:
+            state["backend_selection_requires_update"] = True
+        saved = {key: os.environ.get(key) for key in self.env_vars}
+        os.environ.update(self.env_vars)
+        try:
+            yield
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+
     def _call(
         self,
         case: AttentionCase,
@@ -547,7 +640,8 @@ class TEBackend(Backend):
         def attention(q: Any, k: Any, v: Any) -> tuple[Any, None]:
             q_, k_, v_ = (to_te_layout(case, t) for t in (q, k, v))
             try:
-                out = module(q_, k_, v_, **tensor_kwargs, **accepted)
+                with self._selection_forced(dpa):
+                    out = module(q_, k_, v_, **tensor_kwargs, **accepted)
             except ValueError as exc:
                 if TE_NO_BACKEND_MESSAGE in str(exc):
                     raise UnsupportedCaseError(f"TE has no allowed backend for this case ({self.name}): {exc}") from exc
@@ -569,7 +663,7 @@ class TEBackend(Backend):
         def once() -> tuple:
             return run_with_grad(attention, case, inputs)
 
-        if self.jit:
+        if self.jit_compiled:  # compiles at first use (FA4 JIT, cuDNN graphs): time it
             (out, lse, dq, dk, dv), compile_ms = self._timer.run(kernel_key, once, inputs.q)
         else:
             (out, lse, dq, dk, dv), compile_ms = once(), 0.0
@@ -603,7 +697,6 @@ class TEFA4Backend(TEBackend):
     jit_compiled: ClassVar[bool] = True
     sub_backend: ClassVar[str] = "flash4"
     bottom_right_unless_square: ClassVar[bool] = True
-    jit: ClassVar[bool] = True
     requires: ClassVar[tuple[str, ...]] = ("flash-attn-4",)
     min_arch_major: ClassVar[int] = 9
     env_vars: ClassVar[dict[str, str]] = {
@@ -670,7 +763,7 @@ class TEFusedBackend(TEBackend):
     name: ClassVar[str] = "te-fused"
     environment: ClassVar[str] = "te-fused"
     sub_backend: ClassVar[str] = "fused"
-    jit: ClassVar[bool] = True  # cuDNN graphs are built at first use
+    jit_compiled: ClassVar[bool] = True  # cuDNN graphs are built at first use
     env_vars: ClassVar[dict[str, str]] = {**_FLASH_OFF, "NVTE_FUSED_ATTN": "1", "NVTE_UNFUSED_ATTN": "0"}
     packages: ClassVar[tuple[str, ...]] = TE_PACKAGES + ("nvidia-cudnn-cu12", "nvidia-cudnn-cu13")
     capabilities: ClassVar[Capabilities] = Capabilities(

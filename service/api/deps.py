@@ -1,22 +1,40 @@
-"""FastAPI dependencies: the database session, the settings and the bearer-token checks.
+"""FastAPI dependencies: the database sessions, the settings and the token checks.
 
-Tests replace `get_session` through ``app.dependency_overrides`` to run a request inside their
-rolled-back transaction.
+Tests replace `get_session` and `get_write_session` through ``app.dependency_overrides`` to run
+a request inside their rolled-back transaction.
+
+Tokens: API clients send ``Authorization: Bearer <api_token>``. Browsers log in once at
+``/login``, which stores the token in the ``attnfuzz_token`` cookie (HttpOnly, SameSite=Strict,
+so other sites' pages never send it); the pages and their forms accept that cookie too. JSON
+writes accept only the header.
+
+Bad input: integer path parameters are declared with `id_path` (1 to `MAX_SQL_INTEGER`), and
+`reject_unstorable_text` refuses a NUL character or a lone surrogate anywhere in the path, the
+query or a JSON or form body (text the databases cannot store or compare), each with 422 naming
+the field.
 """
 
 from __future__ import annotations
 
+import re
 import secrets
 from collections.abc import Iterator
-from typing import Annotated
+from contextlib import contextmanager
+from typing import Annotated, Any
+from urllib.parse import parse_qsl, urlsplit
 
-from fastapi import Depends, HTTPException, Request, status
+from fastapi import Depends, HTTPException, Path, Request, status
+from fastapi.exceptions import RequestValidationError
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
+from service.models import MAX_SQL_INTEGER
 from service.settings import Settings
 
 _bearer = HTTPBearer(auto_error=False, description="ATTNFUZZ_API_TOKEN")
+
+
+TOKEN_COOKIE = "attnfuzz_token"
 
 
 def get_session(request: Request) -> Iterator[Session]:
@@ -25,33 +43,166 @@ def get_session(request: Request) -> Iterator[Session]:
         yield session
 
 
+def get_write_session(request: Request) -> Iterator[Session]:
+    """A session for requests that write: on SQLite its transactions begin ``IMMEDIATE`` (they
+    take the write lock up front and wait their turn instead of failing on upgrade)."""
+    with request.app.state.write_session_factory() as session:
+        yield session
+
+
+@contextmanager
+def write_transaction(session: Session) -> Iterator[Session]:
+    """Commit what the block wrote, or roll all of it back when the block raises, so a rejected
+    request stores nothing."""
+    try:
+        yield session
+    except BaseException:
+        session.rollback()
+        raise
+    session.commit()
+
+
 def get_settings(request: Request) -> Settings:
     """The settings `create_app` was built with."""
     return request.app.state.settings
 
 
 SessionDep = Annotated[Session, Depends(get_session)]
+WriteSessionDep = Annotated[Session, Depends(get_write_session)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 
 
-def _check_token(settings: Settings, credentials: HTTPAuthorizationCredentials | None) -> None:
-    if settings.api_token is None:
-        return
-    if credentials is None or not secrets.compare_digest(credentials.credentials.encode(), settings.api_token.encode()):
-        raise HTTPException(
-            status_code=status.HTTP_401_UNAUTHORIZED,
-            detail="missing or wrong bearer token",
-            headers={"WWW-Authenticate": "Bearer"},
+def id_path(what: str) -> Any:
+    """The declaration of an integer id path parameter: 1 to `MAX_SQL_INTEGER` (an id the
+    database cannot hold is refused with 422 instead of reaching SQL)."""
+    return Annotated[int, Path(ge=1, le=MAX_SQL_INTEGER, description=f"the {what}'s id")]
+
+
+BucketId = id_path("bucket")
+BuildId = id_path("build")
+WorkerId = id_path("worker")
+BisectionId = id_path("bisection")
+
+WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+"""Characters no database of ours can take in text: NUL (PostgreSQL refuses it in text, JSONB and
+comparisons) and lone surrogates (not Unicode: encoding them to UTF-8 fails on both databases)."""
+
+
+def unstorable_message(text: str) -> str | None:
+    """Why ``text`` cannot be stored (the first offending character), or None when it can."""
+    found = _UNSTORABLE.search(text)
+    if found is None:
+        return None
+    if found.group() == "\x00":
+        return "must not contain the NUL character (\\x00)"
+    return f"must not contain a lone surrogate (\\u{ord(found.group()):04x}): not valid Unicode"
+
+
+def _shown(name: str) -> str:
+    """``name`` with each unstorable character escaped (``\\x00``, ``\\ud800``), for a ``loc``."""
+    return _UNSTORABLE.sub(lambda found: found.group().encode("unicode_escape").decode(), name)
+
+
+def _unstorable_in(value: Any, loc: tuple[str | int, ...]) -> list[tuple[tuple[str | int, ...], str]]:
+    """``(loc, message)`` for each string (a value or a key) of a parsed JSON value that cannot be
+    stored, in document order (iterative: any nesting the JSON parser took is walked)."""
+    found: list[tuple[tuple[str | int, ...], str]] = []
+    stack: list[tuple[Any, tuple[str | int, ...]]] = [(value, loc)]
+    while stack:
+        item, where = stack.pop()
+        if isinstance(item, str):
+            if (message := unstorable_message(item)) is not None:
+                found.append((where, message))
+        elif isinstance(item, dict):
+            children = []
+            for key, child in item.items():
+                shown = _shown(key) if isinstance(key, str) else key
+                if isinstance(key, str) and (message := unstorable_message(key)) is not None:
+                    found.append(((*where, shown), message))
+                children.append((child, (*where, shown)))
+            stack.extend(reversed(children))
+        elif isinstance(item, list):
+            stack.extend(reversed([(child, (*where, i)) for i, child in enumerate(item)]))
+    return found
+
+
+async def reject_unstorable_text(request: Request) -> None:
+    """Refuse a NUL character or a lone surrogate in a path parameter, a query parameter (name or
+    value), a JSON body or a form body. PostgreSQL refuses NUL in text, in JSONB and even in a
+    comparison, and neither database can encode a lone surrogate (a ``"\\ud800"`` JSON escape):
+    without this check each is a 500. No name, note or URL of ours needs either, so both databases
+    refuse them alike.
+
+    Raises:
+        RequestValidationError: 422, one error per place (at most 20), ``loc`` naming it.
+    """
+    found: list[tuple[tuple[str | int, ...], str]] = []
+    for name, value in request.path_params.items():
+        if isinstance(value, str) and (message := unstorable_message(value)) is not None:
+            found.append((("path", name), message))
+    for name, value in request.query_params.multi_items():
+        if (message := unstorable_message(name + value)) is not None:
+            found.append((("query", _shown(name)), message))
+    if request.method in WRITE_METHODS:
+        content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if content_type == "application/json" or content_type.endswith("+json"):
+            try:
+                body = await request.json()  # cached: the route reads the same parsed body
+            except (ValueError, RecursionError):
+                body = None  # not JSON (or nested too deep to parse): FastAPI answers that itself
+            found += _unstorable_in(body, ("body",))
+        elif content_type == "application/x-www-form-urlencoded":
+            fields = parse_qsl((await request.body()).decode("utf-8", errors="replace"), keep_blank_values=True)
+            for name, value in fields:
+                if (message := unstorable_message(name + value)) is not None:
+                    found.append((("body", _shown(name)), message))
+    if found:
+        raise RequestValidationError(
+            [{"type": "value_error", "loc": loc, "msg": f"Value error, {message}", "input": None} for loc, message in found[:20]]
         )
 
 
+def is_valid_token(settings: Settings, token: str | None) -> bool:
+    """True when no token is configured, or ``token`` equals it (constant-time comparison)."""
+    if settings.api_token is None:
+        return True
+    return token is not None and secrets.compare_digest(token.encode(), settings.api_token.encode())
+
+
+def _check_token(settings: Settings, credentials: HTTPAuthorizationCredentials | None, cookie: str | None = None) -> None:
+    if is_valid_token(settings, credentials.credentials if credentials else None):
+        return
+    if cookie is not None and is_valid_token(settings, cookie):
+        return
+    raise HTTPException(
+        status_code=status.HTTP_401_UNAUTHORIZED,
+        detail="missing or wrong bearer token",
+        headers={"WWW-Authenticate": "Bearer"},
+    )
+
+
 def require_write_token(settings: SettingsDep, credentials: Credentials) -> None:
-    """Writes need ``Authorization: Bearer <api_token>`` whenever ``api_token`` is set."""
+    """JSON writes need ``Authorization: Bearer <api_token>`` whenever ``api_token`` is set."""
     _check_token(settings, credentials)
 
 
-def require_read_token(settings: SettingsDep, credentials: Credentials) -> None:
-    """Reads need the token only when ``read_requires_token`` is set."""
+def require_read_token(request: Request, settings: SettingsDep, credentials: Credentials) -> None:
+    """Reads need the token (header or login cookie) only when ``read_requires_token`` is set."""
     if settings.read_requires_token:
-        _check_token(settings, credentials)
+        _check_token(settings, credentials, request.cookies.get(TOKEN_COOKIE))
+
+
+def require_form_token(request: Request, settings: SettingsDep, credentials: Credentials) -> None:
+    """HTML form writes: the token as header or login cookie, and, when the browser says where
+    the form came from (``Origin``), a form of this site only.
+
+    Raises:
+        HTTPException: 403 for a cross-site form, 401 without a valid token.
+    """
+    origin = request.headers.get("origin")
+    if origin and origin != "null" and urlsplit(origin).netloc != request.headers.get("host"):
+        raise HTTPException(status.HTTP_403_FORBIDDEN, "cross-site form submissions are refused")
+    _check_token(settings, credentials, request.cookies.get(TOKEN_COOKIE))

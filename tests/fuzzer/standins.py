@@ -5,7 +5,21 @@
   ``causal=True, window_size=(-1, 0)`` gives an empty band: all-zero output and ``-inf`` lse.
 * `CrashingBackend` ("standin-crash"): segfaults (a real SIGSEGV) when seqlen_q == 3.
 * `HangingBackend` ("standin-hang"): sleeps for an hour when seqlen_q == 5.
+* `SometimesCrashingBackend` ("standin-crash-some"): segfaults on one case in 16 (by case_id),
+  whatever its shape: a backend that crashes now and then during a long run.
 * `CorrectBackend` ("standin-ok"): correct attention everywhere.
+* `CudaFatalBackend` ("standin-cuda-fatal"): raises the text of a CUDA illegal memory access when
+  seqlen_q == 3 (the executor treats the child's context as poisoned: crash, restart).
+* `MemoryHogBackend` ("standin-memhog"): when seqlen_q == 4, allocates host memory in 16 MiB
+  blocks until it fails or is killed. A safety net keeps the machine safe: it first lowers its own
+  ``RLIMIT_AS`` to its current size + ``$ATTNFUZZ_STANDIN_HOG_BYTES`` (default 1 GiB), so it ends
+  with ``MemoryError`` unless the executor's memory limit kills it first.
+* `GateBackend` ("standin-gate"): variants ``native`` (correct) and ``buggy`` (all-zero output on
+  causal cases, NaN output on cases with a left window). With ``$ATTNFUZZ_GATE_DIR`` set, every
+  call appends ``<case_id> <variant> <pid>`` to ``calls.log`` there, and a call whose case has a
+  ``block-<case_id>`` file (or any call while ``block-all`` exists) first writes
+  ``blocked-<case_id>`` and then waits until that block file is removed: the tests use it to kill a
+  worker in the middle of a case, a shrink or a replay.
 
 All compute in float32 with PyTorch's math kernel and an explicit mask, so they are cheap.
 """
@@ -14,7 +28,10 @@ from __future__ import annotations
 
 import ctypes
 import math
+import os
+import resource
 import time
+from pathlib import Path
 
 import torch
 
@@ -24,6 +41,19 @@ CAPS = Capabilities(
     dtypes=("float32",),
     qkv_formats=("bshd",),
     max_head_dim=64,
+    windows=True,
+    lse=True,
+    max_seqlen=64,
+)
+
+
+# What the newer stand-ins accept: every dtype and dense layout (they compute in float32 on the
+# canonical layout), so they run on most cases drawn next to the real CPU backends.
+WIDE_CAPS = Capabilities(
+    dtypes=("float32", "bfloat16", "float16"),
+    qkv_formats=("bshd", "sbhd"),
+    max_head_dim=256,
+    head_dim_v_differs=True,
     windows=True,
     lse=True,
     max_seqlen=64,
@@ -122,6 +152,17 @@ class CrashingBackend(_Base):
         return self._call(case, inputs, *self._bounds(case))
 
 
+class SometimesCrashingBackend(_Base):
+    name = "standin-crash-some"
+    environment = "standin-crash-some"
+    capabilities = WIDE_CAPS
+
+    def run(self, case, inputs, variant):
+        if int(case.case_id, 16) % 16 == 0:
+            ctypes.string_at(0)  # a real segmentation fault
+        return self._call(case, inputs, *self._bounds(case))
+
+
 class HangingBackend(_Base):
     name = "standin-hang"
     environment = "standin-hang"
@@ -130,3 +171,77 @@ class HangingBackend(_Base):
         if case.seqlen_q == 5:
             time.sleep(3600)
         return self._call(case, inputs, *self._bounds(case))
+
+
+class CudaFatalBackend(_Base):
+    name = "standin-cuda-fatal"
+    environment = "standin-cuda-fatal"
+
+    def run(self, case, inputs, variant):
+        if case.seqlen_q == 3:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return self._call(case, inputs, *self._bounds(case))
+
+
+HOG_BLOCK_BYTES = 16 * 2**20
+
+
+def _virtual_size_bytes() -> int:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+
+
+class MemoryHogBackend(_Base):
+    name = "standin-memhog"
+    environment = "standin-memhog"
+
+    def run(self, case, inputs, variant):
+        if case.seqlen_q == 4:
+            headroom = int(os.environ.get("ATTNFUZZ_STANDIN_HOG_BYTES", str(2**30)))
+            soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+            resource.setrlimit(resource.RLIMIT_AS, (_virtual_size_bytes() + headroom, hard))
+            blocks = []
+            try:
+                while True:
+                    blocks.append(bytearray(HOG_BLOCK_BYTES))  # zero-filled: every page touched
+            finally:
+                blocks.clear()
+                resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+        return self._call(case, inputs, *self._bounds(case))
+
+
+GATE_DIR_ENV = "ATTNFUZZ_GATE_DIR"
+GATE_MAX_WAIT_S = 300.0
+
+
+def _gate(case_id: str, variant: str) -> None:
+    """Log the call; wait while a block file for it exists (see the module docstring)."""
+    root = os.environ.get(GATE_DIR_ENV)
+    if not root:
+        return
+    gate = Path(root)
+    with open(gate / "calls.log", "a") as fh:
+        fh.write(f"{case_id} {variant} {os.getpid()}\n")
+    blocks = [gate / f"block-{case_id}", gate / "block-all"]
+    if not any(b.exists() for b in blocks):
+        return
+    (gate / f"blocked-{case_id}").write_text(str(os.getpid()))
+    deadline = time.monotonic() + GATE_MAX_WAIT_S
+    while any(b.exists() for b in blocks) and time.monotonic() < deadline:
+        time.sleep(0.05)  # this is the injected fault (a stuck kernel), not a test's synchronisation
+
+
+class GateBackend(_Base):
+    name = "standin-gate"
+    environment = "standin-gate"
+    capabilities = WIDE_CAPS
+    variants = ("native", "buggy")
+
+    def run(self, case, inputs, variant):
+        _gate(case.case_id, variant)
+        output = self._call(case, inputs, *self._bounds(case))
+        if variant == "buggy" and case.causal:
+            output.out.zero_()
+        elif variant == "buggy" and case.window_size_left is not None:
+            output.out.fill_(math.nan)
+        return output

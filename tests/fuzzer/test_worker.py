@@ -114,3 +114,57 @@ def test_unsupported_variants_are_recorded_as_unsupported_never_as_failures():
     assert "top-left" in results["is_causal"].detail
     assert results["bool_mask"].status == "pass", results["bool_mask"].metrics
     assert not sink.buckets
+
+
+def test_a_bucket_left_unminimised_is_claimed_and_minimised_by_the_next_worker():
+    """A worker that died (or ran with --no-shrink) left a bucket without a minimised case: the
+    next worker claims it at start, even with no case budget, and minimises it once."""
+    from fuzzer.results import BuildFingerprint, CaseResult
+
+    backends = registry.select([], ["tests.fuzzer.standins:GateBackend"])
+    sink = MemorySink()
+    build_id = sink.register_build(BuildFingerprint())
+    case = AttentionCase(batch_size=2, seqlen_q=5, seqlen_k=6, num_heads=2, head_dim=16, dtype="float32", causal=True)
+    sink.record_case(case.to_json(), "fuzz")
+    sink.record_result(CaseResult(case.case_id, "standin-gate", "buggy", "fail", signature="out:all_zero"), build_id, None)
+    dead = sink.register_worker(build_id, "h", 1, "cpu")
+    assert sink.claim_minimisation(dead, ["standin-gate"], lease_s=3600.0).attempt == 1
+    sink.mark_worker_lost(dead)  # what taking over its spool slot does
+
+    config = WorkerConfig(backends=backends, max_cases=0, time_budget_s=None, isolation="none", shrink_deadline_s=30)
+    stats = Worker(config, sink).run()
+    bucket = sink.buckets[("standin-gate", "buggy", "out:all_zero")]
+    assert bucket.minimised_case is not None and bucket.note.startswith("minimised"), bucket.note
+    minimal = AttentionCase.from_json(bucket.minimised_case)
+    assert minimal.causal and (minimal.batch_size, minimal.num_heads) == (1, 1), minimal.describe()
+    assert (bucket.attempts, bucket.owner) == (2, None)
+    assert [key for key, _ in stats.minimised] == [("standin-gate", "buggy", "out:all_zero")]
+    assert stats.cases == 0
+    assert sink.workers[dead]["status"] == "lost"
+
+
+def test_a_worker_that_loses_its_lease_mid_shrink_stops_and_records_nothing():
+    """Another worker took the bucket (the lease expired): the shrinking worker stops at its next
+    renewal, inside Hypothesis's search, and stores no minimised case."""
+    from fuzzer.results import BuildFingerprint, CaseResult
+
+    class StolenAfter(MemorySink):
+        renewals = 0
+
+        def renew_minimisation(self, bucket_id, worker_id, lease_s):
+            self.renewals += 1
+            return self.renewals < 4  # the first confirmations renew; then the lease is gone
+
+    backends = registry.select([], ["tests.fuzzer.standins:GateBackend"])
+    sink = StolenAfter()
+    build_id = sink.register_build(BuildFingerprint())
+    case = AttentionCase(batch_size=2, seqlen_q=5, seqlen_k=6, num_heads=2, head_dim=16, dtype="float32", causal=True)
+    sink.record_case(case.to_json(), "fuzz")
+    sink.record_result(CaseResult(case.case_id, "standin-gate", "buggy", "fail", signature="out:all_zero"), build_id, None)
+    config = WorkerConfig(backends=backends, max_cases=0, time_budget_s=None, isolation="none", heartbeat_s=0.0,
+                          minimise_max_attempts=1, replay_known=False)
+    stats = Worker(config, sink).run()
+    bucket = sink.buckets[("standin-gate", "buggy", "out:all_zero")]
+    assert sink.renewals == 4 and stats.leases_lost == 1
+    assert bucket.minimised_case is None and stats.minimised == []
+    assert len(sink.results) == 1, "no confirm result stored"

@@ -31,7 +31,7 @@ from sqlalchemy.orm import Session
 from fuzzer.results import BuildFingerprint, CaseResult
 from oracle.config import AttentionCase
 from service import migrations
-from service.api.deps import get_session
+from service.api.deps import get_session, get_write_session
 from service.app import create_app
 from service.db import make_engine
 from service.settings import Settings
@@ -177,6 +177,7 @@ def make_client(database: Database, session: Session) -> Iterator[Callable[..., 
             yield session
 
         app.dependency_overrides[get_session] = test_session
+        app.dependency_overrides[get_write_session] = test_session
         client = TestClient(app)
         client.__enter__()
         clients.append(client)

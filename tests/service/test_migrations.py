@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import inspect
+from sqlalchemy import inspect, text
 
-from service import migrations
+from service import migrations, models  # noqa: F401 - registers every table on Base.metadata
 from service.db import Base, make_engine
 from tests.service.conftest import Database, rolled_back
 
-TABLES = {"builds", "workers", "cases", "results", "buckets", "hypothesis_examples"}
+CORE_TABLES = {"builds", "workers", "cases", "results", "buckets", "hypothesis_examples"}
+TABLES = set(Base.metadata.tables)  # every table of service/models.py
+assert CORE_TABLES <= TABLES
 
 
 def _tables(url: str) -> set[str]:
@@ -66,3 +68,86 @@ def test_migrated_constraints_carry_the_naming_convention(database: Database) ->
         foreign = {c["name"] for c in inspector.get_foreign_keys("buckets")}
     assert "uq_results_case_id_build_id_backend_variant_phase" in unique
     assert "fk_buckets_duplicate_of_id_buckets" in foreign
+
+
+def _indexes(url: str) -> dict[str, set[str]]:
+    """Index names of ``results`` and ``cases``."""
+    engine = make_engine(url)
+    try:
+        with engine.connect() as connection:
+            inspector = inspect(connection)
+            return {table: {i["name"] for i in inspector.get_indexes(table)} for table in ("results", "cases")}
+    finally:
+        engine.dispose()
+
+
+# 0004 (load indexes): new indexes, and the 0001 ones they replace.
+INDEXES_0004 = {
+    "results": {
+        "ix_results_backend_variant_signature_case_id",
+        "ix_results_backend_status",
+        "ix_results_build_id_phase",
+        "ix_results_created_at_case_id",
+    },
+    "cases": {"ix_cases_id_dtype_head_dim_causal_has_window"},
+}
+REPLACED_BY_0004 = {"ix_results_backend_variant_signature", "ix_results_build_id", "ix_results_created_at"}
+
+
+def test_0004_creates_the_load_indexes_and_its_downgrade_restores_the_0003_ones(fresh_database_url: str) -> None:
+    url = fresh_database_url
+    migrations.upgrade(url, "0003")
+    before = _indexes(url)
+    assert REPLACED_BY_0004 <= before["results"]
+    assert not (INDEXES_0004["results"] & before["results"]) and not (INDEXES_0004["cases"] & before["cases"])
+
+    migrations.upgrade(url, "0004")
+    assert migrations.current(url) == "0004"
+    after = _indexes(url)
+    for table, names in INDEXES_0004.items():
+        assert names <= after[table], table
+    assert not (REPLACED_BY_0004 & after["results"])
+    assert after["results"] - INDEXES_0004["results"] == before["results"] - REPLACED_BY_0004
+
+    migrations.downgrade(url, "0003")
+    assert migrations.current(url) == "0003"
+    assert _indexes(url) == before
+
+    migrations.upgrade(url)
+    assert _indexes(url) == after
+
+
+def test_0004_upgrade_keeps_stored_rows(fresh_database_url: str) -> None:
+    """Indexes only: rows stored at 0003 survive the upgrade and the downgrade unchanged."""
+    url = fresh_database_url
+    migrations.upgrade(url, "0003")
+    engine = make_engine(url)
+    try:
+        with engine.begin() as connection:
+            connection.execute(text(
+                "INSERT INTO builds (id, fingerprint_id, torch, cuda, cudnn, flash_attn_4, flash_attn,"
+                " transformer_engine, nvidia_cutlass_dsl, triton, python, device_name, compute_capability, driver,"
+                " first_seen) VALUES (1, 'f', '', '', '', '4.0.0b11', '', '', '', '', '', 'H200', '', '',"
+                " CURRENT_TIMESTAMP)"
+            ))
+            connection.execute(text(
+                "INSERT INTO cases (id, config, origin, created_at, dtype, head_dim, head_dim_v, seqlen_q, seqlen_k,"
+                " batch_size, num_heads, num_heads_kv, qkv_format, causal, has_window, has_softcap, backward)"
+                " VALUES ('c1', '{}', 'fuzz', CURRENT_TIMESTAMP, 'float16', 128, 128, 1, 1, 1, 1, 1, 'bshd',"
+                " true, false, false, false)"
+            ))
+            connection.execute(text(
+                "INSERT INTO results (case_id, build_id, backend, variant, status, signature, signatures, metrics,"
+                " run_ms, compile_ms, oracle_ms, detail, backend_version, phase, created_at) VALUES ('c1', 1, 'fa4',"
+                " 'native', 'fail', 'out:nan', '[]', '{}', 0, 0, 0, '', '', 'replay', CURRENT_TIMESTAMP)"
+            ))
+        migrations.upgrade(url, "0004")
+        migrations.downgrade(url, "0003")
+        migrations.upgrade(url, "0004")
+        with engine.connect() as connection:
+            rows = connection.execute(text(
+                "SELECT r.backend, r.status, r.phase, c.dtype FROM results r JOIN cases c ON c.id = r.case_id"
+            )).all()
+        assert [tuple(r) for r in rows] == [("fa4", "fail", "replay", "float16")]
+    finally:
+        engine.dispose()

@@ -102,3 +102,70 @@ def test_stored_text_is_escaped(client: TestClient, store: SqlStore, seeded: See
 def test_the_filter_form_with_every_field_left_at_any_lists_everything(client: TestClient, seeded: Seeded) -> None:
     page = _page(client, "/buckets", backend="", variant="", signature="", triage_state="", sort="-last_seen", limit=50)
     assert "3 buckets" in page
+
+
+# ------------------------------------------------------------------------- dashboard pages
+def test_overview_embeds_the_hourly_chart_data_and_failure_bars(client: TestClient, seeded: Seeded) -> None:
+    import json
+    import re
+
+    page = _page(client, "/")
+    data = json.loads(re.search(r'<script type="application/json" id="hourly-data">(.*?)</script>', page, re.S).group(1))
+    assert len(data["hours"]) == 24 and sum(data["results"]) == 7
+    assert '<script src="/static/uPlot-1.6.32.iife.min.js"></script>' in page
+    assert "Failures per backend" in page and "Failures per signature" in page
+    assert 'title="out:nan"' in page
+    assert "cases/s" in page and "last heartbeat" in page
+
+
+def test_static_assets_are_served_locally(client: TestClient) -> None:
+    for path in ("/static/uPlot-1.6.32.iife.min.js", "/static/dashboard.js", "/static/dashboard.css"):
+        response = client.get(path)
+        assert response.status_code == 200 and len(response.content) > 500, path
+    assert "uPlot" in client.get("/static/uPlot-1.6.32.iife.min.js").text
+
+
+def test_buckets_page_offers_every_filter_and_shows_builds_and_notes(client: TestClient, seeded: Seeded) -> None:
+    page = _page(client, "/buckets")
+    for name in ("backend", "variant", "signature", "triage_state", "dtype", "head_dim", "mask", "build_id", "sort"):
+        assert f'name="{name}"' in page, name
+    assert "(build 1)" in page or f"(build {seeded.build_id})" in page
+    filtered = _page(client, "/buckets", dtype="float16", mask="window")
+    assert "2 buckets" in filtered and "<code>crash</code>" not in filtered
+    assert client.get("/buckets", params={"mask": "diagonal"}).status_code == 422
+
+
+def test_bucket_page_has_the_triage_form_repro_link_and_error_map(client: TestClient, seeded: Seeded) -> None:
+    page = _page(client, f"/buckets/{seeded.nan_bucket_id}")
+    assert f'action="/buckets/{seeded.nan_bucket_id}/triage"' in page
+    for state in ("new", "confirmed", "reported", "fixed", "wontfix", "duplicate"):
+        assert f'<option value="{state}"' in page
+    assert "no repro export for backend sdpa" in page, "sdpa/default has no snippet"
+    assert 'class="heatmap" data-tensor="out"' in page
+    assert 'class="worst"' in page, "worst_index [0, 3, 0, 17] lands in a tile"
+    assert '<th colspan="2">mask</th>' in page and "<code>causal_alignment</code>" in page, "the case in readable form"
+
+
+def test_case_page_shows_results_by_build_and_backend_with_repro_links(client: TestClient, store: SqlStore, seeded: Seeded) -> None:
+    store.record_result(
+        CaseResult(case_id=seeded.case.case_id, backend="torch-cpu-math", variant="is_causal", status="pass"),
+        seeded.other_build_id, None,
+    )
+    page = _page(client, f"/cases/{seeded.case.case_id}")
+    assert "On every build and backend" in page
+    assert f"build {seeded.build_id}<br>" in page and f"build {seeded.other_build_id}<br>" in page
+    assert f'href="/api/cases/{seeded.case.case_id}/repro.py?backend=torch-cpu-math&amp;variant=is_causal"' in page
+    assert "repro.py?backend=sdpa" not in page, "sdpa has no export snippet"
+
+
+def test_builds_page_lists_builds_and_links_the_matrix(client: TestClient, seeded: Seeded) -> None:
+    page = _page(client, "/builds")
+    assert 'id="build-matrix"' in page and 'href="/matrix"' in page
+    assert "NVIDIA H200" in page and f'href="/buckets?build_id={seeded.build_id}"' in page
+    assert 'href="/builds"' in _page(client, "/"), "navigation entry"
+    assert 'href="/matrix"' in _page(client, "/"), "navigation entry"
+
+
+def test_small_masks_are_drawn(client: TestClient, seeded: Seeded) -> None:
+    page = _page(client, f"/cases/{seeded.minimised_case.case_id}")
+    assert '<pre class="maskpic">1 1 .\n1 1 1</pre>' in page

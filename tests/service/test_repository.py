@@ -19,7 +19,7 @@ NOW = datetime(2026, 11, 29, 17, 30, tzinfo=UTC)
 @pytest.mark.parametrize(
     ("kwargs", "field"),
     [
-        ({"sort": "signature"}, "sort"),
+        ({"sort": "notes"}, "sort"),
         ({"limit": 0}, "limit"),
         ({"offset": -5}, "offset"),
         ({"triage_state": "x"}, "triage_state"),

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 import multiprocessing
-from datetime import UTC
+import sqlite3
+from datetime import UTC, timedelta
 
 import pytest
 from sqlalchemy import func, select
@@ -16,8 +17,8 @@ from oracle.errors import CaseValidationError
 from service import migrations
 from service.db import make_engine
 from service.errors import FieldValidationError, NotFoundError
-from service.models import Bucket, Build, Case, Result, Worker
-from service.store import SqlStore
+from service.models import Bucket, Build, Case, Result, Worker, utcnow
+from service.store import SqlStore, StoreRefusedError, StoreUnavailableError, heartbeat_gaps
 from tests.service.conftest import Seeded
 
 CASE = AttentionCase(batch_size=2, seqlen_q=113, seqlen_k=799, num_heads=4, causal=True, softcap=30.0)
@@ -258,5 +259,207 @@ def test_concurrent_worker_processes_write_one_bucket_per_key(fresh_database_url
             assert _count(session, Result) == SHARED_CASES * (1 + PROCESSES)
             hits = {variant: n for variant, n in session.execute(select(Bucket.variant, Bucket.hit_count))}
             assert hits == {"default": SHARED_CASES, **{f"p{i}": SHARED_CASES for i in range(PROCESSES)}}
+    finally:
+        engine.dispose()
+
+
+# ------------------------------------------------------------------------------ minimisation leases
+LATER = timedelta(hours=1)
+
+
+def _bucket_ids(store: SqlStore, build_id: int, n: int) -> list[int]:
+    ids = []
+    for i in range(n):
+        case_id = store.record_case(AttentionCase(seqlen_q=i + 1).to_json(), "fuzz")
+        ids.append(store.record_result(_failure(case_id, f"out:sig{i}"), build_id, None).bucket_id)
+    return ids
+
+
+def test_a_bucket_is_claimed_by_one_worker_until_its_lease_expires(
+    store: SqlStore, session: Session, build_id: int
+) -> None:
+    (bucket_id,) = _bucket_ids(store, build_id, 1)
+    one = store.register_worker(build_id, "h", 1, "cpu")
+    two = store.register_worker(build_id, "h", 2, "cpu")
+    claim = store.claim_minimisation(one, ["sdpa"], lease_s=60.0)
+    assert (claim.bucket_id, claim.key, claim.attempt) == (bucket_id, ("sdpa", "default", "out:sig0"), 1)
+    assert AttentionCase.from_json(claim.case_json).seqlen_q == 1
+    assert store.claim_minimisation(two, ["sdpa"], lease_s=60.0) is None, "held by worker one"
+    assert store.claim_minimisation(one, ["other-backend"], lease_s=60.0) is None
+    assert store.renew_minimisation(bucket_id, one, lease_s=60.0) is True
+    assert store.renew_minimisation(bucket_id, two, lease_s=60.0) is False
+
+    taken = store.claim_minimisation(two, ["sdpa"], lease_s=60.0, now=utcnow() + LATER)
+    assert (taken.bucket_id, taken.attempt) == (bucket_id, 2), "an expired lease is taken over"
+    assert store.renew_minimisation(bucket_id, one, lease_s=60.0) is False, "worker one lost it"
+    session.expire_all()
+    assert session.get(Bucket, bucket_id).minimise_owner_id == two
+
+
+def test_recording_the_minimised_case_ends_the_lease_and_the_bucket_is_never_claimed_again(
+    store: SqlStore, session: Session, build_id: int
+) -> None:
+    (bucket_id,) = _bucket_ids(store, build_id, 1)
+    worker = store.register_worker(build_id, "h", 1, "cpu")
+    claim = store.claim_minimisation(worker, ["sdpa"], lease_s=60.0)
+    store.record_minimised(bucket_id, AttentionCase(seqlen_q=1, seqlen_k=1).to_json(), claim.case_json and
+                           AttentionCase.from_json(claim.case_json).case_id, "minimised: test")
+    bucket = session.get(Bucket, bucket_id)
+    assert (bucket.minimise_owner_id, bucket.minimise_lease_expires_at) == (None, None)
+    assert store.claim_minimisation(worker, ["sdpa"], lease_s=60.0, now=utcnow() + LATER) is None
+
+
+def test_a_bucket_claimed_max_attempts_times_is_left_alone(store: SqlStore, build_id: int) -> None:
+    _bucket_ids(store, build_id, 1)
+    worker = store.register_worker(build_id, "h", 1, "cpu")
+    attempts = []
+    for hour in range(4):
+        claim = store.claim_minimisation(worker, ["sdpa"], 60.0, max_attempts=3, now=utcnow() + hour * LATER)
+        attempts.append(None if claim is None else claim.attempt)
+    assert attempts == [1, 2, 3, None]
+
+
+def test_released_lost_and_stopped_workers_give_their_leases_back(
+    store: SqlStore, session: Session, build_id: int
+) -> None:
+    first, second, third = _bucket_ids(store, build_id, 3)
+    worker = store.register_worker(build_id, "h", 1, "cpu")
+    other = store.register_worker(build_id, "h", 2, "cpu")
+    assert [store.claim_minimisation(worker, ["sdpa"], 60.0).bucket_id for _ in range(3)] == [first, second, third]
+    store.release_minimisation(first, worker, "not minimised: gave up")
+    store.release_minimisation(second, other, "not mine: ignored")
+    store.mark_worker_lost(worker)
+    session.expire_all()
+    assert session.get(Worker, worker).status == "lost"
+    assert session.get(Bucket, first).minimise_note == "not minimised: gave up"
+    assert session.get(Bucket, second).minimise_note == ""
+    assert [store.claim_minimisation(other, ["sdpa"], 60.0).bucket_id for _ in range(3)] == [first, second, third]
+    store.heartbeat(other, 3, status="stopped")
+    session.expire_all()
+    assert session.scalar(select(func.count()).where(Bucket.minimise_owner_id.is_not(None))) == 0
+    store.mark_worker_lost(other)
+    session.expire_all()
+    assert session.get(Worker, other).status == "stopped", "a cleanly stopped worker is not marked lost"
+    with pytest.raises(NotFoundError, match="worker"):
+        store.mark_worker_lost(other + 1000)
+    with pytest.raises(FieldValidationError, match="lease_s"):
+        store.claim_minimisation(other, ["sdpa"], 0.0)
+
+
+def test_worker_sessions_show_the_heartbeat_gap_of_a_restarted_slot(store: SqlStore, build_id: int) -> None:
+    killed = store.register_worker(build_id, "gpu-host", 10, "cuda:0", slot="slot-0")
+    other = store.register_worker(build_id, "gpu-host", 11, "cuda:1", slot="slot-1")
+    store.heartbeat(killed, 5)
+    restarted = store.register_worker(build_id, "gpu-host", 12, "cuda:0", slot="slot-0")
+    store.mark_worker_lost(killed)
+    store.heartbeat(restarted, 1, status="stopped")
+    again = store.register_worker(build_id, "gpu-host", 13, "cuda:0", slot="slot-0")
+    sessions = store.worker_sessions("gpu-host")
+    assert [s.worker_id for s in sessions] == [killed, other, restarted, again]
+    gaps = heartbeat_gaps(sessions)
+    assert [(g.before.worker_id, g.after.worker_id, g.clean) for g in gaps] == [(killed, restarted, False), (restarted, again, True)]
+    assert all(g.gap_s >= 0 for g in gaps)
+    assert sessions[0].status == "lost" and sessions[0].cases_run == 5
+    assert store.worker_sessions("elsewhere") == []
+
+
+def _claimer(url: str, index: int, barrier, queue) -> None:
+    engine = make_engine(url)
+    try:
+        store = SqlStore(engine)
+        build_id = store.register_build(BuildFingerprint(torch="2.13.0"))
+        worker_id = store.register_worker(build_id, "host", 2000 + index, "cpu")
+        barrier.wait(timeout=120)
+        claimed = []
+        while (claim := store.claim_minimisation(worker_id, ["sdpa"], 600.0)) is not None:
+            claimed.append(claim.bucket_id)
+        queue.put((index, claimed))
+    except BaseException as exc:  # report instead of hanging the parent
+        queue.put((index, repr(exc)))
+    finally:
+        engine.dispose()
+
+
+def test_concurrent_workers_claim_each_bucket_exactly_once(fresh_database_url: str) -> None:
+    migrations.upgrade(fresh_database_url)
+    engine = make_engine(fresh_database_url)
+    try:
+        store = SqlStore(engine)
+        ids = _bucket_ids(store, store.register_build(BuildFingerprint(torch="2.13.0")), 24)
+    finally:
+        engine.dispose()
+    context = multiprocessing.get_context("spawn")
+    barrier, queue = context.Barrier(PROCESSES), context.Queue()
+    processes = [context.Process(target=_claimer, args=(fresh_database_url, i, barrier, queue)) for i in range(PROCESSES)]
+    for p in processes:
+        p.start()
+    reports = dict(queue.get(timeout=300) for _ in processes)
+    for p in processes:
+        p.join(timeout=60)
+    errors = {i: r for i, r in reports.items() if isinstance(r, str)}
+    assert not errors, f"claiming processes failed: {errors}"
+    claimed = [b for r in reports.values() for b in r]
+    assert sorted(claimed) == sorted(ids), "every bucket claimed, none twice"
+    engine = make_engine(fresh_database_url)
+    try:
+        with Session(engine) as session:
+            assert set(session.scalars(select(Bucket.minimise_attempts))) == {1}
+    finally:
+        engine.dispose()
+
+
+# ------------------------------------------------------------------------------ faults
+def test_a_sqlite_file_locked_past_the_busy_timeout_is_unavailable_and_nothing_is_written(tmp_path) -> None:
+    url = f"sqlite:///{tmp_path / 'locked.db'}"
+    migrations.upgrade(url)
+    engine = make_engine(url, timeout_s=0.05)
+    holder = sqlite3.connect(tmp_path / "locked.db", isolation_level=None)
+    try:
+        store = SqlStore(engine, retries=1)
+        holder.execute("BEGIN EXCLUSIVE")
+        with pytest.raises(StoreUnavailableError, match="database unavailable: database is locked"):
+            store.record_case(CASE.to_json(), "fuzz")
+        holder.execute("ROLLBACK")
+        with Session(engine) as session:
+            assert _count(session, Case) == 0
+        assert store.record_case(CASE.to_json(), "fuzz") == CASE.case_id, "fine once the lock is gone"
+    finally:
+        holder.close()
+        engine.dispose()
+
+
+def test_an_unreachable_postgresql_server_is_unavailable() -> None:
+    from tests.reliability.pgcluster import free_port
+
+    engine = make_engine(f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/test", timeout_s=1)
+    try:
+        with pytest.raises(StoreUnavailableError, match="database unavailable: connection"):
+            SqlStore(engine).register_build(BuildFingerprint())
+    finally:
+        engine.dispose()
+
+
+def test_a_read_only_database_refuses_writes_with_a_clear_error(database, tmp_path) -> None:
+    from sqlalchemy import event
+
+    engine = make_engine(database.url)
+    if database.kind == "postgresql":
+        @event.listens_for(engine, "connect")
+        def _read_only(dbapi_connection, _record):
+            with dbapi_connection.cursor() as cursor:
+                cursor.execute("SET SESSION default_transaction_read_only = on")
+            dbapi_connection.commit()
+    else:
+        import shutil
+
+        copy = tmp_path / "ro.db"
+        shutil.copy(database.url.removeprefix("sqlite:///"), copy)
+        engine.dispose()
+        engine = make_engine(f"sqlite:///file:{copy}?mode=ro&uri=true")
+    try:
+        with pytest.raises(StoreRefusedError, match=r"database refuses writes \(read-only database\)"):
+            SqlStore(engine).record_case(AttentionCase(seqlen_q=77).to_json(), "fuzz")
+        with Session(engine) as session:
+            assert session.get(Case, AttentionCase(seqlen_q=77).case_id) is None
     finally:
         engine.dispose()

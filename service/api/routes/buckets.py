@@ -1,15 +1,37 @@
-"""Buckets: ``/buckets``, ``/buckets/{id}`` (HTML) and ``/api/buckets`` (JSON, triage by PATCH)."""
+"""Buckets: ``/buckets``, ``/buckets/{id}`` (HTML, triage form) and ``/api/buckets`` (JSON)."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
+from urllib.parse import parse_qsl
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, status
-from fastapi.responses import HTMLResponse
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from pydantic import ValidationError
 
 from service import repository
-from service.api.deps import SessionDep, require_write_token
-from service.schemas import BucketDetailOut, BucketOut, BucketPageOut, BucketQuery, TriageUpdate
+from service.api.deps import (
+    BucketId,
+    SessionDep,
+    WriteSessionDep,
+    require_form_token,
+    require_write_token,
+    write_transaction,
+)
+from service.api.routes.cases import repro_response
+from service.errors import FieldValidationError
+from service.export import exportable_backends
+from service.models import TriageState
+from service.schemas import (
+    BucketDetailOut,
+    BucketOut,
+    BucketRowPageOut,
+    BucketQuery,
+    MinimisedIn,
+    PageQuery,
+    ResultPageOut,
+    TriageUpdate,
+)
 
 api_router = APIRouter(prefix="/api/buckets", tags=["buckets"])
 page_router = APIRouter(tags=["pages"])
@@ -21,13 +43,14 @@ def _detail(session: SessionDep, bucket_id: int) -> BucketDetailOut | None:
 
 
 @api_router.get("")
-def list_buckets(session: SessionDep, query: Annotated[BucketQuery, Query()]) -> BucketPageOut:
-    """Buckets matching the filters, one page."""
-    return BucketPageOut.from_page(repository.list_buckets(session, **query.filters()))
+def list_buckets(session: SessionDep, query: Annotated[BucketQuery, Query()]) -> BucketRowPageOut:
+    """Buckets matching the filters (backend, variant, signature substring, triage state, and
+    buckets with a failing result on a dtype, head_dim, mask kind or build), one page."""
+    return BucketRowPageOut.from_page(repository.list_buckets(session, **query.filters()))
 
 
 @api_router.get("/{bucket_id}")
-def get_bucket(session: SessionDep, bucket_id: int) -> BucketDetailOut:
+def get_bucket(session: SessionDep, bucket_id: BucketId) -> BucketDetailOut:
     """A bucket with its first and minimised case and its latest results."""
     detail = _detail(session, bucket_id)
     if detail is None:
@@ -35,27 +58,120 @@ def get_bucket(session: SessionDep, bucket_id: int) -> BucketDetailOut:
     return detail
 
 
+@api_router.get("/{bucket_id}/results")
+def get_bucket_results(session: SessionDep, bucket_id: BucketId, page: Annotated[PageQuery, Query()]) -> ResultPageOut:
+    """The results counted in the bucket, newest first, one page."""
+    return ResultPageOut.from_page(repository.bucket_results(session, bucket_id, **page.model_dump()), bucket_id)
+
+
+@api_router.get(
+    "/{bucket_id}/repro.py",
+    response_class=Response,
+    responses={200: {"content": {"text/x-python": {}}, "description": "a standalone pytest file"}},
+)
+def get_bucket_repro(session: SessionDep, bucket_id: BucketId) -> Response:
+    """The bucket's minimised case (else its first case) as a standalone pytest file for its
+    backend variant (see ``GET /api/cases/{case_id}/repro.py``)."""
+    return repro_response(repository.bucket_repro_target(session, bucket_id))
+
+
 @api_router.patch("/{bucket_id}", dependencies=[Depends(require_write_token)])
-def update_bucket(session: SessionDep, bucket_id: int, update: TriageUpdate) -> BucketOut:
+def update_bucket(session: WriteSessionDep, bucket_id: BucketId, update: TriageUpdate) -> BucketOut:
     """Change triage state, notes, upstream URL or duplicate target (only the fields sent)."""
-    bucket = repository.update_triage(session, bucket_id, **update.changes())
-    session.commit()
+    with write_transaction(session):
+        bucket = repository.update_triage(session, bucket_id, **update.changes())
     return BucketOut.from_row(bucket)
 
 
+@api_router.post("/{bucket_id}/minimised", dependencies=[Depends(require_write_token)], status_code=204)
+def record_minimised(session: WriteSessionDep, bucket_id: BucketId, body: MinimisedIn) -> Response:
+    """Store the minimised case of a bucket (what a remote worker's minimiser found)."""
+    with write_transaction(session):
+        repository.ingest_minimised(session.connection(), bucket_id, body.case, body.original_case_id, body.note)
+    return Response(status_code=204)
+
+
+# ------------------------------------------------------------------------------------- pages
 @page_router.get("/buckets", response_class=HTMLResponse)
 def buckets_page(request: Request, session: SessionDep, query: Annotated[BucketQuery, Query()]) -> HTMLResponse:
-    page = BucketPageOut.from_page(repository.list_buckets(session, **query.filters()))
+    page = BucketRowPageOut.from_page(repository.list_buckets(session, **query.filters()))
+    builds = repository.list_builds(session, limit=repository.MAX_PAGE_SIZE).items
     return request.app.state.templates.TemplateResponse(
-        request, "buckets.html", {"page": page, "query": query, "sorts": repository.BUCKET_SORTS}
+        request,
+        "buckets.html",
+        {
+            "page": page,
+            "query": query,
+            "sorts": repository.BUCKET_SORTS,
+            "masks": repository.MASKS,
+            "builds": builds,
+            "states": [s.value for s in TriageState],
+        },
+    )
+
+
+def _bucket_page(request: Request, detail: BucketDetailOut, *, errors: list[str] = (), code: int = 200) -> HTMLResponse:
+    return request.app.state.templates.TemplateResponse(
+        request,
+        "bucket.html",
+        {
+            "bucket": detail,
+            "states": [s.value for s in TriageState],
+            "errors": list(errors),
+            "exportable": detail.backend in exportable_backends(),
+            "updated": request.query_params.get("updated") == "1",
+        },
+        status_code=code,
     )
 
 
 @page_router.get("/buckets/{bucket_id}", response_class=HTMLResponse)
-def bucket_page(request: Request, session: SessionDep, bucket_id: int) -> HTMLResponse:
+def bucket_page(request: Request, session: SessionDep, bucket_id: BucketId) -> HTMLResponse:
     detail = _detail(session, bucket_id)
     if detail is None:
         return request.app.state.templates.TemplateResponse(
             request, "not_found.html", {"what": f"bucket {bucket_id}"}, status_code=status.HTTP_404_NOT_FOUND
         )
-    return request.app.state.templates.TemplateResponse(request, "bucket.html", {"bucket": detail})
+    return _bucket_page(request, detail)
+
+
+async def form_fields(request: Request) -> dict[str, str]:
+    """The fields of an ``application/x-www-form-urlencoded`` body (last value wins)."""
+    return dict(parse_qsl((await request.body()).decode("utf-8", errors="replace"), keep_blank_values=True))
+
+
+TRIAGE_FORM_FIELDS = ("triage_state", "notes", "upstream_url", "duplicate_of_id")
+
+
+def _triage_from_form(fields: dict[str, str]) -> TriageUpdate:
+    data: dict[str, Any] = {}
+    for name in TRIAGE_FORM_FIELDS:
+        if name in fields:
+            value = fields[name]
+            data[name] = None if value == "" and name in ("upstream_url", "duplicate_of_id") else value
+    return TriageUpdate.model_validate(data)
+
+
+@page_router.post("/buckets/{bucket_id}/triage", dependencies=[Depends(require_form_token)], response_class=HTMLResponse)
+def triage_form(
+    request: Request, session: WriteSessionDep, bucket_id: BucketId, fields: Annotated[dict[str, str], Depends(form_fields)]
+) -> Response:
+    """The bucket page's triage form: apply it and go back to the page (303), or show the page
+    again with the error (422) and nothing changed."""
+    errors: list[str] = []
+    try:
+        update = _triage_from_form(fields)
+        with write_transaction(session):
+            repository.update_triage(session, bucket_id, **update.changes())
+    except ValidationError as exc:
+        errors = [f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()]
+    except FieldValidationError as exc:
+        errors = [str(exc)]
+    if not errors:
+        return RedirectResponse(f"/buckets/{bucket_id}?updated=1", status_code=status.HTTP_303_SEE_OTHER)
+    detail = _detail(session, bucket_id)
+    if detail is None:
+        return request.app.state.templates.TemplateResponse(
+            request, "not_found.html", {"what": f"bucket {bucket_id}"}, status_code=status.HTTP_404_NOT_FOUND
+        )
+    return _bucket_page(request, detail, errors=errors, code=status.HTTP_422_UNPROCESSABLE_CONTENT)

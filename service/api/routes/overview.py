@@ -7,7 +7,7 @@ from fastapi.responses import HTMLResponse
 
 from service import repository
 from service.api.deps import SessionDep
-from service.schemas import BucketPageOut, OverviewOut
+from service.schemas import BucketRowPageOut, OverviewOut
 
 api_router = APIRouter(prefix="/api", tags=["overview"])
 page_router = APIRouter(tags=["pages"])
@@ -17,14 +17,20 @@ RECENT_BUCKETS = 10
 
 @api_router.get("/overview")
 def get_overview(session: SessionDep) -> OverviewOut:
-    """Counts by status and backend, buckets, live workers and cases per hour."""
+    """Counts by status and backend, failures by backend and signature, buckets, live workers
+    (heartbeat age, cases/s) and cases per hour."""
     return OverviewOut.from_overview(repository.overview(session))
 
 
 @page_router.get("/", response_class=HTMLResponse)
 def overview_page(request: Request, session: SessionDep) -> HTMLResponse:
     overview = OverviewOut.from_overview(repository.overview(session))
-    recent = BucketPageOut.from_page(repository.list_buckets(session, limit=RECENT_BUCKETS))
+    recent = BucketRowPageOut.from_page(repository.list_buckets(session, limit=RECENT_BUCKETS))
+    chart = {
+        "hours": [int(h.hour.timestamp()) for h in overview.cases_per_hour],
+        "cases": [h.cases for h in overview.cases_per_hour],
+        "results": [h.results for h in overview.cases_per_hour],
+    }
     return request.app.state.templates.TemplateResponse(
-        request, "overview.html", {"overview": overview, "recent": recent}
+        request, "overview.html", {"overview": overview, "recent": recent, "chart": chart}
     )

@@ -1,0 +1,107 @@
+"""The build matrix: ``/matrix`` (HTML) and ``/api/matrix`` (JSON): package lines, their builds in
+version order, the case x build matrix per backend, regressions and fixes, bisections."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import HTMLResponse
+
+from fuzzer.regressions import TRANSITION_KINDS
+from service import matrix
+from service.api.deps import BisectionId, SessionDep
+from service.matrix_schemas import (
+    BisectionOut,
+    BisectRunOut,
+    LineBuildOut,
+    MatrixOut,
+    PackageLineOut,
+    RegressionOut,
+)
+
+api_router = APIRouter(prefix="/api/matrix", tags=["matrix"])
+page_router = APIRouter(tags=["pages"])
+
+Package = Annotated[str, Query(min_length=1, max_length=128, description="The package line, e.g. flash-attn-4.")]
+Backend = Annotated[str | None, Query(max_length=64, description="Only this backend.")]
+Device = Annotated[str | None, Query(max_length=256, description="Only builds on this device name.")]
+Limit = Annotated[int, Query(ge=1, le=2000, description="At most this many rows.")]
+Kind = Annotated[list[str] | None, Query(description="regression, new_signature, fix (repeatable; default all).")]
+
+
+@api_router.get("/lines")
+def list_lines(session: SessionDep) -> list[PackageLineOut]:
+    """Every package line with its number of builds."""
+    return [PackageLineOut(package=p, builds=n) for p, n in matrix.package_lines(session)]
+
+
+@api_router.get("/builds")
+def list_line_builds(session: SessionDep, package: Package, device_name: Device = None) -> list[LineBuildOut]:
+    """The builds of a line, ordered by the package's PEP 440 version, then first seen."""
+    return [LineBuildOut.from_build(b) for b in matrix.line_builds(session, package, device_name=device_name)]
+
+
+@api_router.get("")
+def get_matrix(
+    session: SessionDep,
+    package: Package,
+    backend: Backend = None,
+    device_name: Device = None,
+    changes_only: bool = False,
+    limit: Limit = matrix.DEFAULT_MATRIX_ROWS,
+) -> MatrixOut:
+    """The case x build matrix of a line: each replayed task's verdict on each build (pass, fail
+    with signature, unsupported, skip), transitions marked; rows with a regression first."""
+    return MatrixOut.from_matrix(
+        matrix.build_matrix(session, package, backend=backend, device_name=device_name, changes_only=changes_only, limit=limit)
+    )
+
+
+@api_router.get("/regressions")
+def list_regressions(session: SessionDep, package: Package, backend: Backend = None, kind: Kind = None) -> list[RegressionOut]:
+    """Regressions (pass then fail), new signatures and fixes along a line, per device."""
+    rows = matrix.find_regressions(session, package, backend=backend, kinds=kind or TRANSITION_KINDS)
+    return [RegressionOut.model_validate(r) for r in rows]
+
+
+@api_router.get("/bisections")
+def list_bisections(
+    session: SessionDep, package: Annotated[str | None, Query(max_length=128)] = None
+) -> list[BisectRunOut]:
+    """Stored bisections, newest first."""
+    return [BisectRunOut.model_validate(r) for r in matrix.list_bisections(session, package)]
+
+
+@api_router.get("/bisections/{run_id}")
+def get_bisection(session: SessionDep, run_id: BisectionId) -> BisectionOut:
+    """One bisection with every step."""
+    return BisectionOut.from_view(matrix.get_bisection(session, run_id))
+
+
+@page_router.get("/matrix", response_class=HTMLResponse)
+def matrix_page(
+    request: Request,
+    session: SessionDep,
+    package: Annotated[str | None, Query(max_length=128)] = None,
+    backend: Backend = None,
+    device_name: Device = None,
+    changes_only: bool = False,
+    limit: Limit = matrix.DEFAULT_MATRIX_ROWS,
+) -> HTMLResponse:
+    lines = [PackageLineOut(package=p, builds=n) for p, n in matrix.package_lines(session)]
+    context: dict = {"lines": lines, "package": package or "", "backend": backend or "", "device_name": device_name or "",
+                     "changes_only": changes_only, "limit": limit, "matrix": None, "regressions": [], "bisections": []}
+    if package:
+        context["matrix"] = MatrixOut.from_matrix(
+            matrix.build_matrix(session, package, backend=backend, device_name=device_name, changes_only=changes_only, limit=limit)
+        )
+        context["regressions"] = [RegressionOut.model_validate(r) for r in matrix.find_regressions(session, package, backend=backend)]
+        context["bisections"] = [BisectRunOut.model_validate(r) for r in matrix.list_bisections(session, package)]
+    return request.app.state.templates.TemplateResponse(request, "matrix.html", context)
+
+
+@page_router.get("/matrix/bisections/{run_id}", response_class=HTMLResponse)
+def bisection_page(request: Request, session: SessionDep, run_id: BisectionId) -> HTMLResponse:
+    bisection = BisectionOut.from_view(matrix.get_bisection(session, run_id))
+    return request.app.state.templates.TemplateResponse(request, "matrix_bisection.html", {"bisection": bisection})

@@ -1,0 +1,46 @@
+"""Result ingestion for workers that cannot reach the database: ``POST /api/results`` and the
+replay list ``GET /api/known-failures``."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Query
+
+from service import repository
+from service.api.deps import SessionDep, WriteSessionDep, require_write_token, write_transaction
+from service.errors import FieldValidationError
+from service.export import NAME_PATTERN
+from service.schemas import BucketUpdateOut, KnownFailureOut, ResultBatchIn, ResultBatchOut
+
+api_router = APIRouter(prefix="/api", tags=["ingestion"])
+page_router = APIRouter(tags=["pages"])
+
+
+@api_router.post("/results", dependencies=[Depends(require_write_token)])
+def ingest_results(session: WriteSessionDep, body: ResultBatchIn) -> ResultBatchOut:
+    """Store up to 1000 results of one build (and worker), all or none: each result's case must
+    have been stored first (``POST /api/cases``). Idempotent per (case, build, backend, variant,
+    phase). Each failure is counted in its bucket, created on first sight."""
+    results = body.case_results()
+    with write_transaction(session):
+        updates = repository.ingest_results(session.connection(), body.build_id, body.worker_id, results)
+    return ResultBatchOut(
+        updates=[None if u is None else BucketUpdateOut(bucket_id=u.bucket_id, is_new=u.is_new) for u in updates]
+    )
+
+
+@api_router.get("/known-failures")
+def known_failures(
+    session: SessionDep,
+    backend: Annotated[list[str], Query(min_length=1, max_length=100)],
+) -> list[KnownFailureOut]:
+    """Each bucket of the given backends with its minimised (else first) case, oldest first: what a
+    starting worker replays."""
+    for name in backend:
+        if not NAME_PATTERN.match(name):
+            raise FieldValidationError("backend", f"{name[:80]!r} is not a backend name")
+    rows = repository.known_failures(session.connection(), backend)
+    return [KnownFailureOut(backend=b, variant=v, signature=s, case=case) for (b, v, s), case in rows]
+
+

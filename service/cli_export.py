@@ -1,0 +1,71 @@
+"""``attnfuzz export``: write a stored failure as a standalone pytest file.
+
+Wired into the main CLI by ``service.cli`` calling `register(app)`. Exit codes follow
+``service.cli``: 0 written, 2 bad input (unknown case, no export for the backend, a stored value
+that does not validate), 5 the database cannot be opened.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+console = Console(stderr=True)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``export`` command to ``app`` (the ``attnfuzz`` typer application)."""
+
+    @app.command("export")
+    def export_case(
+        case_id: Annotated[str, typer.Argument(help="AttentionCase.case_id (16 hex digits).")],
+        output: Annotated[
+            Optional[Path], typer.Option("-o", "--output", help="File to write ('-' = stdout; default: test_attnfuzz_<...>.py).")
+        ] = None,
+        backend: Annotated[Optional[str], typer.Option(help="Backend to call (default: the one the case failed on).")] = None,
+        variant: Annotated[Optional[str], typer.Option(help="API variant (default: the one the case failed on).")] = None,
+        db: Annotated[
+            Optional[str],
+            typer.Option("--db", help="SQLAlchemy URL (default: $ATTNFUZZ_DATABASE_URL or sqlite:///attnfuzz.db)."),
+        ] = None,
+    ) -> None:
+        """Write CASE_ID as a pytest file that needs only torch and the backend's package: it
+        regenerates the inputs, calls the backend as the failing variant did, and checks the
+        result against an inline float64 reference (see service/export.py)."""
+        from sqlalchemy.exc import SQLAlchemyError
+        from sqlalchemy.orm import Session
+
+        from service import repository
+        from service.db import default_database_url, make_engine
+        from service.errors import FieldValidationError, NotFoundError
+        from service.export import render_repro, validated_case
+
+        url = db or default_database_url()
+        engine = make_engine(url)
+        try:
+            with Session(engine) as session:
+                target = repository.repro_target(session, case_id, backend=backend, variant=variant)
+                repro = render_repro(validated_case(target.case.config), target.backend, target.variant, target.signature)
+        except NotFoundError:
+            console.print(f"[red]error:[/] case_id: no case {case_id!r} in {url}")
+            raise typer.Exit(2) from None
+        except FieldValidationError as exc:
+            console.print(f"[red]error:[/] {exc}")
+            raise typer.Exit(2) from None
+        except SQLAlchemyError as exc:
+            console.print(f"[red]error:[/] database {url!r}: {type(exc).__name__}: {exc}")
+            raise typer.Exit(5) from None
+        finally:
+            engine.dispose()
+        if output is not None and str(output) == "-":
+            typer.echo(repro.source, nl=False)
+            return
+        path = output if output is not None else Path(repro.filename)
+        path.write_text(repro.source)
+        console.print(
+            f"wrote {path}: {target.backend} / {target.variant} / {target.signature or '(no recorded failure)'}; "
+            f"run it with: pytest {path}"
+        )

@@ -1,0 +1,92 @@
+"""``/metrics`` in the Prometheus text format: cases, results and failures, buckets, workers.
+
+Nothing is counted in the process: every scrape reads the database (`repository.metrics_snapshot`)
+and renders it through a custom collector on a registry made for that scrape, so several workers
+and several service processes report the same numbers. Metric families:
+
+==========================================  =====  ==============================================
+``attnfuzz_cases``                          gauge  stored cases
+``attnfuzz_results_total``                  count  results by ``backend`` and ``status``
+``attnfuzz_failures_total``                 count  failing results by ``backend``, ``variant``,
+                                                   ``signature`` (bucket hit counts)
+``attnfuzz_buckets``                        gauge  buckets by ``backend`` and ``triage_state``
+``attnfuzz_workers_live``                   gauge  workers heard from in the last 300 s
+``attnfuzz_worker_heartbeat_age_seconds``   gauge  per worker seen in the last 24 h
+``attnfuzz_worker_cases_run``               gauge  per worker seen in the last 24 h
+==========================================  =====  ==============================================
+
+Source: Prometheus exposition format and ``prometheus_client`` custom collectors
+(https://prometheus.github.io/client_python/collector/custom/).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from fastapi import APIRouter
+from fastapi.responses import Response
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
+
+from service import repository
+from service.api.deps import SessionDep
+
+router = APIRouter(tags=["metrics"])
+
+
+class SnapshotCollector(Collector):
+    """Yields the metric families of one `repository.MetricsSnapshot`."""
+
+    def __init__(self, snapshot: repository.MetricsSnapshot):
+        self._snapshot = snapshot
+
+    def collect(self) -> Iterator[Metric]:
+        yield from snapshot_metrics(self._snapshot)
+
+
+def snapshot_metrics(snapshot: repository.MetricsSnapshot) -> Iterator[Metric]:
+    """The metric families of one snapshot (see the module docstring)."""
+    cases = GaugeMetricFamily("attnfuzz_cases", "Stored attention cases.")
+    cases.add_metric([], snapshot.cases)
+    yield cases
+    results = CounterMetricFamily("attnfuzz_results", "Stored results by backend and status.", labels=["backend", "status"])
+    for (backend, status), n in sorted(snapshot.results.items()):
+        results.add_metric([backend, status], n)
+    yield results
+    failures = CounterMetricFamily(
+        "attnfuzz_failures", "Failing results by bucket.", labels=["backend", "variant", "signature"]
+    )
+    for (backend, variant, signature), n in sorted(snapshot.bucket_hits.items()):
+        failures.add_metric([backend, variant, signature], n)
+    yield failures
+    buckets = GaugeMetricFamily("attnfuzz_buckets", "Buckets by backend and triage state.", labels=["backend", "triage_state"])
+    for (backend, state), n in sorted(snapshot.buckets.items()):
+        buckets.add_metric([backend, state], n)
+    yield buckets
+    live = GaugeMetricFamily("attnfuzz_workers_live", "Workers with a heartbeat in the last 300 s.")
+    live.add_metric([], snapshot.live_workers)
+    yield live
+    labels = ["worker_id", "hostname", "device"]
+    age = GaugeMetricFamily("attnfuzz_worker_heartbeat_age_seconds", "Seconds since the worker's last heartbeat.", labels=labels)
+    run = GaugeMetricFamily("attnfuzz_worker_cases_run", "Cases the worker reported at its last heartbeat.", labels=labels)
+    for w in snapshot.workers:
+        key = [str(w.worker.id), w.worker.hostname, w.worker.device]
+        age.add_metric(key, w.heartbeat_age_s)
+        run.add_metric(key, w.worker.cases_run)
+    yield age
+    yield run
+
+
+def render(snapshot: repository.MetricsSnapshot) -> bytes:
+    """The snapshot in the Prometheus text format (a registry of its own: no process metrics)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SnapshotCollector(snapshot))
+    return generate_latest(registry)
+
+
+@router.get("/metrics", response_class=Response, responses={200: {"content": {"text/plain": {}}}})
+def metrics(session: SessionDep) -> Response:
+    """Prometheus metrics (text exposition format 0.0.4), read from the database at each scrape."""
+    return Response(render(repository.metrics_snapshot(session)), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,206 @@
+"""The database going away, locked, full or read-only under a running worker (the real CLI).
+
+* PostgreSQL stopped (``immediate``: like a crash) and restarted: the worker spools, flushes when
+  the server is back, and the database ends with exactly the results the worker reported in its
+  ledger, each once.
+* SQLite locked by another writer past the busy timeout: the same.
+* Disk full (a small tmpfs filled up): exit code 6 with "disk full", no torn rows, the refused
+  writes kept in the spool and stored by the next run once there is space.
+* Read-only: PostgreSQL switched to read-only transactions under the worker (exit 6, then
+  recovery as above); a SQLite file on a read-only filesystem (clear error at start, nothing
+  written).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from fuzzer.spool import SPOOL_FILE, database_key
+from tests.reliability.conftest import counts, fuzz_args, query, wait_until
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def _spooled(spool_root: Path, url: str) -> int:
+    """Writes waiting in the spool slots of ``url``."""
+    total = 0
+    for path in (spool_root / database_key(url)).glob(f"slot-*/{SPOOL_FILE}"):
+        with sqlite3.connect(path, timeout=5) as db:
+            total += db.execute("SELECT COUNT(*) FROM entries").fetchone()[0]
+    return total
+
+
+def _ledger_keys(path: Path) -> tuple[set[tuple], int]:
+    """Result keys the worker reported, and how many of them went through the spool."""
+    keys, spooled = set(), 0
+    for line in path.read_text().splitlines():
+        event = json.loads(line)
+        if event["event"] == "result":
+            keys.add((event["case_id"], event["build_id"], event["backend"], event["variant"], event["phase"]))
+            spooled += not event["written"]
+    return keys, spooled
+
+
+def _stored_keys(url: str) -> list[tuple]:
+    return query(url, "SELECT case_id, build_id, backend, variant, phase FROM results")
+
+
+def _assert_stored_exactly_once(url: str, ledger: Path) -> None:
+    reported, _ = _ledger_keys(ledger)
+    stored = _stored_keys(url)
+    assert len(stored) == len(set(stored)), "no result key stored twice"
+    assert set(stored) == reported, (
+        f"lost: {len(reported - set(stored))}, stored but never reported: {len(set(stored) - reported)}"
+    )
+    incomplete = query(
+        url, "SELECT c.id FROM cases c LEFT JOIN results r ON r.case_id = c.id GROUP BY c.id HAVING COUNT(r.id) != 2"
+    )
+    assert incomplete == [], "every case has the gate's two results"
+    mismatched = query(
+        url,
+        "SELECT b.id FROM buckets b WHERE b.hit_count != (SELECT COUNT(*) FROM results r WHERE r.backend = b.backend"
+        " AND r.variant = b.variant AND r.signature = b.signature)",
+    )
+    assert mismatched == [], "no retried write counted twice in a bucket"
+
+
+def test_postgresql_stopped_and_restarted_under_a_running_worker_loses_nothing(cli, private_postgres, tmp_path) -> None:
+    url, spool, ledger = private_postgres.url, tmp_path / "spool", tmp_path / "ledger.jsonl"
+    worker = cli(*fuzz_args(url, spool, "--time-budget", "25", "--no-shrink", "--ledger", str(ledger), "--db-timeout", "2"))
+    wait_until(lambda: counts(url)["results"] >= 4, 120, "the first results")
+    before = counts(url)
+    private_postgres.stop("immediate")
+    wait_until(lambda: _spooled(spool, url) >= 2, 60, "the worker to spool while the server is down")
+    private_postgres.start()
+    assert worker.wait(180) == 0, worker.output()
+
+    after = counts(url)
+    _, spooled = _ledger_keys(ledger)
+    assert spooled >= 1, "some results went through the spool"
+    assert after["results"] > before["results"] and after["workers"] == before["workers"] == 1
+    assert _spooled(spool, url) == 0, "the spool is empty after the flush"
+    _assert_stored_exactly_once(url, ledger)
+    assert "database outages: " in worker.output() and "left in" in worker.output()
+
+
+def test_sqlite_locked_by_another_writer_makes_the_worker_spool_then_flush(cli, sqlite_url, tmp_path) -> None:
+    spool, ledger = tmp_path / "spool", tmp_path / "ledger.jsonl"
+    worker = cli(*fuzz_args(sqlite_url, spool, "--time-budget", "20", "--no-shrink", "--ledger", str(ledger),
+                            "--db-timeout", "0.2"))
+    wait_until(lambda: counts(sqlite_url)["results"] >= 4, 120, "the first results")
+    lock = sqlite3.connect(sqlite_url.removeprefix("sqlite:///"), timeout=30, isolation_level=None)
+    try:
+        lock.execute("BEGIN EXCLUSIVE")
+        locked = counts(sqlite_url)  # readers still read the last committed state (WAL)
+        wait_until(lambda: _spooled(spool, sqlite_url) >= 2, 90, "the worker to spool while the file is locked")
+        assert counts(sqlite_url) == locked, "nothing written while another writer holds the lock"
+    finally:
+        lock.execute("COMMIT")
+        lock.close()
+    assert worker.wait(180) == 0, worker.output()
+    assert _spooled(spool, sqlite_url) == 0
+    assert counts(sqlite_url)["results"] > locked["results"]
+    _assert_stored_exactly_once(sqlite_url, ledger)
+
+
+@pytest.fixture
+def small_filesystem(tmp_path: Path):
+    """A 8 MiB tmpfs mounted at ``tmp_path / "small"`` (needs root; skipped otherwise)."""
+    mount_point = tmp_path / "small"
+    mount_point.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mount_point)], capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {done.stderr.strip()}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+def _fill(directory: Path) -> Path:
+    """Write a file until the filesystem is full; the file."""
+    filler = directory / "filler"
+    with open(filler, "wb") as fh:
+        try:
+            while True:
+                fh.write(b"\0" * 65536)
+                fh.flush()
+        except OSError:
+            pass
+    return filler
+
+
+def test_disk_full_stops_the_worker_with_a_clear_error_and_loses_nothing(cli, small_filesystem, tmp_path) -> None:
+    from service import migrations
+
+    url = f"sqlite:///{small_filesystem / 'attnfuzz.db'}"
+    migrations.upgrade(url)
+    spool, ledger = tmp_path / "spool", tmp_path / "ledger.jsonl"
+    args = fuzz_args(url, spool, "--time-budget", "60", "--no-shrink", "--ledger", str(ledger))
+    worker = cli(*args)
+    wait_until(lambda: counts(url)["results"] >= 4, 120, "the first results")
+    filler = _fill(small_filesystem)
+    code = worker.wait(120)
+    output = worker.output()
+    assert code == 6, output
+    assert "database refuses writes (disk full)" in output and "kept in spool" in output, output[-2000:]
+    with sqlite3.connect(small_filesystem / "attnfuzz.db") as db:
+        assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+    assert _spooled(spool, url) >= 1, "the refused write waits in the spool"
+    stored = set(_stored_keys(url))
+    reported, _ = _ledger_keys(ledger)
+    assert stored <= reported, "nothing stored that the worker did not report"
+
+    filler.unlink()
+    drain = cli(*fuzz_args(url, spool, "--max-cases", "0", "--no-shrink", "--no-replay", "--ledger", str(ledger)))
+    assert drain.wait(120) == 0, drain.output()
+    assert _spooled(spool, url) == 0
+    _assert_stored_exactly_once(url, ledger)
+
+
+def test_postgresql_turned_read_only_stops_the_worker_and_nothing_is_lost(cli, private_postgres, tmp_path) -> None:
+    url, spool, ledger = private_postgres.url, tmp_path / "spool", tmp_path / "ledger.jsonl"
+    worker = cli(*fuzz_args(url, spool, "--time-budget", "60", "--no-shrink", "--ledger", str(ledger)))
+    wait_until(lambda: counts(url)["results"] >= 4, 120, "the first results")
+    private_postgres.execute("ALTER SYSTEM SET default_transaction_read_only = on")
+    private_postgres.execute("SELECT pg_reload_conf()")
+    code = worker.wait(120)
+    output = worker.output()
+    assert code == 6, output
+    assert "database refuses writes (read-only database)" in output, output[-2000:]
+    frozen = counts(url)
+    assert set(_stored_keys(url)) <= _ledger_keys(ledger)[0]
+
+    private_postgres.execute("ALTER SYSTEM RESET default_transaction_read_only")
+    private_postgres.execute("SELECT pg_reload_conf()")
+    drain = cli(*fuzz_args(url, spool, "--max-cases", "0", "--no-shrink", "--no-replay", "--ledger", str(ledger)))
+    assert drain.wait(120) == 0, drain.output()
+    assert counts(url)["results"] >= frozen["results"]
+    assert _spooled(spool, url) == 0
+    _assert_stored_exactly_once(url, ledger)
+
+
+def test_a_sqlite_file_on_a_read_only_filesystem_is_refused_at_start(cli, small_filesystem, tmp_path) -> None:
+    from service import migrations
+
+    url = f"sqlite:///{small_filesystem / 'attnfuzz.db'}"
+    migrations.upgrade(url)
+    before = counts(url)
+    remount = subprocess.run(["mount", "-o", "remount,ro", str(small_filesystem)], capture_output=True, text=True)
+    assert remount.returncode == 0, remount.stderr
+    worker = cli(*fuzz_args(url, tmp_path / "spool", "--max-cases", "3", "--no-shrink"))
+    code = worker.wait(120)
+    output = worker.output()
+    assert code == 6, output
+    assert "refuses writes (read-only database" in output and "is not writable" in output, output[-2000:]
+    immutable = sqlite3.connect(f"file:{small_filesystem / 'attnfuzz.db'}?immutable=1", uri=True)
+    try:
+        after = {t: immutable.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0] for t in before}
+    finally:
+        immutable.close()
+    assert after == before, "nothing written"

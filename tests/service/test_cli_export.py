@@ -1,0 +1,77 @@
+"""``attnfuzz export`` (service/cli_export.py) through typer's CliRunner."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from fuzzer.results import BuildFingerprint, CaseResult
+from oracle.config import AttentionCase
+from service import cli_export, migrations
+from service.db import make_engine
+from service.store import SqlStore
+
+
+@pytest.fixture
+def cli() -> typer.Typer:
+    app = typer.Typer()
+
+    @app.callback()
+    def main() -> None:
+        """attnfuzz (test app)."""
+
+    cli_export.register(app)
+    return app
+
+
+@pytest.fixture
+def stored(fresh_database_url: str) -> tuple[str, AttentionCase]:
+    migrations.upgrade(fresh_database_url)
+    engine = make_engine(fresh_database_url)
+    store = SqlStore(engine)
+    build_id = store.register_build(BuildFingerprint(torch="2.13.0"))
+    case = AttentionCase(seqlen_q=3, seqlen_k=3, num_heads=1, head_dim=8, causal=True, dtype="float32")
+    store.record_case(case.to_json(), "fuzz")
+    store.record_result(
+        CaseResult(case.case_id, "torch-cpu-math", "bool_mask", "fail", signature="out:mismatch"), build_id, None
+    )
+    engine.dispose()
+    return fresh_database_url, case
+
+
+def test_export_writes_the_repro_of_the_failing_variant(cli: typer.Typer, stored, tmp_path: Path) -> None:
+    url, case = stored
+    target = tmp_path / "test_x.py"
+    result = CliRunner().invoke(cli, ["export", case.case_id, "-o", str(target), "--db", url])
+    assert result.exit_code == 0, result.output
+    source = target.read_text()
+    ast.parse(source)
+    assert "VARIANT = 'bool_mask'" in source and "SIGNATURE = 'out:mismatch'" in source
+
+
+def test_export_to_stdout(cli: typer.Typer, stored) -> None:
+    url, case = stored
+    result = CliRunner().invoke(cli, ["export", case.case_id, "-o", "-", "--db", url])
+    assert result.exit_code == 0, result.output
+    assert f"CASE_ID = '{case.case_id}'" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["0123456789abcdef"], "no case"),
+        (["CASE", "--backend", "torch-flex", "--variant", "mask_mod"], "no export for backend 'torch-flex'"),
+        (["CASE", "--backend", "torch-cpu-math", "--variant", "bogus"], "variant"),
+    ],
+)
+def test_export_errors_exit_2_naming_the_problem(cli: typer.Typer, stored, tmp_path: Path, args: list, message: str) -> None:
+    url, case = stored
+    args = [case.case_id if a == "CASE" else a for a in args]
+    result = CliRunner().invoke(cli, ["export", *args, "-o", str(tmp_path / "t.py"), "--db", url])
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+    assert not (tmp_path / "t.py").exists()
