@@ -105,6 +105,10 @@ class SDPABackend(Backend):
         if self.kernel == "cudnn" and case.head_dim < 16:
             # measured on the H200 (torch 2.11, 2026-11-29): head_dim 8 gives "No available kernel"
             reasons.append(f"head_dim {case.head_dim} < 16 (cuDNN SDPA has no kernel)")
+        if self.kernel == "cudnn" and case.seqlen_k == 1:
+            # measured on the H200 (torch 2.11, 2026-11-29): RuntimeError, PyTorch warns "cudnn SDPA
+            # does not support key/value sequence length 1"
+            reasons.append("seqlen_k 1 (cuDNN SDPA does not support a key/value sequence length of 1)")
         return reasons
 
     # ------------------------------------------------------------------ execution

@@ -119,6 +119,7 @@ from fuzzer.backends.fa4 import (
     describe_call,
     distribution_version,
     fa4_build_mismatch,
+    fa4_sm90_backward_reasons,
     fit_to_signature,
     is_one_sided_window,
 )
@@ -722,6 +723,14 @@ class TEFA4Backend(TEBackend):
         lse=False,
         cp=True,
     )
+
+    def unsupported_reasons(self, case: AttentionCase, variant: str) -> list[str]:
+        """Adds FA4's SM90 backward limit (GQA/MQA needs head_dim == head_dim_v), which TE 2.20.2
+        does not filter: on the H200 it surfaced as an AssertionError from FA4 through TE
+        (docs/gpu-campaigns.md, 2026-11-29)."""
+        reasons = super().unsupported_reasons(case, variant)
+        reasons.extend(fa4_sm90_backward_reasons(case, cuda_arch_major()))
+        return reasons
 
 
 class TEFA2Backend(TEBackend):

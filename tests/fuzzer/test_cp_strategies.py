@@ -60,3 +60,27 @@ def test_cp_bounds_are_checked_before_drawing():
 def test_cp_capability_is_the_union_over_backends():
     assert merge_capabilities([NO_CP, CAPS]).cp is True
     assert merge_capabilities([NO_CP]).cp is False
+
+
+def test_most_cp_draws_are_cases_transformer_engine_runs_under_cp():
+    """On the H200 (2026-11-29) 9 of 10 drawn CP cases fell outside TE's CP support and ran
+    nothing; now three in four CP draws are TE-shaped, so most of them run on te-fused."""
+    from hypothesis import HealthCheck, settings
+
+    from fuzzer.backends.te import TEFusedBackend, te_cp_unsupported_reasons
+
+    caps = TEFusedBackend.capabilities
+    seen: list = []
+
+    @settings(max_examples=300, database=None, suppress_health_check=list(HealthCheck), deadline=None)
+    @given(attention_cases(capabilities=caps, max_cp_size=2, max_work=2**22, max_seqlen=512))
+    def collect(case):
+        if case.cp_size > 1:
+            seen.append(case)
+
+    collect()
+    assert len(seen) >= 50, len(seen)
+    runnable = [c for c in seen if not te_cp_unsupported_reasons(c, "fused")]
+    assert len(runnable) >= 0.5 * len(seen), (len(runnable), len(seen))
+    assert {c.cp_comm_type for c in runnable} >= {"p2p", "all_gather", "a2a"}
+    assert {c.causal for c in runnable} == {True, False}

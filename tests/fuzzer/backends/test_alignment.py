@@ -37,3 +37,27 @@ def test_fa4_accepts_top_left_causal_at_equal_lengths_and_refuses_it_otherwise()
     for variant in ("native", "te_style"):
         assert not [r for r in backend.unsupported_reasons(equal, variant) if "causal_alignment" in r]
         assert [r for r in backend.unsupported_reasons(unequal, variant) if "causal_alignment" in r]
+
+
+def test_declared_limits_found_on_the_h200(monkeypatch):
+    """Two refusals seen on the H200 (docs/gpu-campaigns.md, 2026-11-29) are declared, not run:
+    te-fa4 on SM90 with GQA and head_dim != head_dim_v in backward (FA4's assertion), and cuDNN
+    SDPA with one key."""
+    from fuzzer.backends import te
+    from fuzzer.backends.sdpa import builtin_backends
+
+    monkeypatch.setattr(te, "cuda_arch_major", lambda: 9)
+    gqa = AttentionCase(seqlen_q=16, seqlen_k=16, num_heads=4, num_heads_kv=2, head_dim=64, head_dim_v=32,
+                        dtype="bfloat16", backward=True)
+    reasons = te.TEFA4Backend().unsupported_reasons(gqa, "mask_type")
+    assert any("head_dim != head_dim_v" in r for r in reasons), reasons
+    same_dims = AttentionCase(seqlen_q=16, seqlen_k=16, num_heads=4, num_heads_kv=2, head_dim=64, dtype="bfloat16",
+                              backward=True)
+    assert not any("head_dim != head_dim_v" in r for r in te.TEFA4Backend().unsupported_reasons(same_dims, "mask_type"))
+
+    cudnn = {b.name: b for b in (x if not isinstance(x, tuple) else x[0] for x in builtin_backends())}["torch-sdpa-cudnn"]
+    one_key = AttentionCase(seqlen_q=4, seqlen_k=1, head_dim=16, dtype="bfloat16")
+    two_keys = AttentionCase(seqlen_q=4, seqlen_k=2, head_dim=16, dtype="bfloat16")
+    variant = cudnn.variants[0]
+    assert any("seqlen_k 1" in r for r in cudnn.unsupported_reasons(one_key, variant))
+    assert not any("seqlen_k 1" in r for r in cudnn.unsupported_reasons(two_keys, variant))
