@@ -321,7 +321,8 @@ class Worker:
             return []
         tasks = entry.get("tasks")
         if tasks is not None:
-            tasks = [(name, variant) for name, variant in tasks if name in {b.name for b in self.usable}]
+            usable = {b.name for b in self.usable}
+            tasks = [(name, variant) for name, variant in tasks if name in usable]
             if not tasks:
                 self.journal.end_evaluation()
                 return []
@@ -422,7 +423,6 @@ class Worker:
             One `CaseResult` per (backend, variant) considered. For a CP case these are the CP
             results (with ``metrics["cp"]``); the non-CP twin's results are recorded, not returned.
         """
-        from oracle.compare import compare_outputs
         from oracle.inputs import make_inputs
         from oracle.reference import reference
 
@@ -465,27 +465,24 @@ class Worker:
             self.stats.results[r.status] += 1
             self.stats.per_backend[(r.backend, r.status)] += 1
         if record:
-            self.sink.record_case(case.to_json(), origin="fuzz" if phase == "fuzz" else phase)
-            for r in results:
-                update = self.sink.record_result(r, self.build_id, self.worker_id)
-                key = r.bucket_key
-                if update is not None and key is not None and update.is_new:
-                    self.stats.new_buckets.append(key)
-                    self.reporter.on_new_bucket(key, case)
+            self._record(case, results, phase)
             if twin_results:  # the non-CP twin: same inputs and oracle, run by the CP executor
-                twin = cp_twin(case)
-                self.sink.record_case(twin.to_json(), origin="fuzz" if phase == "fuzz" else phase)
-                for twin_result in twin_results:
-                    update = self.sink.record_result(twin_result, self.build_id, self.worker_id)
-                    key = twin_result.bucket_key
-                    if update is not None and key is not None and update.is_new:
-                        self.stats.new_buckets.append(key)
-                        self.reporter.on_new_bucket(key, twin)
+                self._record(cp_twin(case), twin_results, phase)
             if self.journal is not None:
                 self.journal.end_evaluation()
             self.reporter.on_case(case, results, self.stats)
             self._heartbeat()
         return results
+
+    def _record(self, case: AttentionCase, results: list[CaseResult], phase: str) -> None:
+        """Send ``case`` and its ``results`` to the sink; report each bucket the sink saw first."""
+        self.sink.record_case(case.to_json(), origin=phase)
+        for r in results:
+            update = self.sink.record_result(r, self.build_id, self.worker_id)
+            key = r.bucket_key
+            if update is not None and key is not None and update.is_new:
+                self.stats.new_buckets.append(key)
+                self.reporter.on_new_bucket(key, case)
 
     def _judge(self, case: AttentionCase, ref: Any, outcome: TaskOutcome, oracle_ms: float, phase: str) -> CaseResult:
         from oracle.compare import compare_outputs

@@ -20,33 +20,25 @@ from sqlalchemy.exc import DBAPIError
 from fuzzer.results import ResultValidationError
 from oracle.errors import CaseValidationError
 from service import metrics
-from service import store as store_module
 from service.api.deps import WRITE_METHODS, reject_unstorable_text, require_read_token
 from service.api.routes import auth, buckets, builds, cases, matrix, overview, results, workers
 from service.api.templating import make_templates
 from service.db import SQLITE_BEGIN_OPTION, make_engine, make_session_factory
 from service.errors import FieldValidationError, NotFoundError
 from service.settings import Settings
+from service.store import StoreRefusedError, StoreUnavailableError, is_transient
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
-TRANSIENT_SQLSTATES = frozenset({"40001", "40P01"})  # serialization_failure, deadlock_detected
 RETRY_AFTER_S = 1
 
 
-def _store_error_handler(code: int):
-    async def handler(_request: Request, exc: Exception) -> JSONResponse:
-        return JSONResponse(
-            {"detail": f"{exc}; nothing was stored, retry later"}, status_code=code, headers={"Retry-After": str(RETRY_AFTER_S)}
-        )
-
-    return handler
-
-
-def _is_transient(exc: DBAPIError) -> bool:
-    if getattr(exc.orig, "sqlstate", None) in TRANSIENT_SQLSTATES:
-        return True
-    text = str(exc.orig).lower()
-    return "database is locked" in text or "database is busy" in text
+async def _store_error(_request: Request, exc: Exception) -> JSONResponse:
+    """503 for `StoreUnavailableError` / `StoreRefusedError`: nothing of the request was stored."""
+    return JSONResponse(
+        {"detail": f"{exc}; nothing was stored, retry later"},
+        status_code=status.HTTP_503_SERVICE_UNAVAILABLE,
+        headers={"Retry-After": str(RETRY_AFTER_S)},
+    )
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -111,15 +103,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         error = {"loc": [where, field] if message else [where], "msg": str(exc), "type": "value_error"}
         return JSONResponse({"detail": [error]}, status_code=status.HTTP_422_UNPROCESSABLE_CONTENT)
 
-    for name, code in (("StoreUnavailableError", status.HTTP_503_SERVICE_UNAVAILABLE),
-                       ("StoreRefusedError", status.HTTP_503_SERVICE_UNAVAILABLE)):
-        store_error = getattr(store_module, name, None)  # the store's own error types, where it has them
-        if store_error is not None:
-            app.add_exception_handler(store_error, _store_error_handler(code))
+    for store_error in (StoreUnavailableError, StoreRefusedError):
+        app.add_exception_handler(store_error, _store_error)
 
     @app.exception_handler(DBAPIError)
     async def _database_error(_request: Request, exc: DBAPIError) -> JSONResponse:
-        if not _is_transient(exc):
+        if not is_transient(exc):
             raise exc
         return JSONResponse(
             {"detail": "the database is busy (transient conflict); nothing was stored, retry"},

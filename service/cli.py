@@ -2,7 +2,8 @@
 
 Commands: ``fuzz``, ``backends``, ``db upgrade``/``db current``, ``cases show``/``cases add``,
 ``report``, ``serve``; ``export`` (`service.cli_export`); ``builds``, ``replay``,
-``regressions``, ``bisect``, ``corpus export``/``import`` (`service.cli_builds`).
+``regressions``, ``bisect``, ``corpus export``/``import`` (`service.cli_builds`); what they
+share (``--db``, migrating, exit codes) is in `service.cli_common`.
 The CLI composes the fuzzer (worker, backends) with storage (the SQL store, behind the worker's
 local spool, `fuzzer.spool`); its only extra job is turning `AttnFuzzError` subclasses into exit
 codes:
@@ -31,117 +32,21 @@ from collections import Counter
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console, Group
+from rich.console import Group
 from rich.live import Live
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from fuzzer.backends.base import BackendError
 from fuzzer.results import CaseResult
-from fuzzer.strategies import StrategyArgumentError
 from fuzzer.worker import Reporter, Worker, WorkerConfig, WorkerError, WorkerStats
 from oracle.errors import AttnFuzzError, CaseValidationError
+from service.cli_common import DbOption, console, db_url, fail, migrate, out
 
 app = typer.Typer(help="attnfuzz: differential fuzzing of attention kernels against a float64 oracle.", no_args_is_help=True)
 db_app = typer.Typer(help="Database schema management (Alembic migrations).", no_args_is_help=True)
 cases_app = typer.Typer(help="Inspect stored cases.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 app.add_typer(cases_app, name="cases")
-
-console = Console(stderr=True)
-out = Console()
-
-DbOption = Annotated[
-    Optional[str],
-    typer.Option("--db", help="SQLAlchemy URL (default: $ATTNFUZZ_DATABASE_URL or sqlite:///attnfuzz.db)."),
-]
-
-
-def _db_url(db: str | None) -> str:
-    from service.db import default_database_url
-
-    return db or default_database_url()
-
-
-def _exit_code(exc: AttnFuzzError) -> int:
-    from fuzzer.corpus import CorpusError
-    from fuzzer.results import SinkFatalError
-    from fuzzer.spool import SpoolError
-
-    if isinstance(exc, (CaseValidationError, StrategyArgumentError, CorpusError)):
-        return 2
-    if isinstance(exc, SinkFatalError):
-        return 6
-    if isinstance(exc, SpoolError):
-        return 7
-    if isinstance(exc, BackendError):
-        return 3
-    if isinstance(exc, WorkerError):
-        return 4
-    from service.errors import ServiceError
-
-    if isinstance(exc, ServiceError):
-        return 5
-    return 1
-
-
-def _fail(exc: AttnFuzzError) -> None:
-    console.print(f"[bold red]error:[/] {exc}")
-    raise typer.Exit(_exit_code(exc))
-
-
-def _upgrade(url: str, wait_s: float = 0.0) -> None:
-    """Migrate ``url`` to the newest revision; while the server cannot be reached (connection
-    refused, starting up), retry with backoff for up to ``wait_s`` seconds.
-
-    Raises:
-        ServiceError: the migration failed (the message names the database and the cause).
-    """
-    from sqlalchemy.exc import OperationalError
-
-    from service.errors import ServiceError
-    from service.migrations import upgrade
-
-    deadline = time.monotonic() + wait_s
-    delay = 0.5
-    while True:
-        try:
-            upgrade(url)
-            return
-        except OperationalError as exc:
-            unreachable = not url.startswith("sqlite") or "locked" in str(exc)
-            if unreachable and time.monotonic() + delay < deadline:
-                console.print(f"[yellow]database {url!r} unreachable ({str(exc.orig).strip()[:200]}); retrying[/]")
-                time.sleep(delay)  # backoff before reconnecting
-                delay = min(delay * 2, 10.0)
-                continue
-            _raise_refused(url, exc)
-            raise ServiceError(f"database {url!r}: cannot migrate: {type(exc).__name__}: {exc}") from exc
-        except Exception as exc:  # SQLAlchemy / Alembic errors: name the database, keep the cause
-            _raise_refused(url, exc)
-            raise ServiceError(f"database {url!r}: cannot migrate: {type(exc).__name__}: {exc}") from exc
-
-
-def _raise_refused(url: str, exc: Exception) -> None:
-    """For a SQLite file: raise `StoreRefusedError` when its directory is read-only or its disk is
-    full (SQLite itself only says "unable to open database file")."""
-    import shutil
-
-    from sqlalchemy.engine import make_url
-
-    from service.store import StoreRefusedError
-
-    parsed = make_url(url)
-    if parsed.get_backend_name() != "sqlite" or not parsed.database or parsed.database == ":memory:":
-        return
-    directory = os.path.dirname(os.path.abspath(parsed.database))
-    reason = None
-    if os.path.isdir(directory) and not os.access(directory, os.W_OK):
-        reason = f"read-only database: {directory} is not writable"
-    elif os.path.isdir(directory) and shutil.disk_usage(directory).free == 0:
-        reason = f"disk full: no space left in {directory}"
-    if reason is not None:
-        raise StoreRefusedError(f"database {url!r} refuses writes ({reason}): {type(exc).__name__}: {exc}") from exc
 
 
 # --------------------------------------------------------------------------------------- fuzz
@@ -296,7 +201,7 @@ def fuzz(
     """
     from fuzzer import registry
 
-    url = _db_url(db)
+    url = db_url(db)
     budget = time_budget if time_budget is not None else (None if max_cases is not None else 60.0)
     try:
         if gpus is not None:
@@ -316,7 +221,7 @@ def fuzz(
             resolved_device = "cuda" if wants_cuda and torch.cuda.is_available() else "cpu"
         if not names and not specs:  # default: what can run here
             selected = [(b, s) for b, s in selected if b.device == resolved_device and not b.availability()]
-        _upgrade(url, wait_s=db_wait)
+        migrate(url, wait_s=db_wait)
         from fuzzer.spool import Ledger, Spool, SpoolingSink, TolerantExampleDatabase, default_spool_root
         from service.db import make_engine
         from service.matrix import SqlBuildHistory
@@ -379,7 +284,7 @@ def fuzz(
                 f"left in {spool.path}: {left}"
             )
     except AttnFuzzError as exc:
-        _fail(exc)
+        fail(exc)
 
 
 def _reraisable(exc: AttnFuzzError) -> bool:
@@ -403,7 +308,7 @@ def _fuzz_on_gpus(gpus: str, url: str) -> None:
             raise CaseValidationError("gpus", f"not a list of integers: {gpus!r}", "all, or e.g. 0,1") from exc
     if not indices:
         raise WorkerError("gpus: no CUDA device visible")
-    _upgrade(url)
+    migrate(url)
     argv = [a for a in sys.argv[1:]]
     cleaned, skip = [], False
     for a in argv:
@@ -448,7 +353,7 @@ def backends(
     try:
         found = registry.discover([b for b in (backend or []) if ":" in b])
     except AttnFuzzError as exc:
-        _fail(exc)
+        fail(exc)
     rows = []
     for name, (b, spec) in sorted(found.items()):
         reason = b.availability()
@@ -480,11 +385,11 @@ def backends(
 @db_app.command("upgrade")
 def db_upgrade(db: DbOption = None) -> None:
     """Create or migrate the schema to the newest revision."""
-    url = _db_url(db)
+    url = db_url(db)
     try:
-        _upgrade(url)
+        migrate(url)
     except AttnFuzzError as exc:
-        _fail(exc)
+        fail(exc)
     from service.migrations import current
 
     out.print(f"{url}: at revision {current(url)}")
@@ -495,7 +400,7 @@ def db_current(db: DbOption = None) -> None:
     """Print the schema revision of the database."""
     from service.migrations import current
 
-    url = _db_url(db)
+    url = db_url(db)
     out.print(f"{url}: at revision {current(url)}")
 
 
@@ -509,11 +414,11 @@ def cases_show(case_id: str, db: DbOption = None, as_json: Annotated[bool, typer
     from service.db import make_engine
     from service.repository import get_case
 
-    engine = make_engine(_db_url(db))
+    engine = make_engine(db_url(db))
     with Session(engine) as session:
         detail = get_case(session, case_id)
         if detail is None:
-            console.print(f"[red]error:[/] case_id: no case {case_id!r} in {_db_url(db)}")
+            console.print(f"[red]error:[/] case_id: no case {case_id!r} in {db_url(db)}")
             raise typer.Exit(2)
         case = AttentionCase.from_json(detail.case.config)
         results = [
@@ -553,7 +458,7 @@ def cases_add(
     from service.db import make_engine
     from service.store import SqlStore
 
-    url = _db_url(db)
+    url = db_url(db)
     try:
         cases = []
         for path in paths:
@@ -567,7 +472,7 @@ def cases_add(
                 raise CaseValidationError(exc.field, f"{path}: {exc}") from exc
             except TypeError as exc:  # a value of the wrong type for a field
                 raise CaseValidationError("case", f"{path}: {exc}") from exc
-        _upgrade(url)
+        migrate(url)
         engine = make_engine(url)
         try:
             store = SqlStore(engine)
@@ -576,7 +481,7 @@ def cases_add(
         finally:
             engine.dispose()
     except AttnFuzzError as exc:
-        _fail(exc)
+        fail(exc)
     for case in cases:
         out.print(f"{case.case_id}  {case.describe()}")
 
@@ -591,7 +496,7 @@ def report(db: DbOption = None, as_json: Annotated[bool, typer.Option("--json", 
     from service.db import make_engine
     from service.repository import campaign_report
 
-    url = _db_url(db)
+    url = db_url(db)
     engine = make_engine(url)
     with Session(engine) as session:
         rep = campaign_report(session)
@@ -659,11 +564,11 @@ def serve(
     from service.app import create_app
     from service.settings import Settings
 
-    url = _db_url(db)
+    url = db_url(db)
     try:
-        _upgrade(url)
+        migrate(url)
     except AttnFuzzError as exc:
-        _fail(exc)
+        fail(exc)
     uvicorn.run(create_app(Settings(database_url=url)), host=host, port=port)
 
 

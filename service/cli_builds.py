@@ -31,21 +31,14 @@ from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from oracle.errors import AttnFuzzError
-
-console = Console(stderr=True)
-out = Console()
+from service.cli_common import DbOption, console, db_url, exit_code, fail, migrate, out
 
 EXIT_BUILD = 8
 EXIT_MISMATCH = 9
 
-DbOption = Annotated[
-    Optional[str],
-    typer.Option("--db", help="SQLAlchemy URL (default: $ATTNFUZZ_DATABASE_URL or sqlite:///attnfuzz.db)."),
-]
 PackageOption = Annotated[str, typer.Option("--package", help="The package line, e.g. flash-attn-4.")]
 BuildsDirOption = Annotated[
     Optional[str],
@@ -92,29 +85,19 @@ def _exit_code(exc: AttnFuzzError) -> int:
         return 2
     if isinstance(exc, BuildPrepareError):
         return EXIT_BUILD
-    from service.cli import _exit_code as main_exit_code
-
-    return main_exit_code(exc)
+    return exit_code(exc)
 
 
 def _fail(exc: AttnFuzzError) -> None:
-    console.print(f"[bold red]error:[/] {exc}")
-    raise typer.Exit(_exit_code(exc))
-
-
-def _db_url(db: str | None) -> str:
-    from service.db import default_database_url
-
-    return db or default_database_url()
+    fail(exc, _exit_code(exc))
 
 
 def _engine(db: str | None):
     """Migrate the database and return an Engine on it."""
-    from service.cli import _upgrade
     from service.db import make_engine
 
-    url = _db_url(db)
-    _upgrade(url)
+    url = db_url(db)
+    migrate(url)
     return make_engine(url)
 
 
@@ -143,7 +126,11 @@ def _backend_specs(backend: Sequence[str] | None, wanted: set[str]) -> tuple[lis
     return pairs, restrict
 
 
-def _tasks(corpus: str | None, engine: Any, use_db: bool, restrict: set[str] | None) -> list:
+def _tasks(
+    corpus: str | None, engine: Any, use_db: bool, backend: Sequence[str] | None
+) -> tuple[list, list[tuple[str, str]]]:
+    """The replay tasks (the corpus's, then every bucket's with ``use_db``; duplicates dropped),
+    restricted to ``backend`` when given, and ``(name, spec)`` of every backend they may name."""
     from fuzzer.corpus import load_corpus
     from fuzzer.replay import tasks_from_corpus
     from service.matrix import replay_tasks_from_buckets
@@ -152,15 +139,17 @@ def _tasks(corpus: str | None, engine: Any, use_db: bool, restrict: set[str] | N
     if corpus and Path(corpus).is_dir():
         tasks.extend(tasks_from_corpus(load_corpus(corpus)))
     if use_db:
-        tasks.extend(replay_tasks_from_buckets(engine, sorted(restrict) if restrict else None))
-    if restrict is not None:
-        tasks = [t for t in tasks if t.backend in restrict]
+        tasks.extend(replay_tasks_from_buckets(engine))
     seen, unique = set(), []
     for task in tasks:
         if task.key not in seen:
             seen.add(task.key)
             unique.append(task)
-    return unique
+    named = {b for b in (backend or []) if ":" not in b}
+    pairs, restrict = _backend_specs(backend, {t.backend for t in unique} | named)
+    if restrict is not None:
+        unique = [t for t in unique if t.backend in restrict]
+    return unique, pairs
 
 
 def _verdict_rows(outcome: Any) -> list[dict[str, Any]]:
@@ -405,9 +394,7 @@ def builds_replay(
         )
         engine = _engine(db)
         try:
-            names_in_tasks = {t.backend for t in _tasks(corpus, engine, db_cases, None)}
-            pairs, restrict = _backend_specs(backend, names_in_tasks | set(b for b in (backend or []) if ":" not in b))
-            tasks = _tasks(corpus, engine, db_cases, restrict)
+            tasks, pairs = _tasks(corpus, engine, db_cases, backend)
             if not tasks:
                 console.print("[yellow]nothing to replay:[/] no corpus entry or bucket for the selected backends")
             environments = []
@@ -480,9 +467,7 @@ def replay(
     try:
         engine = _engine(db)
         try:
-            names_in_tasks = {t.backend for t in _tasks(corpus, engine, db_cases, None)}
-            pairs, restrict = _backend_specs(backend, names_in_tasks | set(b for b in (backend or []) if ":" not in b))
-            tasks = _tasks(corpus, engine, db_cases, restrict)
+            tasks, pairs = _tasks(corpus, engine, db_cases, backend)
             outcome = replay_here(tasks, pairs, device=device, isolation=isolation, case_timeout_s=case_timeout)
             record = record_replay(engine, outcome, trigger="cli")
         finally:
@@ -824,30 +809,16 @@ def corpus_import(
     except AttnFuzzError as exc:
         _fail(exc)
     out.print(
-        f"{len(entries)} corpus entries ({len({e.case.case_id for e in entries})} cases, {stored} verdicts) stored in {_db_url(db)}"
+        f"{len(entries)} corpus entries ({len({e.case.case_id for e in entries})} cases, {stored} verdicts) stored in {db_url(db)}"
     )
 
 
 # ------------------------------------------------------------------------------------ register
-def _group(app: typer.Typer, name: str, help_text: str) -> typer.Typer:
-    for group in app.registered_groups:
-        if group.name == name and group.typer_instance is not None:
-            return group.typer_instance
-    sub = typer.Typer(help=help_text, no_args_is_help=True)
-    app.add_typer(sub, name=name)
-    return sub
-
-
-def _replace_command(group: typer.Typer, name: str, function: Any) -> None:
-    group.registered_commands = [c for c in group.registered_commands if (c.name or c.callback.__name__) != name]
-    group.command(name)(function)
-
-
 def register(app: typer.Typer) -> None:
     """Add ``builds``, ``replay``, ``regressions``, ``bisect``, ``corpus export`` and
-    ``corpus import`` to ``app`` (``corpus import`` replaces an existing one: this one also
-    stores the corpus's verdicts)."""
-    builds = _group(app, "builds", "Build environments: one per build of a package, replays across them.")
+    ``corpus import`` to ``app``."""
+    builds = typer.Typer(help="Build environments: one per build of a package, replays across them.", no_args_is_help=True)
+    app.add_typer(builds, name="builds")
     builds.command("fetch")(builds_fetch)
     builds.command("prepare")(builds_prepare)
     builds.command("list")(builds_list)
@@ -855,9 +826,10 @@ def register(app: typer.Typer) -> None:
     app.command("replay")(replay)
     app.command("regressions")(regressions)
     app.command("bisect")(bisect)
-    corpus = _group(app, "corpus", "The readable JSON corpus (corpus/<backend>/<variant>-<case_id>.json).")
-    _replace_command(corpus, "export", corpus_export)
-    _replace_command(corpus, "import", corpus_import)
+    corpus = typer.Typer(help="The readable JSON corpus (corpus/<backend>/<variant>-<case_id>.json).", no_args_is_help=True)
+    app.add_typer(corpus, name="corpus")
+    corpus.command("export")(corpus_export)
+    corpus.command("import")(corpus_import)
 
 
 __all__ = ["register"]

@@ -11,9 +11,8 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
 
-console = Console(stderr=True)
+from service.cli_common import DbOption, console, db_url
 
 
 def register(app: typer.Typer) -> None:
@@ -27,10 +26,7 @@ def register(app: typer.Typer) -> None:
         ] = None,
         backend: Annotated[Optional[str], typer.Option(help="Backend to call (default: the one the case failed on).")] = None,
         variant: Annotated[Optional[str], typer.Option(help="API variant (default: the one the case failed on).")] = None,
-        db: Annotated[
-            Optional[str],
-            typer.Option("--db", help="SQLAlchemy URL (default: $ATTNFUZZ_DATABASE_URL or sqlite:///attnfuzz.db)."),
-        ] = None,
+        db: DbOption = None,
     ) -> None:
         """Write CASE_ID as a pytest file that needs only torch and the backend's package: it
         regenerates the inputs, calls the backend as the failing variant did, and checks the
@@ -39,11 +35,11 @@ def register(app: typer.Typer) -> None:
         from sqlalchemy.orm import Session
 
         from service import repository
-        from service.db import default_database_url, make_engine
+        from service.db import make_engine
         from service.errors import FieldValidationError, NotFoundError
         from service.export import render_repro, validated_case
 
-        url = db or default_database_url()
+        url = db_url(db)
         engine = make_engine(url)
         try:
             with Session(engine) as session:

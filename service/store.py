@@ -92,7 +92,8 @@ class StoreRefusedError(SinkFatalError, ServiceError):
     """The database refuses writes (disk full, read-only); nothing of the call was stored."""
 
 
-def _is_transient(exc: DBAPIError) -> bool:
+def is_transient(exc: DBAPIError) -> bool:
+    """A conflict that a retry may resolve: serialization failure, deadlock, SQLite locked/busy."""
     sqlstate = getattr(exc.orig, "sqlstate", None)
     if sqlstate in TRANSIENT_SQLSTATES:
         return True
@@ -111,7 +112,7 @@ def _translate(exc: DBAPIError, dialect: str) -> Exception | None:
         for needle, what in SQLITE_REFUSED_MESSAGES.items():
             if needle in text:
                 return StoreRefusedError(f"database refuses writes ({what}): {first_line}")
-    if exc.connection_invalidated or _is_transient(exc) or sqlstate in UNAVAILABLE_SQLSTATES:
+    if exc.connection_invalidated or is_transient(exc) or sqlstate in UNAVAILABLE_SQLSTATES:
         return StoreUnavailableError(f"database unavailable: {first_line}")
     if sqlstate is not None and sqlstate.startswith("08"):  # connection_exception class
         return StoreUnavailableError(f"database unavailable: {first_line}")
@@ -158,7 +159,7 @@ class _Transactor:
                 with self._begin() as connection:
                     return fn(connection)
             except DBAPIError as exc:
-                if attempt < self.retries and _is_transient(exc) and not exc.connection_invalidated:
+                if attempt < self.retries and is_transient(exc) and not exc.connection_invalidated:
                     time.sleep(min(0.05 * 2**attempt, 1.0))  # backoff between retries, not a test sync
                     continue
                 translated = _translate(exc, self.dialect)

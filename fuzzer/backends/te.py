@@ -112,7 +112,14 @@ import os
 from collections.abc import Iterator, Mapping, MutableMapping
 from typing import Any, ClassVar
 
-from fuzzer.backends.base import Backend, BackendOutput, Capabilities, UnsupportedCaseError, run_with_grad
+from fuzzer.backends.base import (
+    Backend,
+    BackendOutput,
+    Capabilities,
+    UnsupportedCaseError,
+    alignment_irrelevant,
+    run_with_grad,
+)
 from fuzzer.backends.fa4 import (
     CompileTimer,
     cuda_arch_major,
@@ -238,7 +245,7 @@ def te_module_kwargs(case: AttentionCase, variant: str) -> dict[str, Any]:
 
 def te_is_cross_attention(case: AttentionCase) -> bool:
     """Whether some sequence has a different query and key length (TE's ``attention_type="cross"``)."""
-    return case.seqlens_q_list != case.seqlens_k_list
+    return not alignment_irrelevant(case)
 
 
 def te_forward_kwargs(case: AttentionCase, variant: str) -> dict[str, Any]:
@@ -296,7 +303,7 @@ def te_cp_unsupported_reasons(case: AttentionCase, sub_backend: str) -> list[str
     reasons = list(cp_unsupported_reasons(case))
     if sub_backend == "unfused":
         reasons.append("TE disables UnfusedDotProductAttention under context parallelism")
-    cross = case.seqlens_q_list != case.seqlens_k_list
+    cross = te_is_cross_attention(case)
     if case.causal and case.causal_alignment == "bottom_right":
         reasons.append("TE has no context parallelism for causal_bottom_right masks")
     if case.causal and cross:
