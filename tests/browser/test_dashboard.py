@@ -17,6 +17,7 @@ import os
 import shutil
 import threading
 import time
+from urllib.parse import urlsplit
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
@@ -173,7 +174,11 @@ def _login(browser, dashboard: Dashboard, next_path: str) -> None:
     browser.get(f"{dashboard.url}/login?next={next_path}")
     browser.find_element(By.ID, "token").send_keys(TOKEN)
     browser.find_element(By.ID, "login-submit").click()
-    _wait(browser, lambda d: d.current_url.endswith(next_path))
+    # The login page's own URL (/login?next=/buckets) also ends with next_path, and the URL changes
+    # when the navigation commits, before the new page has loaded: wait for the path itself and a
+    # loaded document.
+    _wait(browser, lambda d: urlsplit(d.current_url).path == next_path
+          and d.execute_script("return document.readyState") == "complete")
 
 
 def test_triage_a_bucket_and_download_its_repro(browser, dashboard: Dashboard, downloads: Path) -> None:
@@ -181,7 +186,7 @@ def test_triage_a_bucket_and_download_its_repro(browser, dashboard: Dashboard, d
     from selenium.webdriver.support.ui import Select
 
     _login(browser, dashboard, "/buckets")
-    rows = browser.find_elements(By.CSS_SELECTOR, "#bucket-table tbody tr[data-bucket-id]")
+    rows = _wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#bucket-table tbody tr[data-bucket-id]"))
     assert len(rows) == 5, [r.text for r in rows]
     browser.find_element(By.CSS_SELECTOR, f'a[href="/buckets/{dashboard.exportable_bucket_id}"]').click()
     _wait(browser, lambda d: d.find_elements(By.ID, "save-triage"))
