@@ -60,7 +60,7 @@ import torch
 
 from fuzzer.backends.base import Backend, BackendOutput
 from fuzzer.executor import TaskOutcome
-from oracle.config import CP_COMM_TYPES, AttentionCase
+from oracle.config import CP_COMM_TYPES, AttentionCase, cp_heads_unit
 from oracle.errors import AttnFuzzError
 
 CP_LAYOUT = "dual_chunk_swap"
@@ -369,8 +369,8 @@ def cp_unsupported_reasons(case: AttentionCase) -> list[str]:
             value = getattr(case, name)
             if value % (2 * n):
                 reasons.append(f"{name}={value} is not a multiple of 2 * cp_size = {2 * n}")
-    heads_unit = {"a2a": n, "a2a+p2p": 2}.get(case.cp_comm_type)
-    if heads_unit is not None:
+    heads_unit = cp_heads_unit(n, case.cp_comm_type)
+    if heads_unit > 1:
         for name in ("num_heads", "num_heads_kv"):
             value = getattr(case, name)
             if value % heads_unit:

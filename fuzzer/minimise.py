@@ -42,7 +42,7 @@ from hypothesis import strategies as st
 from hypothesis.database import ExampleDatabase, InMemoryExampleDatabase, choices_to_bytes
 from hypothesis.errors import Flaky, NoSuchExample, Unsatisfiable
 
-from oracle.config import INPUT_DISTRIBUTIONS, AttentionCase
+from oracle.config import INPUT_DISTRIBUTIONS, AttentionCase, cp_heads_unit
 
 _SMALL_HEAD_DIMS = (8, 16, 32, 64, 128, 256)
 
@@ -100,7 +100,7 @@ def neighbourhood(
     plan = []
     # context parallelism: the units that keep the case laid out (see the module docstring)
     seqlen_unit = 2 * case.cp_size if case.cp_size > 1 and not case.is_varlen else 1
-    heads_unit = {"a2a": case.cp_size, "a2a+p2p": 2}.get(case.cp_comm_type, 1)
+    heads_unit = cp_heads_unit(case.cp_size, case.cp_comm_type)
     plan.append(("batch_size", ints(1, case.batch_size)))
     plan.append(("num_heads_kv", steps(heads_unit, case.num_heads_kv)))
     plan.append(("group", ints(1, case.group_size)))

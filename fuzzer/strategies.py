@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from hypothesis import strategies as st
 
 from fuzzer.backends.base import Capabilities
-from oracle.config import CAUSAL_ALIGNMENTS, CP_COMM_TYPES, DTYPES, INPUT_DISTRIBUTIONS, QKV_FORMATS, AttentionCase
+from oracle.config import CAUSAL_ALIGNMENTS, CP_COMM_TYPES, DTYPES, INPUT_DISTRIBUTIONS, QKV_FORMATS, AttentionCase, cp_heads_unit
 from oracle.errors import AttnFuzzError
 
 TILE_EDGE_SEQLENS = (1, 2, 63, 64, 65, 113, 127, 128, 129, 255, 256, 257, 799, 1023, 1024, 1025, 2047, 2048, 4096)
@@ -209,7 +209,7 @@ def _attention_cases(
     # shrink towards TE-shaped ones. Without CP nothing extra is drawn.
     te_shaped = cp_size > 1 and draw(st.integers(0, 3)) < 3
     batch_size = draw(st.integers(1, max_batch_size))
-    heads_unit = {"a2a": cp_size, "a2a+p2p": 2}.get(cp_comm_type, 1)
+    heads_unit = cp_heads_unit(cp_size, cp_comm_type)
     if heads_unit > 1:
         num_heads_kv = heads_unit * draw(st.integers(1, max(1, max_heads_kv // heads_unit)))
     else:

@@ -49,6 +49,14 @@ CAUSAL_ALIGNMENTS = ("top_left", "bottom_right")
 INPUT_DISTRIBUTIONS = ("normal", "large_logits", "outliers", "near_constant")
 CP_COMM_TYPES = ("p2p", "all_gather", "a2a", "a2a+p2p")
 
+
+def cp_heads_unit(cp_size: int, cp_comm_type: str | None) -> int:
+    """How many ranks split the heads under context parallelism: ``num_heads`` and
+    ``num_heads_kv`` must be multiples of it. ``a2a`` splits heads over all ``cp_size`` ranks,
+    ``a2a+p2p`` over pairs of ranks (2); the other comm types keep every head (1). Convention of
+    TransformerEngine's ``context_parallel.py`` (``attn_forward_func_with_cp``)."""
+    return {"a2a": cp_size, "a2a+p2p": 2}.get(cp_comm_type, 1)
+
 MAX_HEAD_DIM = 1024
 MAX_SEED = 2**32 - 1
 
