@@ -3,7 +3,7 @@
 Usage::
 
     python benchmarks/oracle_bench.py [--device cpu|cuda] [--sizes b4,s4096,h16,d128,causal ...]
-                                      [--engines torch,triton] [--backward] [--repeats N] [--json OUT]
+                                      [--engines torch,triton,cuda] [--backward] [--repeats N] [--json OUT]
 
 A size is comma-separated tokens: ``b<batch_size>``, ``s<seqlen>`` (``sq<n>``/``sk<n>`` for unequal
 lengths), ``h<num_heads>``, ``kv<num_heads_kv>``, ``d<head_dim>``, and ``causal`` (bottom-right
@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--sizes", nargs="+", help="sizes such as b4,s4096,h16,d128,causal")
-    parser.add_argument("--engines", default=None, help="oracle engines, comma-separated (default: torch[,triton])")
+    parser.add_argument("--engines", default=None, help="oracle engines, comma-separated (default: torch[,triton,cuda])")
     parser.add_argument("--backward", action="store_true", help="time forward + backward instead of forward")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", help="write the records to this file")
@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         child_cpu_measure(args.child[0], args.child[1], args.repeats, args.backward)
         return 0
 
-    engines = args.engines.split(",") if args.engines else (["torch", "triton"] if args.device == "cuda" else ["torch"])
+    engines = args.engines.split(",") if args.engines else (["torch", "triton", "cuda"] if args.device == "cuda" else ["torch"])
     impls = [f"oracle-{engine}" for engine in engines]
     records = []
     for size in args.sizes or DEFAULT_SIZES[args.device]:
@@ -239,6 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         naive_ms = timings.get("naive", {}).get("time_ms")
         for impl, timing in timings.items():
             record = {"size": size, "device": args.device, "backward": args.backward, "impl": impl, **timing,
+                      "cuda_config": os.environ.get("ATTNFUZZ_CUDA_CONFIG") if impl == "oracle-cuda" else None,
                       "speedup_vs_naive": (naive_ms / timing["time_ms"]) if naive_ms else None, **diffs.get(impl, {})}
             records.append(record)
 

@@ -1,15 +1,16 @@
 """Optional float64 attention forward on CUDA with Triton: the ``engine="triton"`` of `oracle.reference`.
 
-`oracle.reference` uses it for the forward when the tensors are on CUDA, Triton imports and the
-case is bshd/sbhd (``engine="auto"``), falling back to the torch path on any exception (recorded in
-``oracle.reference.triton_fallback_error``); the backward always runs on the torch path. Both
+`oracle.reference` uses it for the forward when the tensors are on CUDA, Triton imports, the case
+is bshd/sbhd and the CUDA DMMA engine (`oracle._cuda_fwd`) cannot run (``engine="auto"``), falling
+back to the torch path on any exception (recorded in ``oracle.reference.triton_fallback_error``); the backward always runs on the torch path. Both
 variants compute what the torch path computes, in float64 throughout, on the same grouped layout
 (`oracle.reference._Dense`: rows ordered (token, group), q pre-multiplied by softmax_scale), so GQA,
 ``head_dim_v``, softcap, windows and both alignments come for free: the mask is the per-row
 ``[lo, hi)`` of `oracle.masks.key_bounds`, and only key blocks inside ``[min lo, max hi)`` of a
 block's rows are visited.
 
-* ``fused``: one FlashAttention-style kernel, ``tl.dot`` on float64 (DMMA ``m8n8k4`` on sm80+).
+* ``fused``: one FlashAttention-style kernel, ``tl.dot`` on float64 (DMMA ``m8n8k4`` on sm80+, which
+  an H200 runs at half its float64 tensor rate: on sm_90 `oracle._cuda_fwd` comes first).
   Each program handles ``BLOCK_M`` grouped rows of one (batch, kv head). When the softmax shift is
   known in advance (`oracle.reference.shift_bound`, an upper bound of every score of the row) the
   loop needs no running maximum and no rescaling; otherwise it runs the online softmax.

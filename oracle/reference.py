@@ -29,8 +29,9 @@ work) and applies the mask only to the edge columns that some row of the block c
 softmax shift is the Cauchy-Schwarz bound `shift_bound` (folded into the score gemm with
 ``baddbmm``) instead of the exact row maximum whenever that cannot underflow, which saves a pass.
 Peak extra memory is ``O(batch_size * num_heads * block_q * seqlen_k)``, chosen from a memory
-budget; never ``O(seqlen_q * seqlen_k)`` per head. On CUDA the forward runs by default in Triton
-(`oracle._triton_fwd`; ``engine="auto"``).
+budget; never ``O(seqlen_q * seqlen_k)`` per head. On CUDA the forward runs by default in a
+compiled kernel (``engine="auto"``): the float64 DMMA kernel of `oracle._cuda_fwd` on sm_90+, else
+the Triton one of `oracle._triton_fwd`.
 
 Error scales: besides the values, the reference returns for every output row a first-order
 estimate of the rounding error a low-precision kernel commits there (``error_scales``; see
@@ -49,15 +50,17 @@ from oracle.errors import AttnFuzzError
 from oracle.inputs import AttentionInputs
 from oracle.masks import key_bounds
 
-ENGINES = ("auto", "torch", "triton")
+ENGINES = ("auto", "torch", "triton", "cuda")
 DEFAULT_MEMORY_BUDGET_BYTES = {"cpu": 256 * 2**20, "cuda": 2 * 2**30}
 FLOAT32_UNIT_ROUNDOFF = 2.0**-24
 
-# Device types on which engine="auto" tries the fused Triton forward first.
+# Device types on which engine="auto" tries the compiled forwards first (CUDA DMMA, then Triton).
 TRITON_AUTO_DEVICE_TYPES = ("cuda",)
 # Set when the Triton forward was tried and failed (the torch path was used instead): the text of
 # the exception, for diagnostics; None when it never failed in this process.
 triton_fallback_error: str | None = None
+# Likewise for the CUDA DMMA forward (`oracle._cuda_fwd`; Triton or torch ran instead).
+cuda_fallback_error: str | None = None
 
 
 class ReferenceInputError(AttnFuzzError, ValueError):
@@ -81,7 +84,7 @@ class ReferenceResult:
             FlashAttention (fp32 accumulation, ``P``/``dS`` and outputs rounded to the case dtype)
             is expected to err by about ``u * sigma`` in L2 norm over the row, ``u`` the unit
             roundoff of the tensor's dtype. Empty when not requested.
-        engine: ``"torch"`` or ``"triton"``: what computed the forward.
+        engine: ``"torch"``, ``"triton"`` or ``"cuda"``: what computed the forward.
     """
 
     out: torch.Tensor
@@ -431,6 +434,17 @@ def _segments(case: AttentionCase):
     return segments
 
 
+def _compiled_forward(name: str):
+    """The module of a compiled forward engine (imported lazily: both are optional)."""
+    if name == "cuda":
+        from oracle import _cuda_fwd
+
+        return _cuda_fwd
+    from oracle import _triton_fwd
+
+    return _triton_fwd
+
+
 @torch.no_grad()
 def _run(
     case: AttentionCase,
@@ -444,7 +458,7 @@ def _run(
     error_scales: bool,
     engine: str,
 ) -> ReferenceResult:
-    global triton_fallback_error
+    global triton_fallback_error, cuda_fallback_error
     if engine not in ENGINES:
         raise ReferenceInputError(f"engine must be one of {ENGINES}, got {engine!r}")
     _check_inputs(case, q, k, v, dout)
@@ -455,15 +469,35 @@ def _run(
     varlen = case.is_varlen
     hkv = case.num_heads_kv
 
-    use_triton = False
-    if engine == "triton" or (engine == "auto" and device.type in TRITON_AUTO_DEVICE_TYPES and not varlen):
-        from oracle import _triton_fwd
+    # The compiled forwards to try, in order: engine="auto" on CUDA tries the DMMA kernel, then Triton.
+    compiled: list[str] = []
+    auto = engine == "auto" and device.type in TRITON_AUTO_DEVICE_TYPES and not varlen
+    for name in ("cuda", "triton"):
+        if engine == name or auto:
+            module = _compiled_forward(name)
+            reason = module.unsupported_reason(case, q)
+            if reason is None:
+                compiled.append(name)
+            elif engine == name:
+                raise ReferenceInputError(f"engine={name!r} cannot run this case: {reason}")
 
-        reason = _triton_fwd.unsupported_reason(case, q)
-        if reason is None:
-            use_triton = True
-        elif engine == "triton":
-            raise ReferenceInputError(f"engine='triton' cannot run this case: {reason}")
+    if compiled and compiled[0] == "cuda" and dout is None and not varlen:
+        # Forward only: the DMMA kernel reads the canonical tensors directly (no grouped copies).
+        from oracle import _cuda_fwd
+
+        lo, hi = key_bounds(case, case.seqlen_q, case.seqlen_k, device)
+        try:
+            fwd = _cuda_fwd.direct_forward(case, q, k, v, lo, hi, rho, error_scales)
+        except Exception as exc:  # noqa: BLE001 - any failure falls back to the next engine
+            if engine == "cuda":
+                raise
+            cuda_fallback_error = f"{type(exc).__name__}: {exc}"
+            compiled.pop(0)
+        else:
+            result = ReferenceResult(out=fwd["out"], lse=fwd["lse"], engine="cuda")
+            if error_scales:
+                result.error_scales = {"out": fwd["out_scale"], "lse": fwd["lse_scale"]}
+            return result
 
     parts: dict[str, list[torch.Tensor]] = {}
     engine_used = "torch"
@@ -496,15 +530,19 @@ def _run(
             rho=rho,
         )
         fwd = None
-        if use_triton:
+        while compiled and fwd is None:
+            name = compiled[0]
             try:
-                fwd = _triton_fwd.dense_forward(dense, error_scales)
-                engine_used = "triton"
-            except Exception as exc:  # noqa: BLE001 - any failure falls back to the torch path
-                if engine == "triton":
+                fwd = _compiled_forward(name).dense_forward(dense, error_scales)
+                engine_used = name
+            except Exception as exc:  # noqa: BLE001 - any failure falls back to the next engine
+                if engine == name:
                     raise
-                triton_fallback_error = f"{type(exc).__name__}: {exc}"
-                use_triton = False
+                if name == "cuda":
+                    cuda_fallback_error = f"{type(exc).__name__}: {exc}"
+                else:
+                    triton_fallback_error = f"{type(exc).__name__}: {exc}"
+                compiled.pop(0)
         if fwd is None:
             fwd = _dense_forward(dense, error_scales)
         grouped = dict(fwd)
@@ -569,15 +607,17 @@ def attention_forward(
         memory_budget_bytes: bytes of score blocks alive at once; default
             ``DEFAULT_MEMORY_BUDGET_BYTES[device type]``.
         error_scales: also compute ``ReferenceResult.error_scales`` for out and lse.
-        engine: ``"torch"``, ``"triton"`` (the fused float64 kernel; CUDA, bshd/sbhd only) or
-            ``"auto"`` (Triton where it applies, torch otherwise or if Triton fails).
+        engine: ``"torch"``, ``"triton"`` (the fused float64 Triton kernel; CUDA, bshd/sbhd only),
+            ``"cuda"`` (the float64 DMMA kernel of `oracle._cuda_fwd`; sm_90+, head_dim <= 128,
+            bshd/sbhd only) or ``"auto"`` (on CUDA: the DMMA kernel, else Triton, else torch,
+            each tried where it applies and the next used if it fails).
 
     Returns:
         `ReferenceResult` with ``out``, ``lse`` (float64, on q's device) and no gradients.
 
     Raises:
         ReferenceInputError: a tensor's shape or device does not match the case, an unknown
-            ``engine``, or ``engine="triton"`` where it cannot run.
+            ``engine``, or ``engine="triton"``/``"cuda"`` where it cannot run.
     """
     return _run(
         case, q, k, v, None, block_q=block_q, memory_budget_bytes=memory_budget_bytes,

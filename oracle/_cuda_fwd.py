@@ -1,0 +1,710 @@
+"""Optional float64 attention forward on Hopper's float64 tensor cores: the ``engine="cuda"`` of
+`oracle.reference` (its default on sm_90+).
+
+Why a hand-written kernel: Triton lowers a float64 ``tl.dot`` to the Ampere DMMA shape
+``mma.sync.m8n8k4`` (LLVM's NVPTX backend has no intrinsic for the sm_90 shapes), which runs at
+half the H200's float64 tensor rate; sm_90 adds ``mma.sync.aligned.m16n8k16.row.col.f64.f64.f64.f64``
+(PTX ISA 7.8, "Matrix shape" table of ``mma``). Measured on an H200 with
+`benchmarks/gpu/dmma_probe.py` (2026-11-30, TFLOP/s over the GPU): m8n8k4 31.9, m16n8k4 63.9,
+m16n8k8 65.2, m16n8k16 66.1. This module is a FlashAttention-2-style forward (Dao,
+arXiv:2307.08691, Algorithm 1) written in CUDA C++ around m16n8k16, compiled at first use with
+NVRTC through ``torch.cuda._compile_kernel`` (no nvcc, no build step; one compile per
+``(head_dim, head_dim_v, tile config, dtypes)`` key, cached for the process).
+
+Two entry points, one kernel (strided: it reads any layout with a contiguous last dimension):
+
+* `dense_forward`: `oracle._triton_fwd.dense_forward`'s contract — the grouped float64 layout of
+  `oracle.reference._Dense` (``q [B*Hkv, Sq*G, D]`` pre-multiplied by softmax_scale, ``k [B*Hkv,
+  Sk, D]``, ``v [B*Hkv, Sk, Dv]``, per-token key bounds ``lo``/``hi [Sq] int64``); used when the
+  backward follows (it needs the grouped copies anyway).
+* `direct_forward`: forward only, straight on the canonical ``[B, S, H, D]`` inputs in their own
+  dtype (q is converted and scaled in float64 as the kernel stages it; float64 copies of k and v in
+  their own layout), writing ``out [B, Sq, H, Dv]`` and ``lse [B, H, Sq]`` in place.
+
+Arithmetic: float64 throughout (products and sums in the DMMA unit are IEEE float64 fused
+multiply-adds; ``exp``/``log``/``tanh``/``sqrt`` are CUDA's float64 functions); every bf16, fp16
+and fp32 input converts to float64 exactly. Outputs: ``out``, natural-log ``lse`` (``-inf`` on rows
+that see no key, whose ``out`` is 0), and per row ``||P_i||``, ``||out_i||`` and the score bound
+for the error scales. Softmax shift, chosen per warp: the Cauchy-Schwarz bound ``||q_i|| *
+softmax_scale * max_j ||k_j||`` (capped by softcap; `oracle.reference.shift_bound`) when no row of
+the warp exceeds `oracle.reference.SAFE_SHIFT_BOUND`, else the online maximum with rescaling (FA2
+Algorithm 1 lines 9-10). Both give the softmax to float64 rounding.
+
+Kernel layout: one CTA of ``NWARPS`` warps takes ``16 * NWARPS`` grouped rows of one (batch, kv
+head); Q stays in shared memory, K and V tiles of ``BLOCK_N`` keys stream through cp.async, K(n+1)
+fetched during P V(n) and V(n+1) during Q K(n+1)^T; each warp owns 16 rows, keeps its output
+accumulator (``16 x head_dim_v``) and score tile (``16 x BLOCK_N``) in registers, and feeds the
+score accumulator straight back as the A operand of ``P @ V`` by ordering keys inside each 8-key
+chunk as ``(2t, 2t + 1) -> (t, t + 4)`` (no shuffles; the order of a sum's terms is all that
+changes). Only key tiles inside ``[min lo, max hi)`` of the CTA's rows are visited; CTAs run
+heaviest first. Shared-memory rows are padded so that fragment loads are free of bank conflicts.
+
+Measured on an H200 (b4 s4096 h16 d128 causal bf16, 2026-11-30, `benchmarks/gpu/results-2026-11-30/`):
+the default tile ``TileConfig(8, 32, 1)`` runs `dense_forward` in 9.2 ms and `direct_forward` (its
+k/v copies included) in 9.4 ms, about 29-30 TFLOP/s of float64 (45% of the m16n8k16 rate); 4-warp CTAs two
+per SM with one K/V buffer took 11.2 ms, two accumulator chains per score tile 9.8 ms, a transposed
+V tile 11.5-12.0 ms. `oracle.reference.reference(engine="cuda")` takes 10.0 ms in all (error scales
+included), against 47.7 ms for the naive float64 reference and 13.5 ms for the Triton engine.
+
+Limits: compute capability 9.0 or newer (sm_90 DMMA shapes), ``head_dim``/``head_dim_v`` <= 128
+(register budget), bshd/sbhd, a torch with ``torch.cuda._compile_kernel``. `unsupported_reason`
+says which one fails; `oracle.reference` then falls back to Triton, then to the torch path.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+from typing import NamedTuple
+
+import torch
+
+MAX_HEAD_DIM = 128
+
+
+def _compiler():
+    return getattr(torch.cuda, "_compile_kernel", None)
+
+
+def unsupported_reason(case, q: torch.Tensor) -> str | None:
+    """None when the kernel can run ``case`` on ``q``'s device, else why not (one line)."""
+    if case.is_varlen:
+        return "qkv_format thd is not supported by the CUDA forward"
+    if max(case.head_dim, case.head_dim_v) > MAX_HEAD_DIM:
+        return f"head_dim {max(case.head_dim, case.head_dim_v)} > {MAX_HEAD_DIM}"
+    if q.device.type != "cuda":
+        return f"tensors are on {q.device.type}, not CUDA"
+    if getattr(torch.version, "hip", None):
+        return "ROCm build of torch (the kernel uses NVIDIA PTX)"
+    if _compiler() is None:
+        return f"torch {torch.__version__} has no torch.cuda._compile_kernel (NVRTC)"
+    major, _ = torch.cuda.get_device_capability(q.device)
+    if major < 9:
+        return f"compute capability {major}.x < 9.0 (mma.sync m16n8k16 float64 needs sm_90)"
+    return None
+
+
+_SOURCE = r"""
+#define NTHREADS (NWARPS * 32)
+#define BLOCK_M (NWARPS * 16)
+#define QS (D_PAD + (QK_VEC ? 2 : 4))
+#define VS (DV_PAD + 2)
+#define VTS (BLOCK_N + 8)
+#define NT (BLOCK_N / 8)
+#define NTV (DV_PAD / 8)
+
+// How a source element becomes a float64, exactly: kind 0 float64, 1 float32, 2 bfloat16 bits
+// (the top half of a float32), 3 float16 bits.
+__device__ __forceinline__ double to_f64(double x) { return x; }
+__device__ __forceinline__ double to_f64(float x) { return (double)x; }
+__device__ __forceinline__ double bits_to_f64(unsigned short x, int kind) {
+    float f;
+    if (kind == 2) {
+        f = __uint_as_float(((unsigned int)x) << 16);
+    } else {
+        asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x));
+    }
+    return (double)f;
+}
+#if Q_KIND == 0
+typedef double q_t;
+#define Q_F64(x) to_f64(x)
+#elif Q_KIND == 1
+typedef float q_t;
+#define Q_F64(x) to_f64(x)
+#else
+typedef unsigned short q_t;
+#define Q_F64(x) bits_to_f64((x), Q_KIND)
+#endif
+#if KV_KIND == 0
+typedef double kv_t;
+#define KV_F64(x) to_f64(x)
+#elif KV_KIND == 1
+typedef float kv_t;
+#define KV_F64(x) to_f64(x)
+#else
+typedef unsigned short kv_t;
+#define KV_F64(x) bits_to_f64((x), KV_KIND)
+#endif
+
+__device__ __forceinline__ void cp_async8(double* dst, const double* src, bool ok) {
+    unsigned int saddr = (unsigned int)__cvta_generic_to_shared(dst);
+    int size = ok ? 8 : 0;  // src-size 0: the 8 bytes are zero-filled
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" :: "r"(saddr), "l"(src), "r"(size));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
+
+__device__ __forceinline__ void dmma16816(double (&d)[4], const double (&a)[8], const double (&b)[4]) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f64.f64.f64.f64 {%0,%1,%2,%3}, {%4,%5,%6,%7,%8,%9,%10,%11}, "
+        "{%12,%13,%14,%15}, {%0,%1,%2,%3};\n"
+        : "+d"(d[0]), "+d"(d[1]), "+d"(d[2]), "+d"(d[3])
+        : "d"(a[0]), "d"(a[1]), "d"(a[2]), "d"(a[3]), "d"(a[4]), "d"(a[5]), "d"(a[6]), "d"(a[7]),
+          "d"(b[0]), "d"(b[1]), "d"(b[2]), "d"(b[3]));
+}
+
+// Strides are in elements. Grouped row r of a CTA column = (token r / group, group member r % group);
+// blockIdx.y = batch * num_heads_kv + kv head. Q/OUT: (batch, kv head, token, member); K/V: (batch,
+// kv head, key); per-row values: LSE with the l_* strides, PNORM and SHIFT with the r_* strides.
+extern "C" __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS)
+attn_fwd_f64(const q_t* __restrict__ Q, const kv_t* __restrict__ K, const kv_t* __restrict__ V,
+             const long long* __restrict__ LO, const long long* __restrict__ HI,
+             double* __restrict__ OUT, double* __restrict__ LSE, double* __restrict__ PNORM,
+             double* __restrict__ ONORM, double* __restrict__ SBOUND, const double* __restrict__ KMAX,
+             const long long* __restrict__ STRIDES,
+             int seqlen_q, int seqlen_k, int num_heads_kv, int group, int head_dim, int head_dim_v,
+             double scale, int has_softcap, double softcap, int allow_shift) {
+    // STRIDES (elements): q (batch, kv head, token, member), k and v (batch, kv head, key),
+    // out (4 like q), lse (4), per-row values PNORM/ONORM/SBOUND (4).
+    // KMAX[batch * num_heads_kv + kv head] = max_j ||k_j||. Outputs per row besides out and lse:
+    // PNORM = ||P_i|| / l_i, ONORM = ||out_i||, SBOUND = ||q_i|| scale max||k|| (Cauchy-Schwarz).
+    // (read where used, so that the loop does not keep 22 64-bit strides in registers)
+    #define STRIDE(i) __ldg(STRIDES + (i))
+    const long long k_ss = STRIDE(6), v_ss = STRIDE(9);
+    extern __shared__ double smem[];
+    double* Qs = smem;
+    double* Ks = Qs + BLOCK_M * QS;
+#if KV_SHARED
+    double* Vs = Ks;  // one tile buffer: K for Q K^T, then V for P V
+#else
+    double* Vs = Ks + BLOCK_N * QS;  // VT: transposed [dim_v][key] (stride VTS); else [key][dim_v] (VS)
+#endif
+    __shared__ int s_kstart, s_kend;
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int rows_total = seqlen_q * group;
+    const int m0 = (gridDim.x - 1 - blockIdx.x) * BLOCK_M;  // heaviest (causal) blocks first
+    const long long batch = blockIdx.y / num_heads_kv, kvh = blockIdx.y % num_heads_kv;
+    const kv_t* Kb = K + batch * STRIDE(4) + kvh * STRIDE(5);
+    const kv_t* Vb = V + batch * STRIDE(7) + kvh * STRIDE(8);
+
+    if (tid == 0) { s_kstart = seqlen_k; s_kend = 0; }
+    __syncthreads();
+    for (int r = tid; r < BLOCK_M; r += NTHREADS) {
+        int row = m0 + r;
+        if (row < rows_total) {
+            long long lo = LO[row / group], hi = HI[row / group];
+            if (lo < hi) { atomicMin(&s_kstart, (int)lo); atomicMax(&s_kend, (int)hi); }
+        }
+    }
+    {
+        const q_t* Qb = Q + batch * STRIDE(0) + kvh * STRIDE(1);
+        const long long q_ss = STRIDE(2), q_sg = STRIDE(3);
+        for (int idx = tid; idx < BLOCK_M * D_PAD; idx += NTHREADS) {
+            int r = idx / D_PAD, c = idx - r * D_PAD, row = m0 + r;
+            double x = 0.0;
+            if (row < rows_total && c < head_dim)
+                x = Q_F64(Qb[(row / group) * q_ss + (row % group) * q_sg + c]) * scale;
+            Qs[r * QS + c] = x;
+        }
+    }
+    __syncthreads();
+    const int kstart = (s_kstart / BLOCK_N) * BLOCK_N, kend = s_kend;
+
+    // this thread's two rows: warp*16 + g (half 0) and warp*16 + g + 8 (half 1)
+    int row_of[2], lo_of[2], hi_of[2];
+    double shift_of[2], m_of[2], l_of[2], l2_of[2];
+    const double k_max = KMAX[blockIdx.y];
+    bool safe = true;
+    #pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        int row = m0 + warp * 16 + g + 8 * h;
+        row_of[h] = row;
+        bool ok = row < rows_total;
+        lo_of[h] = ok ? (int)LO[row / group] : 0;
+        hi_of[h] = ok ? (int)HI[row / group] : 0;
+        // ||q_i|| (q already scaled) from the staged tile: each of the 4 threads of the row sums
+        // every 4th column
+        double sq = 0.0;
+        for (int c = t; c < D_PAD; c += 4) { const double x = Qs[(warp * 16 + g + 8 * h) * QS + c]; sq += x * x; }
+        sq += __shfl_xor_sync(0xffffffff, sq, 1);
+        sq += __shfl_xor_sync(0xffffffff, sq, 2);
+        const double bound = sqrt(sq) * k_max;  // >= |s_ij| for every key j
+        if (ok && t == 0)
+            SBOUND[batch * STRIDE(18) + kvh * STRIDE(19) + (row / group) * STRIDE(20) + (row % group) * STRIDE(21)] = bound;
+        shift_of[h] = has_softcap ? fmin(bound, softcap) : bound;
+        safe = safe && (!ok || lo_of[h] >= hi_of[h] || shift_of[h] <= SAFE_SHIFT_BOUND);
+        m_of[h] = -CUDART_INF;
+        l_of[h] = 0.0;
+        l2_of[h] = 0.0;
+    }
+    // warp-uniform choice of softmax shift: the bound where it cannot underflow (oracle.reference.
+    // shift_bound), else the online maximum; both give the same softmax
+    const int shift_given = allow_shift && __all_sync(0xffffffff, safe);
+    int warp_lo_all = min(lo_of[0], lo_of[1]), warp_hi_all = max(hi_of[0], hi_of[1]);
+    #pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+        warp_lo_all = min(warp_lo_all, __shfl_xor_sync(0xffffffff, warp_lo_all, off));
+        warp_hi_all = max(warp_hi_all, __shfl_xor_sync(0xffffffff, warp_hi_all, off));
+    }
+
+    double o[NTV][4];
+    #pragma unroll
+    for (int j = 0; j < NTV; ++j) { o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0; }
+
+#if PIPE == 2
+    // float64 K/V through cp.async. Separate tiles: K(n+1) is fetched while P V(n) runs and V(n+1)
+    // while Q K(n+1)^T runs (FA2-style single buffers). KV_SHARED: one buffer, V(n) fetched while
+    // the softmax of tile n runs, K(n+1) exposed (two CTAs per SM hide it).
+    #define ISSUE_K(N0) do { \
+        for (int idx = tid; idx < BLOCK_N * D_PAD; idx += NTHREADS) { \
+            int r = idx / D_PAD, c = idx - r * D_PAD, key = (N0) + r; \
+            bool ok = key < seqlen_k && c < head_dim; \
+            cp_async8(Ks + r * QS + c, ok ? Kb + key * k_ss + c : Kb, ok); \
+        } \
+        cp_async_commit(); \
+    } while (0)
+    #define ISSUE_V(N0) do { \
+        for (int idx = tid; idx < BLOCK_N * DV_PAD; idx += NTHREADS) { \
+            int r = idx / DV_PAD, c = idx - r * DV_PAD, key = (N0) + r; \
+            bool ok = key < seqlen_k && c < head_dim_v; \
+            cp_async8(Vs + r * VS + c, ok ? Vb + key * v_ss + c : Vb, ok); \
+        } \
+        cp_async_commit(); \
+    } while (0)
+    if (kstart < kend) {
+        ISSUE_K(kstart);
+#if !KV_SHARED
+        ISSUE_V(kstart);
+#endif
+    }
+    cp_async_wait_all();
+    __syncthreads();
+#endif
+    for (int n0 = kstart; n0 < kend; n0 += BLOCK_N) {
+        const bool more = n0 + BLOCK_N < kend;
+#if PIPE != 2
+        // K tile [key][dim] and V tile, converted to float64 (zero outside the tensors)
+        for (int idx = tid; idx < BLOCK_N * D_PAD; idx += NTHREADS) {
+            int r = idx / D_PAD, c = idx - r * D_PAD, key = n0 + r;
+            Ks[r * QS + c] = (key < seqlen_k && c < head_dim) ? KV_F64(Kb[key * k_ss + c]) : 0.0;
+        }
+        for (int idx = tid; idx < BLOCK_N * DV_PAD; idx += NTHREADS) {
+#if VT
+            int chunk = idx >> 5, r = (chunk % (BLOCK_N / 8)) * 8 + (idx & 7);
+            int c = (chunk / (BLOCK_N / 8)) * 4 + ((idx >> 3) & 3), key = n0 + r;
+            Vs[c * VTS + r] = (key < seqlen_k && c < head_dim_v) ? KV_F64(Vb[key * v_ss + c]) : 0.0;
+#else
+            int r = idx / DV_PAD, c = idx - r * DV_PAD, key = n0 + r;
+            Vs[r * VS + c] = (key < seqlen_k && c < head_dim_v) ? KV_F64(Vb[key * v_ss + c]) : 0.0;
+#endif
+        }
+        __syncthreads();
+#endif
+        // warp-uniform `active`: does any of this warp's rows see a key of this tile?
+        const bool active = warp_lo_all < n0 + BLOCK_N && warp_hi_all > n0;
+        double s[NT][4];
+        #pragma unroll
+        for (int j = 0; j < NT; ++j) { s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0; }
+        if (active) {
+#if KSPLIT == 2
+            double s2[NT][4];  // odd k16 steps: two independent accumulator chains per score tile
+            #pragma unroll
+            for (int j = 0; j < NT; ++j) { s2[j][0] = s2[j][1] = s2[j][2] = s2[j][3] = 0.0; }
+#endif
+            #pragma unroll
+            for (int kk = 0; kk < D_PAD; kk += 16) {
+                double a[8];
+#if QK_VEC
+                // the MMA's k index t + 4j is head dimension 4t + j (for Q and K alike): each thread
+                // reads 4 consecutive doubles as two 16-byte loads
+                #pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const double2* qa = reinterpret_cast<const double2*>(Qs + (warp * 16 + g + 8 * h) * QS + kk + 4 * t);
+                    const double2 x0 = qa[0], x1 = qa[1];
+                    a[h] = x0.x; a[2 + h] = x0.y; a[4 + h] = x1.x; a[6 + h] = x1.y;
+                }
+#else
+                const double* qa = Qs + (warp * 16 + g) * QS + kk + t;
+                #pragma unroll
+                for (int i = 0; i < 8; ++i) a[i] = qa[(i & 1) * 8 * QS + (i >> 1) * 4];
+#endif
+                #pragma unroll
+                for (int j = 0; j < NT; ++j) {
+#if QK_VEC
+                    const double2* kb2 = reinterpret_cast<const double2*>(Ks + (j * 8 + g) * QS + kk + 4 * t);
+                    const double2 y0 = kb2[0], y1 = kb2[1];
+                    const double b[4] = {y0.x, y0.y, y1.x, y1.y};
+#else
+                    const double* kb2 = Ks + (j * 8 + g) * QS + kk + t;
+                    const double b[4] = {kb2[0], kb2[4], kb2[8], kb2[12]};
+#endif
+#if KSPLIT == 2
+                    if ((kk >> 4) & 1) dmma16816(s2[j], a, b); else dmma16816(s[j], a, b);
+#else
+                    dmma16816(s[j], a, b);
+#endif
+                }
+            }
+#if KSPLIT == 2
+            #pragma unroll
+            for (int j = 0; j < NT; ++j) {
+                s[j][0] += s2[j][0]; s[j][1] += s2[j][1]; s[j][2] += s2[j][2]; s[j][3] += s2[j][3];
+            }
+#endif
+        }
+#if PIPE == 2 && KV_SHARED
+        __syncthreads();  // every warp is done with K(n)
+        ISSUE_V(n0);      // lands while the softmax runs
+#elif PIPE == 2
+        cp_async_wait_all();  // V(n)
+        __syncthreads();      // K(n) is free, V(n) visible
+        if (more) ISSUE_K(n0 + BLOCK_N);
+#endif
+        if (active) {
+            // softcap, mask, exp; s becomes p
+            double shift_use[2];
+            #pragma unroll
+            for (int j = 0; j < NT; ++j) {
+                #pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int h = e >> 1, col = n0 + j * 8 + 2 * t + (e & 1);
+                    double x = s[j][e];
+                    if (has_softcap) x = softcap * tanh(x / softcap);
+                    s[j][e] = (col >= lo_of[h] && col < hi_of[h]) ? x : -CUDART_INF;
+                }
+            }
+            if (shift_given) {
+                shift_use[0] = shift_of[0];
+                shift_use[1] = shift_of[1];
+            } else {  // online maximum (FA2 Algorithm 1 lines 9-10)
+                double alpha[2];
+                #pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    double mx = -CUDART_INF;
+                    #pragma unroll
+                    for (int j = 0; j < NT; ++j) mx = fmax(mx, fmax(s[j][2 * h], s[j][2 * h + 1]));
+                    mx = fmax(mx, __shfl_xor_sync(0xffffffff, mx, 1));
+                    mx = fmax(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+                    const double m_new = fmax(m_of[h], mx);
+                    const double m_use = m_new == -CUDART_INF ? 0.0 : m_new;  // nothing visible yet
+                    alpha[h] = exp(m_of[h] - m_use);
+                    m_of[h] = m_new;
+                    shift_use[h] = m_use;
+                    l_of[h] *= alpha[h];
+                    l2_of[h] *= alpha[h] * alpha[h];
+                }
+                #pragma unroll
+                for (int j = 0; j < NTV; ++j) {
+                    o[j][0] *= alpha[0]; o[j][1] *= alpha[0];
+                    o[j][2] *= alpha[1]; o[j][3] *= alpha[1];
+                }
+            }
+            #pragma unroll
+            for (int j = 0; j < NT; ++j) {
+                #pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int h = e >> 1;
+                    const double p = exp(s[j][e] - shift_use[h]);  // exp(-inf) = 0 on masked keys
+                    s[j][e] = p;
+                    l_of[h] += p;
+                    l2_of[h] += p * p;
+                }
+            }
+        }
+#if PIPE == 2 && KV_SHARED
+        cp_async_wait_all();  // V(n)
+        __syncthreads();
+#endif
+        if (active) {
+            // O += P V, the A operand straight from the score accumulators: inside each 8-key chunk
+            // the MMA's k index t (t + 4) is key 2t (2t + 1), which is where the C layout left them
+            #pragma unroll
+            for (int kc = 0; kc < BLOCK_N / 16; ++kc) {
+                double a[8];
+                #pragma unroll
+                for (int jj = 0; jj < 4; ++jj) {
+                    const int tile = 2 * kc + (jj >> 1);
+                    a[2 * jj] = s[tile][jj & 1];
+                    a[2 * jj + 1] = s[tile][(jj & 1) + 2];
+                }
+                #pragma unroll
+                for (int j = 0; j < NTV; ++j) {  // b_i = V[key 16 kc + 8(i>>1) + 2t + (i&1)][8j + g]
+#if VT
+                    const double* vrow = Vs + (j * 8 + g) * VTS + kc * 16 + 2 * t;
+                    const double2 y0 = *reinterpret_cast<const double2*>(vrow);
+                    const double2 y1 = *reinterpret_cast<const double2*>(vrow + 8);
+                    const double b[4] = {y0.x, y0.y, y1.x, y1.y};
+#else
+                    const double* vcol = Vs + (kc * 16 + 2 * t) * VS + j * 8 + g;
+                    const double b[4] = {vcol[0], vcol[VS], vcol[8 * VS], vcol[9 * VS]};
+#endif
+                    dmma16816(o[j], a, b);
+                }
+            }
+        }
+#if PIPE == 2 && KV_SHARED
+        __syncthreads();  // every warp is done with V(n)
+        if (more) {
+            ISSUE_K(n0 + BLOCK_N);
+            cp_async_wait_all();
+            __syncthreads();
+        }
+#elif PIPE == 2
+        cp_async_wait_all();  // K(n+1)
+        __syncthreads();      // V(n) is free, K(n+1) visible
+        if (more) ISSUE_V(n0 + BLOCK_N);
+#else
+        __syncthreads();  // every warp is done with the tiles before they are refilled
+#endif
+    }
+
+    #pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        double l = l_of[h], l2 = l2_of[h];
+        l += __shfl_xor_sync(0xffffffff, l, 1);
+        l += __shfl_xor_sync(0xffffffff, l, 2);
+        l2 += __shfl_xor_sync(0xffffffff, l2, 1);
+        l2 += __shfl_xor_sync(0xffffffff, l2, 2);
+        const bool empty = l == 0.0;
+        const double l_safe = empty ? 1.0 : l;
+        const int row = row_of[h];
+        if (row < rows_total) {
+            const long long token = row / group, member = row % group;
+            double* orow = OUT + batch * STRIDE(10) + kvh * STRIDE(11) + token * STRIDE(12) + member * STRIDE(13);
+            double osq = 0.0;
+            #pragma unroll
+            for (int j = 0; j < NTV; ++j) {
+                const int col = j * 8 + 2 * t;
+                const double x0 = o[j][2 * h] / l_safe, x1 = o[j][2 * h + 1] / l_safe;
+                if (col < head_dim_v) orow[col] = x0;
+                if (col + 1 < head_dim_v) orow[col + 1] = x1;
+                osq += x0 * x0 + x1 * x1;  // padded columns hold 0
+            }
+            osq += __shfl_xor_sync(0x0000000f << (lane & 28), osq, 1);
+            osq += __shfl_xor_sync(0x0000000f << (lane & 28), osq, 2);
+            if (t == 0) {
+                const double base = shift_given ? shift_of[h] : m_of[h];
+                const long long at = batch * STRIDE(18) + kvh * STRIDE(19) + token * STRIDE(20) + member * STRIDE(21);
+                LSE[batch * STRIDE(14) + kvh * STRIDE(15) + token * STRIDE(16) + member * STRIDE(17)] =
+                    empty ? -CUDART_INF : base + log(l_safe);
+                PNORM[at] = sqrt(l2) / l_safe;
+                ONORM[at] = sqrt(osq);
+            }
+        }
+    }
+}
+"""
+
+_PRELUDE = (
+    "#define CUDART_INF __longlong_as_double(0x7ff0000000000000ULL)\n"
+    "#define SAFE_SHIFT_BOUND 170.0\n"  # oracle.reference.SAFE_SHIFT_BOUND (checked in _kernel)
+)
+
+# torch dtype -> Q_KIND / KV_KIND of the kernel (how a source element becomes a float64, exactly)
+_KIND = {torch.float64: 0, torch.float32: 1, torch.bfloat16: 2, torch.float16: 3}
+
+
+def _pad(n: int, multiple: int) -> int:
+    return max(multiple, -(-n // multiple) * multiple)
+
+
+class TileConfig(NamedTuple):
+    """Compile-time shape of the kernel (see the module docstring)."""
+
+    warps: int  # NWARPS: warps per CTA, 16 query rows each
+    block_n: int  # BLOCK_N: keys per tile, a multiple of 16
+    min_blocks: int  # MIN_BLOCKS: CTAs per SM the register budget is set for
+    qk_vec: int = 0  # QK_VEC: 16-byte Q/K fragment loads (head-dim order permuted)
+    vt: int = 0  # VT: V tile transposed in shared memory (16-byte fragment loads)
+    kv_shared: int = 0  # KV_SHARED: one buffer for the K tile, then the V tile
+    ksplit: int = 1  # KSPLIT: independent accumulator chains per score tile over the k16 steps
+
+
+# The fastest config that stayed at float64 rounding on an H200 (benchmarks/gpu/dmma_probe.py,
+# b4 s4096 h16 d128 causal; figures in the module docstring).
+DEFAULT_CONFIG = TileConfig(8, 32, 1)
+
+
+def _config(head_dim: int, head_dim_v: int) -> TileConfig:
+    """The tile config; override with ``ATTNFUZZ_CUDA_CONFIG=W,N,B[,QV,VT,KVS,KSPLIT]``."""
+    override = os.environ.get("ATTNFUZZ_CUDA_CONFIG")
+    if override:
+        return TileConfig(*(int(x) for x in override.split(",")))
+    return DEFAULT_CONFIG
+
+
+def smem_bytes(head_dim: int, head_dim_v: int, config: TileConfig) -> int:
+    """Dynamic shared memory of one CTA, bytes: float64 Q tile (``16 * warps`` rows), K tile and V
+    tile (``block_n`` keys; one buffer for both with ``kv_shared``), with the row padding that
+    keeps fragment loads free of bank conflicts."""
+    d_pad, dv_pad = _pad(head_dim, 16), _pad(head_dim_v, 8)
+    qs = d_pad + (2 if config.qk_vec else 4)
+    k_elems = config.block_n * qs
+    v_elems = dv_pad * (config.block_n + 8) if config.vt else config.block_n * (dv_pad + 2)
+    kv = max(k_elems, v_elems) if config.kv_shared else k_elems + v_elems
+    return 8 * (16 * config.warps * qs + kv)
+
+
+SMEM_LIMIT_BYTES = 227 * 1024  # cudaDevAttrMaxSharedMemoryPerBlockOptin on sm_90
+
+
+def _pipeline(k, config: TileConfig) -> int:
+    """``PIPE``: 2 = float64 K/V fetched with cp.async, overlapping the arithmetic; 0 = plain loads
+    with conversion (other dtypes, the transposed-V variant, or forced with ``ATTNFUZZ_CUDA_PIPE=0``)."""
+    if os.environ.get("ATTNFUZZ_CUDA_PIPE") == "0" or k.dtype != torch.float64 or config.vt:
+        return 0
+    return 2
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel(d_pad: int, dv_pad: int, config: TileConfig, q_kind: int, kv_kind: int, pipe: int, capability: str):
+    from oracle.reference import SAFE_SHIFT_BOUND
+
+    if f"{SAFE_SHIFT_BOUND:.1f}" not in _PRELUDE:
+        raise RuntimeError("SAFE_SHIFT_BOUND of the kernel differs from oracle.reference's")
+    if config.kv_shared and (pipe != 2 or config.vt):
+        raise RuntimeError("KV_SHARED needs the cp.async pipeline and a row-major V tile")
+    defines = (
+        f"#define D_PAD {d_pad}\n#define DV_PAD {dv_pad}\n#define NWARPS {config.warps}\n"
+        f"#define BLOCK_N {config.block_n}\n#define MIN_BLOCKS {config.min_blocks}\n#define QK_VEC {config.qk_vec}\n"
+        f"#define VT {config.vt}\n#define KV_SHARED {config.kv_shared}\n#define KSPLIT {config.ksplit}\n"
+        f"#define Q_KIND {q_kind}\n#define KV_KIND {kv_kind}\n#define PIPE {pipe}\n"
+    )
+    kernel = _compiler()(_PRELUDE + defines + _SOURCE, "attn_fwd_f64", compute_capability=capability)
+    if not hasattr(kernel, "set_shared_memory_config"):
+        raise RuntimeError(f"torch {torch.__version__}: compiled kernels cannot raise their shared-memory limit")
+    kernel.set_shared_memory_config(smem_bytes(d_pad, dv_pad, config))
+    return kernel
+
+
+def _row_norm_max(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """``max`` over ``dim`` of the float64 row norms of ``x`` (0 where ``dim`` is empty)."""
+    norms = torch.linalg.vector_norm(x, dim=-1, dtype=torch.float64)
+    if norms.shape[dim] == 0:
+        return norms.sum(dim=dim)
+    return norms.amax(dim=dim)
+
+
+def _launch(q, k, v, lo, hi, *, batch, num_heads_kv, group, seqlen_q, seqlen_k, q_strides, k_strides, v_strides,
+            out, o_strides, lse, l_strides, rows_shape, r_strides, k_max, scale, softcap):
+    """One launch; returns the per-row values ``(p_norm, out_norm, score_bound)`` of ``rows_shape``."""
+    head_dim, head_dim_v = q.shape[-1], v.shape[-1]
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if x.stride(-1) != 1:
+            raise RuntimeError(f"{name} needs a contiguous last dimension, has stride {x.stride(-1)}")
+    if q.dtype not in _KIND or k.dtype not in _KIND or v.dtype != k.dtype:
+        raise RuntimeError(f"unsupported input dtypes {q.dtype}, {k.dtype}, {v.dtype}")
+    config = _config(head_dim, head_dim_v)
+    major, minor = torch.cuda.get_device_capability(q.device)
+    d_pad, dv_pad = _pad(head_dim, 16), _pad(head_dim_v, 8)
+    rows_total = seqlen_q * group
+    per_row = [torch.zeros(rows_shape, dtype=torch.float64, device=q.device) for _ in range(3)]
+    strides = torch.tensor([*q_strides, *k_strides, *v_strides, *o_strides, *l_strides, *r_strides],
+                           dtype=torch.int64).to(q.device)  # 64-bit: the launcher passes ints as 32-bit
+    pipe = _pipeline(k, config)
+    if pipe != 2 and config.kv_shared:  # the shared buffer needs cp.async: separate tiles, one CTA per SM
+        config = config._replace(kv_shared=0, min_blocks=1)
+    with torch.cuda.device(q.device):
+        kernel = _kernel(d_pad, dv_pad, config, _KIND[q.dtype], _KIND[k.dtype], pipe, f"{major}{minor}")
+        if rows_total and batch * num_heads_kv:
+            kernel(
+                grid=(math.ceil(rows_total / (16 * config.warps)), batch * num_heads_kv, 1),
+                block=(32 * config.warps, 1, 1),
+                args=[
+                    q, k, v, lo.contiguous(), hi.contiguous(), out, lse, *per_row,
+                    k_max.contiguous(), strides, seqlen_q, seqlen_k, num_heads_kv, group, head_dim, head_dim_v,
+                    float(scale), int(softcap is not None), float(softcap if softcap is not None else 1.0),
+                    int(os.environ.get("ATTNFUZZ_CUDA_SHIFT") != "0"),  # 0: always the online maximum (tests)
+                ],
+                shared_mem=smem_bytes(d_pad, dv_pad, config),
+            )
+    return per_row
+
+
+@torch.no_grad()
+def dense_forward(d, want_scales: bool) -> dict[str, torch.Tensor]:
+    """The CUDA forward of one `oracle.reference._Dense`: same outputs as ``_dense_forward``.
+
+    Returns grouped ``out [B*Hkv, Sq*G, Dv]``, ``lse [B*Hkv, Sq*G]`` (float64, natural log,
+    ``-inf`` where no key is visible) and with ``want_scales`` the error scales of
+    `oracle.reference._forward_scales`.
+
+    Raises:
+        RuntimeError: NVRTC compile or launch failure (the caller falls back to Triton / torch).
+    """
+    from oracle.reference import _forward_scales
+
+    bh, rows_total, head_dim = d.q.shape
+    head_dim_v = d.v.shape[-1]
+    device = d.q.device
+    q, k, v = d.q.contiguous(), d.k.contiguous(), d.v.contiguous()
+    out = torch.empty(bh, rows_total, head_dim_v, dtype=torch.float64, device=device)
+    lse = torch.empty(bh, rows_total, dtype=torch.float64, device=device)
+    g = d.group
+    per_row = (rows_total, 0, g, 1)
+    p_norm, _, _ = _launch(
+        q, k, v, d.lo, d.hi, batch=bh, num_heads_kv=1, group=g, seqlen_q=d.seqlen_q, seqlen_k=d.seqlen_k,
+        q_strides=(rows_total * head_dim, 0, g * head_dim, head_dim), k_strides=(d.seqlen_k * head_dim, 0, head_dim),
+        v_strides=(d.seqlen_k * head_dim_v, 0, head_dim_v),
+        out=out, o_strides=(rows_total * head_dim_v, 0, g * head_dim_v, head_dim_v), lse=lse, l_strides=per_row,
+        rows_shape=(bh, rows_total), r_strides=per_row, k_max=_row_norm_max(k, 1),
+        scale=1.0, softcap=d.softcap,  # d.q is already scaled
+    )
+    result = {"out": out, "lse": lse}
+    if want_scales:
+        result.update(_forward_scales(d, out, lse, p_norm))
+    return result
+
+
+@torch.no_grad()
+def direct_forward(case, q, k, v, lo, hi, rho: float, want_scales: bool) -> dict[str, torch.Tensor]:
+    """Forward straight from the canonical input tensors, with no grouped float64 copies.
+
+    The kernel reads ``q [B, Sq, H, D]`` in its own dtype (float64/32, bfloat16, float16: each
+    element converts to float64 exactly), multiplies it by softmax_scale in float64 as it stages it,
+    reads float64 copies of ``k``/``v [B, Sk, Hkv, D(v)]`` made in their own layout, and writes
+    ``out [B, Sq, H, Dv]`` and ``lse [B, H, Sq]`` (float64) in place, with the per-row values the
+    error scales need (``||P_i||``, ``||out_i||``, the score bound): the grouped copies, the scaling
+    pass, the ungrouping and the norm passes of `oracle.reference._Dense` are skipped. Same
+    arithmetic as `dense_forward`.
+
+    Args:
+        case: the case (bshd/sbhd; mask fields are already in ``lo``/``hi``).
+        q, k, v: canonical tensors (any strides with a contiguous last dimension).
+        lo, hi: ``[Sq] int64`` key bounds of `oracle.masks.key_bounds`, on q's device.
+        rho: float32 unit roundoff / unit roundoff of the case dtype (`oracle.reference._Dense.rho`).
+        want_scales: also return ``out_scale [B, Sq, H]`` and ``lse_scale [B, H, Sq]`` (the
+            formulas of `oracle.reference._forward_scales`).
+
+    Returns:
+        ``{"out", "lse"[, "out_scale", "lse_scale"]}``, float64.
+
+    Raises:
+        RuntimeError: NVRTC compile or launch failure, or an unsupported dtype / layout.
+    """
+    batch, seqlen_q, heads, head_dim = q.shape
+    seqlen_k, heads_kv, head_dim_v = k.shape[1], k.shape[2], v.shape[-1]
+    group = heads // heads_kv
+    f64 = torch.float64
+    # K and V are read once per 16 * NWARPS query rows: float64 copies in their own layout (exact)
+    # let the kernel cp.async them; q stays in its dtype (read once)
+    k, v = k.to(f64), v.to(f64)
+    out = torch.empty(batch, seqlen_q, heads, head_dim_v, dtype=f64, device=q.device)
+    lse = torch.empty(batch, heads, seqlen_q, dtype=f64, device=q.device)
+    qs, ks, vs = q.stride(), k.stride(), v.stride()
+    p_norm, out_norm, score_bound = _launch(
+        q, k, v, lo, hi, batch=batch, num_heads_kv=heads_kv, group=group, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
+        q_strides=(qs[0], group * qs[2], qs[1], qs[2]), k_strides=(ks[0], ks[2], ks[1]), v_strides=(vs[0], vs[2], vs[1]),
+        out=out, o_strides=(seqlen_q * heads * head_dim_v, group * head_dim_v, heads * head_dim_v, head_dim_v),
+        lse=lse, l_strides=(heads * seqlen_q, group * seqlen_q, 1, seqlen_q),
+        rows_shape=(batch, seqlen_q, heads), r_strides=(seqlen_q * heads, group, heads, 1),
+        k_max=_row_norm_max(k, 1).reshape(-1), scale=case.softmax_scale, softcap=case.softcap,
+    )
+    result = {"out": out, "lse": lse}
+    if want_scales:
+        accumulation = (hi - lo).clamp(min=0).to(f64).sqrt()[None, :, None]  # sqrt(n_i), [1, Sq, 1]
+        v_max = _row_norm_max(v, 1).repeat_interleave(group, dim=1)[:, None, :]  # [B, 1, H]
+        result["out_scale"] = p_norm * v_max * (1.0 + rho * (score_bound + accumulation)) + out_norm * (
+            1.0 + rho * accumulation
+        )
+        result["lse_scale"] = torch.where(
+            torch.isfinite(lse), lse.abs() + (score_bound + accumulation).transpose(1, 2), 0.0
+        )
+    return result
+
+
+__all__ = ["DEFAULT_CONFIG", "MAX_HEAD_DIM", "TileConfig", "dense_forward", "direct_forward", "smem_bytes",
+           "unsupported_reason"]

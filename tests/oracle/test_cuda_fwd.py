@@ -1,0 +1,143 @@
+"""Tests of `oracle._cuda_fwd`, the optional float64 DMMA forward, against the torch path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import oracle.reference
+from oracle import _cuda_fwd, _triton_fwd
+from oracle.config import AttentionCase
+from oracle.inputs import make_inputs
+from oracle.reference import ReferenceInputError, reference
+
+FLOAT64_CLOSE = dict(rtol=1e-10, atol=1e-12)
+H100_MAX_DYNAMIC_SMEM_BYTES = 227 * 1024  # cudaDevAttrMaxSharedMemoryPerBlockOptin on sm_90
+
+CASES = [
+    dict(causal=True, causal_alignment="bottom_right", seqlen_q=37, seqlen_k=20),
+    dict(window_size_left=5, window_size_right=3, seqlen_q=50, seqlen_k=70, causal_alignment="bottom_right"),
+    dict(num_heads=4, num_heads_kv=2, head_dim_v=24, softcap=2.7, causal=True, seqlen_q=70, seqlen_k=50),
+    dict(num_heads=6, num_heads_kv=1, head_dim=20, seqlen_q=70, seqlen_k=30, window_size_left=3, window_size_right=0),
+    dict(seqlen_q=1000, seqlen_k=1000, head_dim=128, causal=True),
+    dict(seqlen_q=300, seqlen_k=900, head_dim=96, head_dim_v=64),
+    dict(seqlen_q=129, seqlen_k=257, head_dim=72, head_dim_v=128, num_heads=8, num_heads_kv=2),
+    dict(seqlen_q=200, seqlen_k=200, input_distribution="large_logits", softcap=30.0),
+    dict(seqlen_q=200, seqlen_k=200, input_distribution="large_logits"),  # shift bound unsafe: online max
+    dict(seqlen_q=1, seqlen_k=1, head_dim=8, causal=True),
+    dict(seqlen_q=64, seqlen_k=3, head_dim=64, causal=True),  # top-left causal: rows past the keys
+]
+
+
+def test_cuda_engine_says_why_it_cannot_run_on_cpu():
+    case = AttentionCase(seqlen_q=4, seqlen_k=4, head_dim=8)
+    assert "not CUDA" in _cuda_fwd.unsupported_reason(case, torch.zeros(1))
+    with pytest.raises(ReferenceInputError, match="engine='cuda'"):
+        reference(case, make_inputs(case), engine="cuda")
+
+
+def test_cuda_engine_refuses_head_dim_above_its_register_budget():
+    assert "head_dim 256 > 128" in _cuda_fwd.unsupported_reason(AttentionCase(head_dim=256), torch.zeros(1))
+    assert "head_dim 160 > 128" in _cuda_fwd.unsupported_reason(AttentionCase(head_dim_v=160), torch.zeros(1))
+    thd = AttentionCase(batch_size=2, seqlen_q=3, seqlen_k=3, qkv_format="thd", head_dim=8)
+    assert "thd" in _cuda_fwd.unsupported_reason(thd, torch.zeros(1))
+
+
+@pytest.mark.parametrize("head_dim, head_dim_v", [(8, 8), (64, 64), (128, 128), (72, 128), (128, 24)])
+def test_default_tile_fits_hopper_shared_memory(head_dim, head_dim_v):
+    config = _cuda_fwd._config(head_dim, head_dim_v)
+    assert _cuda_fwd.smem_bytes(head_dim, head_dim_v, config) * config.min_blocks <= H100_MAX_DYNAMIC_SMEM_BYTES
+    assert config.block_n % 16 == 0  # P @ V consumes the score tile in k16 chunks
+
+
+def test_a_failing_cuda_forward_falls_back_and_is_recorded(monkeypatch):
+    def broken(dense, want_scales):
+        raise RuntimeError("planted NVRTC failure")
+
+    monkeypatch.setattr(oracle.reference, "TRITON_AUTO_DEVICE_TYPES", ("cpu",))
+    monkeypatch.setattr(oracle.reference, "cuda_fallback_error", None)
+    monkeypatch.setattr(_cuda_fwd, "unsupported_reason", lambda case, q: None)
+    monkeypatch.setattr(_cuda_fwd, "dense_forward", broken)
+    monkeypatch.setattr(_triton_fwd, "unsupported_reason", lambda case, q: "planted: no triton")
+    case = AttentionCase(seqlen_q=5, seqlen_k=5, head_dim=8, causal=True)
+    inputs = make_inputs(case)
+    result = reference(case, inputs)
+    assert result.engine == "torch"
+    assert "planted NVRTC failure" in oracle.reference.cuda_fallback_error
+    torch.testing.assert_close(result.out, reference(case, inputs, engine="torch").out, **FLOAT64_CLOSE)
+
+
+def test_engine_cuda_raises_instead_of_falling_back(monkeypatch):
+    def broken(dense, want_scales):
+        raise RuntimeError("planted NVRTC failure")
+
+    monkeypatch.setattr(_cuda_fwd, "unsupported_reason", lambda case, q: None)
+    monkeypatch.setattr(_cuda_fwd, "dense_forward", broken)
+    case = AttentionCase(seqlen_q=5, seqlen_k=5, head_dim=8)
+    with pytest.raises(RuntimeError, match="planted NVRTC failure"):
+        reference(case, make_inputs(case), engine="cuda")
+
+
+def _cuda_reason() -> str | None:
+    if not torch.cuda.is_available():
+        return "needs a CUDA device"
+    return _cuda_fwd.unsupported_reason(AttentionCase(head_dim=64), torch.zeros(1, device="cuda"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backward", [True, False], ids=["dense-with-backward", "direct-forward-only"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize("fields", CASES)
+def test_cuda_forward_matches_the_torch_path(fields, dtype, backward):
+    """Both CUDA paths: with backward the forward runs on the grouped float64 copies
+    (`dense_forward`); forward only, straight on the inputs in their own dtype (`direct_forward`)."""
+    reason = _cuda_reason()
+    if reason:
+        pytest.skip(reason)
+    case = AttentionCase(**{"batch_size": 2, "num_heads": 2, "head_dim": 32, "backward": backward,
+                            "dtype": dtype, **fields})
+    inputs = make_inputs(case, "cuda")
+    fast, plain = reference(case, inputs), reference(case, inputs, engine="torch")
+    assert fast.engine == "cuda", oracle.reference.cuda_fallback_error
+    assert torch.equal(torch.isinf(fast.lse), torch.isinf(plain.lse))  # the same rows see no key
+    for name in ("out", "lse", "dq", "dk", "dv") if backward else ("out", "lse"):
+        torch.testing.assert_close(getattr(fast, name), getattr(plain, name), **FLOAT64_CLOSE)
+    assert set(fast.error_scales) == set(plain.error_scales)
+    for name, scale in plain.error_scales.items():
+        torch.testing.assert_close(fast.error_scales[name], scale, **FLOAT64_CLOSE)
+
+
+@pytest.mark.gpu
+def test_direct_forward_reads_strided_sbhd_views():
+    """An sbhd tensor handed over as a bshd view (batch stride 1 token row) gives the same result."""
+    reason = _cuda_reason()
+    if reason:
+        pytest.skip(reason)
+    case = AttentionCase(batch_size=3, seqlen_q=70, seqlen_k=90, num_heads=4, num_heads_kv=2, head_dim=64,
+                         causal=True, backward=False)
+    inputs = make_inputs(case, "cuda")
+    views = [x.transpose(0, 1).contiguous().transpose(0, 1) for x in (inputs.q, inputs.k, inputs.v)]
+    assert not views[0].is_contiguous()
+    strided = reference(case, type(inputs)(q=views[0], k=views[1], v=views[2], dout=inputs.dout))
+    plain = reference(case, inputs, engine="torch")
+    assert strided.engine == "cuda", oracle.reference.cuda_fallback_error
+    torch.testing.assert_close(strided.out, plain.out, **FLOAT64_CLOSE)
+    torch.testing.assert_close(strided.lse, plain.lse, **FLOAT64_CLOSE)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("env", ["ATTNFUZZ_CUDA_PIPE", "ATTNFUZZ_CUDA_SHIFT"])
+@pytest.mark.parametrize("fields", [CASES[2], CASES[6], CASES[4]])
+def test_plain_loads_and_online_maximum_match_the_torch_path(fields, env, monkeypatch):
+    """``ATTNFUZZ_CUDA_PIPE=0``: plain loads instead of cp.async; ``ATTNFUZZ_CUDA_SHIFT=0``: the
+    online maximum in every warp instead of the score bound."""
+    reason = _cuda_reason()
+    if reason:
+        pytest.skip(reason)
+    monkeypatch.setenv(env, "0")
+    case = AttentionCase(**{"batch_size": 2, "num_heads": 2, "head_dim": 32, "backward": False, **fields})
+    inputs = make_inputs(case, "cuda")
+    fast, plain = reference(case, inputs), reference(case, inputs, engine="torch")
+    assert fast.engine == "cuda", oracle.reference.cuda_fallback_error
+    torch.testing.assert_close(fast.out, plain.out, **FLOAT64_CLOSE)
+    torch.testing.assert_close(fast.lse, plain.lse, **FLOAT64_CLOSE)
