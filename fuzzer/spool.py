@@ -139,7 +139,10 @@ class Spool:
                         f"{self.path / SPOOL_FILE}: format_version {row[0]!r} is not supported "
                         f"(allowed: {SPOOL_FORMAT_VERSION}); flush it with the attnfuzz version that wrote it"
                     )
-            self._size_bytes = self._db.execute("SELECT COALESCE(SUM(size_bytes), 0) FROM entries").fetchone()[0]
+            # kept up to date by append/remove (the slot's lock makes this process the only writer)
+            self._count, self._size_bytes = self._db.execute(
+                "SELECT COUNT(*), COALESCE(SUM(size_bytes), 0) FROM entries"
+            ).fetchone()
         except sqlite3.DatabaseError as exc:
             self._release_lock()
             raise SpoolError(f"{self.path / SPOOL_FILE}: cannot open the spool: {exc}") from exc
@@ -178,7 +181,7 @@ class Spool:
         return self._size_bytes
 
     def __len__(self) -> int:
-        return self._db.execute("SELECT COUNT(*) FROM entries").fetchone()[0]
+        return self._count
 
     def _execute(self, sql: str, params: Iterable[Any] = ()) -> sqlite3.Cursor:
         try:
@@ -212,6 +215,7 @@ class Spool:
             )
         seq = self._execute("INSERT INTO entries (op, payload, size_bytes) VALUES (?, ?, ?)", (op, text, size)).lastrowid
         self._size_bytes += size
+        self._count += 1
         return seq
 
     def entries(self, limit: int = 100) -> list[tuple[int, str, dict[str, Any]]]:
@@ -225,6 +229,7 @@ class Spool:
         if row is not None:
             self._execute("DELETE FROM entries WHERE seq = ?", (seq,))
             self._size_bytes -= row[0]
+            self._count -= 1
 
     def reject(self, seq: int, error: str) -> None:
         """Move a write the database refuses for a reason of its own (not an outage) aside,

@@ -11,7 +11,8 @@ codes:
 ====  ==============================================================
 0     success
 1     any other attnfuzz error
-2     bad input (a case, corpus file or option violates a constraint)
+2     bad input (a case, corpus file or option violates a constraint, or
+      names a stored row that does not exist)
 3     a backend cannot be loaded (bad plugin spec or entry point)
 4     the worker cannot run (no usable backend on this machine)
 5     the database cannot be opened or migrated, or stayed unreachable

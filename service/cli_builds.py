@@ -79,9 +79,8 @@ def _exit_code(exc: AttnFuzzError) -> int:
     from fuzzer.bisect import BisectError
     from fuzzer.builds import BuildError, BuildPrepareError
     from fuzzer.replay import ReplayError
-    from service.errors import FieldValidationError
 
-    if isinstance(exc, (BuildError, BisectError, ReplayError, FieldValidationError)):
+    if isinstance(exc, (BuildError, BisectError, ReplayError)):
         return 2
     if isinstance(exc, BuildPrepareError):
         return EXIT_BUILD

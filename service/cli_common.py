@@ -47,8 +47,10 @@ def exit_code(exc: AttnFuzzError) -> int:
         return 3
     if isinstance(exc, WorkerError):
         return 4
-    from service.errors import ServiceError
+    from service.errors import FieldValidationError, NotFoundError, ServiceError
 
+    if isinstance(exc, (FieldValidationError, NotFoundError)):  # a named row or a value given is wrong
+        return 2
     if isinstance(exc, ServiceError):
         return 5
     return 1

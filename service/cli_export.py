@@ -2,7 +2,8 @@
 
 Wired into the main CLI by ``service.cli`` calling `register(app)`. Exit codes follow
 ``service.cli``: 0 written, 2 bad input (unknown case, no export for the backend, a stored value
-that does not validate), 5 the database cannot be opened.
+that does not validate), 5 the database cannot be opened or migrated. Like the other commands that
+read the store, it first migrates the database to the newest revision.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from service.cli_common import DbOption, console, db_url
+from oracle.errors import AttnFuzzError
+from service.cli_common import DbOption, console, db_url, fail, migrate
 
 
 def register(app: typer.Typer) -> None:
@@ -36,10 +38,14 @@ def register(app: typer.Typer) -> None:
 
         from service import repository
         from service.db import make_engine
-        from service.errors import FieldValidationError, NotFoundError
+        from service.errors import NotFoundError, ServiceError
         from service.export import render_repro, validated_case
 
         url = db_url(db)
+        try:
+            migrate(url)
+        except AttnFuzzError as exc:
+            fail(exc)
         engine = make_engine(url)
         try:
             with Session(engine) as session:
@@ -48,12 +54,10 @@ def register(app: typer.Typer) -> None:
         except NotFoundError:
             console.print(f"[red]error:[/] case_id: no case {case_id!r} in {url}")
             raise typer.Exit(2) from None
-        except FieldValidationError as exc:
-            console.print(f"[red]error:[/] {exc}")
-            raise typer.Exit(2) from None
+        except AttnFuzzError as exc:
+            fail(exc)
         except SQLAlchemyError as exc:
-            console.print(f"[red]error:[/] database {url!r}: {type(exc).__name__}: {exc}")
-            raise typer.Exit(5) from None
+            fail(ServiceError(f"database {url!r}: {type(exc).__name__}: {exc}"))
         finally:
             engine.dispose()
         if output is not None and str(output) == "-":

@@ -18,11 +18,11 @@ caller's transaction, as in the tests); reads take a Connection or a Session.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Engine, Table, select, update
 from sqlalchemy.dialects import postgresql, sqlite
@@ -47,7 +47,6 @@ from fuzzer.replay import ReplayOutcome, ReplayTask, Skip
 from fuzzer.results import FAILING_STATUSES, BuildFingerprint, CaseResult, SinkUnavailableError
 from oracle.config import AttentionCase
 from oracle.errors import CaseValidationError
-from service.db import SQLITE_BEGIN_OPTION
 from service.errors import FieldValidationError, NotFoundError
 from service.models import (
     BISECT_RUN_STATUSES,
@@ -63,24 +62,20 @@ from service.models import (
     Result,
     utcnow,
 )
-from service.store import SqlStore
+from service.store import SqlStore, bucket_cases, write_transaction
 
 FINGERPRINT_FIELDS = tuple(BuildFingerprint().to_json())
 DEFAULT_MATRIX_ROWS = 200
 
 
 # ------------------------------------------------------------------------------------ plumbing
-@contextmanager
-def _writing(bind: Engine | Connection) -> Iterator[Connection]:
-    """A write transaction on an Engine (``BEGIN IMMEDIATE`` on SQLite), or a savepoint of the
-    caller's transaction on a Connection."""
-    if isinstance(bind, Connection):
-        with bind.begin_nested():
-            yield bind
-        return
-    engine = bind.execution_options(**{SQLITE_BEGIN_OPTION: "IMMEDIATE"}) if bind.dialect.name == "sqlite" else bind
-    with engine.begin() as connection:
-        yield connection
+T = TypeVar("T")
+
+
+def _write(bind: Engine | Connection, fn: Callable[[Connection], T]) -> T:
+    """Run ``fn`` in a write transaction: `service.store.write_transaction` (one definition of how
+    a write starts, with its retries of lock conflicts and its translation of outages)."""
+    return write_transaction(bind, fn)
 
 
 @contextmanager
@@ -137,7 +132,7 @@ def register_build(
     """
     packages = build_packages(fingerprint, versions)
     identity = key or build_key(fingerprint, packages, distinguishing)
-    with _writing(bind) as connection:
+    def run(connection: Connection) -> RegisteredBuild:
         values = {"fingerprint_id": identity, "first_seen": utcnow(), **fingerprint.to_json()}
         insert = postgresql.insert if connection.dialect.name == "postgresql" else sqlite.insert
         statement = insert(Build.__table__).values(**values).on_conflict_do_nothing(index_elements=["fingerprint_id"])
@@ -146,7 +141,9 @@ def register_build(
         if build_id is None:
             build_id = connection.scalar(select(Build.id).where(Build.fingerprint_id == identity))
         _insert_packages(connection, build_id, packages)
-    return RegisteredBuild(build_id, identity, is_new)
+        return RegisteredBuild(build_id, identity, is_new)
+
+    return _write(bind, run)
 
 
 def _insert_packages(connection: Connection, build_id: int, packages: Mapping[str, str]) -> None:
@@ -169,11 +166,13 @@ def record_packages(bind: Engine | Connection, build_id: int, versions: Mapping[
     Raises:
         NotFoundError: ``build_id`` is unknown.
     """
-    with _writing(bind) as connection:
+    def run(connection: Connection) -> None:
         row = connection.execute(select(Build).where(Build.id == build_id).with_only_columns(*Build.__table__.c)).one_or_none()
         if row is None:
             raise NotFoundError("build", build_id)
         _insert_packages(connection, build_id, build_packages(_fingerprint_of(row), versions))
+
+    _write(bind, run)
 
 
 @dataclass(frozen=True)
@@ -370,8 +369,9 @@ def record_replay(
             recorded.add(task.case.case_id)
     for result in outcome.results:
         store.record_result(result, build.build_id, None)
-    with _writing(bind) as connection:
-        run_id = _insert_run_and_skips(
+    run_id = _write(
+        bind,
+        lambda connection: _insert_run_and_skips(
             connection,
             build.build_id,
             trigger,
@@ -381,7 +381,8 @@ def record_replay(
             outcome.skips,
             outcome.wall_s,
             note or outcome.error[-2000:],
-        )
+        ),
+    )
     return ReplayRecord(build, run_id, len(outcome.results), len(outcome.skips))
 
 
@@ -440,10 +441,12 @@ class SqlBuildHistory:
             store = SqlStore(self.bind)
             for case_json in cases.values():
                 store.record_case(dict(case_json), "corpus")
-            with _writing(self.bind) as connection:
-                _insert_run_and_skips(
+            _write(
+                self.bind,
+                lambda connection: _insert_run_and_skips(
                     connection, build_id, trigger, backends, result_count + len(skips), result_count, skips, 0.0, ""
-                )
+                ),
+            )
 
 
 def replay_tasks_from_buckets(
@@ -452,18 +455,8 @@ def replay_tasks_from_buckets(
     """One task per bucket (of ``backends`` if given): its minimised case, else its first case,
     on its backend variant (``source`` ``bucket:<id>``, no expectation). Cases that no longer
     validate are left out."""
-    from sqlalchemy import func
-
     with _reading(bind) as connection:
-        case_id = func.coalesce(Bucket.minimised_case_id, Bucket.first_case_id)
-        statement = (
-            select(Bucket.id, Bucket.backend, Bucket.variant, Case.config)
-            .join(Case, Case.id == case_id)
-            .order_by(Bucket.id)
-        )
-        if backends:
-            statement = statement.where(Bucket.backend.in_(list(backends)))
-        rows = connection.execute(statement).all()
+        rows = bucket_cases(connection, backends or None)
     tasks = []
     for row in rows:
         try:
@@ -624,8 +617,14 @@ def build_matrix(
             continue
         rows.append(row)
     rows.sort(key=lambda r: (not r.has_regression, not r.transitions, r.case_id, r.backend, r.variant))
-    shown = rows if limit is None else rows[:limit]
-    return Matrix(_check_package(package), tuple(builds), tuple(shown), len(rows))
+    return limited(Matrix(_check_package(package), tuple(builds), tuple(rows), len(rows)), limit)
+
+
+def limited(matrix: Matrix, limit: int | None) -> Matrix:
+    """``matrix`` with at most ``limit`` rows shown (None: all); ``total_rows`` is kept."""
+    if limit is None or len(matrix.rows) <= limit:
+        return matrix
+    return Matrix(matrix.package, matrix.builds, matrix.rows[:limit], matrix.total_rows)
 
 
 def _row_transitions(builds: Sequence[LineBuild], cells: Sequence[MatrixCell | None]) -> list[Transition]:
@@ -679,10 +678,24 @@ def find_regressions(
         FieldValidationError: ``package`` is empty, or a kind is not one of ``regression``,
             ``new_signature``, ``fix``.
     """
+    _check_kinds(kinds)
+    return regressions_of(build_matrix(bind, package, backend=backend, changes_only=True, limit=None), kinds)
+
+
+def _check_kinds(kinds: Sequence[str]) -> None:
     unknown = [k for k in kinds if k not in TRANSITION_KINDS]
     if unknown:
         raise FieldValidationError("kind", f"unknown value {unknown[0]!r} (allowed: {', '.join(TRANSITION_KINDS)})")
-    matrix = build_matrix(bind, package, backend=backend, changes_only=True, limit=None)
+
+
+def regressions_of(matrix: Matrix, kinds: Sequence[str] = TRANSITION_KINDS) -> list[RegressionRow]:
+    """`find_regressions` of an already built matrix (all its rows: build it with ``limit=None``
+    and no device filter for the line's full list), ordered the same way.
+
+    Raises:
+        FieldValidationError: a kind is not one of ``regression``, ``new_signature``, ``fix``.
+    """
+    _check_kinds(kinds)
     device = {b.build_id: b.device_name for b in matrix.builds}
     rows = []
     for row in matrix.rows:
@@ -778,8 +791,9 @@ def start_bisect(
     stored if new. Returns its id."""
     package = _check_package(package)
     SqlStore(bind).record_case(case.to_json(), origin)
-    with _writing(bind) as connection:
-        return connection.execute(
+    return _write(
+        bind,
+        lambda connection: connection.execute(
             BisectRun.__table__.insert()
             .values(
                 case_id=case.case_id,
@@ -796,13 +810,14 @@ def start_bisect(
                 note="",
             )
             .returning(BisectRun.id)
-        ).scalar_one()
+        ).scalar_one(),
+    )
 
 
 def record_bisect_step(bind: Engine | Connection, run_id: int, step: BisectStepResult, build_id: int | None) -> None:
     """Store one step as soon as it is known (a bisection killed midway keeps its steps) and
     count it in the run's ``replays``."""
-    with _writing(bind) as connection:
+    def run(connection: Connection) -> None:
         connection.execute(
             BisectStep.__table__.insert().values(
                 run_id=run_id,
@@ -820,6 +835,8 @@ def record_bisect_step(bind: Engine | Connection, run_id: int, step: BisectStepR
             )
         )
         connection.execute(update(BisectRun).where(BisectRun.id == run_id).values(replays=BisectRun.replays + 1))
+
+    _write(bind, run)
 
 
 def finish_bisect(
@@ -851,9 +868,11 @@ def finish_bisect(
             first_bad_build_id=build_ids.get(result.first_bad) if result.first_bad else None,
             candidates=list(result.candidates),
         )
-    with _writing(bind) as connection:
+    def run(connection: Connection) -> None:
         if connection.execute(update(BisectRun).where(BisectRun.id == run_id).values(**values)).rowcount == 0:
             raise NotFoundError("bisection", run_id)
+
+    _write(bind, run)
 
 
 @dataclass(frozen=True)
@@ -1026,6 +1045,8 @@ __all__ = [
     "build_matrix",
     "corpus_entries_from_db",
     "find_regressions",
+    "limited",
+    "regressions_of",
     "finish_bisect",
     "get_bisection",
     "import_corpus",

@@ -187,6 +187,18 @@ class _Transactor:
             raise translated from exc
 
 
+def write_transaction(bind: Engine | Connection, fn: Callable[[Connection], T], *, retries: int = DEFAULT_RETRIES) -> T:
+    """Run ``fn`` in a short write transaction on an Engine (``BEGIN IMMEDIATE`` on SQLite), or a
+    savepoint of the caller's transaction on a Connection, retrying lock conflicts: what every
+    `SqlStore` write does, for the other modules that write (`service.matrix`).
+
+    Raises:
+        StoreUnavailableError: the database cannot be reached (after the retries for locks).
+        StoreRefusedError: the database refuses writes (disk full, read-only).
+    """
+    return _Transactor(bind, retries).write(fn)
+
+
 def _insert_ignore(connection: Connection, table: Table, values: dict[str, Any], conflict: list[str]) -> Any | None:
     """``INSERT ... ON CONFLICT (conflict) DO NOTHING RETURNING id``: the new id, or None."""
     insert = postgresql.insert if connection.dialect.name == "postgresql" else sqlite.insert
@@ -606,16 +618,26 @@ class SqlStore:
         as ``((backend, variant, signature), case_json)``, oldest bucket first."""
 
         def run(connection: Connection) -> list[tuple[tuple[str, str, str], dict[str, Any]]]:
-            case_id = func.coalesce(Bucket.minimised_case_id, Bucket.first_case_id)
-            rows = connection.execute(
-                select(Bucket.backend, Bucket.variant, Bucket.signature, Case.config)
-                .join(Case, Case.id == case_id)
-                .where(Bucket.backend.in_(list(backends)))
-                .order_by(Bucket.id)
-            )
+            rows = bucket_cases(connection, backends)
             return [((r.backend, r.variant, r.signature), r.config) for r in rows]
 
         return self._tx.read(run)
+
+
+def bucket_cases(connection: Any, backends: Iterable[str] | None = None) -> list[Any]:
+    """Each bucket (of ``backends`` if given, else all) with the case that stands for it: its
+    minimised case, else its first case. Rows ``(id, backend, variant, signature, config)``, oldest
+    bucket first, read on ``connection`` (a Connection or a Session). Shared by
+    `SqlStore.known_failures` and `service.matrix.replay_tasks_from_buckets`."""
+    case_id = func.coalesce(Bucket.minimised_case_id, Bucket.first_case_id)
+    statement = (
+        select(Bucket.id, Bucket.backend, Bucket.variant, Bucket.signature, Case.config)
+        .join(Case, Case.id == case_id)
+        .order_by(Bucket.id)
+    )
+    if backends is not None:
+        statement = statement.where(Bucket.backend.in_(list(backends)))
+    return list(connection.execute(statement).all())
 
 
 @dataclass(frozen=True)

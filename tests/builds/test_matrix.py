@@ -133,6 +133,22 @@ def test_regressions_and_fixes_are_found_per_device_stepping_over_skips(connecti
         matrix.find_regressions(connection, "flash-attn-4", kinds=["worse"])
 
 
+def test_regressions_of_a_built_matrix_match_find_regressions_and_limits_keep_the_total(connection, fa4_line):
+    full = matrix.build_matrix(connection, "flash-attn-4", limit=None)
+    assert matrix.regressions_of(full) == matrix.find_regressions(connection, "flash-attn-4")
+    assert [r.kind for r in matrix.regressions_of(full, ["fix"])] == ["fix"]
+    one = matrix.limited(full, 1)
+    assert len(one.rows) == 1 and one.total_rows == full.total_rows > 1 and one.truncated
+    assert one.rows[0] == full.rows[0] and matrix.limited(full, None) is full
+
+
+def test_the_matrix_page_lists_the_line_regressions_without_a_device_filter(client, connection, fa4_line):
+    html = client.get("/matrix", params={"package": "flash-attn-4", "limit": 1}).text
+    expected = matrix.find_regressions(connection, "flash-attn-4")
+    assert len(expected) == 2
+    assert f"Regressions and fixes ({len(expected)})" in html  # the full list, not cut by the row limit
+
+
 def test_a_new_signature_on_a_later_build_counts_with_the_regressions(connection, fa4_line):
     matrix.record_replay(connection, outcome("4.0.0b33", ("fail", "lse:nan")), trigger="builds")
     kinds = [(r.kind, r.after_version) for r in matrix.find_regressions(connection, "flash-attn-4")]

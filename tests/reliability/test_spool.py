@@ -289,3 +289,17 @@ def test_the_example_database_wrapper_rides_out_an_outage() -> None:
     assert list(db.fetch(b"k")) == [] and db.dropped == 1
     inner.down = False
     assert list(db.fetch(b"k")) == [b"1"]
+
+
+def test_the_spool_counts_its_writes_across_append_remove_reject_and_reopening(tmp_path) -> None:
+    spool = Spool(tmp_path / "slot-0")
+    seqs = [spool.append("record_case", {"case_json": CASES[0].to_json(), "origin": "fuzz"}) for _ in range(3)]
+    assert len(spool) == 3
+    spool.remove(seqs[0])
+    spool.remove(seqs[0])  # already gone: nothing changes
+    spool.reject(seqs[1], "refused")
+    assert len(spool) == 1 and [seq for seq, _, _ in spool.entries()] == [seqs[2]]
+    spool.close()
+    again = Spool(tmp_path / "slot-0")
+    assert len(again) == 1 and again.size_bytes > 0 and len(again.rejected()) == 1
+    again.close()

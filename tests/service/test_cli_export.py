@@ -75,3 +75,22 @@ def test_export_errors_exit_2_naming_the_problem(cli: typer.Typer, stored, tmp_p
     assert result.exit_code == 2, result.output
     assert message in result.output
     assert not (tmp_path / "t.py").exists()
+
+
+def test_export_migrates_a_database_it_opens_first(cli: typer.Typer, tmp_path: Path) -> None:
+    """A database without the schema is migrated like every other reading command, so an unknown
+    case is reported as such (exit 2), not as a missing table (exit 5)."""
+    url = f"sqlite:///{tmp_path / 'new.db'}"
+    result = CliRunner().invoke(cli, ["export", "0123456789abcdef", "-o", str(tmp_path / "t.py"), "--db", url])
+    assert result.exit_code == 2, result.output
+    assert "no case" in result.output
+    assert migrations.current(url) == migrations.head()
+
+
+def test_service_bad_input_errors_share_exit_code_2_with_the_rest_of_the_cli() -> None:
+    from service.cli_common import exit_code
+    from service.errors import FieldValidationError, NotFoundError, ServiceError
+
+    assert exit_code(FieldValidationError("jobs", "must be at least 1")) == 2
+    assert exit_code(NotFoundError("case", "0123456789abcdef")) == 2
+    assert exit_code(ServiceError("database unreachable")) == 5

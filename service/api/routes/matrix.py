@@ -93,10 +93,14 @@ def matrix_page(
     context: dict = {"lines": lines, "package": package or "", "backend": backend or "", "device_name": device_name or "",
                      "changes_only": changes_only, "limit": limit, "matrix": None, "regressions": [], "bisections": []}
     if package:
-        context["matrix"] = MatrixOut.from_matrix(
-            matrix.build_matrix(session, package, backend=backend, device_name=device_name, changes_only=changes_only, limit=limit)
+        # One build of the matrix serves the table and the regression list, unless a device filter
+        # narrows the table (the list is always the line's, on every device).
+        full = matrix.build_matrix(session, package, backend=backend, device_name=device_name, changes_only=changes_only, limit=None)
+        context["matrix"] = MatrixOut.from_matrix(matrix.limited(full, limit))
+        regressions = (
+            matrix.find_regressions(session, package, backend=backend) if device_name else matrix.regressions_of(full)
         )
-        context["regressions"] = [RegressionOut.model_validate(r) for r in matrix.find_regressions(session, package, backend=backend)]
+        context["regressions"] = [RegressionOut.model_validate(r) for r in regressions]
         context["bisections"] = [BisectRunOut.model_validate(r) for r in matrix.list_bisections(session, package)]
     return request.app.state.templates.TemplateResponse(request, "matrix.html", context)
 
