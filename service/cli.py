@@ -1,6 +1,6 @@
 """The ``attnfuzz`` command line (typer).
 
-Commands: ``fuzz``, ``backends``, ``db upgrade``/``db current``, ``cases show``/``cases add``,
+Commands: ``fuzz``, ``backends``, ``db upgrade``/``db current``, ``cases list``/``show``/``add``,
 ``report``, ``serve``; ``export`` (`service.cli_export`); ``builds``, ``replay``,
 ``regressions``, ``bisect``, ``corpus export``/``import`` (`service.cli_builds`); what they
 share (``--db``, migrating, exit codes) is in `service.cli_common`.
@@ -406,6 +406,49 @@ def db_current(db: DbOption = None) -> None:
 
 
 # --------------------------------------------------------------------------------------- cases
+@cases_app.command("list")
+def cases_list(
+    db: DbOption = None,
+    failing: Annotated[bool, typer.Option("--failing", help="Only cases with a failing result.")] = False,
+    backend: Annotated[Optional[str], typer.Option(help="Only cases this backend ran.")] = None,
+    limit: Annotated[int, typer.Option(help="At most this many cases (1-500).")] = 20,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """List stored cases, newest first: id, description and result counts per status (the ids
+    that `cases show` and `export` take)."""
+    from sqlalchemy.orm import Session
+
+    from oracle.config import AttentionCase
+    from oracle.errors import AttnFuzzError
+    from service.db import make_engine
+    from service.repository import list_cases
+
+    url = db_url(db)
+    try:
+        migrate(url)
+        engine = make_engine(url)
+        with Session(engine) as session:
+            page = list_cases(session, failing=failing, backend=backend, limit=limit)
+            rows = []
+            for item in page.items:
+                try:
+                    description = AttentionCase.from_json(item.case.config).describe()
+                except AttnFuzzError:
+                    description = "(stored config no longer validates)"
+                rows.append({"case_id": item.case.id, "origin": item.case.origin, "description": description,
+                             "statuses": item.statuses})
+    except AttnFuzzError as exc:
+        fail(exc)
+    if as_json:
+        out.print_json(json.dumps({"total": page.total, "items": rows}))
+        return
+    table = Table("case_id", "origin", "results", "case", title=f"{len(rows)} of {page.total} cases")
+    for row in rows:
+        results = ", ".join(f"{n} {status}" for status, n in sorted(row["statuses"].items()))
+        table.add_row(row["case_id"], row["origin"], results, row["description"])
+    out.print(table)
+
+
 @cases_app.command("show")
 def cases_show(case_id: str, db: DbOption = None, as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     """Show one case: its description, JSON and every stored result."""

@@ -67,5 +67,5 @@ def register(app: typer.Typer) -> None:
         path.write_text(repro.source)
         console.print(
             f"wrote {path}: {target.backend} / {target.variant} / {target.signature or '(no recorded failure)'}; "
-            f"run it with: pytest {path}"
+            f"run it with: pytest {path} (needs pytest: pip install pytest)"
         )

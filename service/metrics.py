@@ -10,7 +10,7 @@ and several service processes report the same numbers. Metric families:
 ``attnfuzz_failures_total``                 count  failing results by ``backend``, ``variant``,
                                                    ``signature`` (bucket hit counts)
 ``attnfuzz_buckets``                        gauge  buckets by ``backend`` and ``triage_state``
-``attnfuzz_workers_live``                   gauge  workers heard from in the last 300 s
+``attnfuzz_workers_live``                   gauge  running workers heard from in the last 300 s
 ``attnfuzz_worker_heartbeat_age_seconds``   gauge  per worker seen in the last 24 h
 ``attnfuzz_worker_cases_run``               gauge  per worker seen in the last 24 h
 ==========================================  =====  ==============================================
@@ -65,7 +65,7 @@ def snapshot_metrics(snapshot: repository.MetricsSnapshot) -> Iterator[Metric]:
     for (backend, state), n in sorted(snapshot.buckets.items()):
         buckets.add_metric([backend, state], n)
     yield buckets
-    live = GaugeMetricFamily("attnfuzz_workers_live", "Workers with a heartbeat in the last 300 s.")
+    live = GaugeMetricFamily("attnfuzz_workers_live", "Running workers with a heartbeat in the last 300 s.")
     live.add_metric([], snapshot.live_workers)
     yield live
     labels = ["worker_id", "hostname", "device"]

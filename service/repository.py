@@ -18,7 +18,7 @@ from sqlalchemy import ColumnElement, Select, func, literal_column, select, tupl
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session, joinedload, selectinload
 
-from fuzzer.results import BucketUpdate, BuildFingerprint, CaseResult
+from fuzzer.results import FAILING_STATUSES, BucketUpdate, BuildFingerprint, CaseResult
 from service.errors import FieldValidationError, NotFoundError
 from service.models import Bucket, Build, Case, Result, TriageState, Worker, utcnow
 
@@ -39,6 +39,13 @@ MAX_PAGE_SIZE = 500
 MAX_URL_LENGTH = 2000
 MAX_NOTES_LENGTH = 100_000
 LIVE_WORKER_S = 300.0
+# A worker is live while it says it runs and was heard from recently; one that stopped cleanly is
+# not, however recent its last heartbeat.
+LIVE_WORKER_STATUSES = ("running", "stopping")
+
+
+def _live(now: datetime, live_within_s: float) -> Any:
+    return (Worker.last_heartbeat >= now - timedelta(seconds=live_within_s)) & Worker.status.in_(LIVE_WORKER_STATUSES)
 
 
 class _Unset:
@@ -400,7 +407,8 @@ def overview(
 
     Args:
         now: the reference time (default: the current time), timezone-aware.
-        live_within_s: a worker is live if its last heartbeat is at most this many seconds old.
+        live_within_s: a worker is live if its status is running or stopping and its last
+            heartbeat is at most this many seconds old.
         hours: how many hours of activity ``cases_per_hour`` covers (1 to 24 * 31).
 
     Raises:
@@ -431,7 +439,7 @@ def overview(
 
     workers = session.scalars(
         select(Worker)
-        .where(Worker.last_heartbeat >= now - timedelta(seconds=live_within_s))
+        .where(_live(now, live_within_s))
         .options(joinedload(Worker.build))
         .order_by(Worker.last_heartbeat.desc(), Worker.id)
     ).all()
@@ -654,6 +662,58 @@ def list_builds(session: Session, *, device_name: str | None = None, limit: int 
     return BuildPage(items=list(items), total=total, limit=limit, offset=offset)
 
 
+@dataclass(frozen=True)
+class CaseSummary:
+    """A stored case with how many of its results ended in each status."""
+
+    case: Case
+    statuses: dict[str, int]
+
+
+@dataclass(frozen=True)
+class CasePage:
+    """One page of cases (newest first) and the number matching."""
+
+    items: list[CaseSummary]
+    total: int
+    limit: int
+    offset: int
+
+
+def list_cases(
+    session: Session, *, failing: bool = False, backend: str | None = None, limit: int = 50, offset: int = 0
+) -> CasePage:
+    """Stored cases, newest first, each with its result counts per status; with ``failing`` only
+    cases that have a failing result (``fuzzer.results.FAILING_STATUSES``), with ``backend`` only
+    cases that backend ran.
+
+    Raises:
+        FieldValidationError: a bad ``limit`` or ``offset``.
+    """
+    _check_page(limit, offset)
+    conditions = []
+    if failing or backend:
+        result_conditions = [Result.case_id == Case.id]
+        if failing:
+            result_conditions.append(Result.status.in_(FAILING_STATUSES))
+        if backend:
+            result_conditions.append(Result.backend == backend)
+        conditions.append(select(Result.id).where(*result_conditions).exists())
+    cases = session.scalars(
+        select(Case).where(*conditions).order_by(Case.created_at.desc(), Case.id).limit(limit).offset(offset)
+    ).all()
+    total = session.scalar(select(func.count()).select_from(Case).where(*conditions)) or 0
+    counts: dict[str, dict[str, int]] = defaultdict(dict)
+    if cases:
+        for case_id, status, n in session.execute(
+            select(Result.case_id, Result.status, func.count())
+            .where(Result.case_id.in_([c.id for c in cases]))
+            .group_by(Result.case_id, Result.status)
+        ):
+            counts[case_id][status] = n
+    return CasePage([CaseSummary(c, dict(counts[c.id])) for c in cases], total, limit, offset)
+
+
 def get_build(session: Session, build_id: int) -> Build | None:
     """The build with id ``build_id``, or None."""
     return session.get(Build, build_id)
@@ -679,15 +739,15 @@ def list_workers(
     limit: int = 50,
     offset: int = 0,
 ) -> WorkerPage:
-    """Workers, newest heartbeat first; with ``live_only`` only those heard from within
-    ``live_within_s`` seconds of ``now``.
+    """Workers, newest heartbeat first; with ``live_only`` only the live ones (running or stopping,
+    heard from within ``live_within_s`` seconds of ``now``).
 
     Raises:
         FieldValidationError: a bad ``limit`` or ``offset``.
     """
     _check_page(limit, offset)
     now = now or utcnow()
-    conditions = [Worker.last_heartbeat >= now - timedelta(seconds=live_within_s)] if live_only else []
+    conditions = [_live(now, live_within_s)] if live_only else []
     workers = session.scalars(
         select(Worker)
         .where(*conditions)
@@ -740,14 +800,25 @@ def metrics_snapshot(
         (b.backend, b.variant, b.signature): b.hit_count
         for b in session.execute(select(Bucket.backend, Bucket.variant, Bucket.signature, Bucket.hit_count))
     }
-    recent = list_workers(session, live_only=True, now=now, live_within_s=window_s, limit=MAX_PAGE_SIZE).items
+    now = now or utcnow()
+    recent = [
+        LiveWorker(w, max(0.0, (now - w.last_heartbeat).total_seconds()))
+        for w in session.scalars(
+            select(Worker)
+            .where(Worker.last_heartbeat >= now - timedelta(seconds=window_s))
+            .order_by(Worker.last_heartbeat.desc(), Worker.id)
+            .limit(MAX_PAGE_SIZE)
+        )
+    ]
     return MetricsSnapshot(
         cases=session.scalar(select(func.count()).select_from(Case)) or 0,
         results=results,
         buckets=buckets,
         bucket_hits=hits,
         workers=recent,
-        live_workers=sum(1 for w in recent if w.heartbeat_age_s <= live_within_s),
+        live_workers=sum(
+            1 for w in recent if w.heartbeat_age_s <= live_within_s and w.worker.status in LIVE_WORKER_STATUSES
+        ),
     )
 
 

@@ -70,6 +70,18 @@ def test_overview_lists_only_workers_with_a_recent_heartbeat(session: Session, s
     assert repository.overview(session, now=NOW, live_within_s=60).live_workers == []
 
 
+def test_a_worker_that_stopped_is_not_live_however_recent_its_last_heartbeat(session: Session, seeded: Seeded) -> None:
+    session.execute(update(Worker).values(last_heartbeat=NOW - timedelta(seconds=30), status="stopped"))
+    assert repository.overview(session, now=NOW).live_workers == []
+    assert repository.list_workers(session, live_only=True, now=NOW).items == []
+    snapshot = repository.metrics_snapshot(session, now=NOW)
+    assert snapshot.live_workers == 0
+    assert [w.worker.id for w in snapshot.workers] == [seeded.worker_id]  # still reported per worker
+    session.execute(update(Worker).values(status="running"))
+    assert [w.worker.id for w in repository.overview(session, now=NOW).live_workers] == [seeded.worker_id]
+    assert repository.metrics_snapshot(session, now=NOW).live_workers == 1
+
+
 def test_overview_rejects_an_out_of_range_window(session: Session) -> None:
     with pytest.raises(FieldValidationError, match="hours"):
         repository.overview(session, hours=0)
