@@ -243,7 +243,8 @@ class ResultSink(Protocol):
         """End ``worker_id``'s lease on the bucket without a minimised case (``outcome`` says why)."""
         ...
 
-    def mark_worker_lost(self, worker_id: int) -> None:
+    def mark_worker_lost(self, worker_id: int) -> bool:
         """The worker is known to be dead: status ``"lost"`` (its last heartbeat is kept) and its
-        leases end at once."""
+        leases end at once. False (and nothing done) when this sink has no such worker: a spool
+        slot that outlived its database, e.g. one deleted and created again at the same path."""
         ...

@@ -55,10 +55,13 @@ class MemorySink:
             if bucket.owner == worker_id:
                 bucket.owner = None
 
-    def mark_worker_lost(self, worker_id: int) -> None:
+    def mark_worker_lost(self, worker_id: int) -> bool:
+        if worker_id not in self.workers:
+            return False
         if self.workers[worker_id].get("status") == "running":
             self.workers[worker_id]["status"] = "lost"
         self._end_leases_of(worker_id)
+        return True
 
     def claim_minimisation(
         self, worker_id: int, backends: list[str], lease_s: float, max_attempts: int = 3

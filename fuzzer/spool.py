@@ -82,9 +82,23 @@ def default_spool_root() -> Path:
     return Path(cache) / "attnfuzz" / "spool"
 
 
+def canonical_database_url(url: str) -> str:
+    """``url`` with a relative SQLite file path made absolute (against the working directory), so
+    that ``sqlite:///attnfuzz.db`` run from two directories names two databases, not one; any
+    other URL unchanged."""
+    scheme, sep, rest = url.partition(":///")
+    if not sep or scheme.split("+")[0] != "sqlite":
+        return url
+    path, question, query = rest.partition("?")
+    if not path or path.startswith("/") or path == ":memory:" or path.startswith("file:"):
+        return url
+    return f"{scheme}:///{os.path.abspath(path)}{question}{query}"
+
+
 def database_key(url: str) -> str:
-    """The slot-group name of a database URL: 16 hex digits of its SHA-256."""
-    return hashlib.sha256(url.encode()).hexdigest()[:16]
+    """The slot-group name of a database URL: 16 hex digits of the SHA-256 of its
+    `canonical_database_url`."""
+    return hashlib.sha256(canonical_database_url(url).encode()).hexdigest()[:16]
 
 
 class Spool:
@@ -165,7 +179,7 @@ class Spool:
                 spool = cls(group / f"slot-{index}", max_bytes)
             except BlockingIOError:
                 continue
-            spool.set_meta("database", database_url)
+            spool.set_meta("database", canonical_database_url(database_url))
             return spool
         raise SpoolError(f"{group}: all {max_slots} spool slots are held by running workers")
 
@@ -467,9 +481,12 @@ class SpoolingSink:
         previous = self.spool.meta("worker_id")
         self._retry_until_available("flush", lambda: self.flush() or self._raise_unavailable())
         if previous is not None and int(previous) != worker_id:
-            self._retry_until_available("mark_worker_lost", lambda: self.inner.mark_worker_lost(int(previous)))
-            self.taken_over_worker_id = int(previous)
-            self._log(f"{self.spool.slot} was last used by worker {previous}: its spool is flushed, its leases ended")
+            known = self._retry_until_available("mark_worker_lost", lambda: self.inner.mark_worker_lost(int(previous)))
+            if known:
+                self.taken_over_worker_id = int(previous)
+                self._log(f"{self.spool.slot} was last used by worker {previous}: its spool is flushed, its leases ended")
+            else:  # the slot outlived its database (deleted and created again at the same path)
+                self._log(f"{self.spool.slot} was last used by worker {previous}, which this database does not know")
         self.spool.set_meta("worker_id", str(worker_id))
         return worker_id
 
@@ -566,8 +583,8 @@ class SpoolingSink:
         """True while the database is away (the lease may run out; the work stays valid)."""
         return self._read(lambda: self.inner.renew_minimisation(bucket_id, worker_id, lease_s), True)
 
-    def mark_worker_lost(self, worker_id: int) -> None:
-        self._retry_until_available("mark_worker_lost", lambda: self.inner.mark_worker_lost(worker_id))
+    def mark_worker_lost(self, worker_id: int) -> bool:
+        return self._retry_until_available("mark_worker_lost", lambda: self.inner.mark_worker_lost(worker_id))
 
     def close(self) -> int:
         """Try a last flush; the number of writes left in the spool (kept for the next worker)."""

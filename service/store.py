@@ -302,23 +302,21 @@ class SqlStore:
             .values(minimise_owner_id=None, minimise_lease_expires_at=None)
         )
 
-    def mark_worker_lost(self, worker_id: int) -> None:
+    def mark_worker_lost(self, worker_id: int) -> bool:
         """The worker is known to be dead (its spool slot was taken over): status ``"lost"`` if it
         was ``"running"``, ``last_heartbeat`` kept (the gap stays visible), its leases ended.
+        False, and nothing changed, when there is no such worker in this database."""
 
-        Raises:
-            NotFoundError: ``worker_id`` is unknown.
-        """
-
-        def run(connection: Connection) -> None:
+        def run(connection: Connection) -> bool:
             if connection.scalar(select(Worker.id).where(Worker.id == worker_id)) is None:
-                raise NotFoundError("worker", worker_id)
+                return False
             connection.execute(
                 update(Worker).where(Worker.id == worker_id, Worker.status == "running").values(status="lost")
             )
             self._end_leases_of(connection, worker_id)
+            return True
 
-        self._tx.write(run)
+        return self._tx.write(run)
 
     def worker_sessions(self, hostname: str | None = None) -> list[WorkerSession]:
         """Every worker (of ``hostname``, if given), oldest first: what `heartbeat_gaps` reads."""

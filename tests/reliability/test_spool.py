@@ -303,3 +303,42 @@ def test_the_spool_counts_its_writes_across_append_remove_reject_and_reopening(t
     again = Spool(tmp_path / "slot-0")
     assert len(again) == 1 and again.size_bytes > 0 and len(again.rejected()) == 1
     again.close()
+
+
+def test_a_relative_sqlite_url_names_the_file_in_the_working_directory(tmp_path, monkeypatch) -> None:
+    from fuzzer.spool import canonical_database_url, database_key
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    monkeypatch.chdir(tmp_path / "a")
+    in_a = canonical_database_url("sqlite:///attnfuzz.db?timeout=30")
+    key_a = database_key("sqlite:///attnfuzz.db")
+    monkeypatch.chdir(tmp_path / "b")
+    assert in_a == f"sqlite:///{tmp_path / 'a' / 'attnfuzz.db'}?timeout=30"
+    assert database_key("sqlite:///attnfuzz.db") != key_a, "two directories, two databases, two slot groups"
+    assert database_key(f"sqlite:///{tmp_path / 'b' / 'attnfuzz.db'}") == database_key("sqlite:///attnfuzz.db")
+    for url in ("sqlite://", "sqlite:///:memory:", "postgresql+psycopg://u@h/db", "sqlite:////abs/x.db"):
+        assert canonical_database_url(url) == url
+
+
+def test_a_slot_that_outlived_its_database_does_not_stop_the_next_worker(tmp_path) -> None:
+    """The database file was deleted and created again: the slot's last worker is unknown there."""
+    root = tmp_path / "spool"
+    first = Spool.acquire(root, "sqlite:///x.db")
+    old_database = FlakySink()
+    old = SpoolingSink(old_database, first, log=lambda line: None)
+    old_build = old.register_build(BuildFingerprint())
+    old_database.register_worker(old_build, "other-host", 7, "cpu")  # so the slot's worker is not id 1
+    assert old.register_worker(old_build, "h", 1, "cpu") != 1
+    first.close()
+
+    lines: list[str] = []
+    new_database = FlakySink()  # empty: knows no worker
+    successor = SpoolingSink(new_database, Spool.acquire(root, "sqlite:///x.db"), log=lines.append)
+    build_id = successor.register_build(BuildFingerprint())
+    worker_id = successor.register_worker(build_id, "h", 2, "cpu")
+    assert successor.taken_over_worker_id is None
+    assert new_database.workers[worker_id]["status"] == "running"
+    assert any("does not know" in line for line in lines)
+    assert new_database.mark_worker_lost(worker_id + 99) is False
+    successor.spool.close()

@@ -340,8 +340,7 @@ def test_released_lost_and_stopped_workers_give_their_leases_back(
     store.mark_worker_lost(other)
     session.expire_all()
     assert session.get(Worker, other).status == "stopped", "a cleanly stopped worker is not marked lost"
-    with pytest.raises(NotFoundError, match="worker"):
-        store.mark_worker_lost(other + 1000)
+    assert store.mark_worker_lost(other + 1000) is False  # e.g. a spool slot that outlived its database
     with pytest.raises(FieldValidationError, match="lease_s"):
         store.claim_minimisation(other, ["sdpa"], 0.0)
 
