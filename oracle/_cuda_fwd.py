@@ -41,9 +41,10 @@ heaviest first. Shared-memory rows are padded so that fragment loads are free of
 
 Measured on an H200 (b4 s4096 h16 d128 causal bf16, 2026-11-30, `benchmarks/gpu/results-2026-11-30/`):
 the default tile ``TileConfig(8, 32, 1)`` runs `dense_forward` in 9.2 ms and `direct_forward` (its
-k/v copies included) in 9.4 ms, about 29-30 TFLOP/s of float64 (45% of the m16n8k16 rate); 4-warp CTAs two
-per SM with one K/V buffer took 11.2 ms, two accumulator chains per score tile 9.8 ms, a transposed
-V tile 11.5-12.0 ms. `oracle.reference.reference(engine="cuda")` takes 10.0 ms in all (error scales
+k/v copies included) in 9.4 ms, about 29-30 TFLOP/s of float64 (45% of the m16n8k16 rate); variants measured
+slower and then removed: 4-warp CTAs two per SM with one K/V buffer 11.2 ms, two accumulator chains
+per score tile 9.8 ms, a transposed V tile with 16-byte loads 11.5-12.0 ms, bf16 K/V converted in
+the kernel 9.9-11.6 ms. `oracle.reference.reference(engine="cuda")` takes 10.0 ms in all (error scales
 included), against 47.7 ms for the naive float64 reference and 13.5 ms for the Triton engine.
 
 Limits: compute capability 9.0 or newer (sm_90 DMMA shapes), ``head_dim``/``head_dim_v`` <= 128
@@ -88,13 +89,12 @@ def unsupported_reason(case, q: torch.Tensor) -> str | None:
 _SOURCE = r"""
 #define NTHREADS (NWARPS * 32)
 #define BLOCK_M (NWARPS * 16)
-#define QS (D_PAD + (QK_VEC ? 2 : 4))
+#define QS (D_PAD + 4)
 #define VS (DV_PAD + 2)
-#define VTS (BLOCK_N + 8)
 #define NT (BLOCK_N / 8)
 #define NTV (DV_PAD / 8)
 
-// How a source element becomes a float64, exactly: kind 0 float64, 1 float32, 2 bfloat16 bits
+// How a q element becomes a float64, exactly: kind 0 float64, 1 float32, 2 bfloat16 bits
 // (the top half of a float32), 3 float16 bits.
 __device__ __forceinline__ double to_f64(double x) { return x; }
 __device__ __forceinline__ double to_f64(float x) { return (double)x; }
@@ -116,16 +116,6 @@ typedef float q_t;
 #else
 typedef unsigned short q_t;
 #define Q_F64(x) bits_to_f64((x), Q_KIND)
-#endif
-#if KV_KIND == 0
-typedef double kv_t;
-#define KV_F64(x) to_f64(x)
-#elif KV_KIND == 1
-typedef float kv_t;
-#define KV_F64(x) to_f64(x)
-#else
-typedef unsigned short kv_t;
-#define KV_F64(x) bits_to_f64((x), KV_KIND)
 #endif
 
 __device__ __forceinline__ void cp_async8(double* dst, const double* src, bool ok) {
@@ -149,7 +139,7 @@ __device__ __forceinline__ void dmma16816(double (&d)[4], const double (&a)[8], 
 // blockIdx.y = batch * num_heads_kv + kv head. Q/OUT: (batch, kv head, token, member); K/V: (batch,
 // kv head, key); per-row values: LSE with the l_* strides, PNORM and SHIFT with the r_* strides.
 extern "C" __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS)
-attn_fwd_f64(const q_t* __restrict__ Q, const kv_t* __restrict__ K, const kv_t* __restrict__ V,
+attn_fwd_f64(const q_t* __restrict__ Q, const double* __restrict__ K, const double* __restrict__ V,
              const long long* __restrict__ LO, const long long* __restrict__ HI,
              double* __restrict__ OUT, double* __restrict__ LSE, double* __restrict__ PNORM,
              double* __restrict__ ONORM, double* __restrict__ SBOUND, const double* __restrict__ KMAX,
@@ -166,19 +156,15 @@ attn_fwd_f64(const q_t* __restrict__ Q, const kv_t* __restrict__ K, const kv_t* 
     extern __shared__ double smem[];
     double* Qs = smem;
     double* Ks = Qs + BLOCK_M * QS;
-#if KV_SHARED
-    double* Vs = Ks;  // one tile buffer: K for Q K^T, then V for P V
-#else
-    double* Vs = Ks + BLOCK_N * QS;  // VT: transposed [dim_v][key] (stride VTS); else [key][dim_v] (VS)
-#endif
+    double* Vs = Ks + BLOCK_N * QS;  // [key][dim_v], row stride VS
     __shared__ int s_kstart, s_kend;
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const int rows_total = seqlen_q * group;
     const int m0 = (gridDim.x - 1 - blockIdx.x) * BLOCK_M;  // heaviest (causal) blocks first
     const long long batch = blockIdx.y / num_heads_kv, kvh = blockIdx.y % num_heads_kv;
-    const kv_t* Kb = K + batch * STRIDE(4) + kvh * STRIDE(5);
-    const kv_t* Vb = V + batch * STRIDE(7) + kvh * STRIDE(8);
+    const double* Kb = K + batch * STRIDE(4) + kvh * STRIDE(5);
+    const double* Vb = V + batch * STRIDE(7) + kvh * STRIDE(8);
 
     if (tid == 0) { s_kstart = seqlen_k; s_kend = 0; }
     __syncthreads();
@@ -244,10 +230,8 @@ attn_fwd_f64(const q_t* __restrict__ Q, const kv_t* __restrict__ K, const kv_t* 
     #pragma unroll
     for (int j = 0; j < NTV; ++j) { o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0; }
 
-#if PIPE == 2
-    // float64 K/V through cp.async. Separate tiles: K(n+1) is fetched while P V(n) runs and V(n+1)
-    // while Q K(n+1)^T runs (FA2-style single buffers). KV_SHARED: one buffer, V(n) fetched while
-    // the softmax of tile n runs, K(n+1) exposed (two CTAs per SM hide it).
+    // float64 K/V through cp.async (zero-filled outside the tensors): K(n+1) is fetched while
+    // P V(n) runs and V(n+1) while Q K(n+1)^T runs (FA2-style single buffers)
     #define ISSUE_K(N0) do { \
         for (int idx = tid; idx < BLOCK_N * D_PAD; idx += NTHREADS) { \
             int r = idx / D_PAD, c = idx - r * D_PAD, key = (N0) + r; \
@@ -266,93 +250,35 @@ attn_fwd_f64(const q_t* __restrict__ Q, const kv_t* __restrict__ K, const kv_t* 
     } while (0)
     if (kstart < kend) {
         ISSUE_K(kstart);
-#if !KV_SHARED
         ISSUE_V(kstart);
-#endif
     }
     cp_async_wait_all();
     __syncthreads();
-#endif
     for (int n0 = kstart; n0 < kend; n0 += BLOCK_N) {
         const bool more = n0 + BLOCK_N < kend;
-#if PIPE != 2
-        // K tile [key][dim] and V tile, converted to float64 (zero outside the tensors)
-        for (int idx = tid; idx < BLOCK_N * D_PAD; idx += NTHREADS) {
-            int r = idx / D_PAD, c = idx - r * D_PAD, key = n0 + r;
-            Ks[r * QS + c] = (key < seqlen_k && c < head_dim) ? KV_F64(Kb[key * k_ss + c]) : 0.0;
-        }
-        for (int idx = tid; idx < BLOCK_N * DV_PAD; idx += NTHREADS) {
-#if VT
-            int chunk = idx >> 5, r = (chunk % (BLOCK_N / 8)) * 8 + (idx & 7);
-            int c = (chunk / (BLOCK_N / 8)) * 4 + ((idx >> 3) & 3), key = n0 + r;
-            Vs[c * VTS + r] = (key < seqlen_k && c < head_dim_v) ? KV_F64(Vb[key * v_ss + c]) : 0.0;
-#else
-            int r = idx / DV_PAD, c = idx - r * DV_PAD, key = n0 + r;
-            Vs[r * VS + c] = (key < seqlen_k && c < head_dim_v) ? KV_F64(Vb[key * v_ss + c]) : 0.0;
-#endif
-        }
-        __syncthreads();
-#endif
         // warp-uniform `active`: does any of this warp's rows see a key of this tile?
         const bool active = warp_lo_all < n0 + BLOCK_N && warp_hi_all > n0;
         double s[NT][4];
         #pragma unroll
         for (int j = 0; j < NT; ++j) { s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0; }
         if (active) {
-#if KSPLIT == 2
-            double s2[NT][4];  // odd k16 steps: two independent accumulator chains per score tile
-            #pragma unroll
-            for (int j = 0; j < NT; ++j) { s2[j][0] = s2[j][1] = s2[j][2] = s2[j][3] = 0.0; }
-#endif
             #pragma unroll
             for (int kk = 0; kk < D_PAD; kk += 16) {
                 double a[8];
-#if QK_VEC
-                // the MMA's k index t + 4j is head dimension 4t + j (for Q and K alike): each thread
-                // reads 4 consecutive doubles as two 16-byte loads
-                #pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const double2* qa = reinterpret_cast<const double2*>(Qs + (warp * 16 + g + 8 * h) * QS + kk + 4 * t);
-                    const double2 x0 = qa[0], x1 = qa[1];
-                    a[h] = x0.x; a[2 + h] = x0.y; a[4 + h] = x1.x; a[6 + h] = x1.y;
-                }
-#else
                 const double* qa = Qs + (warp * 16 + g) * QS + kk + t;
                 #pragma unroll
                 for (int i = 0; i < 8; ++i) a[i] = qa[(i & 1) * 8 * QS + (i >> 1) * 4];
-#endif
                 #pragma unroll
                 for (int j = 0; j < NT; ++j) {
-#if QK_VEC
-                    const double2* kb2 = reinterpret_cast<const double2*>(Ks + (j * 8 + g) * QS + kk + 4 * t);
-                    const double2 y0 = kb2[0], y1 = kb2[1];
-                    const double b[4] = {y0.x, y0.y, y1.x, y1.y};
-#else
                     const double* kb2 = Ks + (j * 8 + g) * QS + kk + t;
                     const double b[4] = {kb2[0], kb2[4], kb2[8], kb2[12]};
-#endif
-#if KSPLIT == 2
-                    if ((kk >> 4) & 1) dmma16816(s2[j], a, b); else dmma16816(s[j], a, b);
-#else
                     dmma16816(s[j], a, b);
-#endif
                 }
             }
-#if KSPLIT == 2
-            #pragma unroll
-            for (int j = 0; j < NT; ++j) {
-                s[j][0] += s2[j][0]; s[j][1] += s2[j][1]; s[j][2] += s2[j][2]; s[j][3] += s2[j][3];
-            }
-#endif
         }
-#if PIPE == 2 && KV_SHARED
-        __syncthreads();  // every warp is done with K(n)
-        ISSUE_V(n0);      // lands while the softmax runs
-#elif PIPE == 2
         cp_async_wait_all();  // V(n)
         __syncthreads();      // K(n) is free, V(n) visible
         if (more) ISSUE_K(n0 + BLOCK_N);
-#endif
         if (active) {
             // softcap, mask, exp; s becomes p
             double shift_use[2];
@@ -404,10 +330,6 @@ attn_fwd_f64(const q_t* __restrict__ Q, const kv_t* __restrict__ K, const kv_t* 
                 }
             }
         }
-#if PIPE == 2 && KV_SHARED
-        cp_async_wait_all();  // V(n)
-        __syncthreads();
-#endif
         if (active) {
             // O += P V, the A operand straight from the score accumulators: inside each 8-key chunk
             // the MMA's k index t (t + 4) is key 2t (2t + 1), which is where the C layout left them
@@ -422,33 +344,15 @@ attn_fwd_f64(const q_t* __restrict__ Q, const kv_t* __restrict__ K, const kv_t* 
                 }
                 #pragma unroll
                 for (int j = 0; j < NTV; ++j) {  // b_i = V[key 16 kc + 8(i>>1) + 2t + (i&1)][8j + g]
-#if VT
-                    const double* vrow = Vs + (j * 8 + g) * VTS + kc * 16 + 2 * t;
-                    const double2 y0 = *reinterpret_cast<const double2*>(vrow);
-                    const double2 y1 = *reinterpret_cast<const double2*>(vrow + 8);
-                    const double b[4] = {y0.x, y0.y, y1.x, y1.y};
-#else
                     const double* vcol = Vs + (kc * 16 + 2 * t) * VS + j * 8 + g;
                     const double b[4] = {vcol[0], vcol[VS], vcol[8 * VS], vcol[9 * VS]};
-#endif
                     dmma16816(o[j], a, b);
                 }
             }
         }
-#if PIPE == 2 && KV_SHARED
-        __syncthreads();  // every warp is done with V(n)
-        if (more) {
-            ISSUE_K(n0 + BLOCK_N);
-            cp_async_wait_all();
-            __syncthreads();
-        }
-#elif PIPE == 2
         cp_async_wait_all();  // K(n+1)
         __syncthreads();      // V(n) is free, K(n+1) visible
         if (more) ISSUE_V(n0 + BLOCK_N);
-#else
-        __syncthreads();  // every warp is done with the tiles before they are refilled
-#endif
     }
 
     #pragma unroll
@@ -493,7 +397,7 @@ _PRELUDE = (
     "#define SAFE_SHIFT_BOUND 170.0\n"  # oracle.reference.SAFE_SHIFT_BOUND (checked in _kernel)
 )
 
-# torch dtype -> Q_KIND / KV_KIND of the kernel (how a source element becomes a float64, exactly)
+# torch dtype -> Q_KIND of the kernel (how a q element becomes a float64, exactly)
 _KIND = {torch.float64: 0, torch.float32: 1, torch.bfloat16: 2, torch.float16: 3}
 
 
@@ -507,10 +411,6 @@ class TileConfig(NamedTuple):
     warps: int  # NWARPS: warps per CTA, 16 query rows each
     block_n: int  # BLOCK_N: keys per tile, a multiple of 16
     min_blocks: int  # MIN_BLOCKS: CTAs per SM the register budget is set for
-    qk_vec: int = 0  # QK_VEC: 16-byte Q/K fragment loads (head-dim order permuted)
-    vt: int = 0  # VT: V tile transposed in shared memory (16-byte fragment loads)
-    kv_shared: int = 0  # KV_SHARED: one buffer for the K tile, then the V tile
-    ksplit: int = 1  # KSPLIT: independent accumulator chains per score tile over the k16 steps
 
 
 # The fastest config that stayed at float64 rounding on an H200 (benchmarks/gpu/dmma_probe.py,
@@ -519,7 +419,7 @@ DEFAULT_CONFIG = TileConfig(8, 32, 1)
 
 
 def _config(head_dim: int, head_dim_v: int) -> TileConfig:
-    """The tile config; override with ``ATTNFUZZ_CUDA_CONFIG=W,N,B[,QV,VT,KVS,KSPLIT]``."""
+    """The tile config; override with ``ATTNFUZZ_CUDA_CONFIG=W,N,B``."""
     override = os.environ.get("ATTNFUZZ_CUDA_CONFIG")
     if override:
         return TileConfig(*(int(x) for x in override.split(",")))
@@ -528,40 +428,20 @@ def _config(head_dim: int, head_dim_v: int) -> TileConfig:
 
 def smem_bytes(head_dim: int, head_dim_v: int, config: TileConfig) -> int:
     """Dynamic shared memory of one CTA, bytes: float64 Q tile (``16 * warps`` rows), K tile and V
-    tile (``block_n`` keys; one buffer for both with ``kv_shared``), with the row padding that
-    keeps fragment loads free of bank conflicts."""
+    tile (``block_n`` keys), with the row padding that keeps fragment loads free of bank conflicts."""
     d_pad, dv_pad = _pad(head_dim, 16), _pad(head_dim_v, 8)
-    qs = d_pad + (2 if config.qk_vec else 4)
-    k_elems = config.block_n * qs
-    v_elems = dv_pad * (config.block_n + 8) if config.vt else config.block_n * (dv_pad + 2)
-    kv = max(k_elems, v_elems) if config.kv_shared else k_elems + v_elems
-    return 8 * (16 * config.warps * qs + kv)
-
-
-SMEM_LIMIT_BYTES = 227 * 1024  # cudaDevAttrMaxSharedMemoryPerBlockOptin on sm_90
-
-
-def _pipeline(k, config: TileConfig) -> int:
-    """``PIPE``: 2 = float64 K/V fetched with cp.async, overlapping the arithmetic; 0 = plain loads
-    with conversion (other dtypes, the transposed-V variant, or forced with ``ATTNFUZZ_CUDA_PIPE=0``)."""
-    if os.environ.get("ATTNFUZZ_CUDA_PIPE") == "0" or k.dtype != torch.float64 or config.vt:
-        return 0
-    return 2
+    return 8 * ((16 * config.warps + config.block_n) * (d_pad + 4) + config.block_n * (dv_pad + 2))
 
 
 @functools.lru_cache(maxsize=None)
-def _kernel(d_pad: int, dv_pad: int, config: TileConfig, q_kind: int, kv_kind: int, pipe: int, capability: str):
+def _kernel(d_pad: int, dv_pad: int, config: TileConfig, q_kind: int, capability: str):
     from oracle.reference import SAFE_SHIFT_BOUND
 
     if f"{SAFE_SHIFT_BOUND:.1f}" not in _PRELUDE:
         raise RuntimeError("SAFE_SHIFT_BOUND of the kernel differs from oracle.reference's")
-    if config.kv_shared and (pipe != 2 or config.vt):
-        raise RuntimeError("KV_SHARED needs the cp.async pipeline and a row-major V tile")
     defines = (
         f"#define D_PAD {d_pad}\n#define DV_PAD {dv_pad}\n#define NWARPS {config.warps}\n"
-        f"#define BLOCK_N {config.block_n}\n#define MIN_BLOCKS {config.min_blocks}\n#define QK_VEC {config.qk_vec}\n"
-        f"#define VT {config.vt}\n#define KV_SHARED {config.kv_shared}\n#define KSPLIT {config.ksplit}\n"
-        f"#define Q_KIND {q_kind}\n#define KV_KIND {kv_kind}\n#define PIPE {pipe}\n"
+        f"#define BLOCK_N {config.block_n}\n#define MIN_BLOCKS {config.min_blocks}\n#define Q_KIND {q_kind}\n"
     )
     kernel = _compiler()(_PRELUDE + defines + _SOURCE, "attn_fwd_f64", compute_capability=capability)
     if not hasattr(kernel, "set_shared_memory_config"):
@@ -585,8 +465,8 @@ def _launch(q, k, v, lo, hi, *, batch, num_heads_kv, group, seqlen_q, seqlen_k, 
     for name, x in (("q", q), ("k", k), ("v", v)):
         if x.stride(-1) != 1:
             raise RuntimeError(f"{name} needs a contiguous last dimension, has stride {x.stride(-1)}")
-    if q.dtype not in _KIND or k.dtype not in _KIND or v.dtype != k.dtype:
-        raise RuntimeError(f"unsupported input dtypes {q.dtype}, {k.dtype}, {v.dtype}")
+    if q.dtype not in _KIND or k.dtype != torch.float64 or v.dtype != torch.float64:
+        raise RuntimeError(f"unsupported dtypes: q {q.dtype} (allowed: {list(_KIND)}), k {k.dtype}, v {v.dtype} (float64)")
     config = _config(head_dim, head_dim_v)
     major, minor = torch.cuda.get_device_capability(q.device)
     d_pad, dv_pad = _pad(head_dim, 16), _pad(head_dim_v, 8)
@@ -594,11 +474,8 @@ def _launch(q, k, v, lo, hi, *, batch, num_heads_kv, group, seqlen_q, seqlen_k, 
     per_row = [torch.zeros(rows_shape, dtype=torch.float64, device=q.device) for _ in range(3)]
     strides = torch.tensor([*q_strides, *k_strides, *v_strides, *o_strides, *l_strides, *r_strides],
                            dtype=torch.int64).to(q.device)  # 64-bit: the launcher passes ints as 32-bit
-    pipe = _pipeline(k, config)
-    if pipe != 2 and config.kv_shared:  # the shared buffer needs cp.async: separate tiles, one CTA per SM
-        config = config._replace(kv_shared=0, min_blocks=1)
     with torch.cuda.device(q.device):
-        kernel = _kernel(d_pad, dv_pad, config, _KIND[q.dtype], _KIND[k.dtype], pipe, f"{major}{minor}")
+        kernel = _kernel(d_pad, dv_pad, config, _KIND[q.dtype], f"{major}{minor}")
         if rows_total and batch * num_heads_kv:
             kernel(
                 grid=(math.ceil(rows_total / (16 * config.warps)), batch * num_heads_kv, 1),

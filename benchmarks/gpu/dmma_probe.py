@@ -192,7 +192,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", default=None)
     parser.add_argument("--size", default="b4,s4096,h16,d128,causal")
-    parser.add_argument("--configs", nargs="*", default=["8,32,1", "8,32,1,0,0,0,2", "4,32,2,0,0,1,1", "4,32,2,0,0,1,2", "8,16,1"])
+    parser.add_argument("--configs", nargs="*", default=["8,32,1", "8,16,1"])
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--skip-dmma", action="store_true")
     args = parser.parse_args()
