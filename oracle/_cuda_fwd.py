@@ -544,7 +544,7 @@ def direct_forward(case, q, k, v, lo, hi, rho: float, want_scales: bool) -> dict
         lo, hi: ``[Sq] int64`` key bounds of `oracle.masks.key_bounds`, on q's device.
         rho: float32 unit roundoff / unit roundoff of the case dtype (`oracle.reference._Dense.rho`).
         want_scales: also return ``out_scale [B, Sq, H]`` and ``lse_scale [B, H, Sq]`` (the
-            formulas of `oracle.reference._forward_scales`).
+            formulas of `oracle.reference.forward_scale_formulas`).
 
     Returns:
         ``{"out", "lse"[, "out_scale", "lse_scale"]}``, float64.
@@ -572,13 +572,18 @@ def direct_forward(case, q, k, v, lo, hi, rho: float, want_scales: bool) -> dict
     )
     result = {"out": out, "lse": lse}
     if want_scales:
+        from oracle.reference import forward_scale_formulas
+
         accumulation = (hi - lo).clamp(min=0).to(f64).sqrt()[None, :, None]  # sqrt(n_i), [1, Sq, 1]
-        v_max = _row_norm_max(v, 1).repeat_interleave(group, dim=1)[:, None, :]  # [B, 1, H]
-        result["out_scale"] = p_norm * v_max * (1.0 + rho * (score_bound + accumulation)) + out_norm * (
-            1.0 + rho * accumulation
-        )
-        result["lse_scale"] = torch.where(
-            torch.isfinite(lse), lse.abs() + (score_bound + accumulation).transpose(1, 2), 0.0
+        result["out_scale"], result["lse_scale"] = forward_scale_formulas(
+            rho=rho,
+            p_norm=p_norm,
+            v_max=_row_norm_max(v, 1).repeat_interleave(group, dim=1)[:, None, :],  # [B, 1, H]
+            score_bound=score_bound,
+            accumulation=accumulation,
+            out_norm=out_norm,
+            lse=lse,
+            lse_bound=(score_bound + accumulation).transpose(1, 2),  # [B, H, Sq]
         )
     return result
 

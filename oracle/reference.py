@@ -312,23 +312,51 @@ def _visible_counts(d: _Dense) -> tuple[torch.Tensor, torch.Tensor]:
     return per_row.repeat_interleave(d.group).to(torch.float64), per_key.to(torch.float64)
 
 
-def _forward_scales(d: _Dense, out: torch.Tensor, lse: torch.Tensor, p_norm: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Error scales of out and lse (see `oracle.compare`) from grouped out, lse and ``||P_i||``.
+def forward_scale_formulas(
+    *,
+    rho: float,
+    p_norm: torch.Tensor,
+    v_max: torch.Tensor,
+    score_bound: torch.Tensor,
+    accumulation: torch.Tensor,
+    out_norm: torch.Tensor,
+    lse: torch.Tensor,
+    lse_bound: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(out_scale, lse_scale)``: the error scales of out and lse (see `oracle.compare`), in any
+    layout whose tensors broadcast together.
 
     Per row ``i`` with ``S_i`` the score bound, ``n_i`` its visible keys and ``rho`` = fp32 unit
     roundoff / dtype unit roundoff: ``out``: ``||P_i|| max||v|| (1 + rho (S_i + sqrt n_i)) +
-    ||out_i|| (1 + rho sqrt n_i)``; ``lse`` (in fp32 units): ``|lse_i| + S_i + sqrt n_i``.
+    ||out_i|| (1 + rho sqrt n_i)``; ``lse`` (in fp32 units): ``|lse_i| + S_i + sqrt n_i``, 0 where
+    no key is visible.
+
+    Args:
+        p_norm, v_max, score_bound, accumulation (``sqrt n_i``), out_norm: per output row (``out``'s
+            layout without its last dim, or broadcastable to it).
+        lse: natural-log logsumexp, in its own layout.
+        lse_bound: ``S_i + sqrt n_i`` in ``lse``'s layout.
     """
+    out_scale = p_norm * v_max * (1.0 + rho * (score_bound + accumulation)) + out_norm * (1.0 + rho * accumulation)
+    lse_scale = torch.where(torch.isfinite(lse), lse.abs() + lse_bound, 0.0)
+    return out_scale, lse_scale
+
+
+def _forward_scales(d: _Dense, out: torch.Tensor, lse: torch.Tensor, p_norm: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Error scales of out and lse (`forward_scale_formulas`) from grouped out, lse and ``||P_i||``."""
     score_bound = _score_bound(d)
     accumulation = _visible_counts(d)[0].sqrt()  # fp32 summation over n_i terms grows like sqrt(n_i)
-    v_max = _row_norms(d.v).amax(dim=1, keepdim=True)  # [BHkv, 1]
-    return {
-        "p_norm": p_norm,
-        "score_bound": score_bound,
-        "out_scale": p_norm * v_max * (1.0 + d.rho * (score_bound + accumulation))
-        + _row_norms(out) * (1.0 + d.rho * accumulation),
-        "lse_scale": torch.where(torch.isfinite(lse), lse.abs() + score_bound + accumulation, 0.0),
-    }
+    out_scale, lse_scale = forward_scale_formulas(
+        rho=d.rho,
+        p_norm=p_norm,
+        v_max=_row_norms(d.v).amax(dim=1, keepdim=True),  # [BHkv, 1]
+        score_bound=score_bound,
+        accumulation=accumulation,
+        out_norm=_row_norms(out),
+        lse=lse,
+        lse_bound=score_bound + accumulation,
+    )
+    return {"p_norm": p_norm, "score_bound": score_bound, "out_scale": out_scale, "lse_scale": lse_scale}
 
 
 @torch.no_grad()
@@ -445,6 +473,20 @@ def _compiled_forward(name: str):
     return _triton_fwd
 
 
+def _fall_back(name: str, engine: str, exc: Exception) -> None:
+    """The compiled forward ``name`` failed with ``exc``: re-raise it if ``engine`` asked for it by
+    name, else record it (``cuda_fallback_error``/``triton_fallback_error``) and let the next
+    engine run."""
+    global triton_fallback_error, cuda_fallback_error
+    if engine == name:
+        raise exc
+    text = f"{type(exc).__name__}: {exc}"
+    if name == "cuda":
+        cuda_fallback_error = text
+    else:
+        triton_fallback_error = text
+
+
 @torch.no_grad()
 def _run(
     case: AttentionCase,
@@ -458,7 +500,6 @@ def _run(
     error_scales: bool,
     engine: str,
 ) -> ReferenceResult:
-    global triton_fallback_error, cuda_fallback_error
     if engine not in ENGINES:
         raise ReferenceInputError(f"engine must be one of {ENGINES}, got {engine!r}")
     _check_inputs(case, q, k, v, dout)
@@ -489,9 +530,7 @@ def _run(
         try:
             fwd = _cuda_fwd.direct_forward(case, q, k, v, lo, hi, rho, error_scales)
         except Exception as exc:  # noqa: BLE001 - any failure falls back to the next engine
-            if engine == "cuda":
-                raise
-            cuda_fallback_error = f"{type(exc).__name__}: {exc}"
+            _fall_back("cuda", engine, exc)
             compiled.pop(0)
         else:
             result = ReferenceResult(out=fwd["out"], lse=fwd["lse"], engine="cuda")
@@ -536,12 +575,7 @@ def _run(
                 fwd = _compiled_forward(name).dense_forward(dense, error_scales)
                 engine_used = name
             except Exception as exc:  # noqa: BLE001 - any failure falls back to the next engine
-                if engine == name:
-                    raise
-                if name == "cuda":
-                    cuda_fallback_error = f"{type(exc).__name__}: {exc}"
-                else:
-                    triton_fallback_error = f"{type(exc).__name__}: {exc}"
+                _fall_back(name, engine, exc)
                 compiled.pop(0)
         if fwd is None:
             fwd = _dense_forward(dense, error_scales)
