@@ -418,7 +418,7 @@ class TileConfig(NamedTuple):
 DEFAULT_CONFIG = TileConfig(8, 32, 1)
 
 
-def _config(head_dim: int, head_dim_v: int) -> TileConfig:
+def _config() -> TileConfig:
     """The tile config; override with ``ATTNFUZZ_CUDA_CONFIG=W,N,B``."""
     override = os.environ.get("ATTNFUZZ_CUDA_CONFIG")
     if override:
@@ -467,7 +467,7 @@ def _launch(q, k, v, lo, hi, *, batch, num_heads_kv, group, seqlen_q, seqlen_k, 
             raise RuntimeError(f"{name} needs a contiguous last dimension, has stride {x.stride(-1)}")
     if q.dtype not in _KIND or k.dtype != torch.float64 or v.dtype != torch.float64:
         raise RuntimeError(f"unsupported dtypes: q {q.dtype} (allowed: {list(_KIND)}), k {k.dtype}, v {v.dtype} (float64)")
-    config = _config(head_dim, head_dim_v)
+    config = _config()
     major, minor = torch.cuda.get_device_capability(q.device)
     d_pad, dv_pad = _pad(head_dim, 16), _pad(head_dim_v, 8)
     rows_total = seqlen_q * group

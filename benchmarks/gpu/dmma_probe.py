@@ -228,7 +228,7 @@ def main() -> None:
     report["configs"] = {}
     for config in args.configs:
         os.environ["ATTNFUZZ_CUDA_CONFIG"] = config
-        tile = _cuda_fwd._config(case.head_dim, case.head_dim_v)
+        tile = _cuda_fwd._config()
         if _cuda_fwd.smem_bytes(case.head_dim, case.head_dim_v, tile) * tile.min_blocks > 228 * 1024:
             report["configs"][config] = "does not fit the shared memory of one SM"
             continue

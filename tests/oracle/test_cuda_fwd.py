@@ -45,7 +45,7 @@ def test_cuda_engine_refuses_head_dim_above_its_register_budget():
 
 @pytest.mark.parametrize("head_dim, head_dim_v", [(8, 8), (64, 64), (128, 128), (72, 128), (128, 24)])
 def test_default_tile_fits_hopper_shared_memory(head_dim, head_dim_v):
-    config = _cuda_fwd._config(head_dim, head_dim_v)
+    config = _cuda_fwd._config()
     assert _cuda_fwd.smem_bytes(head_dim, head_dim_v, config) * config.min_blocks <= H100_MAX_DYNAMIC_SMEM_BYTES
     assert config.block_n % 16 == 0  # P @ V consumes the score tile in k16 chunks
 
