@@ -89,10 +89,10 @@ def unsupported_reason(case, q: torch.Tensor) -> str | None:
 _SOURCE = r"""
 #define NTHREADS (NWARPS * 32)
 #define BLOCK_M (NWARPS * 16)
-#define QS (D_PAD + 4)
-#define VS (DV_PAD + 2)
 #define NT (BLOCK_N / 8)
 #define NTV (DV_PAD / 8)
+#define QS (D_PAD + 4)
+#define VS (DV_PAD + 2)
 
 // How a q element becomes a float64, exactly: kind 0 float64, 1 float32, 2 bfloat16 bits
 // (the top half of a float32), 3 float16 bits.
@@ -118,10 +118,10 @@ typedef unsigned short q_t;
 #define Q_F64(x) bits_to_f64((x), Q_KIND)
 #endif
 
-__device__ __forceinline__ void cp_async8(double* dst, const double* src, bool ok) {
+__device__ __forceinline__ void cp_async16(double* dst, const double* src, bool ok) {
     unsigned int saddr = (unsigned int)__cvta_generic_to_shared(dst);
-    int size = ok ? 8 : 0;  // src-size 0: the 8 bytes are zero-filled
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" :: "r"(saddr), "l"(src), "r"(size));
+    int size = ok ? 16 : 0;  // src-size 0: the 16 bytes are zero-filled
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(saddr), "l"(src), "r"(size));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
@@ -134,6 +134,25 @@ __device__ __forceinline__ void dmma16816(double (&d)[4], const double (&a)[8], 
         : "d"(a[0]), "d"(a[1]), "d"(a[2]), "d"(a[3]), "d"(a[4]), "d"(a[5]), "d"(a[6]), "d"(a[7]),
           "d"(b[0]), "d"(b[1]), "d"(b[2]), "d"(b[3]));
 }
+
+// O += P V for keys 16 kc .. 16 kc + 15 of the tile, the A operand straight from the score
+// accumulators: inside each 8-key chunk the MMA's k index t (t + 4) is key 2t (2t + 1), which is
+// where the C layout left them
+#define PV_CHUNK(KC) do { \
+    double a_[8]; \
+    _Pragma("unroll") \
+    for (int jj = 0; jj < 4; ++jj) { \
+        const int tile = 2 * (KC) + (jj >> 1); \
+        a_[2 * jj] = s[tile][jj & 1]; \
+        a_[2 * jj + 1] = s[tile][(jj & 1) + 2]; \
+    } \
+    _Pragma("unroll") \
+    for (int j = 0; j < NTV; ++j) {  /* b_i = V[key 16 KC + 8(i>>1) + 2t + (i&1)][8j + g] */ \
+        const double* vcol = Vs + ((KC) * 16 + 2 * t) * VS + j * 8 + g; \
+        const double b[4] = {vcol[0], vcol[VS], vcol[8 * VS], vcol[9 * VS]}; \
+        dmma16816(o[j], a_, b); \
+    } \
+} while (0)
 
 // Strides are in elements. Grouped row r of a CTA column = (token r / group, group member r % group);
 // blockIdx.y = batch * num_heads_kv + kv head. Q/OUT: (batch, kv head, token, member); K/V: (batch,
@@ -158,6 +177,7 @@ attn_fwd_f64(const q_t* __restrict__ Q, const double* __restrict__ K, const doub
     double* Ks = Qs + BLOCK_M * QS;
     double* Vs = Ks + BLOCK_N * QS;  // [key][dim_v], row stride VS
     __shared__ int s_kstart, s_kend;
+    __shared__ long long s_qrow[BLOCK_M];  // element offset of each row of the Q tile in Q, -1 past the end
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const int rows_total = seqlen_q * group;
@@ -168,22 +188,26 @@ attn_fwd_f64(const q_t* __restrict__ Q, const double* __restrict__ K, const doub
 
     if (tid == 0) { s_kstart = seqlen_k; s_kend = 0; }
     __syncthreads();
-    for (int r = tid; r < BLOCK_M; r += NTHREADS) {
-        int row = m0 + r;
-        if (row < rows_total) {
-            long long lo = LO[row / group], hi = HI[row / group];
-            if (lo < hi) { atomicMin(&s_kstart, (int)lo); atomicMax(&s_kend, (int)hi); }
-        }
-    }
     {
         const q_t* Qb = Q + batch * STRIDE(0) + kvh * STRIDE(1);
         const long long q_ss = STRIDE(2), q_sg = STRIDE(3);
+        for (int r = tid; r < BLOCK_M; r += NTHREADS) {  // one division by group per row
+            const int row = m0 + r;
+            long long offset = -1;
+            if (row < rows_total) {
+                const int token = row / group;
+                offset = token * q_ss + (row - token * group) * q_sg;
+                const long long lo = LO[token], hi = HI[token];
+                if (lo < hi) { atomicMin(&s_kstart, (int)lo); atomicMax(&s_kend, (int)hi); }
+            }
+            s_qrow[r] = offset;
+        }
+        __syncthreads();
+        #pragma unroll 4
         for (int idx = tid; idx < BLOCK_M * D_PAD; idx += NTHREADS) {
-            int r = idx / D_PAD, c = idx - r * D_PAD, row = m0 + r;
-            double x = 0.0;
-            if (row < rows_total && c < head_dim)
-                x = Q_F64(Qb[(row / group) * q_ss + (row % group) * q_sg + c]) * scale;
-            Qs[r * QS + c] = x;
+            const int r = idx / D_PAD, c = idx - r * D_PAD;
+            const long long offset = s_qrow[r];
+            Qs[r * QS + c] = (offset >= 0 && c < head_dim) ? Q_F64(Qb[offset + c]) * scale : 0.0;
         }
     }
     __syncthreads();
@@ -232,19 +256,23 @@ attn_fwd_f64(const q_t* __restrict__ Q, const double* __restrict__ K, const doub
 
     // float64 K/V through cp.async (zero-filled outside the tensors): K(n+1) is fetched while
     // P V(n) runs and V(n+1) while Q K(n+1)^T runs (FA2-style single buffers)
+    // K and V rows hold D_PAD / DV_PAD float64 (zero-padded, 16-byte aligned: `_launch` checks):
+    // 16-byte cp.async chunks, only the key is bounds-checked
     #define ISSUE_K(N0) do { \
-        for (int idx = tid; idx < BLOCK_N * D_PAD; idx += NTHREADS) { \
-            int r = idx / D_PAD, c = idx - r * D_PAD, key = (N0) + r; \
-            bool ok = key < seqlen_k && c < head_dim; \
-            cp_async8(Ks + r * QS + c, ok ? Kb + key * k_ss + c : Kb, ok); \
+        _Pragma("unroll") \
+        for (int idx = tid; idx < BLOCK_N * (D_PAD / 2); idx += NTHREADS) { \
+            const int r = idx / (D_PAD / 2), c = 2 * (idx - r * (D_PAD / 2)), key = (N0) + r; \
+            const bool ok = key < seqlen_k; \
+            cp_async16(Ks + r * QS + c, Kb + (ok ? key * k_ss + c : 0), ok); \
         } \
         cp_async_commit(); \
     } while (0)
     #define ISSUE_V(N0) do { \
-        for (int idx = tid; idx < BLOCK_N * DV_PAD; idx += NTHREADS) { \
-            int r = idx / DV_PAD, c = idx - r * DV_PAD, key = (N0) + r; \
-            bool ok = key < seqlen_k && c < head_dim_v; \
-            cp_async8(Vs + r * VS + c, ok ? Vb + key * v_ss + c : Vb, ok); \
+        _Pragma("unroll") \
+        for (int idx = tid; idx < BLOCK_N * (DV_PAD / 2); idx += NTHREADS) { \
+            const int r = idx / (DV_PAD / 2), c = 2 * (idx - r * (DV_PAD / 2)), key = (N0) + r; \
+            const bool ok = key < seqlen_k; \
+            cp_async16(Vs + r * VS + c, Vb + (ok ? key * v_ss + c : 0), ok); \
         } \
         cp_async_commit(); \
     } while (0)
@@ -331,24 +359,8 @@ attn_fwd_f64(const q_t* __restrict__ Q, const double* __restrict__ K, const doub
             }
         }
         if (active) {
-            // O += P V, the A operand straight from the score accumulators: inside each 8-key chunk
-            // the MMA's k index t (t + 4) is key 2t (2t + 1), which is where the C layout left them
             #pragma unroll
-            for (int kc = 0; kc < BLOCK_N / 16; ++kc) {
-                double a[8];
-                #pragma unroll
-                for (int jj = 0; jj < 4; ++jj) {
-                    const int tile = 2 * kc + (jj >> 1);
-                    a[2 * jj] = s[tile][jj & 1];
-                    a[2 * jj + 1] = s[tile][(jj & 1) + 2];
-                }
-                #pragma unroll
-                for (int j = 0; j < NTV; ++j) {  // b_i = V[key 16 kc + 8(i>>1) + 2t + (i&1)][8j + g]
-                    const double* vcol = Vs + (kc * 16 + 2 * t) * VS + j * 8 + g;
-                    const double b[4] = {vcol[0], vcol[VS], vcol[8 * VS], vcol[9 * VS]};
-                    dmma16816(o[j], a, b);
-                }
-            }
+            for (int kc = 0; kc < BLOCK_N / 16; ++kc) PV_CHUNK(kc);  // O += P V
         }
         cp_async_wait_all();  // K(n+1)
         __syncthreads();      // V(n) is free, K(n+1) visible
@@ -371,8 +383,8 @@ attn_fwd_f64(const q_t* __restrict__ Q, const double* __restrict__ K, const doub
             double osq = 0.0;
             #pragma unroll
             for (int j = 0; j < NTV; ++j) {
-                const int col = j * 8 + 2 * t;
                 const double x0 = o[j][2 * h] / l_safe, x1 = o[j][2 * h + 1] / l_safe;
+                const int col = j * 8 + 2 * t;
                 if (col < head_dim_v) orow[col] = x0;
                 if (col + 1 < head_dim_v) orow[col + 1] = x1;
                 osq += x0 * x0 + x1 * x1;  // padded columns hold 0
@@ -391,6 +403,112 @@ attn_fwd_f64(const q_t* __restrict__ Q, const double* __restrict__ K, const doub
     }
 }
 """
+
+_KV_SOURCE = r"""
+// X [B, S, H, D] (strides X_STRIDES, last dim contiguous, X_KIND as Q_KIND) -> Y contiguous float64
+// [B, S, H, D], exact; NMAX[b * H + h] = the bits of max_s ||x[b, s, h, :]|| (float64; norms are >= 0,
+// so their bit patterns order as the values: atomicMax on the bits). One warp per row.
+#if X_KIND == 0
+typedef double x_t;
+#define X_F64(x) (x)
+#elif X_KIND == 1
+typedef float x_t;
+#define X_F64(x) ((double)(x))
+#else
+typedef unsigned short x_t;
+__device__ __forceinline__ double half_bits_to_f64(unsigned short x) {
+    float f;
+#if X_KIND == 2
+    f = __uint_as_float(((unsigned int)x) << 16);
+#else
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x));
+#endif
+    return (double)f;
+}
+#define X_F64(x) half_bits_to_f64(x)
+#endif
+extern "C" __global__ void kv_to_f64(const x_t* __restrict__ X, double* __restrict__ Y,
+                                     unsigned long long* __restrict__ NMAX, const long long* __restrict__ X_STRIDES,
+                                     int seqlen, int heads, int dim, int pad, int vec4) {
+    // grid (ceil(seqlen / 256), heads, batch): warp w takes rows s0 .. s0 + 31 of one (batch, head),
+    // keeps the largest norm and makes one atomicMax
+    const int b = blockIdx.z, h = blockIdx.y, lane = threadIdx.x & 31;
+    const int s0 = blockIdx.x * 256 + (threadIdx.x >> 5) * 32;
+    if (s0 >= seqlen) return;
+    const x_t* xb = X + b * X_STRIDES[0] + h * X_STRIDES[2];
+    const long long s_stride = X_STRIDES[1];
+    double best = 0.0;
+    #pragma unroll 4
+    for (int i = 0; i < 32; ++i) {
+        const int s = s0 + i;
+        if (s < seqlen) {
+            const x_t* x = xb + s * s_stride;
+            double* y = Y + (((long long)b * seqlen + s) * heads + h) * pad;
+            double sq = 0.0;
+            if (vec4) {  // dim % 4 == 0, 4-element-aligned rows (pad % 4 == 0 always)
+                for (int c = 4 * lane; c < pad; c += 128) {
+                    double v[4] = {0.0, 0.0, 0.0, 0.0};
+                    if (c < dim) {
+#if X_KIND == 0
+                        const double2 p = *(const double2*)(x + c), q = *(const double2*)(x + c + 2);
+                        v[0] = p.x; v[1] = p.y; v[2] = q.x; v[3] = q.y;
+#elif X_KIND == 1
+                        const float4 p = *(const float4*)(x + c);
+                        v[0] = p.x; v[1] = p.y; v[2] = p.z; v[3] = p.w;
+#else
+                        const ushort4 p = *(const ushort4*)(x + c);
+                        v[0] = X_F64(p.x); v[1] = X_F64(p.y); v[2] = X_F64(p.z); v[3] = X_F64(p.w);
+#endif
+                    }
+                    *(double2*)(y + c) = make_double2(v[0], v[1]);
+                    *(double2*)(y + c + 2) = make_double2(v[2], v[3]);
+                    #pragma unroll
+                    for (int e = 0; e < 4; ++e) sq = fma(v[e], v[e], sq);
+                }
+            } else {
+                for (int c = lane; c < pad; c += 32) {
+                    const double v = c < dim ? X_F64(x[c]) : 0.0;
+                    y[c] = v;
+                    sq = fma(v, v, sq);
+                }
+            }
+            #pragma unroll
+            for (int off = 16; off > 0; off >>= 1) sq += __shfl_xor_sync(0xffffffff, sq, off);
+            const double norm = sqrt(sq);
+            best = (norm > best || norm != norm) ? norm : best;  // NaN sticks
+        }
+    }
+    if (lane == 0) atomicMax(NMAX + (long long)b * heads + h, (unsigned long long)__double_as_longlong(best));
+}
+"""
+
+
+@functools.lru_cache(maxsize=None)
+def _kv_kernel(x_kind: int, capability: str):
+    return _compiler()(f"#define X_KIND {x_kind}\n" + _KV_SOURCE, "kv_to_f64", compute_capability=capability)
+
+
+def _kv_float64(x: torch.Tensor, pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(x64, norm_max)``: a contiguous float64 copy of ``x [B, S, H, D]`` (exact) with its last
+    dimension zero-padded to ``pad`` (``[B, S, H, pad]``, a multiple of 8 >= D), and ``max_s
+    ||x[b, s, h]||`` as ``[B, H]`` float64, in one pass over ``x`` (one kernel; NaN propagates)."""
+    batch, seqlen, heads, dim = x.shape
+    if x.stride(-1) != 1:
+        raise RuntimeError(f"k/v need a contiguous last dimension, have stride {x.stride(-1)}")
+    if pad < dim or pad % 8:
+        raise RuntimeError(f"pad must be a multiple of 8 >= {dim}, got {pad}")
+    y = torch.empty(batch, seqlen, heads, pad, dtype=torch.float64, device=x.device)
+    nmax = torch.zeros(batch, heads, dtype=torch.int64, device=x.device)  # bits of +0.0
+    if batch * seqlen * heads:
+        major, minor = torch.cuda.get_device_capability(x.device)
+        vec4 = dim % 4 == 0 and all(st % 4 == 0 for st in x.stride()[:3]) and x.data_ptr() % (4 * x.element_size()) == 0
+        with torch.cuda.device(x.device):
+            _kv_kernel(_KIND[x.dtype], f"{major}{minor}")(
+                grid=(math.ceil(seqlen / 256), heads, batch), block=(256, 1, 1),
+                args=[x, y, nmax, _strides_on(x.device, tuple(x.stride()[:3])), seqlen, heads, dim, pad, int(vec4)],
+            )
+    return y, nmax.view(torch.float64)
+
 
 _PRELUDE = (
     "#define CUDART_INF __longlong_as_double(0x7ff0000000000000ULL)\n"
@@ -458,22 +576,40 @@ def _row_norm_max(x: torch.Tensor, dim: int) -> torch.Tensor:
     return norms.amax(dim=dim)
 
 
-def _launch(q, k, v, lo, hi, *, batch, num_heads_kv, group, seqlen_q, seqlen_k, q_strides, k_strides, v_strides,
-            out, o_strides, lse, l_strides, rows_shape, r_strides, k_max, scale, softcap):
-    """One launch; returns the per-row values ``(p_norm, out_norm, score_bound)`` of ``rows_shape``."""
-    head_dim, head_dim_v = q.shape[-1], v.shape[-1]
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if x.stride(-1) != 1:
-            raise RuntimeError(f"{name} needs a contiguous last dimension, has stride {x.stride(-1)}")
+@functools.lru_cache(maxsize=256)
+def _strides_on(device: torch.device, strides: tuple[int, ...]) -> torch.Tensor:
+    """The kernel's ``STRIDES`` as an int64 tensor on ``device`` (64-bit: the launcher passes Python
+    ints as 32-bit), kept per strides so that a repeated shape costs no host-to-device copy (which
+    would wait for the stream)."""
+    return torch.tensor(strides, dtype=torch.int64).to(device)
+
+
+def _padded_rows(x: torch.Tensor, pad: int) -> torch.Tensor:
+    """``x [..., D]`` float64 as a contiguous ``[..., pad]`` (zeros past D): rows the kernel copies in
+    16-byte chunks."""
+    x = x.contiguous()
+    return x if x.shape[-1] == pad else torch.nn.functional.pad(x, (0, pad - x.shape[-1]))
+
+
+def _launch(q, k, v, lo, hi, *, batch, num_heads_kv, group, seqlen_q, seqlen_k, head_dim_v, q_strides, k_strides,
+            v_strides, out, o_strides, lse, l_strides, rows_shape, r_strides, k_max, scale, softcap):
+    """One launch; returns the per-row values ``(p_norm, out_norm, score_bound)`` of ``rows_shape``.
+    ``k``/``v`` rows hold D_PAD / DV_PAD float64 (zero-padded, 16-byte aligned rows)."""
+    head_dim = q.shape[-1]
+    d_pad, dv_pad = _pad(head_dim, 16), _pad(head_dim_v, 8)
+    if q.stride(-1) != 1:
+        raise RuntimeError(f"q needs a contiguous last dimension, has stride {q.stride(-1)}")
+    for name, x, pad, row_strides in (("k", k, d_pad, k_strides), ("v", v, dv_pad, v_strides)):
+        if x.shape[-1] != pad or x.stride(-1) != 1 or x.data_ptr() % 16 or any(st % 2 for st in row_strides):
+            raise RuntimeError(f"{name} must have 16-byte aligned rows of {pad} float64 (zero-padded), has shape "
+                               f"{tuple(x.shape)} and strides {tuple(x.stride())}")
     if q.dtype not in _KIND or k.dtype != torch.float64 or v.dtype != torch.float64:
         raise RuntimeError(f"unsupported dtypes: q {q.dtype} (allowed: {list(_KIND)}), k {k.dtype}, v {v.dtype} (float64)")
     config = _config()
     major, minor = torch.cuda.get_device_capability(q.device)
-    d_pad, dv_pad = _pad(head_dim, 16), _pad(head_dim_v, 8)
     rows_total = seqlen_q * group
-    per_row = [torch.zeros(rows_shape, dtype=torch.float64, device=q.device) for _ in range(3)]
-    strides = torch.tensor([*q_strides, *k_strides, *v_strides, *o_strides, *l_strides, *r_strides],
-                           dtype=torch.int64).to(q.device)  # 64-bit: the launcher passes ints as 32-bit
+    per_row = [torch.empty(rows_shape, dtype=torch.float64, device=q.device) for _ in range(3)]  # every row written
+    strides = _strides_on(q.device, (*q_strides, *k_strides, *v_strides, *o_strides, *l_strides, *r_strides))
     with torch.cuda.device(q.device):
         kernel = _kernel(d_pad, dv_pad, config, _KIND[q.dtype], f"{major}{minor}")
         if rows_total and batch * num_heads_kv:
@@ -507,17 +643,18 @@ def dense_forward(d, want_scales: bool) -> dict[str, torch.Tensor]:
     bh, rows_total, head_dim = d.q.shape
     head_dim_v = d.v.shape[-1]
     device = d.q.device
-    q, k, v = d.q.contiguous(), d.k.contiguous(), d.v.contiguous()
+    d_pad, dv_pad = _pad(head_dim, 16), _pad(head_dim_v, 8)
+    q, k, v = d.q.contiguous(), _padded_rows(d.k, d_pad), _padded_rows(d.v, dv_pad)
     out = torch.empty(bh, rows_total, head_dim_v, dtype=torch.float64, device=device)
     lse = torch.empty(bh, rows_total, dtype=torch.float64, device=device)
     g = d.group
     per_row = (rows_total, 0, g, 1)
     p_norm, _, _ = _launch(
         q, k, v, d.lo, d.hi, batch=bh, num_heads_kv=1, group=g, seqlen_q=d.seqlen_q, seqlen_k=d.seqlen_k,
-        q_strides=(rows_total * head_dim, 0, g * head_dim, head_dim), k_strides=(d.seqlen_k * head_dim, 0, head_dim),
-        v_strides=(d.seqlen_k * head_dim_v, 0, head_dim_v),
+        head_dim_v=head_dim_v, q_strides=(rows_total * head_dim, 0, g * head_dim, head_dim),
+        k_strides=(d.seqlen_k * d_pad, 0, d_pad), v_strides=(d.seqlen_k * dv_pad, 0, dv_pad),
         out=out, o_strides=(rows_total * head_dim_v, 0, g * head_dim_v, head_dim_v), lse=lse, l_strides=per_row,
-        rows_shape=(bh, rows_total), r_strides=per_row, k_max=_row_norm_max(k, 1),
+        rows_shape=(bh, rows_total), r_strides=per_row, k_max=_row_norm_max(d.k, 1),
         scale=1.0, softcap=d.softcap,  # d.q is already scaled
     )
     result = {"out": out, "lse": lse}
@@ -556,19 +693,20 @@ def direct_forward(case, q, k, v, lo, hi, rho: float, want_scales: bool) -> dict
     seqlen_k, heads_kv, head_dim_v = k.shape[1], k.shape[2], v.shape[-1]
     group = heads // heads_kv
     f64 = torch.float64
-    # K and V are read once per 16 * NWARPS query rows: float64 copies in their own layout (exact)
-    # let the kernel cp.async them; q stays in its dtype (read once)
-    k, v = k.to(f64), v.to(f64)
+    # K and V are read once per 16 * NWARPS query rows: contiguous float64 copies (exact, rows
+    # zero-padded to D_PAD / DV_PAD) let the kernel cp.async them in 16-byte chunks; made in one pass
+    # with max_j ||k_j|| and max_j ||v_j|| ([B, Hkv]); q stays in its dtype (read once)
+    (k, k_max), (v, v_max) = _kv_float64(k, _pad(head_dim, 16)), _kv_float64(v, _pad(head_dim_v, 8))
     out = torch.empty(batch, seqlen_q, heads, head_dim_v, dtype=f64, device=q.device)
     lse = torch.empty(batch, heads, seqlen_q, dtype=f64, device=q.device)
     qs, ks, vs = q.stride(), k.stride(), v.stride()
     p_norm, out_norm, score_bound = _launch(
         q, k, v, lo, hi, batch=batch, num_heads_kv=heads_kv, group=group, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
-        q_strides=(qs[0], group * qs[2], qs[1], qs[2]), k_strides=(ks[0], ks[2], ks[1]), v_strides=(vs[0], vs[2], vs[1]),
+        head_dim_v=head_dim_v, q_strides=(qs[0], group * qs[2], qs[1], qs[2]), k_strides=(ks[0], ks[2], ks[1]), v_strides=(vs[0], vs[2], vs[1]),
         out=out, o_strides=(seqlen_q * heads * head_dim_v, group * head_dim_v, heads * head_dim_v, head_dim_v),
         lse=lse, l_strides=(heads * seqlen_q, group * seqlen_q, 1, seqlen_q),
         rows_shape=(batch, seqlen_q, heads), r_strides=(seqlen_q * heads, group, heads, 1),
-        k_max=_row_norm_max(k, 1).reshape(-1), scale=case.softmax_scale, softcap=case.softcap,
+        k_max=k_max.reshape(-1), scale=case.softmax_scale, softcap=case.softcap,
     )
     result = {"out": out, "lse": lse}
     if want_scales:
@@ -578,7 +716,7 @@ def direct_forward(case, q, k, v, lo, hi, rho: float, want_scales: bool) -> dict
         result["out_scale"], result["lse_scale"] = forward_scale_formulas(
             rho=rho,
             p_norm=p_norm,
-            v_max=_row_norm_max(v, 1).repeat_interleave(group, dim=1)[:, None, :],  # [B, 1, H]
+            v_max=v_max.repeat_interleave(group, dim=1)[:, None, :],  # [B, 1, H]
             score_bound=score_bound,
             accumulation=accumulation,
             out_norm=out_norm,

@@ -226,7 +226,14 @@ def main() -> None:
     except Exception as exc:  # noqa: BLE001
         report["triton_fused_ms"] = f"{type(exc).__name__}: {str(exc)[:300]}"
     report["configs"] = {}
+    source = _cuda_fwd._SOURCE
     for config in args.configs:
+        # "W,N,B[,QK,PV]:noexp": timing only, exp() of the scores replaced by a scaling (wrong
+        # results): how much of the kernel's time the float64 exp takes
+        config, _, diag = config.partition(":")
+        _cuda_fwd._SOURCE = source.replace("exp(s[j][e] - shift_use[h])", "(s[j][e] - shift_use[h]) * 1e-3") \
+            if diag == "noexp" else source
+        _cuda_fwd._kernel.cache_clear()
         os.environ["ATTNFUZZ_CUDA_CONFIG"] = config
         tile = _cuda_fwd._config()
         if _cuda_fwd.smem_bytes(case.head_dim, case.head_dim_v, tile) * tile.min_blocks > 228 * 1024:
@@ -239,6 +246,10 @@ def main() -> None:
             ms = time_ms(lambda: _cuda_fwd.dense_forward(dense, False))
             direct = lambda: _cuda_fwd.direct_forward(case, inputs.q, inputs.k, inputs.v, lo, hi, 1.0, False)
             direct_ms = time_ms(direct)
+            if diag:
+                report["configs"][f"{config}:{diag}"] = {"dense_ms": ms, "direct_ms": direct_ms}
+                print(config, diag, report["configs"][f"{config}:{diag}"], flush=True)
+                continue
             report["configs"][config] = {"dense_ms": ms, "dense_tflops": tflop / (ms / 1e3), "max_abs_diff": diff,
                                          "direct_ms": direct_ms, "direct_tflops": tflop / (direct_ms / 1e3),
                                          "max_rel_diff_small_cases": small_case_error()}
@@ -246,6 +257,8 @@ def main() -> None:
             report["configs"][config] = f"{type(exc).__name__}: {str(exc)[:500]}"
         print(config, report["configs"][config], flush=True)
     os.environ.pop("ATTNFUZZ_CUDA_CONFIG", None)
+    _cuda_fwd._SOURCE = source
+    _cuda_fwd._kernel.cache_clear()
     if args.profile:
         from oracle.reference import reference
 

@@ -20,12 +20,12 @@ oracle)
     O=$W/oracle; mkdir -p $O
     export CUDA_VISIBLE_DEVICES=0
     nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu --format=csv > $O/gpu.txt
-    timeout 150 python3 benchmarks/gpu/dmma_probe.py --skip-dmma --configs ${CONFIGS:-8,32,1} \
+    timeout ${PROBE_TIMEOUT:-150} python3 benchmarks/gpu/dmma_probe.py --skip-dmma --configs ${CONFIGS:-8,32,1} ${PROBE_ARGS:-} \
         --json $O/probe.json > $O/probe.log 2>&1
     BEST=$(python3 - $O/probe.json <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
-ok = {k: v for k, v in r["configs"].items() if isinstance(v, dict) and v["max_rel_diff_small_cases"] < 1e-12}
+ok = {k: v for k, v in r["configs"].items() if isinstance(v, dict) and v.get("max_rel_diff_small_cases", 1.0) < 1e-12}
 print(min(ok, key=lambda k: ok[k]["direct_ms"]) if ok else "")
 PY
 )

@@ -139,3 +139,19 @@ def test_the_online_maximum_matches_the_torch_path(fields, monkeypatch):
     assert fast.engine == "cuda", oracle.reference.cuda_fallback_error
     torch.testing.assert_close(fast.out, plain.out, **FLOAT64_CLOSE)
     torch.testing.assert_close(fast.lse, plain.lse, **FLOAT64_CLOSE)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64])
+@pytest.mark.parametrize("head_dim", [24, 7], ids=["4-element-loads", "scalar-loads"])
+def test_kv_float64_copies_exactly_and_takes_the_largest_row_norm(dtype, head_dim):
+    reason = _cuda_reason()
+    if reason:
+        pytest.skip(reason)
+    x = torch.randn(3, 40, 2, 5, head_dim, device="cuda").to(dtype)[:, :, 1]  # strided [B, S, H, D] view
+    x64, norm_max = _cuda_fwd._kv_float64(x, 32)
+    assert x64.dtype == torch.float64 and x64.is_contiguous() and x64.shape == (*x.shape[:3], 32)
+    assert torch.equal(x64[..., :head_dim], x.to(torch.float64))
+    assert bool((x64[..., head_dim:] == 0).all())  # the padding the kernel copies in 16-byte chunks
+    want = torch.linalg.vector_norm(x.to(torch.float64), dim=-1).amax(dim=1)
+    torch.testing.assert_close(norm_max, want, rtol=1e-14, atol=0)
