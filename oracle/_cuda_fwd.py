@@ -189,7 +189,6 @@ attn_fwd_f64(const q_t* __restrict__ Q, const double* __restrict__ K, const doub
     if (tid == 0) { s_kstart = seqlen_k; s_kend = 0; }
     __syncthreads();
     {
-        const q_t* Qb = Q + batch * STRIDE(0) + kvh * STRIDE(1);
         const long long q_ss = STRIDE(2), q_sg = STRIDE(3);
         for (int r = tid; r < BLOCK_M; r += NTHREADS) {  // one division by group per row
             const int row = m0 + r;
@@ -203,7 +202,35 @@ attn_fwd_f64(const q_t* __restrict__ Q, const double* __restrict__ K, const doub
             s_qrow[r] = offset;
         }
         __syncthreads();
-        #pragma unroll 4
+    }
+    const int kstart = (s_kstart / BLOCK_N) * BLOCK_N, kend = s_kend;
+    // K and V rows hold D_PAD / DV_PAD float64 (zero-padded, 16-byte aligned: `_launch` checks):
+    // 16-byte cp.async chunks, only the key is bounds-checked
+    #define ISSUE_K(N0) do { \
+        _Pragma("unroll") \
+        for (int idx = tid; idx < BLOCK_N * (D_PAD / 2); idx += NTHREADS) { \
+            const int r = idx / (D_PAD / 2), c = 2 * (idx - r * (D_PAD / 2)), key = (N0) + r; \
+            const bool ok = key < seqlen_k; \
+            cp_async16(Ks + r * QS + c, Kb + (ok ? key * k_ss + c : 0), ok); \
+        } \
+        cp_async_commit(); \
+    } while (0)
+    #define ISSUE_V(N0) do { \
+        _Pragma("unroll") \
+        for (int idx = tid; idx < BLOCK_N * (DV_PAD / 2); idx += NTHREADS) { \
+            const int r = idx / (DV_PAD / 2), c = 2 * (idx - r * (DV_PAD / 2)), key = (N0) + r; \
+            const bool ok = key < seqlen_k; \
+            cp_async16(Vs + r * VS + c, Vb + (ok ? key * v_ss + c : 0), ok); \
+        } \
+        cp_async_commit(); \
+    } while (0)
+    if (kstart < kend) {  // the first K and V tiles load while Q is staged
+        ISSUE_K(kstart);
+        ISSUE_V(kstart);
+    }
+    {
+        const q_t* Qb = Q + batch * STRIDE(0) + kvh * STRIDE(1);
+        #pragma unroll 8
         for (int idx = tid; idx < BLOCK_M * D_PAD; idx += NTHREADS) {
             const int r = idx / D_PAD, c = idx - r * D_PAD;
             const long long offset = s_qrow[r];
@@ -211,7 +238,6 @@ attn_fwd_f64(const q_t* __restrict__ Q, const double* __restrict__ K, const doub
         }
     }
     __syncthreads();
-    const int kstart = (s_kstart / BLOCK_N) * BLOCK_N, kend = s_kend;
 
     // this thread's two rows: warp*16 + g (half 0) and warp*16 + g + 8 (half 1)
     int row_of[2], lo_of[2], hi_of[2];
@@ -256,31 +282,7 @@ attn_fwd_f64(const q_t* __restrict__ Q, const double* __restrict__ K, const doub
 
     // float64 K/V through cp.async (zero-filled outside the tensors): K(n+1) is fetched while
     // P V(n) runs and V(n+1) while Q K(n+1)^T runs (FA2-style single buffers)
-    // K and V rows hold D_PAD / DV_PAD float64 (zero-padded, 16-byte aligned: `_launch` checks):
-    // 16-byte cp.async chunks, only the key is bounds-checked
-    #define ISSUE_K(N0) do { \
-        _Pragma("unroll") \
-        for (int idx = tid; idx < BLOCK_N * (D_PAD / 2); idx += NTHREADS) { \
-            const int r = idx / (D_PAD / 2), c = 2 * (idx - r * (D_PAD / 2)), key = (N0) + r; \
-            const bool ok = key < seqlen_k; \
-            cp_async16(Ks + r * QS + c, Kb + (ok ? key * k_ss + c : 0), ok); \
-        } \
-        cp_async_commit(); \
-    } while (0)
-    #define ISSUE_V(N0) do { \
-        _Pragma("unroll") \
-        for (int idx = tid; idx < BLOCK_N * (DV_PAD / 2); idx += NTHREADS) { \
-            const int r = idx / (DV_PAD / 2), c = 2 * (idx - r * (DV_PAD / 2)), key = (N0) + r; \
-            const bool ok = key < seqlen_k; \
-            cp_async16(Vs + r * VS + c, Vb + (ok ? key * v_ss + c : 0), ok); \
-        } \
-        cp_async_commit(); \
-    } while (0)
-    if (kstart < kend) {
-        ISSUE_K(kstart);
-        ISSUE_V(kstart);
-    }
-    cp_async_wait_all();
+    cp_async_wait_all();  // K(kstart), V(kstart)
     __syncthreads();
     for (int n0 = kstart; n0 < kend; n0 += BLOCK_N) {
         const bool more = n0 + BLOCK_N < kend;

@@ -31,10 +31,10 @@ PY
 )
     echo "best config: ${BEST:-none}" | tee $O/best.txt
     if [ -n "$BEST" ]; then export ATTNFUZZ_CUDA_CONFIG=$BEST; fi
-    timeout 120 python3 -m pytest -q -p no:cacheprovider -o addopts='' tests/oracle/test_cuda_fwd.py \
+    timeout ${PYTEST_TIMEOUT:-120} python3 -m pytest -q -p no:cacheprovider -o addopts='' ${PYTEST_PATHS:-tests/oracle/test_cuda_fwd.py} \
         > $O/pytest.log 2>&1; tail -3 $O/pytest.log
     timeout 120 python3 benchmarks/oracle_bench.py --device cuda --sizes b4,s4096,h16,d128,causal \
-        b2,s4096,h32,kv8,d128,causal --engines torch,triton,cuda --repeats 5 --json $O/bench.json \
+        b2,s4096,h32,kv8,d128,causal --engines torch,triton,cuda --repeats ${BENCH_REPEATS:-5} --json $O/bench.json \
         > $O/bench.log 2>&1
     grep -v '^ *"\|^ *}' $O/probe.log | cut -c1-300 | head -12; tail -9 $O/bench.log
     tar -czf $OUT/oracle.tar.gz -C $W oracle
