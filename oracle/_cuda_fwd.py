@@ -18,8 +18,10 @@ Two entry points, one kernel (strided: it reads any layout with a contiguous las
   Sk, D]``, ``v [B*Hkv, Sk, Dv]``, per-token key bounds ``lo``/``hi [Sq] int64``); used when the
   backward follows (it needs the grouped copies anyway).
 * `direct_forward`: forward only, straight on the canonical ``[B, S, H, D]`` inputs in their own
-  dtype (q is converted and scaled in float64 as the kernel stages it; float64 copies of k and v in
-  their own layout), writing ``out [B, Sq, H, Dv]`` and ``lse [B, H, Sq]`` in place.
+  dtype (q is converted and scaled in float64 as the kernel stages it), writing ``out [B, Sq, H,
+  Dv]`` and ``lse [B, H, Sq]`` in place; k and v become contiguous float64 copies with rows
+  zero-padded to ``D_PAD``/``DV_PAD``, made together with ``max_j ||k_j||`` and ``max_j ||v_j||`` by
+  one small kernel (`_kv_float64`).
 
 Arithmetic: float64 throughout (products and sums in the DMMA unit are IEEE float64 fused
 multiply-adds; ``exp``/``log``/``tanh``/``sqrt`` are CUDA's float64 functions); every bf16, fp16
@@ -31,21 +33,27 @@ the warp exceeds `oracle.reference.SAFE_SHIFT_BOUND`, else the online maximum wi
 Algorithm 1 lines 9-10). Both give the softmax to float64 rounding.
 
 Kernel layout: one CTA of ``NWARPS`` warps takes ``16 * NWARPS`` grouped rows of one (batch, kv
-head); Q stays in shared memory, K and V tiles of ``BLOCK_N`` keys stream through cp.async, K(n+1)
-fetched during P V(n) and V(n+1) during Q K(n+1)^T; each warp owns 16 rows, keeps its output
-accumulator (``16 x head_dim_v``) and score tile (``16 x BLOCK_N``) in registers, and feeds the
-score accumulator straight back as the A operand of ``P @ V`` by ordering keys inside each 8-key
-chunk as ``(2t, 2t + 1) -> (t, t + 4)`` (no shuffles; the order of a sum's terms is all that
-changes). Only key tiles inside ``[min lo, max hi)`` of the CTA's rows are visited; CTAs run
-heaviest first. Shared-memory rows are padded so that fragment loads are free of bank conflicts.
+head); Q stays in shared memory (each row's offset in Q computed once), K and V tiles of
+``BLOCK_N`` keys stream through 16-byte cp.async chunks of zero-padded rows (only the key is
+bounds-checked), K(n+1) fetched during P V(n) and V(n+1) during Q K(n+1)^T, the first tiles while Q
+is staged; each warp owns 16 rows, keeps its output accumulator (``16 x head_dim_v``) and score
+tile (``16 x BLOCK_N``) in registers, and feeds the score accumulator straight back as the A
+operand of ``P @ V`` by ordering keys inside each 8-key chunk as ``(2t, 2t + 1) -> (t, t + 4)`` (no
+shuffles; the order of a sum's terms is all that changes). Only key tiles inside ``[min lo, max
+hi)`` of the CTA's rows are visited; CTAs run heaviest first. Shared-memory rows are padded so that
+fragment loads are free of bank conflicts.
 
-Measured on an H200 (b4 s4096 h16 d128 causal bf16, 2026-11-30, `benchmarks/gpu/results-2026-11-30/`):
-the default tile ``TileConfig(8, 32, 1)`` runs `dense_forward` in 9.2 ms and `direct_forward` (its
-k/v copies included) in 9.4 ms, about 29-30 TFLOP/s of float64 (45% of the m16n8k16 rate); variants measured
-slower and then removed: 4-warp CTAs two per SM with one K/V buffer 11.2 ms, two accumulator chains
-per score tile 9.8 ms, a transposed V tile with 16-byte loads 11.5-12.0 ms, bf16 K/V converted in
-the kernel 9.9-11.6 ms. `oracle.reference.reference(engine="cuda")` takes 10.0 ms in all (error scales
-included), against 47.7 ms for the naive float64 reference and 13.5 ms for the Triton engine.
+Measured on an H200 (b4 s4096 h16 d128 causal bf16, 2026-11-30, fourth session,
+`benchmarks/gpu/results-2026-11-30-s4/`): the default tile ``TileConfig(8, 32, 1)`` runs
+`dense_forward` in 8.5-8.6 ms and `direct_forward` (its k/v copies included) in 8.6-9.0 ms, about
+32 TFLOP/s of float64 (48% of the m16n8k16 rate; Nsight Compute: 2 warps per scheduler, the float64
+tensor pipe active 51% of cycles before the last changes); `oracle.reference.reference(engine="cuda")`
+takes 8.7-9.0 ms in all (error scales included), 5.3-5.5x faster than the naive float64 reference
+(47.8-48.0 ms) and 1.5x faster than the Triton engine. Variants measured and removed: 4-warp CTAs two
+per SM with one K/V buffer 11.2 ms, two accumulator chains per score tile 9.8 ms, a transposed V
+tile with 16-byte loads 11.5-12.0 ms, bf16 K/V converted in the kernel 9.9-11.6 ms, 16-byte Q/K/V
+fragment loads through permuted indices (register spills, +5-13%), a table-driven exp (Tang 1989)
+and exp interleaved with P V by 16-key chunk (no gain).
 
 Limits: compute capability 9.0 or newer (sm_90 DMMA shapes), ``head_dim``/``head_dim_v`` <= 128
 (register budget), bshd/sbhd, a torch with ``torch.cuda._compile_kernel``. `unsupported_reason`

@@ -14,7 +14,9 @@ Usage::
    tile config (`oracle._cuda_fwd.TileConfig` fields, comma-separated), with its float64 TFLOP/s
    (``4 * visible scores * head_dim``), and the largest relative difference from the torch path
    over a set of small cases (GQA, softcap, windows, unsafe shift, odd sizes; out, lse, error
-   scales, both paths): a config is only worth timing if that stays at float64 rounding.
+   scales, both paths): a config is only worth timing if that stays at float64 rounding. A config
+   written ``W,N,B:noexp`` is timed with the scores' ``exp`` replaced by a multiply (wrong results,
+   no accuracy check): what the float64 exp costs.
 4. With ``--profile``: the torch profiler's table of ``oracle.reference.reference(engine="cuda")``
    at the same size (what the time outside the kernel goes to).
 """

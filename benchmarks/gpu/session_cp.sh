@@ -3,7 +3,9 @@
 #   oracle        the CUDA oracle engine on GPU 0 (needs only torch): tile configs timed and checked
 #                 against the torch path (benchmarks/gpu/dmma_probe.py), the fastest config that
 #                 stays at float64 rounding run through tests/oracle/test_cuda_fwd.py and
-#                 benchmarks/oracle_bench.py; results in $OUT/oracle.tar.gz
+#                 benchmarks/oracle_bench.py; results in $OUT/oracle.tar.gz. Environment: CONFIGS
+#                 (tile configs to probe), PROBE_ARGS (e.g. --profile), PROBE_TIMEOUT, PYTEST_PATHS
+#                 (default tests/oracle/test_cuda_fwd.py), PYTEST_TIMEOUT, BENCH_REPEATS
 #   setup         after gpu_stage.py install: attnfuzz backends
 #   start SECONDS the CP campaign (issue 5): te-fa4 and te-fused, cp_size drawn by the worker
 #                 (ranks on GPUs 0 and 1), from an empty database, in the background
