@@ -12,7 +12,7 @@ start)
     rm -f /tmp/attnfuzz-campaign.db*
     python3 -m service.cli backends > /tmp/attnfuzz-backends.txt 2>&1
     setsid nohup python3 -m service.cli fuzz --db "$DB" --time-budget "${2:-620}" --quiet \
-        --max-seqlen 2048 --max-work 268435456 --shrink-deadline 90 \
+        --max-seqlen 2048 --max-work 268435456 --shrink-deadline "${SHRINK_DEADLINE:-90}" \
         --backend fa4 --backend te-fa4 --backend te-fused --backend te-unfused \
         --backend torch-sdpa-math --backend torch-sdpa-flash --backend torch-sdpa-efficient \
         --backend torch-sdpa-cudnn > "$LOG" 2>&1 < /dev/null &
