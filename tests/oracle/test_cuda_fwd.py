@@ -155,3 +155,24 @@ def test_kv_float64_copies_exactly_and_takes_the_largest_row_norm(dtype, head_di
     assert bool((x64[..., head_dim:] == 0).all())  # the padding the kernel copies in 16-byte chunks
     want = torch.linalg.vector_norm(x.to(torch.float64), dim=-1).amax(dim=1)
     torch.testing.assert_close(norm_max, want, rtol=1e-14, atol=0)
+
+
+def test_launch_refuses_k_v_rows_that_are_not_zero_padded():
+    """The kernel copies K/V rows in 16-byte chunks of D_PAD / DV_PAD float64 without a column
+    check: a k or v that is not padded (or not 16-byte aligned) must be refused before any launch."""
+    q = torch.zeros(1, 4, 1, 20, dtype=torch.bfloat16)
+    k_unpadded = torch.zeros(1, 4, 1, 20, dtype=torch.float64)  # D_PAD of 20 is 32
+    v = torch.zeros(1, 4, 1, 24, dtype=torch.float64)  # DV_PAD of 24 is 24
+    common = dict(batch=1, num_heads_kv=1, group=1, seqlen_q=4, seqlen_k=4, head_dim_v=24,
+                  q_strides=(80, 20, 20, 20), v_strides=(96, 24, 24), out=None, o_strides=(0, 0, 0, 0), lse=None,
+                  l_strides=(0, 0, 0, 0), rows_shape=(1, 4, 1), r_strides=(0, 0, 0, 0), k_max=None, scale=1.0,
+                  softcap=None)
+    lo, hi = torch.zeros(4, dtype=torch.int64), torch.full((4,), 4, dtype=torch.int64)
+    with pytest.raises(RuntimeError, match="k must have 16-byte aligned rows of 32 float64"):
+        _cuda_fwd._launch(q, k_unpadded, v, lo, hi, k_strides=(80, 20, 20), **common)
+    k_padded = _cuda_fwd._padded_rows(k_unpadded, 32)
+    assert k_padded.shape[-1] == 32 and bool((k_padded[..., 20:] == 0).all())
+    odd_rows = torch.zeros(1, 4, 1, 25, dtype=torch.float64)[..., :24]  # row stride 25: not 16-byte aligned
+    with pytest.raises(RuntimeError, match="v must have 16-byte aligned rows of 24 float64"):
+        _cuda_fwd._launch(q, k_padded, odd_rows, lo, hi, k_strides=(128, 32, 32),
+                          **{**common, "v_strides": (100, 25, 25)})
