@@ -94,37 +94,51 @@ def unsupported_reason(case, q: torch.Tensor) -> str | None:
     return None
 
 
-_SOURCE = r"""
+# How an input element becomes a float64, exactly (both kernels): ELEM_KIND 0 float64, 1 float32,
+# 2 bfloat16 bits (the top half of a float32), 3 float16 bits (`_KIND`).
+_ELEMENT_SOURCE = r"""
+#if ELEM_KIND == 0
+typedef double elem_t;
+#define ELEM_F64(x) ((double)(x))
+#elif ELEM_KIND == 1
+typedef float elem_t;
+#define ELEM_F64(x) ((double)(x))
+#else
+typedef unsigned short elem_t;
+__device__ __forceinline__ double elem_to_f64(unsigned short x) {
+    float f;
+#if ELEM_KIND == 2
+    f = __uint_as_float(((unsigned int)x) << 16);
+#else
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x));
+#endif
+    return (double)f;
+}
+#define ELEM_F64(x) elem_to_f64(x)
+#endif
+"""
+
+# The sm_90 float64 MMA (PTX ISA "Matrix shape" m16n8k16 .f64): D += A B, A 16x16 row-major in
+# a[0..7], B 16x8 column-major in b[0..3], D 16x8 in d[0..3] (fragment layouts: PTX ISA, "Matrix
+# Fragments for mma.m16n8k16 with floating point type"); also used by benchmarks/gpu/dmma_probe.py.
+_DMMA_SOURCE = r"""
+__device__ __forceinline__ void dmma16816(double (&d)[4], const double (&a)[8], const double (&b)[4]) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f64.f64.f64.f64 {%0,%1,%2,%3}, {%4,%5,%6,%7,%8,%9,%10,%11}, "
+        "{%12,%13,%14,%15}, {%0,%1,%2,%3};\n"
+        : "+d"(d[0]), "+d"(d[1]), "+d"(d[2]), "+d"(d[3])
+        : "d"(a[0]), "d"(a[1]), "d"(a[2]), "d"(a[3]), "d"(a[4]), "d"(a[5]), "d"(a[6]), "d"(a[7]),
+          "d"(b[0]), "d"(b[1]), "d"(b[2]), "d"(b[3]));
+}
+"""
+
+_SOURCE = _ELEMENT_SOURCE + _DMMA_SOURCE + r"""
 #define NTHREADS (NWARPS * 32)
 #define BLOCK_M (NWARPS * 16)
 #define NT (BLOCK_N / 8)
 #define NTV (DV_PAD / 8)
 #define QS (D_PAD + 4)
 #define VS (DV_PAD + 2)
-
-// How a q element becomes a float64, exactly: kind 0 float64, 1 float32, 2 bfloat16 bits
-// (the top half of a float32), 3 float16 bits.
-__device__ __forceinline__ double to_f64(double x) { return x; }
-__device__ __forceinline__ double to_f64(float x) { return (double)x; }
-__device__ __forceinline__ double bits_to_f64(unsigned short x, int kind) {
-    float f;
-    if (kind == 2) {
-        f = __uint_as_float(((unsigned int)x) << 16);
-    } else {
-        asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x));
-    }
-    return (double)f;
-}
-#if Q_KIND == 0
-typedef double q_t;
-#define Q_F64(x) to_f64(x)
-#elif Q_KIND == 1
-typedef float q_t;
-#define Q_F64(x) to_f64(x)
-#else
-typedef unsigned short q_t;
-#define Q_F64(x) bits_to_f64((x), Q_KIND)
-#endif
 
 __device__ __forceinline__ void cp_async16(double* dst, const double* src, bool ok) {
     unsigned int saddr = (unsigned int)__cvta_generic_to_shared(dst);
@@ -134,14 +148,6 @@ __device__ __forceinline__ void cp_async16(double* dst, const double* src, bool 
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
 
-__device__ __forceinline__ void dmma16816(double (&d)[4], const double (&a)[8], const double (&b)[4]) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f64.f64.f64.f64 {%0,%1,%2,%3}, {%4,%5,%6,%7,%8,%9,%10,%11}, "
-        "{%12,%13,%14,%15}, {%0,%1,%2,%3};\n"
-        : "+d"(d[0]), "+d"(d[1]), "+d"(d[2]), "+d"(d[3])
-        : "d"(a[0]), "d"(a[1]), "d"(a[2]), "d"(a[3]), "d"(a[4]), "d"(a[5]), "d"(a[6]), "d"(a[7]),
-          "d"(b[0]), "d"(b[1]), "d"(b[2]), "d"(b[3]));
-}
 
 // O += P V for keys 16 kc .. 16 kc + 15 of the tile, the A operand straight from the score
 // accumulators: inside each 8-key chunk the MMA's k index t (t + 4) is key 2t (2t + 1), which is
@@ -166,7 +172,7 @@ __device__ __forceinline__ void dmma16816(double (&d)[4], const double (&a)[8], 
 // blockIdx.y = batch * num_heads_kv + kv head. Q/OUT: (batch, kv head, token, member); K/V: (batch,
 // kv head, key); per-row values: LSE with the l_* strides, PNORM and SHIFT with the r_* strides.
 extern "C" __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS)
-attn_fwd_f64(const q_t* __restrict__ Q, const double* __restrict__ K, const double* __restrict__ V,
+attn_fwd_f64(const elem_t* __restrict__ Q, const double* __restrict__ K, const double* __restrict__ V,
              const long long* __restrict__ LO, const long long* __restrict__ HI,
              double* __restrict__ OUT, double* __restrict__ LSE, double* __restrict__ PNORM,
              double* __restrict__ ONORM, double* __restrict__ SBOUND, const double* __restrict__ KMAX,
@@ -214,35 +220,28 @@ attn_fwd_f64(const q_t* __restrict__ Q, const double* __restrict__ K, const doub
     const int kstart = (s_kstart / BLOCK_N) * BLOCK_N, kend = s_kend;
     // K and V rows hold D_PAD / DV_PAD float64 (zero-padded, 16-byte aligned: `_launch` checks):
     // 16-byte cp.async chunks, only the key is bounds-checked
-    #define ISSUE_K(N0) do { \
+    #define ISSUE_TILE(DST, ROW, SRC, SRC_ROW, PAD, N0) do { \
         _Pragma("unroll") \
-        for (int idx = tid; idx < BLOCK_N * (D_PAD / 2); idx += NTHREADS) { \
-            const int r = idx / (D_PAD / 2), c = 2 * (idx - r * (D_PAD / 2)), key = (N0) + r; \
+        for (int idx = tid; idx < BLOCK_N * ((PAD) / 2); idx += NTHREADS) { \
+            const int r = idx / ((PAD) / 2), c = 2 * (idx - r * ((PAD) / 2)), key = (N0) + r; \
             const bool ok = key < seqlen_k; \
-            cp_async16(Ks + r * QS + c, Kb + (ok ? key * k_ss + c : 0), ok); \
+            cp_async16((DST) + r * (ROW) + c, (SRC) + (ok ? key * (SRC_ROW) + c : 0), ok); \
         } \
         cp_async_commit(); \
     } while (0)
-    #define ISSUE_V(N0) do { \
-        _Pragma("unroll") \
-        for (int idx = tid; idx < BLOCK_N * (DV_PAD / 2); idx += NTHREADS) { \
-            const int r = idx / (DV_PAD / 2), c = 2 * (idx - r * (DV_PAD / 2)), key = (N0) + r; \
-            const bool ok = key < seqlen_k; \
-            cp_async16(Vs + r * VS + c, Vb + (ok ? key * v_ss + c : 0), ok); \
-        } \
-        cp_async_commit(); \
-    } while (0)
+    #define ISSUE_K(N0) ISSUE_TILE(Ks, QS, Kb, k_ss, D_PAD, N0)
+    #define ISSUE_V(N0) ISSUE_TILE(Vs, VS, Vb, v_ss, DV_PAD, N0)
     if (kstart < kend) {  // the first K and V tiles load while Q is staged
         ISSUE_K(kstart);
         ISSUE_V(kstart);
     }
     {
-        const q_t* Qb = Q + batch * STRIDE(0) + kvh * STRIDE(1);
+        const elem_t* Qb = Q + batch * STRIDE(0) + kvh * STRIDE(1);
         #pragma unroll 8
         for (int idx = tid; idx < BLOCK_M * D_PAD; idx += NTHREADS) {
             const int r = idx / D_PAD, c = idx - r * D_PAD;
             const long long offset = s_qrow[r];
-            Qs[r * QS + c] = (offset >= 0 && c < head_dim) ? Q_F64(Qb[offset + c]) * scale : 0.0;
+            Qs[r * QS + c] = (offset >= 0 && c < head_dim) ? ELEM_F64(Qb[offset + c]) * scale : 0.0;
         }
     }
     __syncthreads();
@@ -414,30 +413,11 @@ attn_fwd_f64(const q_t* __restrict__ Q, const double* __restrict__ K, const doub
 }
 """
 
-_KV_SOURCE = r"""
-// X [B, S, H, D] (strides X_STRIDES, last dim contiguous, X_KIND as Q_KIND) -> Y contiguous float64
-// [B, S, H, D], exact; NMAX[b * H + h] = the bits of max_s ||x[b, s, h, :]|| (float64; norms are >= 0,
-// so their bit patterns order as the values: atomicMax on the bits). One warp per row.
-#if X_KIND == 0
-typedef double x_t;
-#define X_F64(x) (x)
-#elif X_KIND == 1
-typedef float x_t;
-#define X_F64(x) ((double)(x))
-#else
-typedef unsigned short x_t;
-__device__ __forceinline__ double half_bits_to_f64(unsigned short x) {
-    float f;
-#if X_KIND == 2
-    f = __uint_as_float(((unsigned int)x) << 16);
-#else
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x));
-#endif
-    return (double)f;
-}
-#define X_F64(x) half_bits_to_f64(x)
-#endif
-extern "C" __global__ void kv_to_f64(const x_t* __restrict__ X, double* __restrict__ Y,
+_KV_SOURCE = _ELEMENT_SOURCE + r"""
+// X [B, S, H, D] (strides X_STRIDES, last dim contiguous, element kind ELEM_KIND) -> Y contiguous float64
+// [B, S, H, pad], exact, zeros past D; NMAX[b * H + h] = the bits of max_s ||x[b, s, h, :]|| (float64;
+// norms are >= 0, so their bit patterns order as the values: atomicMax on the bits).
+extern "C" __global__ void kv_to_f64(const elem_t* __restrict__ X, double* __restrict__ Y,
                                      unsigned long long* __restrict__ NMAX, const long long* __restrict__ X_STRIDES,
                                      int seqlen, int heads, int dim, int pad, int vec4) {
     // grid (ceil(seqlen / 256), heads, batch): warp w takes rows s0 .. s0 + 31 of one (batch, head),
@@ -445,29 +425,29 @@ extern "C" __global__ void kv_to_f64(const x_t* __restrict__ X, double* __restri
     const int b = blockIdx.z, h = blockIdx.y, lane = threadIdx.x & 31;
     const int s0 = blockIdx.x * 256 + (threadIdx.x >> 5) * 32;
     if (s0 >= seqlen) return;
-    const x_t* xb = X + b * X_STRIDES[0] + h * X_STRIDES[2];
+    const elem_t* xb = X + b * X_STRIDES[0] + h * X_STRIDES[2];
     const long long s_stride = X_STRIDES[1];
     double best = 0.0;
     #pragma unroll 4
     for (int i = 0; i < 32; ++i) {
         const int s = s0 + i;
         if (s < seqlen) {
-            const x_t* x = xb + s * s_stride;
+            const elem_t* x = xb + s * s_stride;
             double* y = Y + (((long long)b * seqlen + s) * heads + h) * pad;
             double sq = 0.0;
             if (vec4) {  // dim % 4 == 0, 4-element-aligned rows (pad % 4 == 0 always)
                 for (int c = 4 * lane; c < pad; c += 128) {
                     double v[4] = {0.0, 0.0, 0.0, 0.0};
                     if (c < dim) {
-#if X_KIND == 0
+#if ELEM_KIND == 0
                         const double2 p = *(const double2*)(x + c), q = *(const double2*)(x + c + 2);
                         v[0] = p.x; v[1] = p.y; v[2] = q.x; v[3] = q.y;
-#elif X_KIND == 1
+#elif ELEM_KIND == 1
                         const float4 p = *(const float4*)(x + c);
                         v[0] = p.x; v[1] = p.y; v[2] = p.z; v[3] = p.w;
 #else
                         const ushort4 p = *(const ushort4*)(x + c);
-                        v[0] = X_F64(p.x); v[1] = X_F64(p.y); v[2] = X_F64(p.z); v[3] = X_F64(p.w);
+                        v[0] = ELEM_F64(p.x); v[1] = ELEM_F64(p.y); v[2] = ELEM_F64(p.z); v[3] = ELEM_F64(p.w);
 #endif
                     }
                     *(double2*)(y + c) = make_double2(v[0], v[1]);
@@ -477,7 +457,7 @@ extern "C" __global__ void kv_to_f64(const x_t* __restrict__ X, double* __restri
                 }
             } else {
                 for (int c = lane; c < pad; c += 32) {
-                    const double v = c < dim ? X_F64(x[c]) : 0.0;
+                    const double v = c < dim ? ELEM_F64(x[c]) : 0.0;
                     y[c] = v;
                     sq = fma(v, v, sq);
                 }
@@ -495,7 +475,7 @@ extern "C" __global__ void kv_to_f64(const x_t* __restrict__ X, double* __restri
 
 @functools.lru_cache(maxsize=None)
 def _kv_kernel(x_kind: int, capability: str):
-    return _compiler()(f"#define X_KIND {x_kind}\n" + _KV_SOURCE, "kv_to_f64", compute_capability=capability)
+    return _compiler()(f"#define ELEM_KIND {x_kind}\n" + _KV_SOURCE, "kv_to_f64", compute_capability=capability)
 
 
 def _kv_float64(x: torch.Tensor, pad: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -525,7 +505,7 @@ _PRELUDE = (
     "#define SAFE_SHIFT_BOUND 170.0\n"  # oracle.reference.SAFE_SHIFT_BOUND (checked in _kernel)
 )
 
-# torch dtype -> Q_KIND of the kernel (how a q element becomes a float64, exactly)
+# torch dtype -> ELEM_KIND of the kernels (how an input element becomes a float64, exactly)
 _KIND = {torch.float64: 0, torch.float32: 1, torch.bfloat16: 2, torch.float16: 3}
 
 
@@ -569,7 +549,7 @@ def _kernel(d_pad: int, dv_pad: int, config: TileConfig, q_kind: int, capability
         raise RuntimeError("SAFE_SHIFT_BOUND of the kernel differs from oracle.reference's")
     defines = (
         f"#define D_PAD {d_pad}\n#define DV_PAD {dv_pad}\n#define NWARPS {config.warps}\n"
-        f"#define BLOCK_N {config.block_n}\n#define MIN_BLOCKS {config.min_blocks}\n#define Q_KIND {q_kind}\n"
+        f"#define BLOCK_N {config.block_n}\n#define MIN_BLOCKS {config.min_blocks}\n#define ELEM_KIND {q_kind}\n"
     )
     kernel = _compiler()(_PRELUDE + defines + _SOURCE, "attn_fwd_f64", compute_capability=capability)
     if not hasattr(kernel, "set_shared_memory_config"):

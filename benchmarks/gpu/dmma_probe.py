@@ -72,14 +72,6 @@ _MMA_MACROS = {
 }
 
 _LAYOUT = r"""
-__device__ __forceinline__ void dmma16816(double (&d)[4], const double (&a)[8], const double (&b)[4]) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f64.f64.f64.f64 {%0,%1,%2,%3}, {%4,%5,%6,%7,%8,%9,%10,%11}, "
-        "{%12,%13,%14,%15}, {%0,%1,%2,%3};\n"
-        : "+d"(d[0]), "+d"(d[1]), "+d"(d[2]), "+d"(d[3])
-        : "d"(a[0]), "d"(a[1]), "d"(a[2]), "d"(a[3]), "d"(a[4]), "d"(a[5]), "d"(a[6]), "d"(a[7]),
-          "d"(b[0]), "d"(b[1]), "d"(b[2]), "d"(b[3]));
-}
 // A [16][16] row-major, B [16][8] row-major (k, n), D [16][8]
 extern "C" __global__ void layout_check(const double* A, const double* B, double* D) {
     int lane = threadIdx.x, g = lane >> 2, t = lane & 3;
@@ -113,7 +105,9 @@ def throughput(shape: str) -> float:
 
 
 def layout_error() -> float:
-    kernel = torch.cuda._compile_kernel(_LAYOUT, "layout_check")
+    from oracle._cuda_fwd import _DMMA_SOURCE  # the kernel's own MMA helper
+
+    kernel = torch.cuda._compile_kernel(_DMMA_SOURCE + _LAYOUT, "layout_check")
     a = torch.randn(16, 16, dtype=torch.float64, device="cuda")
     b = torch.randn(16, 8, dtype=torch.float64, device="cuda")
     d = torch.full((16, 8), float("nan"), dtype=torch.float64, device="cuda")

@@ -18,6 +18,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 
 def main() -> None:
+    from benchmarks.gpu.dmma_probe import time_ms
     from benchmarks.oracle_bench import make_random_inputs, parse_size
     from oracle import _cuda_fwd
     from oracle.reference import reference
@@ -35,21 +36,11 @@ def main() -> None:
         torch.cuda.synchronize()
         return
 
-    def median_ms(fn, repeats=7):
-        times = []
-        for _ in range(repeats):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            torch.cuda.synchronize()
-            times.append(start.elapsed_time(end))
-        return sorted(times)[len(times) // 2]
-
     print("config", _cuda_fwd._config())
-    print("kv_float64(k) ms", round(median_ms(lambda: _cuda_fwd._kv_float64(inputs.k, _cuda_fwd._pad(case.head_dim, 16))), 4))
-    print("k.to(float64) ms", round(median_ms(lambda: inputs.k.to(torch.float64)), 4))
-    print("reference ms", round(median_ms(lambda: reference(case, inputs, engine="cuda", backward=False)), 4))
+    pad = _cuda_fwd._pad(case.head_dim, 16)
+    print("kv_float64(k) ms", round(time_ms(lambda: _cuda_fwd._kv_float64(inputs.k, pad), repeats=7), 4))
+    print("k.to(float64) ms", round(time_ms(lambda: inputs.k.to(torch.float64), repeats=7), 4))
+    print("reference ms", round(time_ms(lambda: reference(case, inputs, engine="cuda", backward=False), repeats=7), 4))
 
 
 if __name__ == "__main__":
