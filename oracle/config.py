@@ -59,6 +59,38 @@ def cp_heads_unit(cp_size: int, cp_comm_type: str | None) -> int:
 
 MAX_HEAD_DIM = 1024
 MAX_SEED = 2**32 - 1
+MAX_INT32 = 2**31 - 1
+"""Largest ``seqlen_q``/``seqlen_k``, total token count and window size: the kernels hold token
+counts, ``cu_seqlens`` and window bounds in int32 (FlashAttention ``Flash_fwd_params``,
+TransformerEngine ``cu_seqlens`` tensors)."""
+MAX_GRID_DIM = 65535
+"""Largest ``batch_size`` and ``num_heads``: FlashAttention 2/4 and cuDNN launch one CUDA grid
+row per batch item and head (``gridDim.y``/``gridDim.z`` <= 65535)."""
+MAX_ORACLE_BYTES_ENV = "ATTNFUZZ_MAX_ORACLE_BYTES"
+DEFAULT_MAX_ORACLE_BYTES = 8 * 2**30
+"""Default bound on `AttentionCase.oracle_working_set_bytes` (8 GiB); raise it with
+``$ATTNFUZZ_MAX_ORACLE_BYTES`` (bytes) on a machine with more memory."""
+
+
+def max_oracle_bytes() -> int:
+    """The configured bound on a case's float64 oracle working set, in bytes:
+    ``$ATTNFUZZ_MAX_ORACLE_BYTES`` (a positive int), else `DEFAULT_MAX_ORACLE_BYTES`.
+
+    Raises:
+        CaseValidationError: the variable is set but not a positive integer.
+    """
+    import os
+
+    raw = os.environ.get(MAX_ORACLE_BYTES_ENV)
+    if raw is None or raw.strip() == "":
+        return DEFAULT_MAX_ORACLE_BYTES
+    try:
+        value = int(raw.strip().replace("_", ""))
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise CaseValidationError(MAX_ORACLE_BYTES_ENV, f"not a positive number of bytes: {raw!r}", "an int > 0")
+    return value
 
 
 def _check_int(name: str, value: Any, lo: int, hi: int | None = None) -> None:
@@ -112,11 +144,12 @@ class AttentionCase:
 
     def __post_init__(self) -> None:
         s = object.__setattr__
-        for name in ("batch_size", "seqlen_q", "seqlen_k", "num_heads"):
-            _check_int(name, getattr(self, name), 1)
+        for name, hi in (("batch_size", MAX_GRID_DIM), ("seqlen_q", MAX_INT32), ("seqlen_k", MAX_INT32),
+                         ("num_heads", MAX_GRID_DIM)):
+            _check_int(name, getattr(self, name), 1, hi)
         if self.num_heads_kv is None:
             s(self, "num_heads_kv", self.num_heads)
-        _check_int("num_heads_kv", self.num_heads_kv, 1)
+        _check_int("num_heads_kv", self.num_heads_kv, 1, MAX_GRID_DIM)
         if self.num_heads % self.num_heads_kv:
             raise CaseValidationError(
                 "num_heads_kv",
@@ -137,7 +170,7 @@ class AttentionCase:
         for name in ("window_size_left", "window_size_right"):
             value = getattr(self, name)
             if value is not None:
-                _check_int(name, value, 0)
+                _check_int(name, value, 0, MAX_INT32)
         if not self.causal and self.window_size_left is None and self.window_size_right is None:
             s(self, "causal_alignment", "top_left")
         if self.softmax_scale is None:
@@ -155,6 +188,27 @@ class AttentionCase:
             _check_choice("cp_comm_type", self.cp_comm_type, CP_COMM_TYPES)
             if self.cp_comm_type == "a2a+p2p" and self.cp_size < 4:
                 raise CaseValidationError("cp_comm_type", "a2a+p2p needs cp_size >= 4", "p2p, all_gather, a2a")
+        self.check_resources()
+
+    def check_resources(self, max_bytes: int | None = None) -> None:
+        """Refuse a case whose float64 oracle working set (`oracle_working_set_bytes`) is over
+        ``max_bytes`` (default `max_oracle_bytes()`), before anything is allocated. Called by
+        ``__post_init__``, so every door a case enters by (draw, corpus, API, replay, stored rows)
+        applies the same bound.
+
+        Raises:
+            CaseValidationError: field ``case``, with the size, the bound and how to raise it.
+        """
+        bound = max_oracle_bytes() if max_bytes is None else max_bytes
+        need = self.oracle_working_set_bytes
+        if need > bound:
+            raise CaseValidationError(
+                "case",
+                f"the float64 oracle would need {need} bytes (batch_size={self.batch_size}, seqlen_q={self.seqlen_q}, "
+                f"seqlen_k={self.seqlen_k}, num_heads={self.num_heads}, head_dim={self.head_dim}, "
+                f"head_dim_v={self.head_dim_v})",
+                f"a working set <= {bound} bytes; set {MAX_ORACLE_BYTES_ENV} to raise it",
+            )
 
     @staticmethod
     def _finite_float(name: str, value: Any, positive: bool) -> float:
@@ -184,7 +238,9 @@ class AttentionCase:
                     name, f"has {len(value)} entries but batch_size={self.batch_size}", "one length per sequence"
                 )
             for i, n in enumerate(value):
-                _check_int(f"{name}[{i}]", n, 1)
+                _check_int(f"{name}[{i}]", n, 1, MAX_INT32)
+            if sum(value) > MAX_INT32:
+                raise CaseValidationError(name, f"total {sum(value)} tokens do not fit cu_seqlens (int32)", f"sum <= {MAX_INT32}")
             if max(value) != getattr(self, max_name):
                 raise CaseValidationError(
                     max_name, f"must equal max({name}) = {max(value)}, got {getattr(self, max_name)}"
@@ -221,6 +277,20 @@ class AttentionCase:
     def total_k(self) -> int:
         """Number of key tokens over the batch."""
         return sum(self.seqlens_k_list)
+
+    @property
+    def oracle_working_set_bytes(self) -> int:
+        """Bytes of float64 the oracle holds at least for this case (a lower bound, computed
+        from the shapes without allocating): q ``[total_q, num_heads, head_dim]``, k and v
+        ``[total_k, num_heads_kv, head_dim(_v)]``, out and lse, with ``backward`` also dout, dq,
+        dk, dv and the row terms, plus two score rows per sequence and head ``[num_heads,
+        seqlen_k]`` (the smallest block `oracle.reference` can use). 8 bytes per element."""
+        h, hkv, d, dv = self.num_heads, self.num_heads_kv, self.head_dim, self.head_dim_v
+        total_q = sum(self.seqlens_q) if self.seqlens_q is not None else self.batch_size * self.seqlen_q
+        total_k = sum(self.seqlens_k) if self.seqlens_k is not None else self.batch_size * self.seqlen_k
+        forward = total_q * h * (d + dv + 1) + total_k * hkv * (d + dv)
+        elements = forward * (2 if self.backward else 1) + 2 * self.batch_size * h * self.seqlen_k
+        return 8 * elements
 
     @property
     def has_mask(self) -> bool:
