@@ -1,4 +1,4 @@
-"""Run the Alembic migrations in ``<repo>/alembic`` without an alembic.ini.
+"""Run the Alembic migrations in ``<repo>/alembic`` (``attnfuzz.migrations`` in a wheel) without an alembic.ini.
 
 Every function takes either a database URL or an open `Connection`. With a Connection the
 migrations run on it as is: inside the caller's transaction if one is open (the caller commits
@@ -23,7 +23,32 @@ from sqlalchemy.engine import Connection
 
 from service.db import make_engine
 
-SCRIPT_LOCATION = Path(__file__).resolve().parent.parent / "alembic"
+
+
+def _script_location() -> Path:
+    """Where the migrations are: ``<repo>/alembic`` in a source tree or an editable install, the
+    package ``attnfuzz.migrations`` in an installed wheel (setup.py maps one onto the other).
+
+    Checked by content (``env.py`` and ``versions/``): beside an installed wheel,
+    ``<site-packages>/alembic`` is the Alembic library itself, not our migrations.
+    """
+    import importlib.util
+
+    source_tree = Path(__file__).resolve().parent.parent / "alembic"
+    candidates = [source_tree]
+    try:
+        spec = importlib.util.find_spec("attnfuzz.migrations")
+    except ImportError:  # pragma: no cover - attnfuzz is not importable
+        spec = None
+    if spec is not None and spec.submodule_search_locations:
+        candidates += [Path(p) for p in spec.submodule_search_locations]
+    for candidate in candidates:
+        if (candidate / "env.py").is_file() and (candidate / "versions").is_dir():
+            return candidate
+    raise RuntimeError(f"attnfuzz's migrations are missing: none of {[str(c) for c in candidates]} holds env.py")
+
+
+SCRIPT_LOCATION = _script_location()
 FILE_TEMPLATE = "%%(year)d_%%(month).2d_%%(day).2d_%%(rev)s_%%(slug)s"
 
 

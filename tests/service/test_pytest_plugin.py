@@ -1,4 +1,4 @@
-"""The pytest plugin (service/pytest_plugin.py): corpus entries run as tests with their recorded
+"""The pytest plugin (attnfuzz/pytest_plugin.py): corpus entries run as tests with their recorded
 expectations, in a separate pytest process as a user would run it."""
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ CAUSAL = AttentionCase(seqlen_q=8, seqlen_k=8, num_heads=2, head_dim=16, dtype="
 
 
 def _plugin_args() -> list[str]:
-    installed = any(ep.value == "service.pytest_plugin" for ep in importlib.metadata.entry_points(group="pytest11"))
-    return [] if installed else ["-p", "service.pytest_plugin"]
+    installed = any(ep.value == "attnfuzz.pytest_plugin" for ep in importlib.metadata.entry_points(group="pytest11"))
+    return [] if installed else ["-p", "attnfuzz.pytest_plugin"]
 
 
 def _run(corpus: Path, *extra: str) -> subprocess.CompletedProcess:

@@ -23,8 +23,11 @@ command line's paths), ``--attnfuzz-backend MODULE:ATTR`` (extra backend plugins
 ``--attnfuzz-isolation none|process`` (``none``, the default, runs backends in the pytest process;
 ``process`` in attnfuzz's child processes, so a crash becomes a ``crash`` result).
 
-The plugin is inert without ``--attnfuzz-corpus``. It is registered through the ``pytest11``
-entry point ``attnfuzz``; without that entry point use ``-p service.pytest_plugin``.
+The plugin is inert without ``--attnfuzz-corpus`` and imports nothing of attnfuzz until a corpus
+is collected, so it cannot clash with a project's own ``service``/``fuzzer``/``oracle`` packages
+while they run their own tests. It is registered through the ``pytest11`` entry point
+``attnfuzz`` as the module ``attnfuzz.pytest_plugin`` (a name of its own); without that entry
+point use ``-p attnfuzz.pytest_plugin``.
 """
 
 from __future__ import annotations

@@ -1,0 +1,6 @@
+"""``python -m attnfuzz``: the ``attnfuzz`` command line (`service.cli`)."""
+
+from attnfuzz.cli import main
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,15 @@
+"""The ``attnfuzz`` console entry point: `main()` runs the typer app of `service.cli`.
+
+Kept apart so the entry point and ``python -m attnfuzz`` name a module of attnfuzz's own (a
+project with its own ``service`` package on ``sys.path`` cannot shadow it when child processes
+are started with ``-m attnfuzz``).
+"""
+
+from __future__ import annotations
+
+
+def main() -> None:
+    """Run ``attnfuzz`` with ``sys.argv``; exits with the codes listed in ``attnfuzz --help``."""
+    from service.cli import app
+
+    app(prog_name="attnfuzz")
