@@ -102,7 +102,7 @@ out of its calibration.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -118,6 +118,7 @@ SEVERITY = ("shape", "nan", "posinf", "neginf", "all_zero", "finite_on_masked", 
 UNIT_ROUNDOFF = {"bfloat16": 2.0**-8, "float16": 2.0**-11, "float32": 2.0**-24, "float64": 2.0**-53}
 LSE_DTYPE = "float32"  # kernels return lse in float32; it is judged against float32 rounding
 TILE_ROWS = 64
+MAX_STORED_TILES = 4096  # per tensor: failing verdicts of larger tensors store no tile allowances
 
 # allowed = factor * max(rounding baseline, u * ||sigma||) + floor * sqrt(numel); see the docstring.
 TOLERANCE_FACTORS: dict[str, dict[str, float]] = {
@@ -194,10 +195,22 @@ class TensorVerdict:
     neginf_count: int
     is_all_zero: bool
     allowed: float = math.nan
+    allowed_global: float = math.nan
+    allowed_tiles: Any = field(default=None, repr=False, compare=False)
+    keep_tiles: bool = False
 
     def to_json(self) -> dict[str, Any]:
-        """Plain JSON: non-finite floats become ``"inf"``, ``"-inf"`` or ``"nan"``."""
-        return {
+        """Plain JSON: non-finite floats become ``"inf"``, ``"-inf"`` or ``"nan"``.
+
+        ``allowed_global`` is the allowed error of the whole tensor; with ``keep_tiles`` (set by
+        `compare_outputs` on failing verdicts of at most ``MAX_STORED_TILES`` tiles)
+        ``tile_allowed`` holds the allowed error of every tile as ``[group][tile]`` (groups in the
+        order of the tensor's non-row dims, see `compare_tensor`). Both depend on the reference
+        only, so an exported repro can apply the same judgement (``service/export.py``)."""
+        extra: dict[str, Any] = {"allowed_global": _json_float(self.allowed_global)}
+        if self.keep_tiles and self.allowed_tiles is not None:
+            extra["tile_allowed"] = [[_json_float(x) for x in row] for row in self.allowed_tiles.tolist()]
+        return extra | {
             "name": self.name,
             "passed": self.passed,
             "signatures": list(self.signatures),
@@ -426,6 +439,7 @@ def compare_tensor(
         worst_tile_ratio=worst_tile_ratio, error_ratio=error_ratio, err_backend=err_backend,
         err_baseline=err_baseline, worst_index=worst_index, nan_count=counts["nan"],
         posinf_count=counts["posinf"], neginf_count=counts["neginf"], is_all_zero=is_all_zero, allowed=allowed,
+        allowed_global=allowed_global, allowed_tiles=allowed_tiles,
     )
 
 
@@ -474,6 +488,11 @@ def compare_outputs(
             row_scale=reference.error_scales.get(name),
         )
     signatures = tuple(sig for verdict in verdicts.values() for sig in verdict.signatures)
+    if signatures:  # a failure keeps its tile allowances, for the exported repro
+        verdicts = {
+            name: replace(v, keep_tiles=v.allowed_tiles is not None and v.allowed_tiles.numel() <= MAX_STORED_TILES)
+            for name, v in verdicts.items()
+        }
     return Verdict(
         tensors=verdicts,
         passed=not signatures,
