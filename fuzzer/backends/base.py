@@ -97,6 +97,52 @@ class BackendOutput:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+class ReproUnavailable(BackendError):
+    """The backend declares no repro call (`Backend.repro`), or cannot write one for a variant."""
+
+
+@dataclass(frozen=True)
+class ReproCall:
+    """How an exported repro (``attnfuzz export``, ``service/export.py``) calls a backend.
+
+    The repro is a standalone pytest file (torch and pytest only, never attnfuzz); ``source`` is
+    pasted into it and must define
+
+    * ``check_environment()``: ``pytest.skip(reason)`` when the library, CUDA or the GPU
+      architecture is missing; may set environment variables the library reads;
+    * ``call_backend(q, k, v, cu_seqlens_q, cu_seqlens_k) -> (out, lse)``: q, k, v are leaf
+      tensors in the canonical layout (module docstring) on ``DEVICE`` in the case dtype (with
+      ``requires_grad`` for backward cases; the file backpropagates through ``out`` itself);
+      ``cu_seqlens_q/k`` int32 ``[batch_size + 1]`` for thd, else None. Return ``out`` in the
+      canonical layout and ``lse`` as ``[batch_size, num_heads, seqlen_q]`` (thd ``[num_heads,
+      total_q]``), natural log, or None.
+
+    Every value that depends on the case or variant must be a ``$name`` slot of ``source`` with its
+    value in ``values`` (plain data: None, bool, int, finite float, short strings of
+    ``[A-Za-z0-9_.:+-]``, tuples/lists/dicts of those); the export proves that nothing but those
+    literals differs from ``source`` (a hostile stored value never becomes code). The file's
+    constants (``QKV_FORMAT``, ``BATCH_SIZE``, ``SEQLEN_Q``, ``SEQLEN_K``, ``SEQLENS_Q``,
+    ``NUM_HEADS``, ``NUM_HEADS_KV``, ``HEAD_DIM``, ``HEAD_DIM_V``, ``CAUSAL``,
+    ``CAUSAL_ALIGNMENT``, ``WINDOW_SIZE_LEFT/RIGHT``, ``SOFTMAX_SCALE``, ``SOFTCAP``, ``VARIANT``)
+    and helpers (``require_cuda(arch_majors, what, min_major=None)``, ``library_layout(q, k, v)``
+    (sbhd as strided views), ``canonical_lse(lse)``, ``visible_mask(seqlen_q, seqlen_k)``) and the
+    modules ``math``, ``os``, ``torch``, ``pytest`` may be used.
+
+    Attributes:
+        source: the code, every case-dependent value a ``$slot``.
+        values: slot name -> plain value.
+        device: ``"cuda"`` or ``"cpu"``: where the file builds the inputs.
+        packages: what to install besides torch and pytest (named in the file's docstring).
+        masked_row_lse: as `Backend.masked_row_lse` (accepted on rows that see no key).
+    """
+
+    source: str
+    values: dict[str, Any] = field(default_factory=dict)
+    device: str = "cuda"
+    packages: tuple[str, ...] = ()
+    masked_row_lse: float | None = None
+
+
 class Backend(abc.ABC):
     """One attention implementation under test.
 
@@ -240,6 +286,20 @@ class Backend(abc.ABC):
                 as a declared limitation (recorded as ``unsupported``, not a failure).
             Any other exception is recorded as status ``error``.
         """
+
+    def repro(self, case: AttentionCase, variant: str) -> ReproCall:
+        """The library call of ``variant`` for an exported repro (see `ReproCall`), next to `run`:
+        the same call, as source text a kernel maintainer can read.
+
+        Raises:
+            ReproUnavailable: the backend defines none (this default), or the variant cannot be
+                written for ``case``; the message says what is missing.
+        """
+        raise ReproUnavailable(
+            f"backend {self.name!r} ({type(self).__module__}.{type(self).__qualname__}) defines no repro call: "
+            "add a method `repro(self, case, variant)` returning fuzzer.backends.base.ReproCall "
+            "(see the README, section Plugins)"
+        )
 
 
 class UnsupportedCaseError(AttnFuzzError):

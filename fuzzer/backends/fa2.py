@@ -39,7 +39,7 @@ import importlib
 import math
 from typing import Any, ClassVar
 
-from fuzzer.backends.base import Backend, BackendOutput, Capabilities, UnsupportedCaseError, run_with_grad
+from fuzzer.backends.base import Backend, BackendOutput, Capabilities, ReproCall, UnsupportedCaseError, run_with_grad
 from fuzzer.backends.fa4 import (
     call_with_signature,
     canonical_lse,
@@ -197,6 +197,43 @@ class FA2Backend(Backend):
             },
         )
 
+
+    def repro(self, case: AttentionCase, variant: str) -> ReproCall:
+        """The exported repro's call: `fa2_call_kwargs` of the variant, as `run` sends them.
+
+        Raises:
+            ValueError: the variant cannot encode ``case``.
+        """
+        return ReproCall(
+            source=FA2_REPRO_SOURCE, values={"fa2_kwargs": fa2_call_kwargs(case, variant)},
+            packages=(FA2_DISTRIBUTION,), masked_row_lse=self.masked_row_lse,
+        )
+
+
+FA2_REPRO_SOURCE = '''
+FA2_KWARGS = $fa2_kwargs
+
+
+def check_environment():
+    require_cuda(None, "flash-attn 2", min_major=8)
+    pytest.importorskip("flash_attn", reason="flash-attn (FlashAttention 2) is not installed")
+
+
+def call_backend(q, k, v, cu_seqlens_q, cu_seqlens_k):
+    import flash_attn
+
+    q, k, v = library_layout(q, k, v)
+    if QKV_FORMAT == "thd":
+        result = flash_attn.flash_attn_varlen_func(
+            q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, **FA2_KWARGS
+        )
+    else:
+        result = flash_attn.flash_attn_func(q, k, v, **FA2_KWARGS)
+    if isinstance(result, (tuple, list)):
+        return result[0], canonical_lse(result[1] if len(result) > 1 else None)
+    return result, None
+'''
+"""`FA2Backend.repro`'s source (slot ``fa2_kwargs``)."""
 
 def builtin_backends() -> list[Backend]:
     """The FA2 backend instances this module provides."""

@@ -80,6 +80,7 @@ from fuzzer.backends.base import (
     Backend,
     BackendOutput,
     Capabilities,
+    ReproCall,
     UnsupportedCaseError,
     run_with_grad,
 )
@@ -538,6 +539,45 @@ class FA4Backend(Backend):
         }
         return BackendOutput(out=out, lse=lse, dq=dq, dk=dk, dv=dv, compile_ms=compile_ms, extra=extra)
 
+
+    def repro(self, case: AttentionCase, variant: str) -> ReproCall:
+        """The exported repro's call: `fa4_call_kwargs` of the variant, as `run` sends them.
+
+        Raises:
+            ValueError: the variant cannot encode ``case`` (`fa4_call_kwargs`).
+        """
+        return ReproCall(
+            source=FA4_REPRO_SOURCE,
+            values={"fa4_kwargs": fa4_call_kwargs(case, variant), "arch_majors": tuple(FA4_ARCH_MAJORS)},
+            packages=(FA4_DISTRIBUTION,),
+        )
+
+
+FA4_REPRO_SOURCE = '''
+FA4_KWARGS = $fa4_kwargs
+FA4_ARCH_MAJORS = $arch_majors
+
+
+def check_environment():
+    require_cuda(FA4_ARCH_MAJORS, "flash-attn-4")
+    pytest.importorskip("flash_attn.cute.interface", reason="flash-attn-4 is not installed")
+
+
+def call_backend(q, k, v, cu_seqlens_q, cu_seqlens_k):
+    from flash_attn.cute import interface
+
+    q, k, v = library_layout(q, k, v)
+    if QKV_FORMAT == "thd":
+        result = interface.flash_attn_varlen_func(
+            q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, **FA4_KWARGS
+        )
+    else:
+        result = interface.flash_attn_func(q, k, v, **FA4_KWARGS)
+    if isinstance(result, (tuple, list)):
+        return result[0], canonical_lse(result[1] if len(result) > 1 else None)
+    return result, None
+'''
+"""`FA4Backend.repro`'s source (a `ReproCall`; slots ``fa4_kwargs``, ``arch_majors``)."""
 
 def builtin_backends() -> list[Backend]:
     """The FA4 backend instances this module provides."""

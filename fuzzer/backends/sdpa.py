@@ -39,7 +39,7 @@ from __future__ import annotations
 import math
 from typing import Any, ClassVar
 
-from fuzzer.backends.base import Backend, BackendOutput, Capabilities, run_with_grad
+from fuzzer.backends.base import Backend, BackendOutput, Capabilities, ReproCall, run_with_grad
 from oracle.config import AttentionCase
 
 _SDPA_KERNELS = {
@@ -199,6 +199,101 @@ class SDPABackend(Backend):
             res = aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, case.causal, False, scale=scale)
             return res[0], res[1].reshape(q.shape[0], q.shape[1], q.shape[2])
         raise ValueError(f"kernel: no private op for {self.kernel!r} (allowed: flash, efficient, cudnn)")
+
+    def repro(self, case: AttentionCase, variant: str) -> ReproCall:
+        """The exported repro's call: the same mask encoding and ``sdpa_kernel`` pin as `run`.
+
+        Raises:
+            ValueError: ``variant`` is not one of ``variants``.
+        """
+        if variant not in self.variants:
+            raise ValueError(f"unknown variant {variant!r} of {self.name} (allowed: {', '.join(self.variants)})")
+        return ReproCall(
+            source=SDPA_REPRO_SOURCE,
+            values={"sdpa_device": self.device, "sdpa_kernel": _SDPA_KERNELS[self.kernel]},
+            device=self.device,
+            masked_row_lse=self.masked_row_lse,
+        )
+
+
+SDPA_REPRO_SOURCE = '''
+SDPA_DEVICE = $sdpa_device
+SDPA_KERNEL = $sdpa_kernel
+
+
+def check_environment():
+    if SDPA_DEVICE == "cuda":
+        require_cuda(None, "PyTorch SDPA on CUDA")
+
+
+def _sdpa_mask(q, variant):
+    if variant == "is_causal":
+        return None, CAUSAL
+    if variant == "causal_bias":
+        from torch.nn.attention.bias import causal_lower_right, causal_upper_left
+
+        make = causal_lower_right if CAUSAL_ALIGNMENT == "bottom_right" else causal_upper_left
+        return make(SEQLEN_Q, SEQLEN_K), False
+    visible = visible_mask(SEQLEN_Q, SEQLEN_K).to(q.device)
+    if variant == "bool_mask":
+        return visible, False
+    additive = torch.zeros(visible.shape, dtype=q.dtype, device=q.device)
+    return additive.masked_fill(~visible, -math.inf), False
+
+
+def _aten_lse(q, k, v):
+    group = NUM_HEADS // NUM_HEADS_KV
+    if group > 1:
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    aten = torch.ops.aten
+    has_window = WINDOW_SIZE_LEFT is not None or WINDOW_SIZE_RIGHT is not None
+    has_mask = CAUSAL or has_window
+    if SDPA_DEVICE == "cpu":
+        mask = None
+        if has_mask and not (CAUSAL and CAUSAL_ALIGNMENT == "top_left" and not has_window):
+            mask = _sdpa_mask(q, "float_mask")[0]
+        out, lse = aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, 0.0, CAUSAL and mask is None, attn_mask=mask, scale=SOFTMAX_SCALE
+        )
+        return out, lse
+    if SDPA_KERNEL == "FLASH_ATTENTION":
+        res = aten._scaled_dot_product_flash_attention(q, k, v, 0.0, CAUSAL, False, scale=SOFTMAX_SCALE)
+        return res[0], res[1]
+    if SDPA_KERNEL == "EFFICIENT_ATTENTION":
+        bias = None
+        if has_mask:
+            mask = _sdpa_mask(q, "float_mask")[0]
+            pad = (-mask.shape[-1]) % 16
+            padded = torch.nn.functional.pad(mask, (0, pad))[..., : mask.shape[-1]]
+            bias = padded.expand(q.shape[0], q.shape[1], -1, -1)
+        res = aten._scaled_dot_product_efficient_attention(q, k, v, bias, True, 0.0, False, scale=SOFTMAX_SCALE)
+        return res[0], res[1][..., : q.shape[2]]
+    res = aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, CAUSAL, False, scale=SOFTMAX_SCALE)
+    return res[0], res[1].reshape(q.shape[0], q.shape[1], q.shape[2])
+
+
+def call_backend(q, k, v, cu_seqlens_q, cu_seqlens_k):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def to_sdpa(t):  # canonical [b, s, h, d] -> SDPA's [b, h, s, d]; sbhd callers pass strided views
+        if QKV_FORMAT == "sbhd":
+            return t.transpose(0, 1).contiguous().permute(1, 2, 0, 3)
+        return t.transpose(1, 2)
+
+    qs, ks, vs = to_sdpa(q), to_sdpa(k), to_sdpa(v)
+    if VARIANT == "aten_lse":
+        out, lse = _aten_lse(qs, ks, vs)
+    else:
+        mask, is_causal = _sdpa_mask(qs, VARIANT)
+        with sdpa_kernel(getattr(SDPBackend, SDPA_KERNEL)):
+            out = torch.nn.functional.scaled_dot_product_attention(
+                qs, ks, vs, attn_mask=mask, is_causal=is_causal, scale=SOFTMAX_SCALE,
+                enable_gqa=NUM_HEADS != NUM_HEADS_KV,
+            )
+        lse = None
+    return out.transpose(1, 2), lse
+'''
+"""`SDPABackend.repro`'s source (slots ``sdpa_device``, ``sdpa_kernel``; the variant is ``VARIANT``)."""
 
 
 def _has_window(case: AttentionCase) -> bool:

@@ -116,6 +116,7 @@ from fuzzer.backends.base import (
     Backend,
     BackendOutput,
     Capabilities,
+    ReproCall,
     UnsupportedCaseError,
     alignment_irrelevant,
     run_with_grad,
@@ -585,6 +586,27 @@ class TEBackend(Backend):
             self.kernel_key(case, variant),
         )
 
+    def repro(self, case: AttentionCase, variant: str) -> ReproCall:
+        """The exported repro's call: `te_module_kwargs` and `te_forward_kwargs` of the variant,
+        under this sub-backend's ``env_vars`` (which pin TE's selection, as in the worker).
+
+        Raises:
+            ValueError: the variant cannot encode ``case``.
+        """
+        required = tuple(TE_REPRO_REQUIRED_MODULES[p] for p in self.requires if p in TE_REPRO_REQUIRED_MODULES)
+        return ReproCall(
+            source=TE_REPRO_SOURCE,
+            values={
+                "te_environment": dict(self.env_vars),
+                "te_module_kwargs": te_module_kwargs(case, variant),
+                "te_forward_kwargs": te_forward_kwargs(case, variant),
+                "min_arch_major": self.min_arch_major,
+                "required_modules": required,
+            },
+            packages=("transformer-engine[pytorch]", *self.requires),
+            masked_row_lse=self.masked_row_lse,
+        )
+
     def run_cp(self, case: AttentionCase, inputs: CPShardInputs, groups: CPProcessGroups, variant: str) -> BackendOutput:
         """This rank's part of ``case`` under context parallelism (module docstring): local out
         and gradients of the rank's shard, no lse.
@@ -693,6 +715,39 @@ class TEBackend(Backend):
             extra=extra,
         )
 
+
+TE_REPRO_REQUIRED_MODULES = {"flash-attn-4": "flash_attn.cute", "flash-attn": "flash_attn"}
+
+TE_REPRO_SOURCE = '''
+TE_ENVIRONMENT = $te_environment
+TE_MODULE_KWARGS = $te_module_kwargs
+TE_FORWARD_KWARGS = $te_forward_kwargs
+TE_MIN_ARCH_MAJOR = $min_arch_major
+TE_REQUIRED_MODULES = $required_modules
+
+
+def check_environment():
+    require_cuda(None, "TransformerEngine", min_major=TE_MIN_ARCH_MAJOR)
+    # TE reads these on every backend selection; they pin the sub-backend the failure was seen on.
+    os.environ.update(TE_ENVIRONMENT)
+    pytest.importorskip("transformer_engine.pytorch", reason="transformer-engine is not installed")
+    for module in TE_REQUIRED_MODULES:
+        pytest.importorskip(module, reason=module + " is not installed (TE needs it for this sub-backend)")
+
+
+def call_backend(q, k, v, cu_seqlens_q, cu_seqlens_k):
+    import transformer_engine.pytorch as te
+
+    module = te.DotProductAttention(**TE_MODULE_KWARGS).to(dtype=q.dtype, device=q.device)
+    if QKV_FORMAT == "sbhd":
+        q, k, v = (t.transpose(0, 1).contiguous() for t in (q, k, v))
+    tensors = {"cu_seqlens_q": cu_seqlens_q, "cu_seqlens_kv": cu_seqlens_k} if QKV_FORMAT == "thd" else {}
+    out = module(q, k, v, **tensors, **TE_FORWARD_KWARGS)
+    out = out.reshape(*out.shape[: 1 if QKV_FORMAT == "thd" else 2], NUM_HEADS, HEAD_DIM_V)
+    return (out.transpose(0, 1) if QKV_FORMAT == "sbhd" else out), None
+'''
+"""`TEBackend.repro`'s source (slots ``te_environment``, ``te_module_kwargs``,
+``te_forward_kwargs``, ``min_arch_major``, ``required_modules``)."""
 
 _FLASH_OFF = {"NVTE_FLASH_ATTN": "0"}
 
