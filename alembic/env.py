@@ -13,6 +13,12 @@ SQLite runs in batch mode (``render_as_batch``) and, since `service.db` emits BE
 with transactional DDL: an upgrade is all or nothing on both databases. When env.py opens the
 SQLite connection itself it turns foreign keys off for the run (batch mode rebuilds tables by
 copy-and-drop, which foreign keys would block or cascade) and checks them afterwards.
+
+On PostgreSQL every run takes the transaction-level advisory lock `MIGRATION_LOCK_KEY` first
+(``pg_advisory_xact_lock``, released at COMMIT/ROLLBACK): workers starting at once on a fresh
+database queue on it, and each one after the first finds the schema already at head, instead of
+racing on ``CREATE TABLE`` / ``INSERT INTO alembic_version``. SQLite needs no lock: its upgrade
+begins ``IMMEDIATE`` (one writer at a time).
 """
 
 from __future__ import annotations
@@ -25,6 +31,14 @@ from service.db import SQLITE_BEGIN_OPTION, Base, default_database_url, make_eng
 
 config = context.config
 target_metadata = Base.metadata
+
+MIGRATION_LOCK_KEY = 0x61747466757A7A  # "attnfuzz" in ASCII hex, as one bigint advisory lock id
+
+
+def _lock(connection: Connection) -> None:
+    """On PostgreSQL, wait for the migration advisory lock (held until the transaction ends)."""
+    if connection.dialect.name == "postgresql":
+        connection.exec_driver_sql(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK_KEY})")
 
 
 def _url() -> str:
@@ -60,6 +74,7 @@ def run_migrations_online() -> None:
     if connection is not None:
         _configure(connection)
         with context.begin_transaction():
+            _lock(connection)
             context.run_migrations()
         return
 
@@ -77,6 +92,7 @@ def run_migrations_online() -> None:
                 connection.connection.driver_connection.execute("PRAGMA foreign_keys=OFF")
             _configure(connection)
             with context.begin_transaction():
+                _lock(connection)
                 context.run_migrations()
                 if is_sqlite:
                     violations = connection.exec_driver_sql("PRAGMA foreign_key_check").fetchall()
