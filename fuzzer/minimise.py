@@ -74,7 +74,8 @@ def neighbourhood(
     """The strategy of cases around ``case``, and the Hypothesis choices that draw ``case`` itself.
 
     Every field is one primitive choice (``integers``, ``booleans`` or ``sampled_from`` of at
-    least two values) so the choice sequence of the original is known exactly. With
+    least two values; a field with a single possible value is ``just`` it and records no
+    choice) so the choice sequence of the original is known exactly. With
     ``keep_head_dims`` the head dims stay as they are (for JIT backends, where each head dim tried
     costs a kernel compilation).
     """
@@ -93,6 +94,11 @@ def neighbourhood(
         return st.integers(1, value // unit).map(lambda n: n * unit)
 
     def pick(options: list, value):
+        """One choice among ``options``; a single option records no choice (Hypothesis turns
+        ``sampled_from([x])`` into ``just(x)``), so nothing is appended for it either: one
+        extra index would put every later replayed choice out of step."""
+        if len(options) == 1:
+            return st.just(value)
         original.append(options.index(value))
         return st.sampled_from(options)
 
@@ -178,6 +184,7 @@ def minimise(
     database: ExampleDatabase | None = None,
     database_key: bytes | None = None,
     keep_head_dims: bool = False,
+    clock: Callable[[], float] = time.monotonic,
 ) -> MinimiseOutcome:
     """Shrink ``case`` while ``still_fails`` holds.
 
@@ -190,16 +197,17 @@ def minimise(
         database: Hypothesis example database (defaults to an in-memory one).
         database_key: key of this bucket in ``database`` (defaults to a hash of the case).
         keep_head_dims: do not shrink head_dim / head_dim_v (see `neighbourhood`).
+        clock: seconds, monotonic (the deadline's clock; tests pass a fake one).
 
     Returns:
         A `MinimiseOutcome` naming what happened.
     """
-    start = time.monotonic()
+    start = clock()
     deadline = start + deadline_s
     attempts = 0
 
     def elapsed() -> float:
-        return time.monotonic() - start
+        return clock() - start
 
     def check(candidate: AttentionCase) -> bool:
         nonlocal attempts
@@ -216,7 +224,7 @@ def minimise(
     best = [case]
 
     def condition(candidate: AttentionCase) -> bool:
-        if time.monotonic() > deadline:
+        if clock() > deadline:
             return False
         if check(candidate):
             if _size(candidate) <= _size(best[0]):
@@ -254,7 +262,7 @@ def minimise(
             elapsed(),
             f"shrunk case {candidate.case_id} did not fail on re-check; original kept",
         )
-    timed_out = " (deadline reached: best so far)" if time.monotonic() > deadline else ""
+    timed_out = " (deadline reached: best so far)" if clock() > deadline else ""
     return MinimiseOutcome(
         "minimised",
         candidate,

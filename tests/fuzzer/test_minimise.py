@@ -89,3 +89,25 @@ def test_jit_backends_keep_their_head_dims_while_shrinking():
     assert outcome.status == "minimised"
     assert (outcome.case.head_dim, outcome.case.head_dim_v) == (BIG.head_dim, BIG.head_dim_v)
     assert outcome.case.seqlen_k == 3 and outcome.case.batch_size == 1
+
+
+def test_a_case_with_head_dims_of_eight_or_less_replays_in_step_and_shrinks():
+    """``sampled_from`` of one option (head_dim 8: the only small head dim <= 8) records no
+    Hypothesis choice; the seeded choices must not hold one for it, or every later field is read
+    from the wrong position and the original is never replayed ("unchanged")."""
+    small = AttentionCase(
+        batch_size=2, seqlen_q=9, seqlen_k=12, num_heads=2, num_heads_kv=1, head_dim=8, head_dim_v=4, causal=True,
+        seed=7,
+    )
+    seen = []
+
+    def still_fails(case):
+        seen.append(case)
+        return case.causal and case.seqlen_k >= 2
+
+    outcome = minimise(small, still_fails, deadline_s=30)
+    assert seen[2] == small  # the first Hypothesis candidate is the original itself
+    assert outcome.status == "minimised", outcome.note
+    case = outcome.case
+    assert (case.head_dim, case.head_dim_v) == (8, 4)
+    assert (case.batch_size, case.num_heads, case.seqlen_q, case.seqlen_k, case.seed) == (1, 1, 1, 2, 0)
