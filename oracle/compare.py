@@ -308,14 +308,90 @@ def compare_tensor(
     Returns:
         `TensorVerdict`.
     """
+    prepared = prepare_tensor(
+        name, reference, dtype, tile_rows=tile_rows, row_dim=row_dim, visible_rows=visible_rows,
+        row_scale=row_scale, factor=factor,
+    )
+    return judge_tensor(prepared, actual)
+
+
+@dataclass(frozen=True, eq=False)
+class PreparedTensor:
+    """The reference-only part of judging one tensor (`prepare_tensor`), computed once and reused
+    for every kernel output compared with it (`judge_tensor`). Shapes: ``G`` groups (the non-row,
+    non-feature dims), ``R`` rows, ``F`` features, ``T`` tiles of ``tile_rows`` rows.
+
+    Attributes:
+        name, dtype, shape, row_dim, tile_rows: as given to `prepare_tensor`.
+        u, floor, factor: unit roundoff and absolute floor of the rounding dtype, the tolerance factor.
+        group_dims, group_shape, has_features, num_groups, num_rows, num_features, num_tiles, pad:
+            the grid layout.
+        perm: dims permutation to ``[G, R, F]``.
+        ref_v: float64 ``[G, R, F]``, the reference with non-judged entries set to 0.
+        expect_masked, ref_finite: bool ``[G, R, F]``: entries that must be non-finite / are judged.
+        ref_finite_any: some entry is judged.
+        floor_global, allowed_global, ref_norm: floats of the whole tensor.
+        base2_tiles, scale2_tiles, allowed_tiles: float64 ``[G, T]``.
+    """
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    row_dim: int
+    tile_rows: int
+    u: float
+    floor: float
+    factor: float
+    group_dims: tuple[int, ...]
+    group_shape: tuple[int, ...]
+    has_features: bool
+    num_groups: int
+    num_rows: int
+    num_features: int
+    num_tiles: int
+    pad: int
+    perm: tuple[int, ...]
+    device: Any
+    ref_v: torch.Tensor
+    expect_masked: torch.Tensor
+    ref_finite: torch.Tensor
+    ref_finite_any: bool
+    floor_global: float
+    allowed_global: float
+    ref_norm: float
+    base2_tiles: torch.Tensor
+    scale2_tiles: torch.Tensor
+    allowed_tiles: torch.Tensor
+
+    def to_grid(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` (shaped like the reference) as ``[G, R, F]``."""
+        return x.permute(self.perm).reshape(self.num_groups, self.num_rows, self.num_features)
+
+    def tiles(self, x: torch.Tensor) -> torch.Tensor:
+        """Row sums ``[G, R]`` -> tile sums ``[G, T]``."""
+        return torch.nn.functional.pad(x, (0, self.pad)).view(self.num_groups, self.num_tiles, self.tile_rows).sum(-1)
+
+
+@torch.no_grad()
+def prepare_tensor(
+    name: str,
+    reference: torch.Tensor,
+    dtype: str,
+    *,
+    tile_rows: int = TILE_ROWS,
+    row_dim: int = 1,
+    visible_rows: torch.Tensor | None = None,
+    row_scale: torch.Tensor | None = None,
+    factor: float | None = None,
+) -> PreparedTensor:
+    """Everything of `compare_tensor` that depends on the reference only (same arguments, less
+    ``actual``): the finite masks, the rounding baseline, the per-row error scales, their tile sums
+    and the allowed errors. Pass it to `judge_tensor` once per kernel output.
+
+    Raises:
+        KeyError: ``dtype`` or ``name`` has no tolerance factor.
+    """
     shape = tuple(reference.shape)
-    nan = math.nan
-    if tuple(actual.shape) != shape:
-        return _verdict(
-            name, ["shape"], rel_l2=nan, max_abs=nan, worst_tile_ratio=math.inf, error_ratio=math.inf,
-            err_backend=nan, err_baseline=nan, worst_index=None, nan_count=0, posinf_count=0,
-            neginf_count=0, is_all_zero=False, allowed=nan,
-        )
     round_to = rounding_dtype(name, dtype)
     u = UNIT_ROUNDOFF[round_to]
     floor = ABSOLUTE_FLOOR[round_to]
@@ -330,20 +406,67 @@ def compare_tensor(
     num_groups, num_rows = math.prod(group_shape), shape[row_dim]
     num_features = shape[-1] if has_features else 1
 
-    def to_grid(x: torch.Tensor) -> torch.Tensor:  # -> [groups, rows, features]
-        return x.permute(perm).reshape(num_groups, num_rows, num_features)
-
     def rows_to_grid(x: torch.Tensor) -> torch.Tensor:  # row-shaped -> [groups, rows]
         row_perm = [i - (1 if has_features and i > ndim - 1 else 0) for i in group_dims + [row_dim]]
         return x.permute(row_perm).reshape(num_groups, num_rows)
 
-    ref = to_grid(reference.to(torch.float64))
-    act = to_grid(actual.detach().to(device=reference.device, dtype=torch.float64))
+    ref = reference.to(torch.float64).permute(perm).reshape(num_groups, num_rows, num_features)
     if visible_rows is not None:
         expect_masked = ~rows_to_grid(visible_rows.to(reference.device, torch.bool))[..., None].expand_as(ref)
     else:
         expect_masked = ~torch.isfinite(ref)
     ref_finite = torch.isfinite(ref) & ~expect_masked
+    ref_v = torch.where(ref_finite, ref, 0.0)
+    rounded = ref_v.to(getattr(torch, round_to)).to(torch.float64)
+    base = (rounded - ref_v).nan_to_num(nan=math.inf)  # overflow in the dtype -> unjudgeable (inf)
+    base2_rows = base.square().sum(-1)
+    ref2_rows = ref_v.square().sum(-1)
+    if row_scale is not None:
+        scale2_rows = rows_to_grid(row_scale.to(reference.device, torch.float64)).square()
+        scale2_rows = torch.where(ref_finite.any(-1), scale2_rows, 0.0)
+    else:
+        scale2_rows = ref2_rows
+
+    def allowed_for(base2: torch.Tensor, scale2: torch.Tensor, numel: int) -> torch.Tensor:
+        return factor * torch.maximum(base2.sqrt(), u * scale2.sqrt()) + floor * math.sqrt(numel)
+
+    floor_global = max(float(base2_rows.sum().sqrt()), u * float(scale2_rows.sum().sqrt()))
+    allowed_global = float(allowed_for(base2_rows.sum(), scale2_rows.sum(), ref.numel()))
+    pad = (-num_rows) % tile_rows
+    num_tiles = (num_rows + pad) // tile_rows
+
+    def tiles(x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.pad(x, (0, pad)).view(num_groups, num_tiles, tile_rows).sum(-1)
+
+    base2_tiles, scale2_tiles = tiles(base2_rows), tiles(scale2_rows)
+    return PreparedTensor(
+        name=name, dtype=dtype, shape=shape, row_dim=row_dim, tile_rows=tile_rows, u=u, floor=floor,
+        factor=factor, group_dims=tuple(group_dims), group_shape=group_shape, has_features=has_features,
+        num_groups=num_groups, num_rows=num_rows, num_features=num_features, num_tiles=num_tiles, pad=pad,
+        perm=tuple(perm), device=reference.device, ref_v=ref_v, expect_masked=expect_masked,
+        ref_finite=ref_finite, ref_finite_any=bool(ref_finite.any()), floor_global=floor_global,
+        allowed_global=allowed_global, ref_norm=float(ref2_rows.sum().sqrt()), base2_tiles=base2_tiles,
+        scale2_tiles=scale2_tiles,
+        allowed_tiles=allowed_for(base2_tiles, scale2_tiles, tile_rows * num_features),
+    )
+
+
+@torch.no_grad()
+def judge_tensor(prepared: PreparedTensor, actual: torch.Tensor) -> TensorVerdict:
+    """`compare_tensor` of ``actual`` against a `prepare_tensor` result (same verdict, figure
+    for figure, as `compare_tensor` with the arguments ``prepared`` was made from)."""
+    p = prepared
+    name, nan = p.name, math.nan
+    if tuple(actual.shape) != p.shape:
+        return _verdict(
+            name, ["shape"], rel_l2=nan, max_abs=nan, worst_tile_ratio=math.inf, error_ratio=math.inf,
+            err_backend=nan, err_baseline=nan, worst_index=None, nan_count=0, posinf_count=0,
+            neginf_count=0, is_all_zero=False, allowed=nan,
+        )
+    u, tile_rows, num_rows, num_features = p.u, p.tile_rows, p.num_rows, p.num_features
+    num_groups, num_tiles = p.num_groups, p.num_tiles
+    ref_v, ref_finite, expect_masked = p.ref_v, p.ref_finite, p.expect_masked
+    act = p.to_grid(actual.detach().to(device=p.device, dtype=torch.float64))
     act_finite = torch.isfinite(act)
     nan_mask = torch.isnan(act)
     posinf_mask = (act == math.inf) & ref_finite
@@ -356,35 +479,14 @@ def compare_tensor(
     }
 
     valid = ref_finite & act_finite
-    ref_v = torch.where(ref_finite, ref, 0.0)
     diff = torch.where(valid, act - ref_v, 0.0)
-    rounded = ref_v.to(getattr(torch, round_to)).to(torch.float64)
-    base = (rounded - ref_v).nan_to_num(nan=math.inf)  # overflow in the dtype -> unjudgeable (inf)
     err2_rows = diff.square().sum(-1)
-    base2_rows = base.square().sum(-1)
-    ref2_rows = ref_v.square().sum(-1)
-    if row_scale is not None:
-        scale2_rows = rows_to_grid(row_scale.to(reference.device, torch.float64)).square()
-        scale2_rows = torch.where(ref_finite.any(-1), scale2_rows, 0.0)
-    else:
-        scale2_rows = ref2_rows
-
-    def allowed_for(base2: torch.Tensor, scale2: torch.Tensor, numel: int) -> torch.Tensor:
-        return factor * torch.maximum(base2.sqrt(), u * scale2.sqrt()) + floor * math.sqrt(numel)
-
     err_global = float(err2_rows.sum().sqrt())
-    floor_global = max(float(base2_rows.sum().sqrt()), u * float(scale2_rows.sum().sqrt()))
-    allowed_global = float(allowed_for(base2_rows.sum(), scale2_rows.sum(), ref.numel()))
+    floor_global, allowed_global = p.floor_global, p.allowed_global
     ratio_global = err_global / allowed_global if err_global > 0 else 0.0
 
-    pad = (-num_rows) % tile_rows
-    num_tiles = (num_rows + pad) // tile_rows
-
-    def tiles(x: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.pad(x, (0, pad)).view(num_groups, num_tiles, tile_rows).sum(-1)
-
-    err_tiles = tiles(err2_rows).sqrt()
-    allowed_tiles = allowed_for(tiles(base2_rows), tiles(scale2_rows), tile_rows * num_features)
+    err_tiles = p.tiles(err2_rows).sqrt()
+    allowed_tiles = p.allowed_tiles
     ratio_tiles = torch.where(err_tiles > 0, err_tiles / allowed_tiles, 0.0)
     worst_tile = int(ratio_tiles.argmax())
     worst_tile_ratio = float(ratio_tiles.flatten()[worst_tile])
@@ -392,13 +494,14 @@ def compare_tensor(
     if worst_tile_ratio > ratio_global:
         g, t = divmod(worst_tile, num_tiles)
         err_backend = float(err_tiles[g, t])
-        err_baseline = max(float(tiles(base2_rows)[g, t].sqrt()), u * float(tiles(scale2_rows)[g, t].sqrt()))
+        err_baseline = max(float(p.base2_tiles[g, t].sqrt()), u * float(p.scale2_tiles[g, t].sqrt()))
         allowed = float(allowed_tiles[g, t])
         region = (g, t * tile_rows, min((t + 1) * tile_rows, num_rows))
     else:
         err_backend, err_baseline, allowed = err_global, floor_global, allowed_global
         region = None
     error_ratio = max(ratio_global, worst_tile_ratio)
+    ndim, group_dims, group_shape, row_dim, has_features = len(p.shape), p.group_dims, p.group_shape, p.row_dim, p.has_features
 
     def original_index(g: int, row: int, feature: int) -> tuple[int, ...]:
         index = [0] * ndim
@@ -424,9 +527,9 @@ def compare_tensor(
             row, feature = divmod(flat, num_features)
             worst_index = original_index(g, r0 + row, feature)
 
-    ref_norm = float(ref2_rows.sum().sqrt())
+    ref_norm = p.ref_norm
     rel_l2 = err_global / ref_norm if ref_norm > 0 else (0.0 if err_global == 0 else math.inf)
-    is_all_zero = bool(ref_finite.any()) and not bool((act[ref_finite] != 0).any())
+    is_all_zero = p.ref_finite_any and not bool(((act != 0) & ref_finite).any())
     kinds = [kind for kind, count in counts.items() if count]
     if is_all_zero and max(ratio_global, worst_tile_ratio) > 1:  # zero is wrong, not just ~0 (e.g. 1e-17)
         kinds.append("all_zero")
@@ -443,9 +546,67 @@ def compare_tensor(
     )
 
 
+class PreparedReference:
+    """A `ReferenceResult` with the reference-only part of the comparison (`prepare_tensor`) of
+    each tensor computed at first use and kept: one per case, shared by every backend and variant
+    judged against it (`compare_outputs` accepts it where it takes a reference).
+
+    Args:
+        case: the case the reference was computed for.
+        reference: its `oracle.reference.ReferenceResult`.
+        inputs: the case's inputs (kept for the caller's convenience; not used here).
+        tile_rows: rows per tile.
+
+    Attributes:
+        reference, inputs: as given; ``out``, ``lse``, ``dq``, ``dk``, ``dv``, ``error_scales`` are
+        the reference's.
+    """
+
+    def __init__(self, case: AttentionCase, reference: ReferenceResult, inputs: Any = None, tile_rows: int = TILE_ROWS):
+        self.case = case
+        self.reference = reference
+        self.inputs = inputs
+        self.tile_rows = tile_rows
+        self._prepared: dict[str, PreparedTensor] = {}
+
+    def __getattr__(self, name: str) -> Any:  # out, lse, dq, dk, dv, error_scales, ...
+        if name.startswith("_") or name in ("case", "reference", "inputs", "tile_rows"):
+            raise AttributeError(name)
+        return getattr(self.reference, name)
+
+    def tensor(self, name: str) -> PreparedTensor:
+        """The `PreparedTensor` of ``name`` (computed once).
+
+        Raises:
+            CompareInputError: the reference has no ``name`` (a gradient without backward).
+        """
+        prepared = self._prepared.get(name)
+        if prepared is None:
+            prepared = _prepare_named(self.case, self.reference, name, self.tile_rows)
+            self._prepared[name] = prepared
+        return prepared
+
+
+def _row_dims(case: AttentionCase) -> dict[str, int]:
+    if case.is_varlen:
+        return {"out": 0, "lse": 1, "dq": 0, "dk": 0, "dv": 0}
+    return {"out": 1, "lse": 2, "dq": 1, "dk": 1, "dv": 1}
+
+
+def _prepare_named(case: AttentionCase, reference: ReferenceResult, name: str, tile_rows: int) -> PreparedTensor:
+    expected = getattr(reference, name)
+    if expected is None:
+        raise CompareInputError(f"{name} was given but the reference has no {name} (run it with backward)")
+    return prepare_tensor(
+        name, expected, case.dtype, tile_rows=tile_rows, row_dim=_row_dims(case)[name],
+        visible_rows=masks_visible_rows(case, expected.device) if name == "lse" else None,
+        row_scale=reference.error_scales.get(name),
+    )
+
+
 def compare_outputs(
     case: AttentionCase,
-    reference: ReferenceResult,
+    reference: ReferenceResult | PreparedReference,
     *,
     out: torch.Tensor,
     lse: torch.Tensor | None = None,
@@ -458,7 +619,8 @@ def compare_outputs(
 
     Args:
         case: the case both were computed for.
-        reference: `oracle.reference.reference` of the same case and inputs.
+        reference: `oracle.reference.reference` of the same case and inputs, or its
+            `PreparedReference` (the reference-only work then happens once per case).
         out: ``[batch_size, seqlen_q, num_heads, head_dim_v]`` (thd ``[total_q, ...]``), any dtype.
         lse: ``[batch_size, num_heads, seqlen_q]`` (thd ``[num_heads, total_q]``), natural log,
             float32 or float64; None when the kernel returns none (skipped).
@@ -472,21 +634,15 @@ def compare_outputs(
         CompareInputError: a gradient is given but the reference has none.
     """
     given = {"out": out, "lse": lse, "dq": dq, "dk": dk, "dv": dv}
-    row_dims = {"out": 0, "lse": 1, "dq": 0, "dk": 0, "dv": 0} if case.is_varlen else {
-        "out": 1, "lse": 2, "dq": 1, "dk": 1, "dv": 1}
+    prepared = reference if isinstance(reference, PreparedReference) and reference.tile_rows == tile_rows else None
+    base = reference.reference if isinstance(reference, PreparedReference) else reference
     verdicts: dict[str, TensorVerdict] = {}
     for name in TENSOR_NAMES:
         actual = given[name]
         if actual is None:
             continue
-        expected = getattr(reference, name)
-        if expected is None:
-            raise CompareInputError(f"{name} was given but the reference has no {name} (run it with backward)")
-        verdicts[name] = compare_tensor(
-            name, actual, expected, case.dtype, tile_rows=tile_rows, row_dim=row_dims[name],
-            visible_rows=masks_visible_rows(case, expected.device) if name == "lse" else None,
-            row_scale=reference.error_scales.get(name),
-        )
+        tensor = prepared.tensor(name) if prepared is not None else _prepare_named(case, base, name, tile_rows)
+        verdicts[name] = judge_tensor(tensor, actual)
     signatures = tuple(sig for verdict in verdicts.values() for sig in verdict.signatures)
     if signatures:  # a failure keeps its tile allowances, for the exported repro
         verdicts = {
@@ -511,10 +667,14 @@ __all__ = [
     "TOLERANCE_FACTORS",
     "UNIT_ROUNDOFF",
     "CompareInputError",
+    "PreparedReference",
+    "PreparedTensor",
     "TensorVerdict",
     "Verdict",
     "compare_outputs",
     "compare_tensor",
+    "judge_tensor",
+    "prepare_tensor",
     "rounding_dtype",
     "tolerance_factor",
     "unit_roundoff",
