@@ -1,4 +1,5 @@
-"""The SQL schema, in one place: builds, workers, cases, results, buckets, Hypothesis examples.
+"""The SQL schema, in one place: builds, workers, cases, results, buckets, defects (root-cause
+groups of buckets), Hypothesis examples.
 
 Every relationship is ``lazy="raise"``: a query says what it loads (``selectinload``/
 ``joinedload`` in `service.repository`), so no page issues hidden queries.
@@ -288,12 +289,39 @@ class Bucket(Base):
     minimise_owner_id: Mapped[int | None] = mapped_column(ForeignKey("workers.id"), index=True)
     minimise_lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     minimise_attempts: Mapped[int] = mapped_column(Integer, default=0)
+    # Severity (migration 0005; `fuzzer.severity`): from the signature and ``max_error_ratio``,
+    # the largest error ratio of the bucket's results (None when none was compared).
+    severity: Mapped[str] = mapped_column(String(16), default="wrong", server_default="wrong", index=True)
+    max_error_ratio: Mapped[float | None] = mapped_column(Float)
+    # Root-cause group (migration 0005): the defect whose minimised case this bucket shares.
+    defect_id: Mapped[int | None] = mapped_column(ForeignKey("defects.id"), index=True)
 
     first_case: Mapped[Case] = relationship(foreign_keys=[first_case_id], lazy="raise")
     minimised_case: Mapped[Case | None] = relationship(foreign_keys=[minimised_case_id], lazy="raise")
     first_build: Mapped[Build] = relationship(foreign_keys=[first_build_id], lazy="raise")
     last_build: Mapped[Build] = relationship(foreign_keys=[last_build_id], lazy="raise")
     duplicate_of: Mapped[Bucket | None] = relationship(remote_side=[id], lazy="raise")
+    defect: Mapped[Defect | None] = relationship(back_populates="buckets", lazy="raise")
+
+
+class Defect(Base):
+    """A root-cause group: the buckets of one backend that share one minimised case (migration
+    0005). One defect seen through several API variants or as several signatures (``out:all_zero``
+    on one variant, ``out:mismatch`` on another, ...) is one row here with several buckets, its
+    symptoms. A bucket joins the defect ``(backend, case_id)`` when its minimised case is
+    recorded (`service.store.SqlStore.record_minimised`), whether shrunk for it or attached (re-
+    checked on the minimised case of a sibling bucket)."""
+
+    __tablename__ = "defects"
+    __table_args__ = (UniqueConstraint("backend", "case_id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    backend: Mapped[str] = mapped_column(String(64))
+    case_id: Mapped[str] = mapped_column(ForeignKey("cases.id"), index=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+    case: Mapped[Case] = relationship(lazy="raise")
+    buckets: Mapped[list[Bucket]] = relationship(back_populates="defect", lazy="raise", order_by="Bucket.id")
 
 
 class HypothesisExample(Base):

@@ -1,0 +1,80 @@
+"""Severity of a failure bucket, and which signatures are judged by their error ratio.
+
+A bucket ``(backend, variant, signature)`` gets one severity, computed from its signature and the
+largest ``error_ratio`` stored for it (`fuzzer.results.CaseResult.error_ratio`: worst error /
+allowed error, > 1 fails; see `oracle.compare`). Most severe first:
+
+=============  ================================================================================
+``wrong``      the answer is wrong, silently: all-zero output (``<tensor>:all_zero``), non-finite
+               values (``nan``, ``posinf``, ``neginf``), a wrong shape, a finite lse on a row that
+               sees no key (``finite_on_masked``), or an error ratio of ``WRONG_RATIO`` (10) or more
+``crash``      the backend's process died, hung or ran out of memory (``crash``, ``timeout``,
+               ``oom``): loud, but it takes the caller down
+``imprecise``  a ratio-based signature (``mismatch``, ``tile_mismatch``) with
+               ``1 <= error_ratio < WRONG_RATIO``: outside the tolerance by less than 10x
+``error``      the backend raised an exception on a case it declared supported
+               (``error:<ExceptionType>``): loud, a capability-declaration gap
+=============  ================================================================================
+
+The ratio bound 10 is issue 14's: a result off by ten times the allowed error of its dtype is not
+a rounding question. Signature kinds are those of `oracle.compare` (``"<tensor>:<kind>"``).
+"""
+
+from __future__ import annotations
+
+import math
+
+SEVERITIES = ("wrong", "crash", "imprecise", "error")
+"""Severities, most severe first."""
+SEVERITY_RANK = {name: len(SEVERITIES) - i for i, name in enumerate(SEVERITIES)}
+"""Larger is more severe: ``wrong`` 4, ``crash`` 3, ``imprecise`` 2, ``error`` 1."""
+WRONG_RATIO = 10.0
+RATIO_KINDS = frozenset({"mismatch", "tile_mismatch"})
+"""Signature kinds that say only "the error is above the allowed error": judged by the ratio."""
+WRONG_KINDS = frozenset({"all_zero", "nan", "posinf", "neginf", "shape", "finite_on_masked"})
+CRASH_SIGNATURES = frozenset({"crash", "timeout", "oom"})
+
+
+def signature_kind(signature: str) -> str:
+    """The kind of ``"<tensor>:<kind>"`` (``"out:mismatch"`` -> ``"mismatch"``); the signature
+    itself when it has no tensor (``"crash"``, ``"error:ValueError"`` -> ``"error"``)."""
+    head, _, tail = signature.partition(":")
+    if head == "error":
+        return "error"
+    return tail if tail else head
+
+
+def is_ratio_based(signature: str | None) -> bool:
+    """True for signatures that only say the error ratio is above 1 (``<tensor>:mismatch``,
+    ``<tensor>:tile_mismatch``): the ones a shrinker can push to the edge of the tolerance."""
+    return signature is not None and signature_kind(signature) in RATIO_KINDS
+
+
+def severity(signature: str, error_ratio: float | None = None) -> str:
+    """The severity of a bucket with ``signature`` whose largest stored ratio is ``error_ratio``.
+
+    Args:
+        signature: a failure signature (``"out:all_zero"``, ``"dq:mismatch"``, ``"crash"``,
+            ``"error:RuntimeError"``, ...).
+        error_ratio: the largest error ratio seen (None when never compared; an infinite or NaN
+            ratio counts as ``wrong``).
+
+    Returns:
+        One of `SEVERITIES`. An unknown kind counts as ``wrong`` (it is a comparison failure no
+        rule above makes milder).
+    """
+    kind = signature_kind(signature)
+    if kind == "error":
+        return "error"
+    if signature in CRASH_SIGNATURES:
+        return "crash"
+    if kind in RATIO_KINDS:
+        if error_ratio is not None and (math.isnan(error_ratio) or error_ratio >= WRONG_RATIO):
+            return "wrong"
+        return "imprecise"
+    return "wrong"
+
+
+def severity_rank(name: str | None) -> int:
+    """`SEVERITY_RANK` of ``name`` (0 for None or an unknown name: least severe)."""
+    return SEVERITY_RANK.get(name or "", 0)
