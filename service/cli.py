@@ -6,20 +6,10 @@ Commands: ``fuzz``, ``backends``, ``db upgrade``/``db current``, ``cases list``/
 share (``--db``, migrating, exit codes) is in `service.cli_common`.
 The CLI composes the fuzzer (worker, backends) with storage (the SQL store, behind the worker's
 local spool, `fuzzer.spool`); its only extra job is turning `AttnFuzzError` subclasses into exit
-codes:
+codes, listed in `EXIT_CODES` (shown by ``attnfuzz --help`` and in the README).
 
-====  ==============================================================
-0     success
-1     any other attnfuzz error
-2     bad input (a case, corpus file or option violates a constraint, or
-      names a stored row that does not exist)
-3     a backend cannot be loaded (bad plugin spec or entry point)
-4     the worker cannot run (no usable backend on this machine)
-5     the database cannot be opened or migrated, or stayed unreachable
-6     the database refuses writes (disk full, read-only); unsaved
-      results stay in the spool
-7     the local spool is full or unusable (nothing was dropped)
-====  ==============================================================
+Nothing at import time loads torch or Hypothesis (``attnfuzz --help`` and ``--version`` stay
+fast); each command imports what it runs.
 """
 
 from __future__ import annotations
@@ -30,7 +20,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.console import Group
@@ -38,21 +28,87 @@ from rich.live import Live
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from fuzzer.results import CaseResult
-from fuzzer.worker import Reporter, Worker, WorkerConfig, WorkerError, WorkerStats
 from oracle.errors import AttnFuzzError, CaseValidationError
-from service.cli_common import DbOption, console, db_url, fail, migrate, out
+from service.cli_common import (
+    DbOption,
+    Device,
+    Isolation,
+    LogLevel,
+    check_schema,
+    configure_logging,
+    console,
+    db_url,
+    fail,
+    id_column,
+    log,
+    migrate,
+    out,
+)
 
-app = typer.Typer(help="attnfuzz: differential fuzzing of attention kernels against a float64 oracle.", no_args_is_help=True)
+if TYPE_CHECKING:
+    from fuzzer.results import CaseResult
+    from fuzzer.worker import Worker, WorkerStats
+
+EXIT_CODES = {
+    0: "success",
+    1: "any other attnfuzz error",
+    2: "bad input or usage: a case, corpus file or option violates a constraint, or names a stored row that does not exist",
+    3: "a backend cannot be loaded (bad plugin spec or entry point)",
+    4: "the worker cannot run (no usable backend on this machine)",
+    5: "the database cannot be opened or migrated, stayed unreachable, or its schema is old (run attnfuzz db upgrade)",
+    6: "the database refuses writes (disk full, read-only); unsaved results stay in the spool",
+    7: "the local spool is full or unusable (nothing was dropped)",
+    8: "a build environment cannot be prepared (builds, bisect)",
+    9: "a replay contradicts the corpus (--check), or a bisection's endpoints do not bracket the failure",
+    130: "interrupted (Ctrl-C); what was stored is printed first",
+}
+EXIT_CODES_HELP = "Exit codes: " + "; ".join(f"{code} {what}" for code, what in EXIT_CODES.items()) + "."
+
+app = typer.Typer(
+    help="attnfuzz: differential fuzzing of attention kernels against a float64 oracle.",
+    epilog=EXIT_CODES_HELP,
+    no_args_is_help=True,
+)
 db_app = typer.Typer(help="Database schema management (Alembic migrations).", no_args_is_help=True)
 cases_app = typer.Typer(help="Inspect stored cases.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 app.add_typer(cases_app, name="cases")
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from attnfuzz import __version__
+
+        out.print(f"attnfuzz {__version__}", highlight=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_print_version, is_eager=True, help="Print the version and exit."),
+    ] = False,
+    log_level: Annotated[
+        LogLevel,
+        typer.Option(
+            "--log-level",
+            envvar="ATTNFUZZ_LOG_LEVEL",
+            show_envvar=True,
+            case_sensitive=False,
+            help="Messages of attnfuzz (and of SQLAlchemy, Alembic, uvicorn, Hypothesis) on stderr from this level up.",
+        ),
+    ] = LogLevel.warning,
+) -> None:
+    """attnfuzz: differential fuzzing of attention kernels against a float64 oracle."""
+    configure_logging(log_level.value)
+
+
 # --------------------------------------------------------------------------------------- fuzz
-class RichReporter(Reporter):
-    """Live progress: a time/case bar, cases/s, per-backend counts and new buckets."""
+class RichReporter:
+    """Live progress: a time/case bar, cases/s, per-backend counts and new buckets (implements
+    `fuzzer.worker.Reporter`'s callbacks; not a subclass, so importing this module does not
+    import the worker)."""
 
     def __init__(self, budget_s: float | None, max_cases: int | None):
         self.progress = Progress(
@@ -67,7 +123,7 @@ class RichReporter(Reporter):
 
     def _render(self, stats: WorkerStats | None) -> Group:
         table = Table(title=None, expand=False)
-        table.add_column("backend")
+        id_column(table, "backend", [b for b, _ in (stats.per_backend if stats is not None else ())])
         for status in ("pass", "fail", "unsupported", "error", "crash", "timeout", "oom"):
             table.add_column(status, justify="right")
         if stats is not None:
@@ -118,13 +174,62 @@ class RichReporter(Reporter):
             self.live.stop()
 
 
-def _print_summary(stats: WorkerStats, url: str) -> None:
-    table = Table(title="results by status")
-    table.add_column("status")
+COUNTS_NOTE = (
+    "These counts are of evaluations this run made: a case Hypothesis draws again, a replayed known "
+    "bucket and a redone case count every time. The database keeps each case once (by case_id) and "
+    "one result per case, backend, variant and build, so its counts (attnfuzz report) can be lower."
+)
+
+
+def _summary_data(stats: WorkerStats, url: str, *, interrupted: bool = False, spool: dict | None = None) -> dict:
+    """The fuzz summary as JSON-ready data (``attnfuzz fuzz --json``); times in seconds."""
+    shrunk = dict(stats.minimised)
+    buckets = []
+    for key in stats.new_buckets:
+        outcome = shrunk.get(key)
+        buckets.append(
+            {
+                "backend": key[0],
+                "variant": key[1],
+                "signature": key[2],
+                "minimised": None
+                if outcome is None
+                else {"status": outcome.status, "case_id": outcome.case.case_id, "case": outcome.case.describe()},
+            }
+        )
+    return {
+        "database": url,
+        "interrupted": interrupted,
+        "cases": stats.cases,
+        "wall_s": stats.wall_s,
+        "cases_per_s": stats.cases_per_s,
+        "evaluations_by_status": dict(sorted(stats.results.items())),
+        "evaluations_by_backend": {
+            name: {status: n for (b, status), n in sorted(stats.per_backend.items()) if b == name}
+            for name in sorted({b for b, _ in stats.per_backend})
+        },
+        "counts_note": COUNTS_NOTE,
+        "time_s": {
+            "oracle": stats.oracle_s,
+            "kernels": stats.kernel_s,
+            "jit": stats.compile_s,
+            "shrinking": stats.shrink_s,
+        },
+        "new_buckets": buckets,
+        "spool": spool or {},
+    }
+
+
+def _print_summary(stats: WorkerStats, url: str, *, interrupted: bool = False) -> None:
+    if interrupted:
+        out.print("[bold yellow]interrupted (Ctrl-C):[/] what this run stored before it stopped:")
+    table = Table(title="evaluations this run, by status")
+    table.add_column("status", no_wrap=True)
     table.add_column("count", justify="right")
     for status, count in sorted(stats.results.items()):
         table.add_row(status, str(count))
     out.print(table)
+    out.print(COUNTS_NOTE, style="dim")
     other = max(stats.wall_s - stats.oracle_s - stats.kernel_s - stats.compile_s - stats.shrink_s, 0.0)
     out.print(
         f"{stats.cases} cases in {stats.wall_s:.1f} s ({stats.cases_per_s:.2f} cases/s); "
@@ -143,7 +248,7 @@ def _print_summary(stats: WorkerStats, url: str) -> None:
             out.print(line)
     else:
         out.print("[green]no failures found[/]")
-    out.print(f"stored in {url}; see them with: attnfuzz serve --db {url}")
+    out.print(f"stored in {url}; see them with: attnfuzz serve --db {url}", soft_wrap=True)
 
 
 @app.command()
@@ -156,22 +261,32 @@ def fuzz(
     ] = None,
     db: DbOption = None,
     seed: Annotated[Optional[int], typer.Option("--seed", help="Make generation reproducible.")] = None,
-    device: Annotated[str, typer.Option(help="Where inputs and the oracle live: auto, cpu or cuda.")] = "auto",
+    device: Annotated[Device, typer.Option(help="Where inputs and the oracle live.")] = Device.auto,
     gpus: Annotated[Optional[str], typer.Option("--gpus", help="'all' or a list like 0,1: one worker process per GPU.")] = None,
     shrink: Annotated[bool, typer.Option("--shrink/--no-shrink", help="Minimise new buckets.")] = True,
     shrink_deadline: Annotated[float, typer.Option(help="Seconds per minimisation.")] = 120.0,
     case_timeout: Annotated[float, typer.Option(help="Seconds per backend call before its child is killed.")] = 120.0,
-    isolation: Annotated[str, typer.Option(help="process (child processes) or none.")] = "process",
+    isolation: Annotated[
+        Isolation,
+        typer.Option(
+            help="Run backends in child processes (a crash or hang becomes a result) or in this process.",
+        ),
+    ] = Isolation.process,
     max_seqlen: Annotated[Optional[int], typer.Option(help="Largest seqlen_q/seqlen_k drawn.")] = None,
     max_batch_size: Annotated[int, typer.Option(help="Largest batch_size drawn.")] = 2,
     max_heads_kv: Annotated[int, typer.Option(help="Largest num_heads_kv drawn.")] = 4,
     max_work: Annotated[int, typer.Option(help="Bound on batch*heads*seqlen_q*seqlen_k*head_dim.")] = 2**24,
     forward_only: Annotated[bool, typer.Option("--forward-only", help="Do not fuzz gradients.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", help="No live display.")] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="No live display; print the summary as one JSON object on stdout.")
+    ] = False,
     replay: Annotated[bool, typer.Option("--replay/--no-replay", help="Re-run known buckets first.")] = True,
     spool_dir: Annotated[
         Optional[str],
-        typer.Option(help="Root of the local spool slots (default $ATTNFUZZ_SPOOL_DIR or ~/.cache/attnfuzz/spool)."),
+        typer.Option(
+            envvar="ATTNFUZZ_SPOOL_DIR", show_envvar=True, help="Root of the local spool slots (default ~/.cache/attnfuzz/spool)."
+        ),
     ] = None,
     spool_max_bytes: Annotated[int, typer.Option(help="Bound on one worker's spool, bytes.")] = 256 * 2**20,
     ledger: Annotated[
@@ -199,9 +314,18 @@ def fuzz(
     Results that cannot be stored (database stopped, restarting or locked) wait in a local spool
     and are written, in order, when the database is back; a worker started after one was killed
     takes over its spool slot, stores what it left and redoes its interrupted case.
+
+    Ctrl-C stops the run: what was stored so far is summarised (and where), unsaved results stay
+    in the spool for the next run, and the exit code is 130.
+
+    A plugin given as ``--backend module:attr`` is imported with the current directory at the end
+    of ``sys.path`` (so ``--backend localk:LocalBackend`` finds ``./localk.py``, as ``python -m``
+    would), after the installed packages.
     """
     from fuzzer import registry
+    from fuzzer.worker import Reporter, Worker, WorkerConfig
 
+    device, isolation = Device(device).value, Isolation(isolation).value
     url = db_url(db)
     budget = time_budget if time_budget is not None else (None if max_cases is not None else 60.0)
     try:
@@ -210,6 +334,8 @@ def fuzz(
             return
         names = [b for b in (backend or []) if ":" not in b]
         specs = [b for b in (backend or []) if ":" in b]
+        if specs:
+            _cwd_importable()
         if names or specs:
             selected = registry.select(names, specs)
         else:
@@ -250,12 +376,14 @@ def fuzz(
             child_memory_limit_bytes=child_memory_limit_bytes,
             corpus_dir=corpus or None,
         )
-        reporter = Reporter() if quiet else RichReporter(budget, max_cases)
+        reporter = Reporter() if quiet or as_json else RichReporter(budget, max_cases)
         spool = Spool.acquire(spool_dir or default_spool_root(), url, max_bytes=spool_max_bytes)
         journal = Ledger(ledger) if ledger else None
         sink = SpoolingSink(
-            SqlStore(engine), spool, ledger=journal, startup_timeout_s=db_wait, log=lambda line: console.print(line)
+            SqlStore(engine), spool, ledger=journal, startup_timeout_s=db_wait, log=lambda line: log.warning("%s", line)
         )
+        worker = None
+        interrupted = False
         try:
             worker = Worker(
                 config,
@@ -265,27 +393,56 @@ def fuzz(
                 journal=spool,
                 build_history=SqlBuildHistory(engine),
             )
-            stats = worker.run()
+            try:
+                stats = worker.run()
+            except KeyboardInterrupt:
+                interrupted = True
+                stats = worker.stats
+            left = sink.close()
+        except KeyboardInterrupt:  # while the worker was being built: nothing ran yet
+            interrupted = True
+            left = sink.close()
+            from fuzzer.worker import WorkerStats
+
+            stats = worker.stats if worker is not None else WorkerStats()
         except AttnFuzzError as exc:
             left = sink.close()
             if left and _reraisable(exc):
                 raise type(exc)(f"{exc}; {left} unsaved writes kept in spool {spool.path} (stored by the next run)") from exc
             raise
-        else:
-            left = sink.close()
         finally:
             spool.close()
             if journal is not None:
                 journal.close()
             engine.dispose()
-        _print_summary(stats, url)
-        if sink.outages or left:
-            out.print(
-                f"database outages: {sink.outages}; writes spooled {sink.spooled}, flushed {sink.flushed}, "
-                f"left in {spool.path}: {left}"
-            )
+        spooled = {"outages": sink.outages, "spooled": sink.spooled, "flushed": sink.flushed, "left": left,
+                   "path": str(spool.path)}
+        if as_json:
+            out.print_json(json.dumps(_summary_data(stats, url, interrupted=interrupted, spool=spooled), default=str))
+        else:
+            _print_summary(stats, url, interrupted=interrupted)
+            if sink.outages or left:
+                out.print(
+                    f"database outages: {sink.outages}; writes spooled {sink.spooled}, flushed {sink.flushed}, "
+                    f"left in {spool.path}: {left} (stored by the next run on this database)",
+                    soft_wrap=True,
+                )
+        if interrupted:
+            raise typer.Exit(130)
     except AttnFuzzError as exc:
         fail(exc)
+
+
+def _cwd_importable() -> None:
+    """Put the current directory at the end of ``sys.path`` (and of ``PYTHONPATH`` for the
+    backend child processes) so a ``module:attr`` plugin spec finds ``./module.py``; at the end,
+    so a local file never shadows an installed package."""
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.append(cwd)
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if cwd not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([*paths, cwd])
 
 
 def _reraisable(exc: AttnFuzzError) -> bool:
@@ -299,6 +456,8 @@ def _reraisable(exc: AttnFuzzError) -> bool:
 def _fuzz_on_gpus(gpus: str, url: str) -> None:
     """Start one ``attnfuzz fuzz`` process per GPU (``CUDA_VISIBLE_DEVICES``) and wait for all."""
     import torch
+
+    from fuzzer.worker import WorkerError
 
     if gpus == "all":
         indices = list(range(torch.cuda.device_count()))
@@ -328,7 +487,7 @@ def _fuzz_on_gpus(gpus: str, url: str) -> None:
     for index in indices:
         env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(index)}
         log = open(f"attnfuzz-gpu{index}.log", "w")
-        cmd = [sys.executable, "-m", "service.cli", *cleaned, "--quiet", "--device", "cuda"]
+        cmd = [sys.executable, "-m", "attnfuzz", *cleaned, "--quiet", "--device", "cuda"]
         processes.append((index, subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT), log))
         console.print(f"worker on GPU {index}: pid {processes[-1][1].pid}, log attnfuzz-gpu{index}.log")
     failed = 0
@@ -384,25 +543,42 @@ def backends(
 
 # --------------------------------------------------------------------------------------- db
 @db_app.command("upgrade")
-def db_upgrade(db: DbOption = None) -> None:
+def db_upgrade(
+    db: DbOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print {database, revision, head} as JSON.")] = False,
+) -> None:
     """Create or migrate the schema to the newest revision."""
     url = db_url(db)
     try:
         migrate(url)
     except AttnFuzzError as exc:
         fail(exc)
-    from service.migrations import current
-
-    out.print(f"{url}: at revision {current(url)}")
+    _print_revision(url, as_json)
 
 
 @db_app.command("current")
-def db_current(db: DbOption = None) -> None:
-    """Print the schema revision of the database."""
-    from service.migrations import current
+def db_current(
+    db: DbOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print {database, revision, head} as JSON.")] = False,
+) -> None:
+    """Print the schema revision of the database (never writes; exit 5 if it cannot be opened)."""
+    _print_revision(db_url(db), as_json)
 
-    url = db_url(db)
-    out.print(f"{url}: at revision {current(url)}")
+
+def _print_revision(url: str, as_json: bool) -> None:
+    from service.errors import ServiceError
+    from service.migrations import current, head
+
+    try:
+        revision = current(url)
+    except Exception as exc:  # SQLAlchemy/driver errors: name the database
+        fail(ServiceError(f"database {url!r}: cannot open: {type(exc).__name__}: {str(exc).strip().splitlines()[0]}"))
+    newest = head()
+    if as_json:
+        out.print_json(json.dumps({"database": url, "revision": revision, "head": newest, "up_to_date": revision == newest}))
+    else:
+        note = "" if revision == newest else f" (newest is {newest}: attnfuzz db upgrade --db {url})"
+        out.print(f"{url}: at revision {revision}{note}", soft_wrap=True, highlight=False)
 
 
 # --------------------------------------------------------------------------------------- cases
@@ -425,9 +601,11 @@ def cases_list(
 
     url = db_url(db)
     try:
-        migrate(url)
+        check_schema(url)
         engine = make_engine(url)
         with Session(engine) as session:
+            if backend:
+                check_stored_name(session, "backend", backend)
             page = list_cases(session, failing=failing, backend=backend, limit=limit)
             rows = []
             for item in page.items:
@@ -442,7 +620,11 @@ def cases_list(
     if as_json:
         out.print_json(json.dumps({"total": page.total, "items": rows}))
         return
-    table = Table("case_id", "origin", "results", "case", title=f"{len(rows)} of {page.total} cases")
+    table = Table(title=f"{len(rows)} of {page.total} cases")
+    id_column(table, "case_id", [r["case_id"] for r in rows])
+    table.add_column("origin", no_wrap=True)
+    table.add_column("results")
+    table.add_column("case")
     for row in rows:
         results = ", ".join(f"{n} {status}" for status, n in sorted(row["statuses"].items()))
         table.add_row(row["case_id"], row["origin"], results, row["description"])
@@ -450,19 +632,33 @@ def cases_list(
 
 
 @cases_app.command("show")
-def cases_show(case_id: str, db: DbOption = None, as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+def cases_show(
+    case_id: Annotated[str, typer.Argument(help="A stored case id, or a unique prefix of one.")],
+    db: DbOption = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
     """Show one case: its description, JSON and every stored result."""
     from sqlalchemy.orm import Session
 
     from oracle.config import AttentionCase
+    from service.cli_common import resolve_case_id
     from service.db import make_engine
     from service.repository import get_case
 
-    engine = make_engine(db_url(db))
+    url = db_url(db)
+    try:
+        check_schema(url)
+    except AttnFuzzError as exc:
+        fail(exc)
+    engine = make_engine(url)
     with Session(engine) as session:
+        try:
+            case_id = resolve_case_id(session, case_id)
+        except AttnFuzzError as exc:
+            fail(exc)
         detail = get_case(session, case_id)
         if detail is None:
-            console.print(f"[red]error:[/] case_id: no case {case_id!r} in {db_url(db)}")
+            console.print(f"[red]error:[/] case_id: no case {case_id!r} in {url}")
             raise typer.Exit(2)
         case = AttentionCase.from_json(detail.case.config)
         results = [
@@ -482,7 +678,11 @@ def cases_show(case_id: str, db: DbOption = None, as_json: Annotated[bool, typer
         return
     out.print(f"[bold]{case.case_id}[/]  {case.describe()}")
     out.print_json(json.dumps(case.to_json()))
-    table = Table("backend", "variant", "status", "signature", "error_ratio", "phase")
+    table = Table()
+    id_column(table, "backend", [r["backend"] for r in results])
+    id_column(table, "variant", [r["variant"] for r in results])
+    for column in ("status", "signature", "error_ratio", "phase"):
+        table.add_column(column)
     counts = Counter()
     for r in results:
         counts[r["status"]] += 1
@@ -541,6 +741,10 @@ def report(db: DbOption = None, as_json: Annotated[bool, typer.Option("--json", 
     from service.repository import campaign_report
 
     url = db_url(db)
+    try:
+        check_schema(url)
+    except AttnFuzzError as exc:
+        fail(exc)
     engine = make_engine(url)
     with Session(engine) as session:
         rep = campaign_report(session)
@@ -601,8 +805,19 @@ def serve(
     db: DbOption = None,
     host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port.")] = 8000,
+    api_token: Annotated[
+        Optional[str],
+        typer.Option(
+            envvar="ATTNFUZZ_API_TOKEN",
+            show_envvar=True,
+            show_default=False,
+            help="Bearer token that writes (triage) require; unset leaves writes open.",
+        ),
+    ] = None,
 ) -> None:
-    """Serve the dashboard and JSON API (FastAPI + uvicorn)."""
+    """Serve the dashboard and JSON API (FastAPI + uvicorn). Reads the database and never
+    migrates it (a read-only database can be served); an old schema is an error naming
+    ``attnfuzz db upgrade``."""
     import uvicorn
 
     from service.app import create_app
@@ -610,10 +825,11 @@ def serve(
 
     url = db_url(db)
     try:
-        migrate(url)
+        check_schema(url)
     except AttnFuzzError as exc:
         fail(exc)
-    uvicorn.run(create_app(Settings(database_url=url)), host=host, port=port)
+    settings = Settings(database_url=url, api_token=api_token) if api_token else Settings(database_url=url)
+    uvicorn.run(create_app(settings), host=host, port=port, log_config=None)
 
 
 # Commands defined in their own modules.

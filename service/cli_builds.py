@@ -42,7 +42,12 @@ EXIT_MISMATCH = 9
 PackageOption = Annotated[str, typer.Option("--package", help="The package line, e.g. flash-attn-4.")]
 BuildsDirOption = Annotated[
     Optional[str],
-    typer.Option("--builds-dir", help="Where build environments live (default $ATTNFUZZ_BUILDS_DIR or ~/.cache/attnfuzz/builds)."),
+    typer.Option(
+        "--builds-dir",
+        envvar="ATTNFUZZ_BUILDS_DIR",
+        show_envvar=True,
+        help="Where build environments live (default ~/.cache/attnfuzz/builds).",
+    ),
 ]
 BuildDirOption = Annotated[
     Optional[list[str]],
@@ -98,6 +103,23 @@ def _engine(db: str | None):
     url = db_url(db)
     migrate(url)
     return make_engine(url)
+
+
+def _check_package(engine, package: str | None, known_elsewhere: Sequence[str] = ()) -> None:
+    """A ``--package`` filter that names no package line in the database (nor in
+    ``known_elsewhere``, e.g. prepared environments) is an error listing the lines it has.
+
+    Raises:
+        FieldValidationError: unknown package line (exit 2).
+    """
+    from service.errors import FieldValidationError
+    from service.matrix import package_lines
+
+    if not package:
+        return
+    names = sorted({name for name, _count in package_lines(engine)} | set(known_elsewhere))
+    if package not in names:
+        raise FieldValidationError("package", f"no package line {package!r} (known: {', '.join(names) or 'none yet'})")
 
 
 def _rules(path: str | None):
@@ -315,6 +337,8 @@ def builds_list(
         envs = load_environments(_builds_dir(builds_dir), package)
         engine = _engine(db)
         try:
+            if not envs:
+                _check_package(engine, package)
             lines = [package] if package else [name for name, _count in package_lines(engine)]
             known = {line: line_builds(engine, line) for line in lines}
         finally:
@@ -520,6 +544,7 @@ def regressions(
     try:
         engine = _engine(db)
         try:
+            _check_package(engine, package)
             rows = [r.to_json() for r in find_regressions(engine, package, backend=backend, kinds=kinds)]
         finally:
             engine.dispose()
