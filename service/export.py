@@ -39,6 +39,7 @@ file and requires identical syntax trees except at the slots, where only literal
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 import math
 import re
@@ -48,6 +49,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from fuzzer.backends.base import Backend, ReproCall
 from oracle.config import AttentionCase
 from oracle.errors import CaseValidationError
 from service.errors import FieldValidationError
@@ -177,319 +179,338 @@ def check_only_literals(template: str, rendered: str, slots: set[str]) -> None:
         raise ExportError("repro", f"generated code failed the literal-only check: {exc}") from None
 
 
-# ---------------------------------------------------------------------------------- snippets
-@dataclass(frozen=True)
-class CallSnippet:
-    """How a repro calls one backend: source text with ``$name`` slots, and the slots' values.
-
-    ``source`` must define ``check_environment()`` (calls ``pytest.skip`` with the reason when the
-    package, CUDA or the GPU architecture is missing; may set environment variables the library
-    reads) and ``call_backend(q, k, v, cu_seqlens_q, cu_seqlens_k) -> (out, lse)``: q, k, v are
-    leaf tensors in the canonical layout (``[batch_size, seqlen, heads, dim]``, or ``[total,
-    heads, dim]`` for thd, see `oracle.config`) on ``DEVICE`` in the case dtype; ``out`` must come
-    back in the same layout and ``lse`` as ``[batch_size, num_heads, seqlen_q]`` (thd
-    ``[num_heads, total_q]``) or None. The file's helpers (``library_layout``, ``canonical_lse``,
-    ``require_cuda``, ``key_bounds``, ``visible_mask``) and case constants (``QKV_FORMAT``,
-    ``NUM_HEADS`` ...) may be used.
-
-    Attributes:
-        source: the code, every value a ``$slot`` (never formatted in by hand).
-        values: slot name -> plain value (written with `literal`).
-        device: ``"cuda"`` or ``"cpu"``: where the inputs are built.
-        packages: what to install, for the docstring (e.g. ``("flash-attn-4",)``).
-        masked_row_lse: the lse the library documents for rows without a visible key when it is
-            neither ``-inf`` nor ``+inf`` (PyTorch's CPU flash op: ``0.0``).
-    """
-
-    source: str
-    values: dict[str, Any] = field(default_factory=dict)
-    device: str = "cuda"
-    packages: tuple[str, ...] = ()
-    masked_row_lse: float | None = None
+# ---------------------------------------------------------------------------------- backends
+CallSnippet = ReproCall
+"""The former name of `fuzzer.backends.base.ReproCall`."""
 
 
-SnippetFactory = Callable[[AttentionCase, str], CallSnippet]
-_SNIPPETS: dict[str, SnippetFactory] = {}
+def _discovered(extra_specs: tuple[str, ...] = ()) -> dict[str, Backend]:
+    from fuzzer.backends.base import BackendError
+    from fuzzer.registry import discover
+
+    try:
+        return {name: backend for name, (backend, _) in discover(extra_specs, opt_in=True).items()}
+    except BackendError as exc:
+        raise ExportError("backend", str(exc)) from None
 
 
-def register_snippet(backend: str, factory: SnippetFactory, *, replace: bool = False) -> None:
-    """Make ``backend`` exportable: ``factory(case, variant)`` returns its `CallSnippet`.
+def resolve_backend(name: str, spec: str | None = None) -> Backend:
+    """The backend object that writes the repro call of ``name``.
+
+    Args:
+        name: the stored backend name (``"fa4"``, a plugin's name).
+        spec: ``"module:attr"`` naming the plugin (``attnfuzz export --backend module:attr``);
+            default: the built-ins and the ``attnfuzz.backends`` entry points (`fuzzer.registry`).
 
     Raises:
-        ExportError: ``backend`` is not a valid name, or already registered and not ``replace``.
+        ExportError: ``backend``: the spec cannot be loaded, or no known backend is called ``name``
+            (the message lists the known ones and says how to make a plugin known).
     """
-    if not NAME_PATTERN.match(backend):
-        raise ExportError("backend", f"{backend!r} is not a backend name")
-    if backend in _SNIPPETS and not replace:
-        raise ExportError("backend", f"a snippet for {backend!r} is already registered")
-    _SNIPPETS[backend] = factory
+    from fuzzer.backends.base import BackendError
+    from fuzzer.registry import load_spec
+
+    if spec is not None:
+        try:
+            loaded = load_spec(spec)
+        except BackendError as exc:
+            raise ExportError("backend", str(exc)) from None
+        for backend in loaded:
+            if backend.name == name:
+                return backend
+        names = ", ".join(b.name for b in loaded)
+        raise ExportError("backend", f"{spec} defines {names}, not the backend {name!r} the result was recorded for")
+    known = _discovered()
+    if name not in known:
+        raise ExportError(
+            "backend",
+            f"no export for backend {name!r}: no installed backend has that name (known: {', '.join(sorted(known))}); "
+            "install its package (entry-point group attnfuzz.backends) or name it with --backend module:attr",
+        )
+    return known[name]
 
 
-def unregister_snippet(backend: str) -> None:
-    """Forget the snippet of ``backend`` (tests); nothing happens when there is none."""
-    _SNIPPETS.pop(backend, None)
+def has_repro(backend: Backend) -> bool:
+    """The backend's class overrides `Backend.repro`."""
+    return getattr(type(backend), "repro", None) is not Backend.repro
 
 
-def snippet_factory(backend: str) -> SnippetFactory:
-    """The registered snippet factory of ``backend``.
+@functools.lru_cache(maxsize=1)
+def exportable_backends() -> tuple[str, ...]:
+    """Names of the known backends (built-ins and entry points) that declare a repro call, sorted;
+    read once per process (pages use it to offer the download)."""
+    try:
+        return tuple(sorted(name for name, backend in _discovered().items() if has_repro(backend)))
+    except ExportError:
+        return ()
+
+
+def repro_call(backend: Backend, case: AttentionCase, variant: str) -> ReproCall:
+    """``backend.repro(case, variant)``, its errors as `ExportError`.
 
     Raises:
-        ExportError: "no export for backend X" (``field`` ``backend``).
+        ExportError: ``backend``: the backend declares no repro (the message says what to add) or
+            its ``repro`` failed or returned something else than a `ReproCall`; ``variant``: the
+            variant cannot encode the case (a ``ValueError`` of the adapter).
     """
+    from fuzzer.backends.base import ReproUnavailable
+
     try:
-        return _SNIPPETS[backend]
-    except KeyError:
-        known = ", ".join(sorted(_SNIPPETS))
-        raise ExportError("backend", f"no export for backend {backend!r} (exportable: {known})") from None
-
-
-def exportable_backends() -> list[str]:
-    """Names with a registered snippet, sorted."""
-    return sorted(_SNIPPETS)
-
-
-def _translation(fn: Callable[[], Any]) -> Any:
-    try:
-        return fn()
+        call = backend.repro(case, variant)
+    except ReproUnavailable as exc:
+        raise ExportError("backend", str(exc)) from None
     except ValueError as exc:
         raise ExportError("variant", str(exc)) from None
+    except Exception as exc:  # noqa: BLE001 - a plugin's bug must not crash the service
+        raise ExportError("backend", f"{backend.name}.repro raised {type(exc).__name__}: {exc}") from None
+    if not isinstance(call, ReproCall):
+        raise ExportError("backend", f"{backend.name}.repro returned {type(call).__name__}, not a ReproCall")
+    if call.device not in ("cpu", "cuda"):
+        raise ExportError("backend", f"{backend.name}.repro: device {call.device!r} (allowed: cpu, cuda)")
+    return call
 
 
-_FA4_SOURCE = '''
-FA4_KWARGS = $fa4_kwargs
-FA4_ARCH_MAJORS = $arch_majors
+# ------------------------------------------------------------------------------- allowances
+@dataclass(frozen=True)
+class Allowance:
+    """The allowed error of one tensor, as `oracle.compare` judged it (reference-only figures).
+
+    Attributes:
+        whole: the allowed L2 error of the whole tensor.
+        tiles: the allowed error of every tile, ``[group][tile]`` (groups in the order of the
+            tensor's non-row dims, tiles of ``oracle.compare.TILE_ROWS`` rows), or None when not
+            stored (the repro then checks the whole tensor only and says so).
+    """
+
+    whole: float
+    tiles: list[list[float]] | None = None
 
 
-def check_environment():
-    require_cuda(FA4_ARCH_MAJORS, "flash-attn-4")
-    pytest.importorskip("flash_attn.cute.interface", reason="flash-attn-4 is not installed")
+def tile_grid(case: AttentionCase, name: str) -> tuple[int, int]:
+    """``(groups, tiles)`` of tensor ``name`` of ``case`` as `oracle.compare.compare_tensor` tiles
+    it: groups are batch x heads (thd: heads; dk/dv: kv heads), rows the sequence (thd: tokens)."""
+    from oracle.compare import TILE_ROWS
 
-
-def call_backend(q, k, v, cu_seqlens_q, cu_seqlens_k):
-    from flash_attn.cute import interface
-
-    q, k, v = library_layout(q, k, v)
-    if QKV_FORMAT == "thd":
-        result = interface.flash_attn_varlen_func(
-            q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, **FA4_KWARGS
-        )
+    heads = case.num_heads_kv if name in ("dk", "dv") else case.num_heads
+    if case.is_varlen:
+        rows = case.total_k if name in ("dk", "dv") else case.total_q
+        groups = heads
     else:
-        result = interface.flash_attn_func(q, k, v, **FA4_KWARGS)
-    if isinstance(result, (tuple, list)):
-        return result[0], canonical_lse(result[1] if len(result) > 1 else None)
-    return result, None
-'''
+        rows = case.seqlen_k if name in ("dk", "dv") else case.seqlen_q
+        groups = case.batch_size * heads
+    return groups, -(-rows // TILE_ROWS)
 
 
-def _fa4_snippet(case: AttentionCase, variant: str) -> CallSnippet:
-    from fuzzer.backends.fa4 import FA4_ARCH_MAJORS, fa4_call_kwargs
+def _finite(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    value = float(value)
+    return value if math.isfinite(value) and value > 0 else None
 
-    kwargs = _translation(lambda: fa4_call_kwargs(case, variant))
-    return CallSnippet(
-        source=_FA4_SOURCE,
-        values={"fa4_kwargs": kwargs, "arch_majors": tuple(FA4_ARCH_MAJORS)},
-        packages=("flash-attn-4",),
+
+def stored_allowance(case: AttentionCase, metrics: list[dict[str, Any]]) -> dict[str, Allowance]:
+    """The allowances of ``case``'s tensors from stored result metrics (any backend or variant of
+    the same case: the allowance depends on the reference only).
+
+    ``metrics[i][tensor]`` is a `oracle.compare.TensorVerdict.to_json`: ``allowed_global`` and,
+    for failing verdicts, ``tile_allowed``. Tile tables of the wrong shape are ignored.
+
+    Returns:
+        tensor name -> `Allowance`, for the tensors found (possibly none: results recorded by an
+        attnfuzz older than stored allowances).
+    """
+    found: dict[str, Allowance] = {}
+    for entry in metrics:
+        if not isinstance(entry, dict):
+            continue
+        for name in TENSOR_NAMES:
+            figures = entry.get(name)
+            if not isinstance(figures, dict):
+                continue
+            whole = _finite(figures.get("allowed_global"))
+            if whole is None:
+                continue
+            tiles = _tile_table(case, name, figures.get("tile_allowed"))
+            known = found.get(name)
+            if known is None or (known.tiles is None and tiles is not None):
+                found[name] = Allowance(whole, tiles)
+    return found
+
+
+def _tile_table(case: AttentionCase, name: str, table: Any) -> list[list[float]] | None:
+    groups, tiles = tile_grid(case, name)
+    if not isinstance(table, list) or len(table) != groups:
+        return None
+    rows = []
+    for row in table:
+        if not isinstance(row, list) or len(row) != tiles:
+            return None
+        values = [_finite(x) for x in row]
+        if any(x is None for x in values):
+            return None
+        rows.append(values)
+    return rows
+
+
+def computed_allowance(case: AttentionCase) -> dict[str, Allowance]:
+    """The allowances of ``case`` computed with the float64 oracle on the CPU (whole tensor and
+    every tile), for results stored without them. Not for web requests: one oracle reference of the
+    case (milliseconds for minimised cases; seconds and GBs for ~1e9 score entries)."""
+    from oracle.compare import compare_outputs
+    from oracle.inputs import make_inputs
+    from oracle.reference import reference
+
+    ref = reference(case, make_inputs(case, device="cpu"), backward=case.backward, engine="torch")
+    verdict = compare_outputs(case, ref, out=ref.out, lse=ref.lse, dq=ref.dq, dk=ref.dk, dv=ref.dv)
+    return {
+        name: Allowance(float(tv.allowed_global), [[float(x) for x in row] for row in tv.allowed_tiles.tolist()])
+        for name, tv in verdict.tensors.items()
+    }
+
+
+def allowed_errors(case: AttentionCase) -> dict[str, float]:
+    """The allowed whole-tensor L2 error per tensor (`computed_allowance`)."""
+    return {name: a.whole for name, a in computed_allowance(case).items()}
+
+
+def needed_tensors(case: AttentionCase) -> tuple[str, ...]:
+    """The tensors a repro judges: out, lse and, for backward cases, dq, dk, dv."""
+    return TENSOR_NAMES if case.backward else TENSOR_NAMES[:2]
+
+
+# --------------------------------------------------------------------------- export checks
+def stored_statuses(session: Any, case_id: str, backend: str, variant: str) -> list[tuple[str, str]]:
+    """``(status, detail)`` of the stored results of ``case_id`` on ``backend``/``variant``,
+    newest first."""
+    from sqlalchemy import select
+
+    from service.models import Result
+
+    rows = session.execute(
+        select(Result.status, Result.detail)
+        .where(Result.case_id == case_id, Result.backend == backend, Result.variant == variant)
+        .order_by(Result.created_at.desc(), Result.id.desc())
+    ).all()
+    return [(r.status, r.detail or "") for r in rows]
+
+
+def misleading_reason(statuses: list[tuple[str, str]], backend: str, variant: str) -> str | None:
+    """Why a repro of this backend variant would mislead (None when a failure is stored): its
+    results are all ``unsupported`` or passing, or there is none."""
+    if any(status not in ("pass", "unsupported") for status, _ in statuses):
+        return None
+    if not statuses:
+        return f"{backend}/{variant} has no stored result on this case, so nothing shows it fails"
+    if all(status == "unsupported" for status, _ in statuses):
+        detail = next((d for _, d in statuses if d), "")
+        return f"{backend}/{variant} was recorded as unsupported on this case ({detail[:200] or 'no reason stored'}): the file would call it anyway"
+    return f"{backend}/{variant} passed on this case on every stored build: the file would pass (a regression test, not a repro)"
+
+
+def load_export(
+    session: Any,
+    case_id: str,
+    *,
+    backend: str | None = None,
+    variant: str | None = None,
+    backend_spec: str | None = None,
+    force: bool = False,
+    compute_missing: bool = False,
+) -> tuple[Repro, Any]:
+    """The repro of a stored case from stored figures: `repository.repro_target` picks the backend
+    variant, `stored_allowance` the allowances, `resolve_backend` the adapter.
+
+    Args:
+        session: a SQLAlchemy session on the store.
+        case_id, backend, variant: as `service.repository.repro_target`.
+        backend_spec: ``"module:attr"`` of a plugin (its backend name is read from it).
+        force: export a variant whose results are only ``unsupported`` or passing.
+        compute_missing: compute allowances the store lacks with the oracle (the CLI; never in a
+            web request).
+
+    Returns:
+        ``(Repro, ReproTarget)``.
+
+    Raises:
+        NotFoundError: no such case.
+        ExportError: ``force`` (misleading export without ``force``), ``allowance`` (no stored
+            allowance and ``compute_missing`` off), or anything `render_repro` raises.
+    """
+    from service import repository
+
+    adapter = None
+    if backend_spec is not None:
+        from fuzzer.backends.base import BackendError
+        from fuzzer.registry import load_spec
+
+        try:
+            loaded = load_spec(backend_spec)
+        except BackendError as exc:
+            raise ExportError("backend", str(exc)) from None
+        failing = {name for name, _ in _failing_backends(session, case_id)}
+        wanted = [b for b in loaded if b.name == backend] if backend else [b for b in loaded if b.name in failing]
+        if not wanted and len(loaded) == 1 and not backend:
+            wanted = loaded
+        if len(wanted) != 1:
+            raise ExportError(
+                "backend", f"{backend_spec} defines {', '.join(b.name for b in loaded)}: none (or several) of them "
+                f"{'is ' + repr(backend) if backend else 'failed on this case'}"
+            )
+        adapter = wanted[0]
+        backend = adapter.name
+    target = repository.repro_target(session, case_id, backend=backend, variant=variant)
+    case = validated_case(target.case.config)
+    if not force:
+        reason = misleading_reason(stored_statuses(session, case_id, target.backend, target.variant), target.backend, target.variant)
+        if reason is not None:
+            raise ExportError("force", reason + "; pass --force (API: force=true) to export it anyway")
+    allowance = stored_allowance(case, _case_metrics(session, case_id))
+    missing = [name for name in needed_tensors(case) if name not in allowance]
+    if missing or any(allowance[n].tiles is None for n in needed_tensors(case)):
+        if compute_missing:
+            allowance = computed_allowance(case)
+        elif missing:
+            raise ExportError(
+                "allowance",
+                f"the stored results of case {case_id} carry no allowed error for {', '.join(missing)} "
+                "(recorded by an older attnfuzz); `attnfuzz export` computes it with the oracle",
+            )
+    recorded = _recorded_figures(session, case_id, target.backend, target.variant)
+    repro = render_repro(case, adapter or target.backend, target.variant, target.signature,
+                         allowance=allowance, recorded=recorded)
+    return repro, target
+
+
+def _failing_backends(session: Any, case_id: str) -> list[tuple[str, str]]:
+    from sqlalchemy import select
+
+    from service.models import Result
+
+    return list(session.execute(
+        select(Result.backend, Result.variant).where(Result.case_id == case_id, Result.signature.is_not(None))
+    ).all())
+
+
+def _case_metrics(session: Any, case_id: str) -> list[dict[str, Any]]:
+    from sqlalchemy import select
+
+    from service.models import Result
+
+    return [m for m in session.scalars(select(Result.metrics).where(Result.case_id == case_id)) if m]
+
+
+def _recorded_figures(session: Any, case_id: str, backend: str, variant: str) -> dict[str, Any]:
+    """The newest stored metrics of the backend variant on the case ({} if none)."""
+    from sqlalchemy import select
+
+    from service.models import Result
+
+    metrics = session.scalar(
+        select(Result.metrics)
+        .where(Result.case_id == case_id, Result.backend == backend, Result.variant == variant)
+        .order_by(Result.created_at.desc(), Result.id.desc())
+        .limit(1)
     )
-
-
-_TE_SOURCE = '''
-TE_ENVIRONMENT = $te_environment
-TE_MODULE_KWARGS = $te_module_kwargs
-TE_FORWARD_KWARGS = $te_forward_kwargs
-TE_MIN_ARCH_MAJOR = $min_arch_major
-TE_REQUIRED_MODULES = $required_modules
-
-
-def check_environment():
-    require_cuda(None, "TransformerEngine", min_major=TE_MIN_ARCH_MAJOR)
-    # TE reads these on every backend selection; they pin the sub-backend the failure was seen on.
-    os.environ.update(TE_ENVIRONMENT)
-    pytest.importorskip("transformer_engine.pytorch", reason="transformer-engine is not installed")
-    for module in TE_REQUIRED_MODULES:
-        pytest.importorskip(module, reason=module + " is not installed (TE needs it for this sub-backend)")
-
-
-def call_backend(q, k, v, cu_seqlens_q, cu_seqlens_k):
-    import transformer_engine.pytorch as te
-
-    module = te.DotProductAttention(**TE_MODULE_KWARGS).to(dtype=q.dtype, device=q.device)
-    if QKV_FORMAT == "sbhd":
-        q, k, v = (t.transpose(0, 1).contiguous() for t in (q, k, v))
-    tensors = {"cu_seqlens_q": cu_seqlens_q, "cu_seqlens_kv": cu_seqlens_k} if QKV_FORMAT == "thd" else {}
-    out = module(q, k, v, **tensors, **TE_FORWARD_KWARGS)
-    out = out.reshape(*out.shape[: 1 if QKV_FORMAT == "thd" else 2], NUM_HEADS, HEAD_DIM_V)
-    return (out.transpose(0, 1) if QKV_FORMAT == "sbhd" else out), None
-'''
-
-_TE_REQUIRED_MODULES = {"flash-attn-4": "flash_attn.cute", "flash-attn": "flash_attn"}
-
-
-def _te_snippet_for(backend_class: type) -> SnippetFactory:
-    def factory(case: AttentionCase, variant: str) -> CallSnippet:
-        from fuzzer.backends.te import te_forward_kwargs, te_module_kwargs
-
-        module_kwargs = _translation(lambda: te_module_kwargs(case, variant))
-        forward_kwargs = _translation(lambda: te_forward_kwargs(case, variant))
-        required = tuple(_TE_REQUIRED_MODULES[p] for p in backend_class.requires if p in _TE_REQUIRED_MODULES)
-        return CallSnippet(
-            source=_TE_SOURCE,
-            values={
-                "te_environment": dict(backend_class.env_vars),
-                "te_module_kwargs": module_kwargs,
-                "te_forward_kwargs": forward_kwargs,
-                "min_arch_major": backend_class.min_arch_major,
-                "required_modules": required,
-            },
-            packages=("transformer-engine[pytorch]", *backend_class.requires),
-        )
-
-    return factory
-
-
-_FA2_SOURCE = '''
-FA2_KWARGS = $fa2_kwargs
-
-
-def check_environment():
-    require_cuda(None, "flash-attn 2", min_major=8)
-    pytest.importorskip("flash_attn", reason="flash-attn (FlashAttention 2) is not installed")
-
-
-def call_backend(q, k, v, cu_seqlens_q, cu_seqlens_k):
-    import flash_attn
-
-    q, k, v = library_layout(q, k, v)
-    if QKV_FORMAT == "thd":
-        result = flash_attn.flash_attn_varlen_func(
-            q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, **FA2_KWARGS
-        )
-    else:
-        result = flash_attn.flash_attn_func(q, k, v, **FA2_KWARGS)
-    if isinstance(result, (tuple, list)):
-        return result[0], canonical_lse(result[1] if len(result) > 1 else None)
-    return result, None
-'''
-
-
-def _fa2_snippet(case: AttentionCase, variant: str) -> CallSnippet:
-    from fuzzer.backends.fa2 import fa2_call_kwargs
-
-    kwargs = _translation(lambda: fa2_call_kwargs(case, variant))
-    return CallSnippet(source=_FA2_SOURCE, values={"fa2_kwargs": kwargs}, packages=("flash-attn",))
-
-
-_SDPA_SOURCE = '''
-SDPA_DEVICE = $sdpa_device
-SDPA_KERNEL = $sdpa_kernel
-
-
-def check_environment():
-    if SDPA_DEVICE == "cuda":
-        require_cuda(None, "PyTorch SDPA on CUDA")
-
-
-def _sdpa_mask(q, variant):
-    if variant == "is_causal":
-        return None, CAUSAL
-    if variant == "causal_bias":
-        from torch.nn.attention.bias import causal_lower_right, causal_upper_left
-
-        make = causal_lower_right if CAUSAL_ALIGNMENT == "bottom_right" else causal_upper_left
-        return make(SEQLEN_Q, SEQLEN_K), False
-    visible = visible_mask(SEQLEN_Q, SEQLEN_K).to(q.device)
-    if variant == "bool_mask":
-        return visible, False
-    additive = torch.zeros(visible.shape, dtype=q.dtype, device=q.device)
-    return additive.masked_fill(~visible, -math.inf), False
-
-
-def _aten_lse(q, k, v):
-    group = NUM_HEADS // NUM_HEADS_KV
-    if group > 1:
-        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-    aten = torch.ops.aten
-    has_window = WINDOW_SIZE_LEFT is not None or WINDOW_SIZE_RIGHT is not None
-    has_mask = CAUSAL or has_window
-    if SDPA_DEVICE == "cpu":
-        mask = None
-        if has_mask and not (CAUSAL and CAUSAL_ALIGNMENT == "top_left" and not has_window):
-            mask = _sdpa_mask(q, "float_mask")[0]
-        out, lse = aten._scaled_dot_product_flash_attention_for_cpu(
-            q, k, v, 0.0, CAUSAL and mask is None, attn_mask=mask, scale=SOFTMAX_SCALE
-        )
-        return out, lse
-    if SDPA_KERNEL == "FLASH_ATTENTION":
-        res = aten._scaled_dot_product_flash_attention(q, k, v, 0.0, CAUSAL, False, scale=SOFTMAX_SCALE)
-        return res[0], res[1]
-    if SDPA_KERNEL == "EFFICIENT_ATTENTION":
-        bias = None
-        if has_mask:
-            mask = _sdpa_mask(q, "float_mask")[0]
-            pad = (-mask.shape[-1]) % 16
-            padded = torch.nn.functional.pad(mask, (0, pad))[..., : mask.shape[-1]]
-            bias = padded.expand(q.shape[0], q.shape[1], -1, -1)
-        res = aten._scaled_dot_product_efficient_attention(q, k, v, bias, True, 0.0, False, scale=SOFTMAX_SCALE)
-        return res[0], res[1][..., : q.shape[2]]
-    res = aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, CAUSAL, False, scale=SOFTMAX_SCALE)
-    return res[0], res[1].reshape(q.shape[0], q.shape[1], q.shape[2])
-
-
-def call_backend(q, k, v, cu_seqlens_q, cu_seqlens_k):
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    def to_sdpa(t):  # canonical [b, s, h, d] -> SDPA's [b, h, s, d]; sbhd callers pass strided views
-        if QKV_FORMAT == "sbhd":
-            return t.transpose(0, 1).contiguous().permute(1, 2, 0, 3)
-        return t.transpose(1, 2)
-
-    qs, ks, vs = to_sdpa(q), to_sdpa(k), to_sdpa(v)
-    if VARIANT == "aten_lse":
-        out, lse = _aten_lse(qs, ks, vs)
-    else:
-        mask, is_causal = _sdpa_mask(qs, VARIANT)
-        with sdpa_kernel(getattr(SDPBackend, SDPA_KERNEL)):
-            out = torch.nn.functional.scaled_dot_product_attention(
-                qs, ks, vs, attn_mask=mask, is_causal=is_causal, scale=SOFTMAX_SCALE,
-                enable_gqa=NUM_HEADS != NUM_HEADS_KV,
-            )
-        lse = None
-    return out.transpose(1, 2), lse
-'''
-
-_SDPA_KERNELS = {"math": "MATH", "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "cudnn": "CUDNN_ATTENTION"}
-
-
-def _sdpa_snippet_for(name: str, device: str, kernel: str, variants: tuple[str, ...], masked_row_lse: Any) -> SnippetFactory:
-    def factory(case: AttentionCase, variant: str) -> CallSnippet:
-        if variant not in variants:
-            raise ExportError("variant", f"unknown variant {variant!r} of {name} (allowed: {', '.join(variants)})")
-        return CallSnippet(
-            source=_SDPA_SOURCE,
-            values={"sdpa_device": device, "sdpa_kernel": _SDPA_KERNELS[kernel]},
-            device=device,
-            packages=(),
-            masked_row_lse=masked_row_lse,
-        )
-
-    return factory
-
-
-def _register_builtins() -> None:
-    from fuzzer.backends import sdpa, te
-
-    register_snippet("fa4", _fa4_snippet, replace=True)
-    register_snippet("fa2", _fa2_snippet, replace=True)
-    for backend_class in (te.TEFA4Backend, te.TEFA2Backend, te.TEFusedBackend, te.TEUnfusedBackend):
-        register_snippet(backend_class.name, _te_snippet_for(backend_class), replace=True)
-    for backend in sdpa.builtin_backends():
-        if isinstance(backend, sdpa.SDPABackend):
-            factory = _sdpa_snippet_for(
-                backend.name, backend.device, backend.kernel, tuple(backend.variants), backend.masked_row_lse
-            )
-            register_snippet(backend.name, factory, replace=True)
-
-
-_register_builtins()
+    return metrics if isinstance(metrics, dict) else {}
 
 
 # ---------------------------------------------------------------------------------- the file
@@ -501,6 +522,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 
 import pytest
 
@@ -533,9 +555,11 @@ INPUT_DISTRIBUTION = $input_distribution
 SEED = $seed
 DEVICE = $device
 
-# Allowed L2 error per tensor (see the module docstring) and what it was computed from.
+# attnfuzz's allowed L2 error per tensor, as stored when the fuzzer judged this case (see the
+# module docstring): "whole" for the whole tensor, "tiles"[group][tile] for every tile of
+# TILE_ROWS consecutive rows of one (batch, head) group (None: not stored, tiles not checked).
 ALLOWED = $allowed
-TOLERANCE_FACTORS = $tolerance_factors
+TILE_ROWS = $tile_rows
 MASKED_ROW_LSE = $masked_row_lse
 
 # ------------------------------------------------------------- inputs (attnfuzz oracle/inputs.py)
@@ -712,36 +736,101 @@ def canonical_lse(lse):
 _JUDGE = '''
 
 # ------------------------------------------------------------------------------------ judging
-SEVERITY = ("shape", "nan", "posinf", "neginf", "all_zero", "finite_on_masked", "mismatch")
+# attnfuzz oracle/compare.py, most severe first.
+KINDS = ("shape", "nan", "posinf", "neginf", "all_zero", "finite_on_masked", "mismatch", "tile_mismatch")
+ROW_DIMS = (
+    {"out": 0, "lse": 1, "dq": 0, "dk": 0, "dv": 0}
+    if QKV_FORMAT == "thd"
+    else {"out": 1, "lse": 2, "dq": 1, "dk": 1, "dv": 1}
+)
 
 
-def check_tensor(name, actual, expected):
-    """attnfuzz's invariants and global tolerance for one tensor: (signatures, err, allowed)."""
+def group_names(name):
+    """Names of the dims that separate groups of rows in tensor ``name`` (canonical layout)."""
+    heads = "kv_head" if name in ("dk", "dv") else "head"
+    if QKV_FORMAT == "thd":
+        return (heads,)
+    return ("batch", heads)
+
+
+def to_grid(x, row_dim):
+    """x as [groups, rows, features]: rows along row_dim, features the last dim (lse: none),
+    groups every other dim in order (attnfuzz's tiling)."""
+    ndim = x.dim()
+    has_features = row_dim != ndim - 1
+    group_dims = [i for i in range(ndim) if i != row_dim and not (has_features and i == ndim - 1)]
+    perm = group_dims + [row_dim] + ([ndim - 1] if has_features else [])
+    groups = [x.shape[i] for i in group_dims]
+    features = x.shape[-1] if has_features else 1
+    return x.permute(perm).reshape(math.prod(groups), x.shape[row_dim], features), groups
+
+
+def describe_group(name, groups, g):
+    parts = []
+    for dim_name, size in reversed(list(zip(group_names(name), groups))):
+        parts.append(f"{dim_name} {g % size}")
+        g //= size
+    return ", ".join(reversed(parts))
+
+
+def judge(name, actual, expected):
+    """attnfuzz's verdict on one tensor: (signatures, figures as text).
+
+    Checks as oracle/compare.py: shape; NaN; +-inf where the reference is finite; a finite lse on
+    a row that sees no key (the reference's -inf; +-inf accepted there); all zero (outside the
+    tolerance); the whole tensor's L2 error against ALLOWED[name]["whole"] (mismatch); else every
+    tile's against ALLOWED[name]["tiles"] (tile_mismatch).
+    """
     if tuple(actual.shape) != tuple(expected.shape):
-        return [name + ":shape"], math.nan, ALLOWED[name]
-    actual = actual.detach().to("cpu", torch.float64)
-    expected = expected.to("cpu")
-    masked = ~torch.isfinite(expected)  # lse of rows that see no key (-inf); nothing else
-    if name == "lse" and MASKED_ROW_LSE is not None:
-        actual = torch.where(masked & (actual == MASKED_ROW_LSE), -math.inf, actual)
-    finite = ~masked
-    kinds = set()
-    if torch.isnan(actual).any():
-        kinds.add("nan")
-    if ((actual == math.inf) & finite).any():
-        kinds.add("posinf")
-    if ((actual == -math.inf) & finite).any():
-        kinds.add("neginf")
-    if (masked & torch.isfinite(actual)).any():
-        kinds.add("finite_on_masked")
-    both = finite & torch.isfinite(actual)
-    err = float(torch.where(both, actual - torch.where(finite, expected, 0.0), 0.0).norm())
+        return [name + ":shape"], f"{name}: shape {tuple(actual.shape)}, the reference's {tuple(expected.shape)}"
     allowed = ALLOWED[name]
-    if err > allowed:
+    actual = actual.detach().to("cpu", torch.float64)
+    expected = expected.detach().to("cpu", torch.float64)
+    if name == "lse" and MASKED_ROW_LSE is not None:
+        actual = actual.masked_fill(torch.isneginf(expected) & (actual == MASKED_ROW_LSE), -math.inf)
+    act, groups = to_grid(actual, ROW_DIMS[name])
+    ref, _ = to_grid(expected, ROW_DIMS[name])
+    masked = ~torch.isfinite(ref)  # lse of rows that see no key; nothing else
+    finite = ~masked
+    counts = {
+        "nan": int(torch.isnan(act).sum()),
+        "posinf": int(((act == math.inf) & finite).sum()),
+        "neginf": int(((act == -math.inf) & finite).sum()),
+        "finite_on_masked": int((masked & torch.isfinite(act)).sum()),
+    }
+    valid = finite & torch.isfinite(act)
+    diff = torch.where(valid, act - torch.where(finite, ref, 0.0), 0.0)
+    err2_rows = diff.square().sum(-1)  # [groups, rows]
+    err_whole = float(err2_rows.sum().sqrt())
+    ratio_whole = err_whole / allowed["whole"]
+    text = f"{name}: L2 error {err_whole:.4g}, allowed {allowed['whole']:.4g} (ratio {ratio_whole:.3g})"
+    worst_tile_ratio = 0.0
+    if allowed["tiles"] is None:
+        text += "; tiles not checked (no stored tile allowances)"
+    else:
+        num_groups, num_rows = err2_rows.shape
+        pad = (-num_rows) % TILE_ROWS
+        err_tiles = torch.nn.functional.pad(err2_rows, (0, pad)).view(num_groups, -1, TILE_ROWS).sum(-1).sqrt()
+        allowed_tiles = torch.tensor(allowed["tiles"], dtype=torch.float64)
+        ratio_tiles = torch.where(err_tiles > 0, err_tiles / allowed_tiles, 0.0)
+        worst = int(ratio_tiles.argmax())
+        g, t = divmod(worst, ratio_tiles.shape[1])
+        worst_tile_ratio = float(ratio_tiles[g, t])
+        last_row = min((t + 1) * TILE_ROWS, num_rows) - 1
+        text += (
+            f"; worst tile {describe_group(name, groups, g)}, rows {t * TILE_ROWS}..{last_row}: error "
+            f"{float(err_tiles[g, t]):.4g}, allowed {float(allowed_tiles[g, t]):.4g} (ratio {worst_tile_ratio:.3g}); "
+            f"{int((ratio_tiles > 1).sum())} of {ratio_tiles.numel()} tiles over"
+        )
+    text += "".join(f"; {kind} x{count}" for kind, count in counts.items() if count)
+    kinds = {kind for kind, count in counts.items() if count}
+    if bool(finite.any()) and not bool((act[finite] != 0).any()) and max(ratio_whole, worst_tile_ratio) > 1:
+        kinds.add("all_zero")
+    if ratio_whole > 1:
         kinds.add("mismatch")
-        if finite.any() and not (actual[finite] != 0).any():
-            kinds.add("all_zero")
-    return [name + ":" + kind for kind in SEVERITY if kind in kinds], err, allowed
+    elif worst_tile_ratio > 1:
+        kinds.add("tile_mismatch")
+    return [name + ":" + kind for kind in KINDS if kind in kinds], text
 
 
 def test_attnfuzz_repro():
@@ -757,15 +846,21 @@ def test_attnfuzz_repro():
         grads = tuple(t.grad for t in leaves)
     found, lines = [], []
     for name, actual in zip(("out", "lse", "dq", "dk", "dv"), (out, lse, *grads)):
-        if actual is None or expected[name] is None:
+        if actual is None or expected[name] is None or name not in ALLOWED:
             continue
-        signatures, err, allowed = check_tensor(name, actual, expected[name])
+        signatures, text = judge(name, actual, expected[name])
         found.extend(signatures)
-        lines.append(f"{name}: L2 error {err:.4g}, allowed {allowed:.4g}")
-    assert not found, (
-        f"attnfuzz {BACKEND}/{VARIANT}: {', '.join(found)} (recorded signature {SIGNATURE}, "
-        f"case {CASE_ID}); " + "; ".join(lines)
+        lines.append(text)
+    figures = "\\n  ".join(lines)
+    if SIGNATURE is None:
+        assert not found, f"attnfuzz {BACKEND}/{VARIANT}: {', '.join(found)} (case {CASE_ID})\\n  {figures}"
+        return
+    assert SIGNATURE not in found, (
+        f"attnfuzz {BACKEND}/{VARIANT}: {', '.join(found)} (recorded signature {SIGNATURE}, case {CASE_ID}: "
+        f"still there)\\n  {figures}"
     )
+    if found:
+        warnings.warn(f"attnfuzz {BACKEND}/{VARIANT}: {SIGNATURE} is gone but {', '.join(found)} remain\\n  {figures}")
 '''
 
 
@@ -775,22 +870,6 @@ class Repro:
 
     filename: str
     source: str
-
-
-def allowed_errors(case: AttentionCase) -> dict[str, float]:
-    """The allowed global L2 error per tensor (out, lse and with backward dq, dk, dv) of
-    `oracle.compare`'s model for the case's inputs, computed with the float64 oracle on the CPU.
-
-    Cost: one oracle reference of the case (milliseconds for minimised cases; seconds for cases
-    with ~1e9 score entries).
-    """
-    from oracle.compare import compare_outputs
-    from oracle.inputs import make_inputs
-    from oracle.reference import reference
-
-    ref = reference(case, make_inputs(case, device="cpu"), backward=case.backward, engine="torch")
-    verdict = compare_outputs(case, ref, out=ref.out, lse=ref.lse, dq=ref.dq, dk=ref.dk, dv=ref.dv)
-    return {name: float(tv.allowed) for name, tv in verdict.tensors.items()}
 
 
 def validated_case(config: Any) -> AttentionCase:
@@ -812,33 +891,64 @@ def repro_filename(backend: str, variant: str, case_id: str) -> str:
     return f"test_attnfuzz_{clean}_{case_id}.py"
 
 
+def _recorded_text(recorded: dict[str, Any] | None) -> str:
+    """The stored figures of the recorded result, one line per judged tensor (plain ASCII)."""
+    lines = []
+    for name in TENSOR_NAMES:
+        figures = (recorded or {}).get(name)
+        if not isinstance(figures, dict):
+            continue
+        parts = []
+        for key, label in (("error_ratio", "error ratio"), ("err_backend", "error"), ("allowed", "allowed")):
+            value = figures.get(key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                parts.append(f"{label} {float(value):.4g}")
+            elif value in ("inf", "-inf", "nan"):
+                parts.append(f"{label} {value}")
+        index = figures.get("worst_index")
+        if isinstance(index, list) and all(type(i) is int for i in index):
+            parts.append(f"worst index {tuple(index)}")
+        signatures = [x for x in figures.get("signatures") or [] if isinstance(x, str) and SIGNATURE_PATTERN.match(x)]
+        lines.append(f"  {name}: {', '.join(signatures) or 'passed'}; " + ", ".join(parts))
+    return "\n".join(lines)
+
+
 def render_repro(
     case: AttentionCase,
-    backend: str,
+    backend: Backend | str,
     variant: str,
     signature: str | None,
     *,
+    allowance: dict[str, Allowance] | None = None,
     allowed: dict[str, float] | None = None,
+    recorded: dict[str, Any] | None = None,
 ) -> Repro:
     """The standalone pytest file reproducing ``case`` on ``backend``/``variant``.
 
+    The file fails exactly when the kernel still shows ``signature`` (with ``signature`` None: when
+    it shows any), judged as `oracle.compare` judged it (see the module docstring).
+
     Args:
         case: the (minimised) case.
-        backend: backend name with a registered snippet (`register_snippet`).
+        backend: the adapter (`fuzzer.backends.base.Backend`) or a name `resolve_backend` finds.
         variant: the API variant the failure was seen with.
-        signature: the recorded failure signature (named in the assertion message), or None when
-            the case is exported as a plain regression test.
-        allowed: per-tensor allowed L2 errors; default `allowed_errors(case)`.
+        signature: the recorded failure signature, or None to export a plain regression test.
+        allowance: per tensor, the stored `Allowance` (`stored_allowance`); default
+            `computed_allowance` (the float64 oracle: never in a web request).
+        allowed: whole-tensor allowances only (tests); tiles are then not checked.
+        recorded: the stored metrics of the recorded result (written into the docstring).
 
     Returns:
         `Repro` (file name and source).
 
     Raises:
-        ExportError: a name or signature of the wrong form, no snippet for ``backend``, a variant
-            the backend cannot encode the case with, or a value that is not a plain literal.
+        ExportError: a name or signature of the wrong form, an unknown backend or one without a
+            repro call, a variant the backend cannot encode the case with, a missing allowance, or a
+            value that is not a plain literal.
     """
-    if not isinstance(backend, str) or not NAME_PATTERN.match(backend):
-        raise ExportError("backend", f"{str(backend)[:80]!r} is not a backend name")
+    name = backend.name if isinstance(backend, Backend) else backend
+    if not isinstance(name, str) or not NAME_PATTERN.match(name):
+        raise ExportError("backend", f"{str(name)[:80]!r} is not a backend name")
     if not isinstance(variant, str) or not NAME_PATTERN.match(variant):
         raise ExportError("variant", f"{str(variant)[:80]!r} is not a variant name")
     if signature is not None and (not isinstance(signature, str) or not SIGNATURE_PATTERN.match(signature)):
@@ -847,18 +957,28 @@ def render_repro(
         raise ExportError("case", "must be an AttentionCase")
     if case.cp_size != 1:
         raise ExportError("case.cp_size", "context-parallel cases (cp_size > 1) cannot be exported")
-    snippet = snippet_factory(backend)(case, variant)
-    if not isinstance(snippet, CallSnippet):
-        raise ExportError("backend", f"the snippet factory of {backend!r} did not return a CallSnippet")
-    allowed = allowed_errors(case) if allowed is None else allowed
+    adapter = backend if isinstance(backend, Backend) else resolve_backend(name)
+    call = repro_call(adapter, case, variant)
+    if allowance is None and allowed is not None:
+        allowance = {n: Allowance(float(x)) for n, x in allowed.items()}
+    if allowance is None:
+        allowance = computed_allowance(case)
+    missing = [n for n in needed_tensors(case) if n not in allowance]
+    if missing:
+        raise ExportError("allowance", f"no allowed error for {', '.join(missing)}")
 
     from oracle import compare, inputs
 
-    packages = ", ".join(("torch", "pytest", *snippet.packages))
-    factors = compare.TOLERANCE_FACTORS[case.dtype]
+    packages = ", ".join(("torch", "pytest", *call.packages))
+    untiled = [n for n in needed_tensors(case) if allowance[n].tiles is None]
+    tile_note = (
+        f"Tile allowances were not stored for {', '.join(untiled)}: those are judged whole only."
+        if untiled else "Every tensor is judged whole and per tile, as attnfuzz judged it."
+    )
+    recorded_text = _recorded_text(recorded)
     doc = textwrap.dedent(
         f"""\
-        attnfuzz repro: {backend} / {variant} / {signature or "(no recorded failure)"}, case {case.case_id}.
+        attnfuzz repro: {name} / {variant} / {signature or "(no recorded failure)"}, case {case.case_id}.
 
         {case.describe()}
 
@@ -866,26 +986,34 @@ def render_repro(
         the GPU architecture is missing. Run it with plain pytest.
 
         What it does: regenerates the inputs bit for bit (attnfuzz's counter-based hash_normal,
-        copied below), calls {backend} exactly as the variant {variant!s} did (call_backend), computes
-        a dense float64 reference inline (reference) and checks, per tensor (out, lse, dq, dk, dv):
-        no NaN, no +-inf where the reference is finite, lse infinite exactly on rows that see no
-        key, not all zero, and the tolerance.
+        copied below), calls {name} exactly as the variant {variant!s} did (call_backend), computes
+        a dense float64 reference inline (reference) and judges every tensor (out, lse, dq, dk, dv)
+        as attnfuzz's oracle did (judge): no NaN, no +-inf where the reference is finite, lse
+        infinite exactly on rows that see no key (natural log), not all zero, the L2 error of the
+        whole tensor within ALLOWED[tensor]["whole"] (mismatch) and of every tile of TILE_ROWS rows
+        of one (batch, head) within ALLOWED[tensor]["tiles"] (tile_mismatch).
 
-        Tolerance: the L2 error over the whole tensor must be <= ALLOWED[tensor], which is
-        attnfuzz's error model (oracle/compare.py) evaluated on these inputs when this file was
-        generated: factor * max(||round_dtype(R) - R||_2, u * ||sigma||_2) + floor * sqrt(numel),
-        with R the float64 reference, round_dtype the rounding to {case.dtype} (float32 for lse), u
-        that dtype's unit roundoff, sigma the first-order rounding error of an fp32-accumulating
-        kernel per row, and factor TOLERANCE_FACTORS[tensor] for {case.dtype}. attnfuzz also checks
-        tiles of 64 rows; this file checks whole tensors only.
+        It FAILS exactly when the kernel still shows the recorded signature SIGNATURE (without one:
+        any signature), naming every signature found and the figures (error, allowed, worst tile).
 
-        A failure names the signatures found; the recorded one is SIGNATURE.
+        Tolerance: ALLOWED holds the allowed errors stored when attnfuzz judged this case, from its
+        error model (oracle/compare.py): factor * max(||round_dtype(R) - R||_2, u * ||sigma||_2) +
+        floor * sqrt(numel) over the whole tensor or the tile, with R the float64 reference,
+        round_dtype the rounding to {case.dtype} (float32 for lse), u that dtype's unit roundoff,
+        sigma the first-order rounding error of an fp32-accumulating kernel per row, and the
+        calibrated factor per tensor for {case.dtype}. {tile_note}
         """
     )
+    if recorded_text:
+        doc += "\nRecorded by attnfuzz for this backend variant:\n" + recorded_text + "\n"
+
+    def allowance_literal(a: Allowance) -> dict[str, Any]:
+        return {"whole": float(a.whole), "tiles": None if a.tiles is None else [[float(x) for x in row] for row in a.tiles]}
+
     values: dict[str, Any] = {
         "docstring": _Slot(docstring_literal(doc.rstrip() + "\n")),
         "case_id": case.case_id,
-        "backend": backend,
+        "backend": name,
         "variant": variant,
         "signature": signature,
         "batch_size": case.batch_size,
@@ -908,10 +1036,10 @@ def render_repro(
         "backward": case.backward,
         "input_distribution": case.input_distribution,
         "seed": case.seed,
-        "device": snippet.device,
-        "allowed": {name: float(allowed[name]) for name in TENSOR_NAMES if name in allowed},
-        "tolerance_factors": {name: float(value) for name, value in factors.items()},
-        "masked_row_lse": snippet.masked_row_lse,
+        "device": call.device,
+        "allowed": {n: allowance_literal(allowance[n]) for n in needed_tensors(case)},
+        "tile_rows": compare.TILE_ROWS,
+        "masked_row_lse": call.masked_row_lse,
         "m32": inputs._M32,
         "cos_coeffs": list(inputs._COS_COEFFS),
         "atanh_coeffs": list(inputs._ATANH_COEFFS),
@@ -923,36 +1051,47 @@ def render_repro(
         "outlier_gain": inputs.OUTLIER_GAIN,
         "near_constant_noise": inputs.NEAR_CONSTANT_NOISE,
     }
-    overlap = set(values) & set(snippet.values)
+    if not isinstance(call.values, dict):
+        raise ExportError("backend", f"{name}.repro: values must be a dict")
+    overlap = set(values) & set(call.values)
     if overlap:
-        raise ExportError("backend", f"snippet slots {sorted(overlap)} clash with the file's own")
-    values.update(snippet.values)
-    copied = "\n\n".join(inspect.getsource(getattr(inputs, name)) for name in _INPUT_FUNCTIONS)
+        raise ExportError("backend", f"repro slots {sorted(overlap)} clash with the file's own")
+    values.update(call.values)
+    copied = "\n\n".join(inspect.getsource(getattr(inputs, fn)) for fn in _INPUT_FUNCTIONS)
+    if not isinstance(call.source, str):
+        raise ExportError("backend", f"{name}.repro: source must be a string")
     template = (
         _HEADER
         + copied.replace("$", "$$")
         + _RUNTIME
         + "\n# ------------------------------------------------------------------- the backend call\n"
-        + textwrap.dedent(snippet.source)
+        + textwrap.dedent(call.source)
         + _JUDGE
     )
-    return Repro(filename=repro_filename(backend, variant, case.case_id), source=fill_template(template, values))
+    return Repro(filename=repro_filename(name, variant, case.case_id), source=fill_template(template, values))
 
 
 __all__ = [
+    "Allowance",
     "CallSnippet",
     "ExportError",
     "Repro",
+    "ReproCall",
     "allowed_errors",
     "check_only_literals",
+    "computed_allowance",
     "docstring_literal",
     "exportable_backends",
     "fill_template",
+    "has_repro",
     "literal",
-    "register_snippet",
+    "load_export",
+    "misleading_reason",
     "render_repro",
+    "repro_call",
     "repro_filename",
-    "snippet_factory",
-    "unregister_snippet",
+    "resolve_backend",
+    "stored_allowance",
+    "tile_grid",
     "validated_case",
 ]
