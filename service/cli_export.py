@@ -1,8 +1,9 @@
 """``attnfuzz export``: write a stored failure as a standalone pytest file.
 
 Wired into the main CLI by ``service.cli`` calling `register(app)`. Exit codes follow
-``service.cli``: 0 written, 2 bad input (unknown case, no export for the backend, a stored value
-that does not validate), 5 the database cannot be opened or migrated. Like the other commands that
+``service.cli``: 0 written, 2 bad input (unknown case, a backend without a repro method, a variant
+recorded only as unsupported or passing without ``--force``, a stored value that does not
+validate), 5 the database cannot be opened or migrated. Like the other commands that
 read the store, it first migrates the database to the newest revision.
 """
 
@@ -26,31 +27,42 @@ def register(app: typer.Typer) -> None:
         output: Annotated[
             Optional[Path], typer.Option("-o", "--output", help="File to write ('-' = stdout; default: test_attnfuzz_<...>.py).")
         ] = None,
-        backend: Annotated[Optional[str], typer.Option(help="Backend to call (default: the one the case failed on).")] = None,
+        backend: Annotated[
+            Optional[str],
+            typer.Option(help="Backend to call (default: the one the case failed on); a plugin not installed by "
+                         "entry point as module:attr."),
+        ] = None,
         variant: Annotated[Optional[str], typer.Option(help="API variant (default: the one the case failed on).")] = None,
+        force: Annotated[
+            bool, typer.Option("--force", help="Export a variant whose results are only unsupported or passing.")
+        ] = False,
         db: DbOption = None,
     ) -> None:
-        """Write CASE_ID as a pytest file that needs only torch and the backend's package: it
-        regenerates the inputs, calls the backend as the failing variant did, and checks the
-        result against an inline float64 reference (see service/export.py)."""
+        """Write CASE_ID as a pytest file that needs only torch, pytest and the backend's package: it
+        regenerates the inputs, calls the backend as the variant did (the adapter's repro method),
+        and judges the result as the fuzzer did, failing exactly while the recorded signature is
+        still there (see service/export.py). Allowances come from the stored results; those
+        recorded without them are computed with the float64 oracle."""
         from sqlalchemy.exc import SQLAlchemyError
         from sqlalchemy.orm import Session
 
-        from service import repository
         from service.db import make_engine
         from service.errors import NotFoundError, ServiceError
-        from service.export import render_repro, validated_case
+        from service.export import load_export
 
         url = db_url(db)
         try:
             migrate(url)
         except AttnFuzzError as exc:
             fail(exc)
+        spec = backend if backend is not None and ":" in backend else None
         engine = make_engine(url)
         try:
             with Session(engine) as session:
-                target = repository.repro_target(session, case_id, backend=backend, variant=variant)
-                repro = render_repro(validated_case(target.case.config), target.backend, target.variant, target.signature)
+                repro, target = load_export(
+                    session, case_id, backend=None if spec else backend, variant=variant, backend_spec=spec,
+                    force=force, compute_missing=True,
+                )
         except NotFoundError:
             console.print(f"[red]error:[/] case_id: no case {case_id!r} in {url}")
             raise typer.Exit(2) from None

@@ -405,6 +405,7 @@ class ReproQuery(BaseModel):
 
     backend: str | None = Field(default=None, pattern=NAME_PATTERN.pattern)
     variant: str | None = Field(default=None, pattern=NAME_PATTERN.pattern)
+    force: bool = Field(default=False, description="export a variant whose results are only unsupported or passing")
 
     @field_validator("backend", "variant", mode="before")
     @classmethod

@@ -39,6 +39,10 @@ def stored(fresh_database_url: str) -> tuple[str, AttentionCase]:
     store.record_result(
         CaseResult(case.case_id, "torch-cpu-math", "bool_mask", "fail", signature="out:mismatch"), build_id, None
     )
+    store.record_result(
+        CaseResult(case.case_id, "torch-cpu-math", "float_mask", "unsupported", detail="the planted limit"), build_id, None
+    )
+    store.record_result(CaseResult(case.case_id, "torch-cpu-flash", "is_causal", "pass"), build_id, None)
     engine.dispose()
     return fresh_database_url, case
 
@@ -64,8 +68,13 @@ def test_export_to_stdout(cli: typer.Typer, stored) -> None:
     ("args", "message"),
     [
         (["0123456789abcdef"], "no case"),
-        (["CASE", "--backend", "torch-flex", "--variant", "mask_mod"], "no export for backend 'torch-flex'"),
-        (["CASE", "--backend", "torch-cpu-math", "--variant", "bogus"], "variant"),
+        (["CASE", "--backend", "torch-flex", "--variant", "mask_mod", "--force"], "defines no repro call"),
+        (["CASE", "--backend", "no-such-kernel", "--variant", "x", "--force"], "no export for backend 'no-such-kernel'"),
+        (["CASE", "--backend", "torch-cpu-math", "--variant", "bogus", "--force"], "variant"),
+        (["CASE", "--backend", "torch-cpu-math", "--variant", "is_causal"], "has no stored result"),
+        (["CASE", "--backend", "torch-cpu-math", "--variant", "float_mask"], "recorded as unsupported"),
+        (["CASE", "--backend", "torch-cpu-flash", "--variant", "is_causal"], "passed on this case"),
+        (["CASE", "--backend", "tests.no_such_module:Backend"], "cannot import"),
     ],
 )
 def test_export_errors_exit_2_naming_the_problem(cli: typer.Typer, stored, tmp_path: Path, args: list, message: str) -> None:
@@ -73,8 +82,18 @@ def test_export_errors_exit_2_naming_the_problem(cli: typer.Typer, stored, tmp_p
     args = [case.case_id if a == "CASE" else a for a in args]
     result = CliRunner().invoke(cli, ["export", *args, "-o", str(tmp_path / "t.py"), "--db", url])
     assert result.exit_code == 2, result.output
-    assert message in result.output
+    assert message in " ".join(result.output.split())  # rich wraps long lines
     assert not (tmp_path / "t.py").exists()
+
+
+@pytest.mark.parametrize(("backend", "variant"), [("torch-cpu-math", "float_mask"), ("torch-cpu-flash", "is_causal")])
+def test_force_exports_an_unsupported_or_passing_variant(cli: typer.Typer, stored, tmp_path: Path, backend, variant) -> None:
+    url, case = stored
+    target = tmp_path / "t.py"
+    args = ["export", case.case_id, "--backend", backend, "--variant", variant, "-o", str(target), "--db", url]
+    result = CliRunner().invoke(cli, [*args, "--force"])
+    assert result.exit_code == 0, result.output
+    assert f"VARIANT = {variant!r}" in target.read_text() and "SIGNATURE = None" in target.read_text()
 
 
 def test_export_migrates_a_database_it_opens_first(cli: typer.Typer, tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ from service.api.deps import (
 )
 from service.api.routes.cases import repro_response
 from service.errors import FieldValidationError
-from service.export import exportable_backends
+from service.export import export_target, exportable_backends
 from service.models import TriageState
 from service.schemas import (
     BucketDetailOut,
@@ -71,8 +71,8 @@ def get_bucket_results(session: SessionDep, bucket_id: BucketId, page: Annotated
 )
 def get_bucket_repro(session: SessionDep, bucket_id: BucketId) -> Response:
     """The bucket's minimised case (else its first case) as a standalone pytest file for its
-    backend variant (see ``GET /api/cases/{case_id}/repro.py``)."""
-    return repro_response(repository.bucket_repro_target(session, bucket_id))
+    backend variant (see ``GET /api/cases/{case_id}/repro.py``), from stored figures only."""
+    return repro_response(export_target(session, repository.bucket_repro_target(session, bucket_id), force=True))
 
 
 @api_router.patch("/{bucket_id}", dependencies=[Depends(require_write_token)])

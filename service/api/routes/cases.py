@@ -18,7 +18,7 @@ from oracle.errors import CaseValidationError
 from service import repository
 from service.api.deps import SessionDep, WriteSessionDep, require_write_token, write_transaction
 from service.cp_view import CP_METRICS_KEY, CPCaseView, CPPair, CPView, cp_view
-from service.export import exportable_backends, render_repro, validated_case
+from service.export import Repro, exportable_backends, load_export
 from service.schemas import CaseDetailOut, CaseIdOut, CaseIn, ReproQuery, ResultOut
 
 api_router = APIRouter(prefix="/api/cases", tags=["cases"])
@@ -131,14 +131,8 @@ def _tensor_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
     return {name: figures for name, figures in metrics.items() if name != CP_METRICS_KEY}
 
 
-def repro_response(target: repository.ReproTarget) -> Response:
-    """The repro of ``target`` as a ``text/x-python`` attachment.
-
-    Raises:
-        service.export.ExportError: the stored case, names or signature do not validate, or the
-            backend has no export (the app answers 422 naming the field).
-    """
-    repro = render_repro(validated_case(target.case.config), target.backend, target.variant, target.signature)
+def repro_response(repro: Repro) -> Response:
+    """``repro`` as a ``text/x-python`` attachment."""
     return Response(
         repro.source,
         media_type="text/x-python; charset=utf-8",
@@ -164,9 +158,12 @@ def get_case(session: SessionDep, case_id: CaseId) -> CaseWithCPOut:
 def get_repro(session: SessionDep, case_id: CaseId, query: Annotated[ReproQuery, Query()]) -> Response:
     """The case as a standalone pytest file for one backend variant: it needs only torch and the
     backend's package, regenerates the inputs, calls the backend as the variant did and checks
-    the result against an inline float64 reference (see `service.export`). Without
-    ``backend``/``variant`` the one backend variant the case failed on is used."""
-    return repro_response(repository.repro_target(session, case_id, backend=query.backend, variant=query.variant))
+    the result as the fuzzer judged it (see `service.export`), from stored figures only (no oracle
+    in the request). Without ``backend``/``variant`` the one backend variant the case failed on is
+    used; a variant whose results are only ``unsupported`` or passing needs ``force=true`` (422
+    naming ``force`` otherwise)."""
+    repro, _ = load_export(session, case_id, backend=query.backend, variant=query.variant, force=query.force)
+    return repro_response(repro)
 
 
 @api_router.post("", dependencies=[Depends(require_write_token)], status_code=status.HTTP_201_CREATED)
