@@ -67,8 +67,12 @@ def _mix32(x):
     Takes a python int or an int64 tensor (modified in place) holding values ``< 2**32``; both
     multipliers are ``< 2**31``, so products stay below ``2**63`` and never overflow int64.
     """
-    if not isinstance(x, torch.Tensor):
-        return int(_mix32(torch.tensor([x], dtype=torch.int64)))
+    if not isinstance(x, torch.Tensor):  # the same steps on a python int (no tensor overhead)
+        for shift, multiplier in ((16, 0x21F0AAAD), (15, 0x735A2D97), (15, None)):
+            x ^= x >> shift
+            if multiplier is not None:
+                x = (x * multiplier) & _M32
+        return x
     scratch = torch.empty_like(x)  # in-place steps: fresh large allocations dominate on CPU
     for shift, multiplier in ((16, 0x21F0AAAD), (15, 0x735A2D97), (15, None)):
         x ^= torch.bitwise_right_shift(x, shift, out=scratch)
@@ -101,7 +105,9 @@ def _sqrt(x: torch.Tensor) -> torch.Tensor:
     return root * ((half + 1023) << 52).view(torch.float64)  # times 2**half, exactly
 
 
-def hash_normal(seed: int, stream: int, numel: int, device: torch.device | str = "cpu") -> torch.Tensor:
+def hash_normal(
+    seed: int, stream: int, numel: int, device: torch.device | str = "cpu", *, engine: str = "auto"
+) -> torch.Tensor:
     """``numel`` standard normal samples, a pure function of ``(seed, stream, index)``.
 
     Args:
@@ -109,15 +115,111 @@ def hash_normal(seed: int, stream: int, numel: int, device: torch.device | str =
         stream: ``0 <= stream < 2**32``, one per tensor (see the module docstring).
         numel: number of samples, ``< 2**31``.
         device: where to compute; the result is bit-identical on every device.
+        engine: ``"auto"`` (numpy on the CPU, torch elsewhere), ``"numpy"`` (CPU only) or
+            ``"torch"``; every engine gives the same bits (the choice exists for the tests).
 
     Returns:
-        ``[numel] float64``: Box-Muller ``sqrt(-2 log u1) cos(2 pi u2)`` of two uniforms per element.
+        ``[numel] float64`` on ``device``: Box-Muller ``sqrt(-2 log u1) cos(2 pi u2)`` of two
+        uniforms per element (element ``i`` hashes the counters ``2 i`` and ``2 i + 1``).
+
+    Implementation: on the CPU the same sequence of integer and IEEE-754 float64 operations
+    runs in numpy, in blocks of ``8192`` elements that stay in cache, with the hash in
+    ``uint32`` (wrap-around multiplication, logical shifts: the same bits as the ``int64``
+    version masked to 32 bits) and the log and cos polynomials evaluated as one stacked Horner
+    loop (the log polynomial padded with a leading ``0``, whose first step ``0 * x + c = c`` is
+    exact). Each element still sees exactly the rounded operations of the ``torch`` path used on
+    every other device (CUDA), so the bits are the same: ``tests/oracle/test_inputs_hash.py``
+    checks them against the original implementation, and ``benchmarks/hash_normal_bench.py``
+    measures the speed-up side by side.
+
+    Raises:
+        ValueError: ``engine`` is not one of ``"auto"``, ``"numpy"``, ``"torch"``, or ``"numpy"``
+            with a device other than the CPU.
 
     Source: Box & Muller, "A Note on the Generation of Random Normal Deviates", Ann. Math. Statist.
     29(2), 1958; hash constants from https://github.com/skeeto/hash-prospector.
     """
+    on_cpu = torch.device(device).type == "cpu"
+    if engine not in ("auto", "numpy", "torch") or (engine == "numpy" and not on_cpu):
+        raise ValueError(f"engine: {engine!r} on device {device!r}; allowed: 'auto', 'torch', 'numpy' (CPU only)")
     key1 = _mix32(_mix32(seed & _M32) ^ _mix32((stream + 0x9E3779B9) & _M32))
     key2 = _mix32(key1 ^ 0x5BD1E995)
+    if on_cpu and engine != "torch":
+        import numpy as np
+
+        block = 8192
+        ncoef = max(len(_COS_COEFFS), len(_ATANH_COEFFS))
+        pad = lambda coeffs: [0.0] * (ncoef - len(coeffs)) + list(reversed(coeffs))  # noqa: E731
+        table = np.array([pad(_ATANH_COEFFS), pad(_COS_COEFFS)]).T.copy()[:, :, None]  # [ncoef, 2, 1]
+        k1, k2, half_sqrt = np.uint32(key1), np.uint32(key2), math.sqrt(0.5)
+        mult = (np.uint32(0x21F0AAAD), np.uint32(0x735A2D97))
+        result = np.empty(numel, dtype=np.float64)
+        n = min(block, numel)
+        c, t = np.empty((2, n), np.uint32), np.empty((2, n), np.uint32)
+        f, x, acc = np.empty((2, n)), np.empty((2, n)), np.empty((2, n))
+        m, r, w = np.empty(n), np.empty(n), np.empty(n)
+        e, flag = np.empty(n, np.int32), np.empty(n, bool)
+
+        def mix(v):  # _mix32 on uint32: wrap-around products are the int64 products & _M32
+            for shift, multiplier in ((16, mult[0]), (15, mult[1]), (15, None)):
+                np.right_shift(v, shift, out=t)
+                v ^= t
+                if multiplier is not None:
+                    v *= multiplier
+
+        for start in range(0, numel, block):
+            if numel - start < n:
+                n = numel - start
+                c, t, f, x, acc = c[:, :n], t[:, :n], f[:, :n], x[:, :n], acc[:, :n]
+                m, r, w, e, flag = m[:n], r[:n], w[:n], e[:n], flag[:n]
+            c[0] = np.arange(2 * start, 2 * (start + n), 2, dtype=np.uint32)
+            np.add(c[0], np.uint32(1), out=c[1])
+            c ^= k1
+            mix(c)
+            c ^= k2
+            mix(c)
+            f[...] = c
+            u1, a = f[0], f[1]
+            u1 += 0.5
+            u1 *= 2.0**-32  # (0, 1)
+            np.frexp(u1, out=(m, e))
+            np.less(m, half_sqrt, out=flag)
+            np.multiply(m, 2.0, out=m, where=flag)
+            np.subtract(e, 1, out=e, where=flag)
+            np.subtract(m, 1.0, out=r)
+            m += 1.0
+            np.divide(r, m, out=r)  # s = (m - 1) / (m + 1)
+            a *= 2.0**-31
+            a -= 1.0
+            np.abs(a, out=a)  # a = |2 u2 - 1|
+            np.greater(a, 0.5, out=flag)
+            np.subtract(1.0, a, out=a, where=flag)  # b
+            np.multiply(r, r, out=x[0])
+            np.multiply(a, a, out=x[1])
+            acc[...] = table[0]
+            for coefficient in table[1:]:
+                acc *= x
+                acc += coefficient
+            np.multiply(r, 2.0, out=r)
+            r *= acc[0]
+            np.multiply(e, math.log(2.0), out=w)  # int32 -> float64 exactly, then one rounding
+            r += w  # log(u1)
+            np.negative(acc[1], out=acc[1], where=~flag)  # cos(2 pi u2)
+            r *= -2.0  # y = -2 log(u1) > 0; sqrt(y) as _sqrt does it
+            np.frexp(r, out=(m, e))
+            np.not_equal(e % 2, 0, out=flag)
+            np.multiply(m, 2.0, out=m, where=flag)
+            np.subtract(e, 1, out=e, where=flag)
+            np.add(m, 1.0, out=r)
+            r *= 0.5
+            for _ in range(5):
+                np.divide(m, r, out=w)
+                r += w
+                r *= 0.5
+            w.view(np.int64)[...] = (e.astype(np.int64) // 2 + 1023) << 52  # 2**(e / 2), exactly
+            r *= w
+            np.multiply(r, acc[1], out=result[start : start + n])
+        return torch.from_numpy(result)
     counter = torch.arange(2 * numel, dtype=torch.int64, device=device)
     counter ^= key1
     bits = _mix32(_mix32(counter) ^ key2).to(torch.float64).view(numel, 2)
