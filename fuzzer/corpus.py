@@ -30,18 +30,30 @@ optional and written only when known, so older files stay valid.
 from __future__ import annotations
 
 import json
+import os
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fuzzer.results import STATUSES, BuildFingerprint
+from fuzzer.results import FAILING_STATUSES, STATUSES, BuildFingerprint
+from fuzzer.text import MAX_NAME, MAX_PACKAGE, is_storable
 from oracle.config import AttentionCase
 from oracle.errors import AttnFuzzError, CaseValidationError
 
 CORPUS_SCHEMA_VERSION = 1
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 _SIGNATURE = re.compile(r"^[a-z_]+(:[a-zA-Z_]+)?$")
+# what a stored failure signature looks like: the oracle's ``tensor:kind`` ("out:all_zero") or a
+# status with a detail (``error:RuntimeError``, ``crash``, ``timeout``, ``oom``)
+_VERDICT_SIGNATURE = re.compile(r"^[A-Za-z0-9_]+(:[A-Za-z0-9_.+-]+)*$")
+MAX_FILE_BYTES = 1 * 2**20
+"""Largest corpus file read, bytes (checked with ``fstat`` before reading): a real entry is a few KiB."""
+MAX_TEXT = 4096
+"""Longest ``why``/``source``/``recorded_at``/``build_key`` text, characters."""
+_ENTRY_FIELDS = {"schema_version", "case", "backend", "variant", "why", "source", "expected", "verdicts"}
+_VERDICT_FIELDS = {"build", "status", "signature", "recorded_at", "packages", "build_key"}
 
 
 class CorpusError(AttnFuzzError, ValueError):
@@ -88,6 +100,71 @@ class Verdict:
         return data
 
 
+def _check_text(origin: str, where: str, value: Any, max_chars: int) -> str:
+    """``value`` if it is a string the databases store as is and at most ``max_chars`` long.
+
+    Raises:
+        CorpusError: naming ``origin`` and ``where``, with what is allowed.
+    """
+    if not isinstance(value, str):
+        raise CorpusError(f"{origin}: {where}: must be a string, got {type(value).__name__}")
+    if len(value) > max_chars:
+        raise CorpusError(f"{origin}: {where}: {len(value)} characters (allowed: at most {max_chars})")
+    if not is_storable(value):
+        raise CorpusError(f"{origin}: {where}: holds a NUL or a lone surrogate (allowed: text without either)")
+    return value
+
+
+def _verdict_from_json(origin: str, i: int, v: Any) -> Verdict:
+    """One verdict of ``verdicts``, every field checked (type, allowed values, storable text).
+
+    Raises:
+        CorpusError: naming ``origin``, ``verdicts[i]`` and the field.
+    """
+    at = f"verdicts[{i}]"
+    if not isinstance(v, dict):
+        raise CorpusError(f"{origin}: {at}: must be an object, got {type(v).__name__}")
+    unknown = set(v) - _VERDICT_FIELDS
+    if unknown:
+        raise CorpusError(f"{origin}: {at}.{sorted(map(str, unknown))[0]}: unknown field (allowed: {', '.join(sorted(_VERDICT_FIELDS))})")
+    status = v.get("status")
+    if status not in STATUSES:
+        raise CorpusError(f"{origin}: {at}.status: must be one of {', '.join(STATUSES)}")
+    signature = v.get("signature")
+    if status in FAILING_STATUSES:
+        if not isinstance(signature, str) or len(signature) > 256 or not _VERDICT_SIGNATURE.match(signature):
+            raise CorpusError(
+                f"{origin}: {at}.signature: {signature!r} is not a signature like 'out:all_zero' or 'error:RuntimeError'"
+                f" (required for status {status!r})"
+            )
+    elif signature is not None:
+        raise CorpusError(f"{origin}: {at}.signature: must be null for status {status!r}")
+    build = v.get("build", {})
+    if not isinstance(build, dict):
+        raise CorpusError(f"{origin}: {at}.build: must be an object of fingerprint fields, got {type(build).__name__}")
+    known = {f for f in BuildFingerprint.__dataclass_fields__}
+    for name, value in build.items():
+        if name not in known:
+            raise CorpusError(f"{origin}: {at}.build.{name}: unknown field (allowed: {', '.join(sorted(known))})")
+        _check_text(origin, f"{at}.build.{name}", value, MAX_PACKAGE)
+    packages = v.get("packages", {})
+    if not isinstance(packages, dict):
+        raise CorpusError(f"{origin}: {at}.packages: must be an object of package -> version")
+    for name, version in packages.items():
+        _check_text(origin, f"{at}.packages (name)", name, MAX_PACKAGE)
+        _check_text(origin, f"{at}.packages.{name}", version, MAX_PACKAGE)
+    recorded_at = _check_text(origin, f"{at}.recorded_at", v.get("recorded_at", ""), MAX_TEXT)
+    build_key = _check_text(origin, f"{at}.build_key", v.get("build_key", ""), MAX_TEXT)
+    return Verdict(
+        BuildFingerprint.from_json(build),
+        status,
+        signature,
+        recorded_at,
+        tuple(sorted(packages.items())),
+        build_key,
+    )
+
+
 @dataclass(frozen=True)
 class CorpusEntry:
     """One corpus case: the case, the backend variant it is for, why it is there, what a replay
@@ -110,8 +187,13 @@ class CorpusEntry:
     def __post_init__(self) -> None:
         for name in ("backend", "variant"):
             value = getattr(self, name)
-            if not isinstance(value, str) or not _NAME.match(value):
-                raise CorpusError(f"{name}: {value!r} is not a backend/variant name (letters, digits, _.+-)")
+            if not isinstance(value, str) or not _NAME.match(value) or len(value) > MAX_NAME:
+                raise CorpusError(
+                    f"{name}: {value!r} is not a backend/variant name (letters, digits, _.+-, at most {MAX_NAME})"
+                )
+        for name in ("why", "source"):
+            if not isinstance(getattr(self, name), str):
+                raise CorpusError(f"{name}: must be a string, got {type(getattr(self, name)).__name__}")
         if self.expected_status not in ("pass", "fail"):
             raise CorpusError(f"expected.status: {self.expected_status!r} (allowed: pass, fail)")
         if self.expected_status == "fail":
@@ -152,40 +234,31 @@ class CorpusEntry:
             raise CorpusError(
                 f"{origin}: schema_version {version!r} is not supported (allowed: {CORPUS_SCHEMA_VERSION})"
             )
-        unknown = set(data) - {"schema_version", "case", "backend", "variant", "why", "source", "expected", "verdicts"}
+        unknown = set(data) - _ENTRY_FIELDS
         if unknown:
-            raise CorpusError(f"{origin}: {sorted(unknown)[0]}: unknown field")
+            raise CorpusError(f"{origin}: {sorted(map(str, unknown))[0]}: unknown field")
         try:
             case = AttentionCase.from_json(data.get("case"))
         except CaseValidationError as exc:
             raise CorpusError(f"{origin}: case.{exc}") from exc
+        except (TypeError, ValueError) as exc:  # e.g. a list where a number belongs
+            raise CorpusError(f"{origin}: case: {type(exc).__name__}: {exc}") from exc
         expected = data.get("expected")
         if not isinstance(expected, dict):
             raise CorpusError(f"{origin}: expected: must be an object with status and signature")
-        verdicts = []
-        for i, v in enumerate(data.get("verdicts", [])):
-            if not isinstance(v, dict) or v.get("status") not in STATUSES:
-                raise CorpusError(f"{origin}: verdicts[{i}].status: must be one of {', '.join(STATUSES)}")
-            packages = v.get("packages", {})
-            if not isinstance(packages, dict):
-                raise CorpusError(f"{origin}: verdicts[{i}].packages: must be an object of package -> version")
-            verdicts.append(
-                Verdict(
-                    BuildFingerprint.from_json(v.get("build", {})),
-                    v["status"],
-                    v.get("signature"),
-                    str(v.get("recorded_at", "")),
-                    tuple(sorted((str(k), str(val)) for k, val in packages.items())),
-                    str(v.get("build_key", "")),
-                )
-            )
+        for name in ("why", "source"):
+            _check_text(origin, name, data.get(name, ""), MAX_TEXT)
+        raw_verdicts = data.get("verdicts", [])
+        if not isinstance(raw_verdicts, list):
+            raise CorpusError(f"{origin}: verdicts: must be a list of verdict objects, got {type(raw_verdicts).__name__}")
+        verdicts = [_verdict_from_json(origin, i, v) for i, v in enumerate(raw_verdicts)]
         try:
             return cls(
                 case=case,
                 backend=data.get("backend"),
                 variant=data.get("variant"),
-                why=str(data.get("why", "")),
-                source=str(data.get("source", "")),
+                why=data.get("why", ""),
+                source=data.get("source", ""),
                 expected_status=expected.get("status"),
                 expected_signature=expected.get("signature"),
                 verdicts=tuple(verdicts),
@@ -203,19 +276,81 @@ class CorpusEntry:
         )
 
 
-def load_corpus(root: str | Path) -> list[CorpusEntry]:
-    """Every ``*.json`` under ``root`` (sorted by path).
+def read_corpus_file(path: Path, root: Path, max_bytes: int = MAX_FILE_BYTES) -> Any:
+    """The parsed JSON of one corpus file, read safely.
+
+    Only a regular file is read (a FIFO or device named ``*.json`` is refused, never opened for a
+    blocking read); a symlink must resolve inside ``root``; the size is checked with ``fstat``
+    on the opened descriptor before reading (at most ``max_bytes``); the text must be UTF-8 and
+    JSON of a nesting the parser takes.
 
     Raises:
-        CorpusError: a file is not JSON or not a valid entry (the message names the file).
+        CorpusError: naming the file and what is wrong with it.
     """
+    real_root = root.resolve()
+    try:
+        target = path.resolve(strict=True)
+    except (OSError, RuntimeError) as exc:  # dangling or looping symlink
+        raise CorpusError(f"{path}: cannot be resolved: {exc}") from exc
+    if path.is_symlink() and not target.is_relative_to(real_root):
+        raise CorpusError(f"{path}: a symlink to {target}, outside the corpus directory {real_root} (allowed: inside it)")
+    try:
+        fd = os.open(target, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+    except OSError as exc:
+        raise CorpusError(f"{path}: cannot be opened: {exc}") from exc
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(handle.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise CorpusError(f"{path}: not a regular file (allowed: regular *.json files)")
+        if info.st_size > max_bytes:
+            raise CorpusError(f"{path}: {info.st_size} bytes (allowed: at most {max_bytes})")
+        raw = handle.read(max_bytes + 1)
+    if len(raw) > max_bytes:
+        raise CorpusError(f"{path}: more than {max_bytes} bytes (allowed: at most {max_bytes})")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise CorpusError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason})") from exc
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CorpusError(f"{path}: not readable JSON: {exc}") from exc
+    except RecursionError as exc:
+        raise CorpusError(f"{path}: JSON nested too deeply to read") from exc
+
+
+def corpus_files(root: str | Path) -> list[Path]:
+    """Every ``*.json`` under ``root``, sorted by path; symlinked directories are not followed.
+
+    Raises:
+        CorpusError: ``root`` is not a directory.
+    """
+    root = Path(root)
+    if not root.is_dir():
+        raise CorpusError(f"{root}: not a corpus directory")
+    found = []
+    for directory, _subdirs, names in os.walk(root, followlinks=False):
+        found += [Path(directory) / name for name in names if name.endswith(".json")]
+    return sorted(found)
+
+
+def load_corpus(root: str | Path) -> list[CorpusEntry]:
+    """Every ``*.json`` under ``root`` (sorted by path), each read by `read_corpus_file`.
+
+    Raises:
+        CorpusError: a file is not a regular file inside the corpus, too large, not UTF-8 JSON or
+            not a valid entry (the message names the file and the field).
+    """
+    root = Path(root)
     entries = []
-    for path in sorted(Path(root).rglob("*.json")):
+    for path in corpus_files(root):
+        data = read_corpus_file(path, root)
         try:
-            data = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise CorpusError(f"{path}: not readable JSON: {exc}") from exc
-        entries.append(CorpusEntry.from_json(data, origin=str(path)))
+            entries.append(CorpusEntry.from_json(data, origin=str(path)))
+        except CorpusError:
+            raise
+        except (TypeError, ValueError, AttributeError, RecursionError) as exc:  # a shape no check above foresaw
+            raise CorpusError(f"{path}: malformed entry: {type(exc).__name__}: {exc}") from exc
     return entries
 
 

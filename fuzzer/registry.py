@@ -14,6 +14,7 @@ import importlib.metadata
 from collections.abc import Iterable
 
 from fuzzer.backends.base import Backend, BackendError
+from fuzzer.text import MAX_NAME, is_storable, storable_text
 
 ENTRY_POINT_GROUP = "attnfuzz.backends"
 BUILTIN_MODULES = (
@@ -42,6 +43,10 @@ def _as_backends(obj: object, origin: str) -> list[Backend]:
             raise BackendError(f"{origin}: expected a Backend, got {type(item).__name__}")
         if not item.name:
             raise BackendError(f"{origin}: backend {type(item).__name__} has no name")
+        if not isinstance(item.name, str) or not is_storable(item.name, MAX_NAME):
+            # a plugin's name goes into every result and bucket: cut and escape it here, once,
+            # so the worker, its children and the store all use the same storable name
+            item.name = storable_text(item.name, MAX_NAME)
     return items
 
 

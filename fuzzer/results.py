@@ -29,11 +29,41 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from fuzzer.text import MAX_DETAIL, MAX_NAME, MAX_PACKAGE, MAX_SIGNATURE, is_storable, storable_text
 from oracle.errors import AttnFuzzError
 
 STATUSES = ("pass", "fail", "unsupported", "error", "crash", "timeout", "oom")
 FAILING_STATUSES = frozenset({"fail", "error", "crash", "timeout", "oom"})
 PHASES = ("fuzz", "shrink", "confirm", "replay")
+
+
+def _storable_json(value: Any) -> bool:
+    """True when no string (key or value) in the JSON value needs `storable_text`."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if not is_storable(item):
+                return False
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                if not isinstance(key, str) or not is_storable(key):
+                    return False
+                stack.append(child)
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+    return True
+
+
+def _storable_copy(value: Any) -> Any:
+    """A copy of a JSON value with every string made storable (keys too)."""
+    if isinstance(value, str):
+        return storable_text(value)
+    if isinstance(value, dict):
+        return {storable_text(k): _storable_copy(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_storable_copy(v) for v in value]
+    return value
 
 
 class ResultValidationError(AttnFuzzError, ValueError):
@@ -88,6 +118,22 @@ class CaseResult:
         if self.status not in FAILING_STATUSES and self.signature:
             raise ResultValidationError(f"signature: must be empty for status {self.status!r}")
         object.__setattr__(self, "signatures", tuple(self.signatures))
+        self._normalise_text()
+
+    def _normalise_text(self) -> None:
+        """Make every text field storable (`fuzzer.text.storable_text`: NUL and lone surrogates
+        escaped, names cut to their columns with a marker), so that no value a kernel or a
+        plugin produces can fail the write of this result, in the spool or the database."""
+        s = object.__setattr__
+        for name, limit in (("backend", MAX_NAME), ("variant", MAX_NAME), ("signature", MAX_SIGNATURE),
+                            ("detail", MAX_DETAIL), ("backend_version", MAX_PACKAGE), ("selected_kernel", MAX_PACKAGE)):
+            value = getattr(self, name)
+            if value is not None and not is_storable(value, limit):
+                s(self, name, storable_text(value, limit))
+        if any(not isinstance(x, str) or not is_storable(x, MAX_SIGNATURE) for x in self.signatures):
+            s(self, "signatures", tuple(storable_text(x, MAX_SIGNATURE) for x in self.signatures))
+        if self.metrics and not _storable_json(self.metrics):
+            s(self, "metrics", _storable_copy(self.metrics))
 
     @property
     def is_failure(self) -> bool:
@@ -140,6 +186,12 @@ class BuildFingerprint:
     device_name: str = "cpu"
     compute_capability: str = ""
     driver: str = ""
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):  # versions read from a plugin or a build: make them storable
+            value = getattr(self, f.name)
+            if not isinstance(value, str) or not is_storable(value, MAX_PACKAGE):
+                object.__setattr__(self, f.name, storable_text(value, MAX_PACKAGE))
 
     def to_json(self) -> dict[str, str]:
         return dataclasses.asdict(self)

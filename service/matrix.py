@@ -30,6 +30,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
+from fuzzer.text import MAX_PACKAGE, storable_text
 from fuzzer.bisect import BisectResult, BisectStep as BisectStepResult
 from fuzzer.builds import build_key, build_packages, normalise_package, version_key
 from fuzzer.corpus import CorpusEntry, Verdict as CorpusVerdict
@@ -150,8 +151,8 @@ def _insert_packages(connection: Connection, build_id: int, packages: Mapping[st
     for package, version in packages.items():
         _insert_ignore(
             connection,
-            BuildPackage.__table__,
-            {"build_id": build_id, "package": package, "version": version},
+            BuildPackage.__table__,  # names a plugin reports: make them storable (fuzzer.text)
+            {"build_id": build_id, "package": storable_text(package, MAX_PACKAGE), "version": storable_text(version, MAX_PACKAGE)},
             ["build_id", "package"],
         )
 
@@ -1004,13 +1005,22 @@ def corpus_entries_from_db(
 def import_corpus(bind: Engine | Connection, entries: Sequence[CorpusEntry], *, with_verdicts: bool = True) -> int:
     """Store every entry's case (origin ``corpus``) and, with ``with_verdicts``, each recorded
     verdict as a ``replay`` result on its build (registered from the verdict's fingerprint,
-    package versions and ``build_key``). Returns how many verdicts were stored."""
-    store = SqlStore(bind)
+    package versions and ``build_key``). Returns how many verdicts were stored.
+
+    Each entry (one corpus file) is one transaction: a write the database refuses stores nothing
+    of that file."""
     stored = 0
     for entry in entries:
-        store.record_case(entry.case.to_json(), "corpus")
-        if not with_verdicts:
-            continue
+        stored += write_transaction(bind, lambda connection, entry=entry: _import_entry(connection, entry, with_verdicts))
+    return stored
+
+
+def _import_entry(bind: Connection, entry: CorpusEntry, with_verdicts: bool) -> int:
+    """`import_corpus` for one entry, on ``bind``'s open transaction; how many verdicts it stored."""
+    store = SqlStore(bind)
+    stored = 0
+    store.record_case(entry.case.to_json(), "corpus")
+    if with_verdicts:
         for verdict in entry.verdicts:
             build = register_build(bind, verdict.build, dict(verdict.packages), key=verdict.build_key or None)
             failing = verdict.status in FAILING_STATUSES

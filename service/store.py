@@ -52,6 +52,8 @@ from fuzzer.results import (
     SinkFatalError,
     SinkUnavailableError,
 )
+from fuzzer.severity import severity
+from fuzzer.text import MAX_DETAIL, MAX_PACKAGE, storable_text
 from oracle.config import AttentionCase
 from service.db import SQLITE_BEGIN_OPTION
 from service.errors import FieldValidationError, NotFoundError, ServiceError
@@ -254,9 +256,9 @@ class SqlStore:
                 Worker.__table__.insert()
                 .values(
                     build_id=build_id,
-                    hostname=hostname,
+                    hostname=storable_text(hostname, MAX_PACKAGE),
                     pid=pid,
-                    device=device,
+                    device=storable_text(device, MAX_PACKAGE),
                     started_at=now,
                     last_heartbeat=now,
                     cases_run=0,
@@ -497,15 +499,75 @@ class SqlStore:
                 .where(Bucket.id == bucket_id)
                 .values(
                     minimised_case_id=attention_case.case_id,
-                    minimise_note=note,
+                    minimise_note=storable_text(note, MAX_DETAIL),
                     minimise_owner_id=None,
                     minimise_lease_expires_at=None,
+                    defect_id=defect_id,
                 )
             )
-            if connection.execute(statement).rowcount == 0:
-                raise NotFoundError("bucket", bucket_id)
+            attached = []
+            free = or_(
+                Bucket.minimise_owner_id.is_(None),
+                Bucket.minimise_lease_expires_at < at,
+                *([Bucket.minimise_owner_id == worker_id] if worker_id is not None else []),
+            )
+            for variant, signature in attach:
+                if (variant, signature) == (primary.variant, primary.signature):
+                    continue
+                attach_note = (
+                    f"attached: fails as {signature} on the minimised case of bucket {bucket_id} "
+                    f"({primary.variant} / {primary.signature}), one root cause; not shrunk on its own"
+                )
+                won = connection.execute(
+                    update(Bucket)
+                    .where(_bucket_key(primary.backend, variant, signature), Bucket.minimised_case_id.is_(None), free)
+                    .values(
+                        minimised_case_id=attention_case.case_id,
+                        minimise_note=storable_text(attach_note, MAX_DETAIL),
+                        minimise_owner_id=None,
+                        minimise_lease_expires_at=None,
+                        defect_id=defect_id,
+                    )
+                    .returning(Bucket.id)
+                ).scalar_one_or_none()
+                if won is not None:
+                    attached.append(won)
+            if siblings is not None:  # the ones not attached go back to the queue
+                connection.execute(
+                    update(Bucket)
+                    .where(siblings, Bucket.minimise_owner_id == worker_id)
+                    .values(minimise_owner_id=None, minimise_lease_expires_at=None)
+                )
+            return attached
 
-        self._tx.write(run)
+        return self._tx.write(run)
+
+    @staticmethod
+    def _defect_id(connection: Connection, backend: str, case_id: str, at: datetime) -> int:
+        """The id of the ``defects`` row ``(backend, case_id)``, created on first sight."""
+        values = {"backend": backend, "case_id": case_id, "created_at": at}
+        defect_id = _insert_ignore(connection, Defect.__table__, values, ["backend", "case_id"])
+        if defect_id is None:
+            defect_id = connection.scalar(select(Defect.id).where(Defect.backend == backend, Defect.case_id == case_id))
+        return defect_id
+
+    @staticmethod
+    def _siblings(connection: Connection, bucket_id: int) -> Any:
+        """The condition "a bucket claimed together with ``bucket_id``": the same backend, the
+        same signature and the same first case (one case failing the same way through several API
+        variants), without a minimised case; ``bucket_id`` itself excluded."""
+        row = connection.execute(
+            select(Bucket.backend, Bucket.signature, Bucket.first_case_id).where(Bucket.id == bucket_id)
+        ).one_or_none()
+        if row is None:
+            return Bucket.id.is_(None)  # matches nothing
+        return (
+            (Bucket.id != bucket_id)
+            & (Bucket.backend == row.backend)
+            & (Bucket.signature == row.signature)
+            & (Bucket.first_case_id == row.first_case_id)
+            & Bucket.minimised_case_id.is_(None)
+        )
 
     # ------------------------------------------------------------------ minimisation leases
     def claim_minimisation(
@@ -597,7 +659,7 @@ class SqlStore:
             connection.execute(
                 update(Bucket)
                 .where(Bucket.id == bucket_id, Bucket.minimise_owner_id == worker_id)
-                .values(minimise_owner_id=None, minimise_lease_expires_at=None, minimise_note=outcome)
+                .values(minimise_owner_id=None, minimise_lease_expires_at=None, minimise_note=storable_text(outcome, MAX_DETAIL))
             )
 
         self._tx.write(run)
