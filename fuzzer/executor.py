@@ -3,8 +3,18 @@
 Each backend *environment* (``Backend.environment``: backends that can share process-wide state,
 e.g. TE's ``NVTE_*`` selection variables) gets one child process, started on first use and reused
 across cases. The parent (the worker) generates the inputs and computes the float64 oracle once
-per case and sends the inputs to the children (shared memory for CPU tensors, CUDA IPC for CUDA
-tensors, through ``torch.multiprocessing``); children return outputs on the CPU.
+per case and sends the inputs to the children; children return outputs on the CPU. Tensors up to
+``BYTES_TRANSPORT_MAX`` bytes travel as plain bytes in the pipe message (`PackedTensor`: one copy,
+no shared-memory segment or CUDA IPC handle to create, pass and release per tensor, which cost
+more than the copy for the small tensors of most cases); larger ones go through
+``torch.multiprocessing`` (shared memory for CPU tensors, CUDA IPC for CUDA tensors). A
+forward-only case sends no ``dout`` (the child gets zeros of its shape).
+
+Threads: each child and the worker itself run torch with `configure_torch_threads` (default one
+intra-op thread, ``$ATTNFUZZ_TORCH_THREADS`` to change it): the worker and its children take turns
+on the cores, and torch's default of one thread per core makes every process spin and contend on a
+loaded machine (4 to 18 times slower per case on a busy 2-core machine than one thread).
+
 
 A child that dies (segfault, abort, a CUDA fatal error that poisons its context) turns the backend
 call in flight into a ``crash`` outcome with the last lines of the child's stderr; one that runs
@@ -50,6 +60,130 @@ _STDERR_TAIL_LINES = 30
 # torch's CPU allocator raises RuntimeError with these when malloc fails
 _HOST_OOM_MARKERS = ("can't allocate memory", "not enough memory")
 _PR_SET_PDEATHSIG = 1
+BYTES_TRANSPORT_MAX = 8 * 2**20  # bytes: tensors up to this size travel as bytes, larger ones as handles
+THREADS_ENV = "ATTNFUZZ_TORCH_THREADS"
+
+
+def configure_torch_threads(threads: int | None = None) -> int:
+    """Set torch's intra-op threads of this process (and one inter-op thread when still possible).
+
+    Args:
+        threads: how many; None: ``$ATTNFUZZ_TORCH_THREADS`` if set, else 1.
+
+    Returns:
+        The number set.
+
+    Raises:
+        ExecutorError: the count (argument or variable) is not a positive integer.
+    """
+    import torch
+
+    if threads is None:
+        text = os.environ.get(THREADS_ENV, "1").strip()
+        try:
+            threads = int(text)
+        except ValueError:
+            raise ExecutorError(f"{THREADS_ENV}: must be a positive integer, got {text!r}") from None
+    if threads < 1:
+        raise ExecutorError(f"{THREADS_ENV}: must be a positive integer, got {threads!r}")
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:  # only allowed before the first parallel work of the process
+        pass
+    return threads
+
+
+@dataclass(frozen=True)
+class PackedTensor:
+    """A tensor as plain bytes for the pipe to a child: ``dtype`` (torch name, e.g.
+    ``"bfloat16"``), ``shape``, ``device`` (``"cpu"``, ``"cuda:0"``: where it was) and the
+    C-contiguous bytes. `unpack` gives it back on the CPU, same dtype, shape and values."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    device: str
+    data: bytes
+
+    @classmethod
+    def pack(cls, tensor: Any) -> Any:
+        """``tensor`` as a `PackedTensor` if it holds at most ``BYTES_TRANSPORT_MAX`` bytes (a
+        copy to the host for a CUDA tensor), else the tensor itself; None stays None."""
+        import torch
+
+        if tensor is None or not isinstance(tensor, torch.Tensor):
+            return tensor
+        if tensor.numel() * tensor.element_size() > BYTES_TRANSPORT_MAX:
+            return tensor
+        host = tensor.detach().to("cpu").contiguous()
+        data = host.view(-1).view(torch.uint8).numpy().tobytes() if host.numel() else b""
+        return cls(str(host.dtype).removeprefix("torch."), tuple(host.shape), str(tensor.device), data)
+
+    def unpack(self) -> Any:
+        import torch
+
+        dtype = getattr(torch, self.dtype)
+        if not self.data:
+            return torch.empty(self.shape, dtype=dtype)
+        return torch.frombuffer(bytearray(self.data), dtype=torch.uint8).view(dtype).reshape(self.shape)
+
+
+def _unpack(value: Any) -> Any:
+    return value.unpack() if isinstance(value, PackedTensor) else value
+
+
+def pack_inputs(case: AttentionCase, inputs: Any) -> dict[str, Any]:
+    """`oracle.inputs.AttentionInputs` as a dict of `PackedTensor` (or large tensors) for a child;
+    ``dout`` is left out of a forward-only case. Inverse: `unpack_inputs`."""
+    import dataclasses
+
+    packed = {f.name: PackedTensor.pack(getattr(inputs, f.name)) for f in dataclasses.fields(inputs)}
+    if not case.backward:
+        dout = inputs.dout
+        packed["dout"] = ("zeros", tuple(dout.shape), str(dout.dtype).removeprefix("torch."))
+    return packed
+
+
+def unpack_inputs(packed: dict[str, Any]) -> Any:
+    """The `oracle.inputs.AttentionInputs` of `pack_inputs` (host tensors, or the shared ones)."""
+    import torch
+
+    from oracle.inputs import AttentionInputs
+
+    fields = {}
+    for name, value in packed.items():
+        if isinstance(value, tuple) and value and value[0] == "zeros":
+            fields[name] = torch.zeros(value[1], dtype=getattr(torch, value[2]))
+        else:
+            fields[name] = _unpack(value)
+    return AttentionInputs(**fields)
+
+
+def pack_output(output: Any) -> Any:
+    """A `BackendOutput` whose tensors are `PackedTensor` where small enough (see `unpack_output`)."""
+    if output is None:
+        return None
+    return BackendOutput(
+        out=PackedTensor.pack(output.out),
+        lse=PackedTensor.pack(output.lse),
+        dq=PackedTensor.pack(output.dq),
+        dk=PackedTensor.pack(output.dk),
+        dv=PackedTensor.pack(output.dv),
+        selected_kernel=output.selected_kernel,
+        compile_ms=output.compile_ms,
+        extra=dict(output.extra),
+    )
+
+
+def unpack_output(output: Any) -> Any:
+    """Inverse of `pack_output` (tensors on the CPU)."""
+    if output is None:
+        return None
+    for name in ("out", "lse", "dq", "dk", "dv"):
+        setattr(output, name, _unpack(getattr(output, name)))
+    return output
+
 
 
 def _die_with_parent() -> None:
@@ -209,6 +343,8 @@ def _child_main(conn, specs: list[tuple[str, str]], env_vars: dict[str, str], lo
     os.environ.update(env_vars)
     import torch.multiprocessing  # noqa: F401  (registers tensor reductions for the pipe)
 
+    configure_torch_threads()
+
     from fuzzer.registry import load_spec
     from oracle.config import AttentionCase as Case
 
@@ -225,13 +361,14 @@ def _child_main(conn, specs: list[tuple[str, str]], env_vars: dict[str, str], lo
             return
         if message[0] == "stop":
             return
-        _, case_json, inputs, tasks = message
+        _, case_json, packed, tasks = message
         case = Case.from_json(case_json)
+        inputs = unpack_inputs(packed)
         for i, (name, variant) in enumerate(tasks):
             conn.send(("start", i))
             outcome = run_task(backends[name], case, inputs, variant)
             if outcome.output is not None:
-                outcome.output = _output_to(outcome.output, "cpu")
+                outcome.output = pack_output(_output_to(outcome.output, "cpu"))
             conn.send(("done", i, outcome))
             if outcome.status == "crash":  # the CUDA context is poisoned: die, be restarted
                 sys.stderr.write(outcome.detail + "\n")
@@ -375,11 +512,12 @@ class ChildProcessExecutor:
         by_env: dict[str, list[int]] = {}
         for i, (name, _) in enumerate(tasks):
             by_env.setdefault(self._environment(name), []).append(i)
+        packed = pack_inputs(case, inputs)
         for environment, indices in by_env.items():
             pending = list(indices)
             stalls = 0
             while pending:
-                left = self._run_in_child(environment, case, inputs, tasks, pending, timeout_s, outcomes)
+                left = self._run_in_child(environment, case, packed, tasks, pending, timeout_s, outcomes)
                 stalls = stalls + 1 if left == pending else 0
                 if stalls >= 2:  # the child died twice before starting anything: do not loop forever
                     name, variant = tasks[pending[0]]
@@ -390,12 +528,14 @@ class ChildProcessExecutor:
                 pending = left
         result = [outcomes[i] for i in range(len(tasks))]
         for outcome in result:
+            outcome.output = unpack_output(outcome.output)
             if outcome.output is not None and device != "cpu":
                 outcome.output = _output_to(outcome.output, device)
         return result
 
     def _run_in_child(self, environment, case, inputs, tasks, pending, timeout_s, outcomes) -> list[int]:
-        """Send ``pending`` tasks to the environment's child; return those left after a crash."""
+        """Send ``pending`` tasks to the environment's child (``inputs`` packed by `pack_inputs`);
+        return those left after a crash."""
         child = self._child(environment)
         batch = [tasks[i] for i in pending]
         try:

@@ -270,6 +270,14 @@ class ResultSink(Protocol):
 
     def record_result(self, result: CaseResult, build_id: int, worker_id: int | None) -> BucketUpdate | None: ...
 
+    def record_case_results(
+        self, case_json: dict[str, Any], origin: str, results: list[CaseResult], build_id: int, worker_id: int | None
+    ) -> list[BucketUpdate | None]:
+        """``record_case`` then ``record_result`` of each of ``results`` (all of one case), as one
+        write: all of it is stored or none of it (one transaction on SQL). Returns one
+        ``record_result`` answer per result, in order (None for a result only spooled)."""
+        ...
+
     def record_minimised(
         self, bucket_id: int, minimised_case_json: dict[str, Any], original_case_id: str, note: str
     ) -> None: ...

@@ -112,6 +112,13 @@ class MemorySink:
         bucket.hit_count += 1
         return BucketUpdate(bucket.bucket_id, False)
 
+    def record_case_results(
+        self, case_json: dict[str, Any], origin: str, results: list[CaseResult], build_id: int, worker_id: int | None
+    ) -> list[BucketUpdate | None]:
+        """`record_case` and `record_result` of each result, as one write."""
+        self.record_case(case_json, origin)
+        return [self.record_result(r, build_id, worker_id) for r in results]
+
     def record_minimised(self, bucket_id: int, minimised_case_json: dict[str, Any], original_case_id: str, note: str) -> None:
         for bucket in self.buckets.values():
             if bucket.bucket_id == bucket_id:

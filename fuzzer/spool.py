@@ -3,7 +3,7 @@
 Fuzz workers run for days while the database restarts, is locked by another writer or is
 unreachable for a while. `SpoolingSink` wraps the real `ResultSink` (``service.store.SqlStore``):
 
-* a write (``record_case``, ``record_result``, ``record_minimised``, ``release_minimisation``, a
+* a write (``record_case``, ``record_result``, ``record_case_results``, ``record_minimised``, ``release_minimisation``, a
   final heartbeat) that fails with `SinkUnavailableError` is appended to the `Spool` instead, and
   so is every write after it while the spool is not empty, so the database receives them in the
   order the worker made them;
@@ -63,7 +63,9 @@ SPOOL_FILE = "spool.sqlite3"
 LOCK_FILE = "lock"
 DEFAULT_MAX_BYTES = 256 * 2**20
 DEFAULT_MAX_SLOTS = 256
-WRITE_OPS = ("record_case", "record_result", "record_minimised", "release_minimisation", "heartbeat")
+WRITE_OPS = (
+    "record_case", "record_result", "record_case_results", "record_minimised", "release_minimisation", "heartbeat"
+)
 
 
 class SpoolError(AttnFuzzError):
@@ -389,7 +391,17 @@ class SpoolingSink:
             return self.inner.record_result(
                 CaseResult.from_json(payload["result"]), payload["build_id"], payload["worker_id"]
             )
+        if op == "record_case_results":
+            results = [CaseResult.from_json(r) for r in payload["results"]]
+            record_all = getattr(self.inner, "record_case_results", None)
+            if record_all is not None:
+                return record_all(payload["case_json"], payload["origin"], results, payload["build_id"], payload["worker_id"])
+            self.inner.record_case(payload["case_json"], payload["origin"])
+            return [self.inner.record_result(r, payload["build_id"], payload["worker_id"]) for r in results]
         if op == "record_minimised":
+            extra = {}  # entries spooled before attach/worker_id existed have neither
+            if payload.get("worker_id") is not None or payload.get("attach"):
+                extra = {"worker_id": payload.get("worker_id"), "attach": [tuple(a) for a in payload.get("attach", [])]}
             return self.inner.record_minimised(
                 payload["bucket_id"], payload["minimised_case_json"], payload["original_case_id"], payload["note"]
             )
@@ -533,6 +545,38 @@ class SpoolingSink:
                 written=written,
             )
         return value
+
+    def record_case_results(
+        self, case_json: dict[str, Any], origin: str, results: list[CaseResult], build_id: int, worker_id: int | None
+    ) -> list[BucketUpdate | None]:
+        """Store or spool the case with all its results as one entry (one transaction when
+        written); the `BucketUpdate` answers when stored now, all None when spooled."""
+        from oracle.config import AttentionCase
+
+        AttentionCase.from_json(case_json)  # bad input is refused here, never spooled
+        payload = {
+            "case_json": case_json,
+            "origin": origin,
+            "results": [r.to_json() for r in results],
+            "build_id": build_id,
+            "worker_id": worker_id,
+        }
+        written, value = self._write("record_case_results", payload)
+        if self.ledger is not None:
+            for result in results:
+                self.ledger.write(
+                    "result",
+                    case_id=result.case_id,
+                    build_id=build_id,
+                    backend=result.backend,
+                    variant=result.variant,
+                    phase=result.phase,
+                    status=result.status,
+                    signature=result.signature,
+                    worker_id=worker_id,
+                    written=written,
+                )
+        return list(value) if written else [None] * len(results)
 
     def record_minimised(
         self, bucket_id: int, minimised_case_json: dict[str, Any], original_case_id: str, note: str

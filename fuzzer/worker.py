@@ -2,10 +2,11 @@
 
 A `Worker` runs until its time budget or case count is spent. Hypothesis drives generation in
 chunks of ``chunk_size`` examples (``@given`` over `fuzzer.strategies.attention_cases`, with
-``target(error_ratio)`` steering toward large errors). For each case the inputs and the float64
-oracle are computed once, on the worker's device, and every selected (backend, variant) that
-declares support runs through the executor (isolated child processes by default). Each result
-goes to the `ResultSink`.
+``target(error_ratio)`` steering toward large errors). Each case goes through the worker's
+`fuzzer.evaluate.Evaluator` (inputs and the float64 oracle computed once, on the worker's device;
+every selected (backend, variant) that declares support run through the executor, isolated child
+processes by default; every outcome judged); the worker records the case with all its results in
+one write to the `ResultSink` (``record_case_results``).
 
 Minimisation is shared between workers: after each chunk (and once at start, to resume what a
 dead worker left) the worker claims buckets of its backends that have no minimised case
@@ -47,8 +48,10 @@ from hypothesis import HealthCheck, Phase, Verbosity, given, seed, settings, tar
 from hypothesis.database import ExampleDatabase
 
 from fuzzer.backends.base import Backend
-from fuzzer.cp import cp_twin, cp_unsupported_reasons, is_cp_backend, judge_cp
-from fuzzer.executor import ChildProcessExecutor, InProcessExecutor, TaskOutcome
+from fuzzer.cp import cp_unsupported_reasons
+from fuzzer.evaluate import Evaluation, Evaluator, _finite_or_none, judge, with_phase
+from fuzzer.evaluate import normalise_masked_lse as _normalise_masked_lse
+from fuzzer.executor import TaskOutcome
 from fuzzer.minimise import MinimiseOutcome, minimise
 from fuzzer.results import CaseResult, MinimiseClaim, ResultSink
 from fuzzer.strategies import attention_cases, merge_capabilities
@@ -207,7 +210,7 @@ class Worker:
         self.backends = {b.name: b for b, _ in config.backends}
         self.stats = WorkerStats()
         self._fingerprint = fingerprint
-        self._executor = None
+        self._evaluator: Evaluator | None = None
         self._head_dim_pool: list[int] = []
         self._started = 0.0
         self._last_heartbeat = 0.0
@@ -216,6 +219,21 @@ class Worker:
         self.unavailable: dict[str, str] = {}
 
     # ------------------------------------------------------------------ lifecycle
+    @property
+    def _executor(self) -> Any:
+        """The evaluator's executor (None before `open` and after `close`)."""
+        return None if self._evaluator is None else self._evaluator.executor
+
+    @_executor.setter
+    def _executor(self, executor: Any) -> None:
+        if self._evaluator is not None:
+            self._evaluator.executor = executor
+
+    @property
+    def evaluator(self) -> Evaluator | None:
+        """The `fuzzer.evaluate.Evaluator` that runs and judges cases (set by `open`)."""
+        return self._evaluator
+
     def open(self) -> None:
         """Start the executor, check availability, register the build and this worker.
 
@@ -228,19 +246,15 @@ class Worker:
         """
         from fuzzer.environment import current_fingerprint
 
-        if self.config.isolation == "process":
-            self._executor = ChildProcessExecutor(
-                self.config.backends, memory_limit_bytes=self.config.child_memory_limit_bytes
-            )
-        else:
-            self._executor = InProcessExecutor(self.config.backends)
-        if any(is_cp_backend(b) for b, _ in self.config.backends):
-            from fuzzer.cp_executor import CPExecutor, RoutingExecutor
-
-            self._executor = RoutingExecutor(self._executor, CPExecutor(self.config.backends))
-        availability = self._executor.availability()
-        self.unavailable = {n: r for n, r in availability.items() if r}
-        usable = [b for n, b in self.backends.items() if n not in self.unavailable]
+        self._evaluator = Evaluator(
+            self.config.backends,
+            device=self.config.device,
+            case_timeout_s=self.config.case_timeout_s,
+            isolation=self.config.isolation,
+            memory_limit_bytes=self.config.child_memory_limit_bytes,
+        )
+        self.unavailable = dict(self._evaluator.open())
+        usable = list(self._evaluator.usable)
         if not usable:
             reasons = "; ".join(f"{n}: {r}" for n, r in self.unavailable.items())
             raise WorkerError(f"no selected backend is available here ({reasons})")
@@ -253,9 +267,9 @@ class Worker:
 
     def close(self) -> None:
         """Stop the executor's child processes."""
-        if self._executor is not None:
-            self._executor.close()
-            self._executor = None
+        if self._evaluator is not None:
+            self._evaluator.close()
+            self._evaluator = None
 
     def __enter__(self) -> Worker:
         self.open()
@@ -385,24 +399,7 @@ class Worker:
     # ------------------------------------------------------------------ evaluation
     def tasks_for(self, case: AttentionCase) -> tuple[list[tuple[str, str]], list[CaseResult]]:
         """Split every (backend, variant) into runnable tasks and ``unsupported`` results."""
-        tasks, unsupported = [], []
-        for backend in self.usable:
-            for variant in backend.variants:
-                reasons = backend.unsupported_reasons(case, variant)
-                if reasons:
-                    unsupported.append(
-                        CaseResult(
-                            case_id=case.case_id,
-                            backend=backend.name,
-                            variant=variant,
-                            status="unsupported",
-                            detail="; ".join(reasons),
-                            backend_version=backend.version_string(),
-                        )
-                    )
-                else:
-                    tasks.append((backend.name, variant))
-        return tasks, unsupported
+        return self._evaluator.split(case)
 
     def evaluate(
         self,
@@ -423,51 +420,24 @@ class Worker:
             One `CaseResult` per (backend, variant) considered. For a CP case these are the CP
             results (with ``metrics["cp"]``); the non-CP twin's results are recorded, not returned.
         """
-        from oracle.inputs import make_inputs
-        from oracle.reference import reference
-
         if record and self.journal is not None:
             self.journal.begin_evaluation(case.to_json(), phase, None if tasks is None else [list(t) for t in tasks])
-        if tasks is None:
-            runnable, results = self.tasks_for(case)
-        else:
-            runnable, results = [], []
-            for name, variant in tasks:
-                reasons = self.backends[name].unsupported_reasons(case, variant)
-                if reasons:
-                    results.append(
-                        CaseResult(case.case_id, name, variant, "unsupported", detail="; ".join(reasons), phase=phase)
-                    )
-                else:
-                    runnable.append((name, variant))
-        results = [r if r.phase == phase else _with_phase(r, phase) for r in results]
-        twin_results: list[CaseResult] = []
-        if runnable:
-            inputs = make_inputs(case, device=self.config.device)
-            t0 = time.perf_counter()
-            ref = reference(case, inputs, backward=case.backward)
-            oracle_ms = (time.perf_counter() - t0) * 1000.0
-            if phase == "fuzz":  # shrink/confirm time is counted whole in stats.shrink_s
-                self.stats.oracle_s += oracle_ms / 1000.0
-            outcomes = self._executor.run(case, inputs, runnable, self.config.case_timeout_s)
-            for outcome in outcomes:
-                result, twin_result = judge_cp(
-                    case, ref, outcome, lambda c, o: self._judge(c, ref, o, oracle_ms, phase)
-                )
-                results.append(result)
-                if twin_result is not None:
-                    twin_results.append(twin_result)
-        if phase == "fuzz":
+        evaluation = self._evaluator.evaluate(case, phase=phase, tasks=tasks)
+        results = evaluation.results
+        if phase == "fuzz":  # shrink/confirm time is counted whole in stats.shrink_s
+            self.stats.oracle_s += evaluation.oracle_s
+            self.stats.kernel_s += evaluation.kernel_s
+            self.stats.compile_s += evaluation.compile_s
             self.stats.cases += 1
-            if runnable and case.head_dim not in self._head_dim_pool and len(self._head_dim_pool) < self.config.kernel_pool_size:
+            if evaluation.runnable and case.head_dim not in self._head_dim_pool and len(self._head_dim_pool) < self.config.kernel_pool_size:
                 self._head_dim_pool.append(case.head_dim)
         for r in results:
             self.stats.results[r.status] += 1
             self.stats.per_backend[(r.backend, r.status)] += 1
         if record:
             self._record(case, results, phase)
-            if twin_results:  # the non-CP twin: same inputs and oracle, run by the CP executor
-                self._record(cp_twin(case), twin_results, phase)
+            if evaluation.twin_results:  # the non-CP twin: same inputs and oracle, run by the CP executor
+                self._record(evaluation.twin_case, evaluation.twin_results, phase)
             if self.journal is not None:
                 self.journal.end_evaluation()
             self.reporter.on_case(case, results, self.stats)
@@ -475,52 +445,24 @@ class Worker:
         return results
 
     def _record(self, case: AttentionCase, results: list[CaseResult], phase: str) -> None:
-        """Send ``case`` and its ``results`` to the sink; report each bucket the sink saw first."""
-        self.sink.record_case(case.to_json(), origin=phase)
-        for r in results:
-            update = self.sink.record_result(r, self.build_id, self.worker_id)
+        """Send ``case`` and its ``results`` to the sink in one write (`record_case_results`, one
+        transaction on the SQL store; a sink without it gets `record_case` then `record_result`
+        per result); report each bucket the sink saw first."""
+        record_all = getattr(self.sink, "record_case_results", None)
+        if record_all is not None:
+            updates = record_all(case.to_json(), phase, results, self.build_id, self.worker_id)
+        else:
+            self.sink.record_case(case.to_json(), origin=phase)
+            updates = [self.sink.record_result(r, self.build_id, self.worker_id) for r in results]
+        for r, update in zip(results, updates):
             key = r.bucket_key
             if update is not None and key is not None and update.is_new:
                 self.stats.new_buckets.append(key)
                 self.reporter.on_new_bucket(key, case)
 
     def _judge(self, case: AttentionCase, ref: Any, outcome: TaskOutcome, oracle_ms: float, phase: str) -> CaseResult:
-        from oracle.compare import compare_outputs
-
-        backend = self.backends[outcome.backend]
-        common = dict(
-            case_id=case.case_id,
-            backend=outcome.backend,
-            variant=outcome.variant,
-            run_ms=outcome.run_ms,
-            compile_ms=outcome.compile_ms,
-            oracle_ms=oracle_ms,
-            backend_version=backend.version_string(),
-            phase=phase,
-        )
-        if phase == "fuzz":
-            self.stats.kernel_s += outcome.run_ms / 1000.0
-            self.stats.compile_s += outcome.compile_ms / 1000.0
-        if outcome.status == "unsupported":
-            return CaseResult(status="unsupported", detail=outcome.detail, **common)
-        if outcome.status != "ok":
-            signature = outcome.status if outcome.status != "error" else f"error:{outcome.exception_type}"
-            return CaseResult(status=outcome.status, signature=signature, signatures=(signature,), detail=outcome.detail, **common)
-        out = outcome.output
-        lse = out.lse
-        if lse is not None and backend.masked_row_lse is not None:
-            lse = _normalise_masked_lse(lse, ref.lse, backend.masked_row_lse)
-        verdict = compare_outputs(case, ref, out=out.out, lse=lse, dq=out.dq, dk=out.dk, dv=out.dv)
-        status = "pass" if verdict.passed else "fail"
-        return CaseResult(
-            status=status,
-            signature=None if verdict.passed else verdict.primary_signature,
-            signatures=tuple(verdict.signatures),
-            metrics={name: tv.to_json() for name, tv in verdict.tensors.items()},
-            error_ratio=_finite_or_none(verdict.error_ratio),
-            selected_kernel=out.selected_kernel,
-            **common,
-        )
+        """`fuzzer.evaluate.judge` with this worker's backends (kept for callers and tests)."""
+        return judge(case, ref, outcome, self.backends[outcome.backend], oracle_ms=oracle_ms, phase=phase)
 
     def replay_known_failures(self) -> list[CaseResult]:
         """Re-run each known bucket's minimised case on its (backend, variant); results are
@@ -630,24 +572,4 @@ class Worker:
         return time.monotonic() - self._started >= c.time_budget_s + c.shrink_deadline_s
 
 
-def _with_phase(result: CaseResult, phase: str) -> CaseResult:
-    import dataclasses
-
-    return dataclasses.replace(result, phase=phase)
-
-
-def _finite_or_none(x: float | None) -> float | None:
-    if x is None:
-        return None
-    return float(x) if math.isfinite(x) else 1e300
-
-
-def _normalise_masked_lse(lse, ref_lse, sentinel: float):
-    """Map the library's documented lse for rows with no visible key to attnfuzz's ``-inf``,
-    on exactly those rows (``ref_lse == -inf``) and only where the value equals ``sentinel``."""
-    import torch
-
-    if lse.shape != ref_lse.shape:
-        return lse
-    masked = torch.isneginf(ref_lse.to(lse.device)) & (lse == sentinel)
-    return lse.masked_fill(masked, -math.inf)
+_with_phase = with_phase  # the old private names, kept for their importers

@@ -373,7 +373,53 @@ class SqlStore:
         _insert_ignore(connection, Case.__table__, values, ["id"])
 
     def record_result(self, result: CaseResult, build_id: int, worker_id: int | None) -> BucketUpdate | None:
-        """Store ``result`` once per ``(case_id, build_id, backend, variant, phase)``.
+        """Store ``result`` once per ``(case_id, build_id, backend, variant, phase)`` (one
+        transaction; see `_result_writer`).
+
+        Raises:
+            NotFoundError: ``result.case_id`` was never recorded (call `record_case` first), or
+                ``build_id`` or ``worker_id`` is unknown.
+        """
+        return self._tx.write(self._result_writer(result, build_id, worker_id))
+
+    def record_case_results(
+        self, case_json: dict[str, Any], origin: str, results: list[CaseResult], build_id: int, worker_id: int | None
+    ) -> list[BucketUpdate | None]:
+        """`record_case` and `record_result` of every result of that case, in one transaction: all
+        of it is stored, or (on an error) none of it. The build and the worker are checked once,
+        the case not at all (it is written in the same transaction).
+
+        Returns:
+            One `record_result` answer per result, in order.
+
+        Raises:
+            oracle.errors.CaseValidationError: ``case_json`` is not a valid case.
+            FieldValidationError: ``origin`` is unknown, or a result belongs to another case.
+            NotFoundError: ``build_id`` or ``worker_id`` is unknown.
+        """
+        attention_case = AttentionCase.from_json(case_json)
+        if origin not in ORIGINS:
+            raise FieldValidationError("origin", f"unknown value {origin!r} (allowed: {', '.join(ORIGINS)})")
+        for r in results:
+            if r.case_id != attention_case.case_id:
+                raise FieldValidationError(
+                    "case_id", f"result of {r.backend}/{r.variant} has case_id {r.case_id!r}, not {attention_case.case_id!r}"
+                )
+        writers = [self._result_writer(r, build_id, worker_id, check=False) for r in results]
+
+        def run(connection: Connection) -> list[BucketUpdate | None]:
+            self._insert_case(connection, attention_case, origin)
+            self._check_build_worker(connection, build_id, worker_id)
+            return [write(connection) for write in writers]
+
+        return self._tx.write(run)
+
+    def _result_writer(
+        self, result: CaseResult, build_id: int, worker_id: int | None, check: bool = True
+    ) -> Callable[[Connection], BucketUpdate | None]:
+        """The write of `record_result` as a function of a connection (``check``: verify that the
+        case, build and worker exist first). Stores ``result`` once per
+        ``(case_id, build_id, backend, variant, phase)``.
 
         A failing result is counted in its bucket ``(backend, variant, signature)``, created on
         first sight. Writing the same key again changes nothing and reports the stored row.
@@ -409,7 +455,8 @@ class SqlStore:
                 "created_at": now,
             }
             conflict = ["case_id", "build_id", "backend", "variant", "phase"]
-            self._check_references(connection, result.case_id, build_id, worker_id)
+            if check:
+                self._check_references(connection, result.case_id, build_id, worker_id)
             result_id = _insert_ignore(connection, Result.__table__, values, conflict)
             if result_id is None:
                 return self._stored_bucket(connection, result, build_id)
@@ -444,12 +491,16 @@ class SqlStore:
             )
             return BucketUpdate(bucket_id=connection.execute(bump).scalar_one(), is_new=False)
 
-        return self._tx.write(run)
+        return run
 
     @staticmethod
     def _check_references(connection: Connection, case_id: str, build_id: int, worker_id: int | None) -> None:
         if connection.scalar(select(Case.id).where(Case.id == case_id)) is None:
             raise NotFoundError("case", case_id)
+        SqlStore._check_build_worker(connection, build_id, worker_id)
+
+    @staticmethod
+    def _check_build_worker(connection: Connection, build_id: int, worker_id: int | None) -> None:
         if connection.scalar(select(Build.id).where(Build.id == build_id)) is None:
             raise NotFoundError("build", build_id)
         if worker_id is not None and connection.scalar(select(Worker.id).where(Worker.id == worker_id)) is None:

@@ -1,0 +1,379 @@
+"""One case through backends: the pure `judge` and the `Evaluator`.
+
+Every caller that runs a case and judges it goes through here: the fuzz worker
+(`fuzzer.worker.Worker`, which adds the loop, the sink, the journal and the leases), replay
+(`fuzzer.replay.run_replay`), the pytest corpus plugin and the CP campaign (`fuzzer.cp_campaign`).
+
+`Evaluator.evaluate` does, for one `AttentionCase`:
+
+1. split the (backend, variant) tasks into runnable ones and ``unsupported`` results (each
+   backend's declared `Backend.unsupported_reasons`);
+2. when something is runnable: the deterministic inputs (`oracle.inputs.make_inputs`) and the
+   float64 oracle (`oracle.reference.reference`, with gradients only for ``case.backward``), once,
+   on the evaluator's device, and the reference-only parts of the comparison once
+   (`oracle.compare.PreparedReference`);
+3. every runnable task through the executor (child processes, or in process for tests);
+4. each outcome judged by `judge` (a CP outcome and its non-CP twin through `fuzzer.cp.judge_cp`).
+
+It stores nothing: the `Evaluation` it returns holds the results (and, for a CP case, the twin
+case and its results) for the caller to record.
+
+Errors: a failure of attnfuzz's own steps on one case (inputs, oracle, comparison) is handled in
+one place, `Evaluator._own_step_failed` (see there), never in the callers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from fuzzer.backends.base import Backend
+from fuzzer.cp import cp_twin, is_cp_backend, judge_cp
+from fuzzer.executor import ChildProcessExecutor, InProcessExecutor, TaskOutcome, configure_torch_threads
+from fuzzer.results import CaseResult
+from oracle.config import AttentionCase
+
+ISOLATIONS = ("process", "none")
+
+
+def _finite_or_none(x: float | None) -> float | None:
+    """``x`` as a float; a non-finite ratio becomes ``1e300`` (JSON and SQL keep it ordered)."""
+    if x is None:
+        return None
+    return float(x) if math.isfinite(x) else 1e300
+
+
+def normalise_masked_lse(lse: Any, ref_lse: Any, sentinel: float) -> Any:
+    """Map the library's documented lse for rows with no visible key to attnfuzz's ``-inf``, on
+    exactly those rows (``ref_lse == -inf``) and only where the value equals ``sentinel``.
+
+    Args:
+        lse: the kernel's lse, ``[batch, heads, seqlen_q]`` (thd ``[heads, total_q]``).
+        ref_lse: the oracle's lse, same shape, float64; ``-inf`` on rows without a visible key.
+        sentinel: the value the backend declares for such rows (`Backend.masked_row_lse`).
+
+    Returns:
+        ``lse`` with those entries replaced (unchanged when the shapes differ: the comparison
+        reports the shape).
+    """
+    import torch
+
+    if lse.shape != ref_lse.shape:
+        return lse
+    masked = torch.isneginf(ref_lse.to(lse.device)) & (lse == sentinel)
+    return lse.masked_fill(masked, -math.inf)
+
+
+def unsupported_result(case: AttentionCase, backend: Backend, variant: str, reasons: Iterable[str], phase: str) -> CaseResult:
+    """The ``unsupported`` `CaseResult` of ``backend``/``variant`` on ``case`` (never a failure)."""
+    return CaseResult(
+        case_id=case.case_id,
+        backend=backend.name,
+        variant=variant,
+        status="unsupported",
+        detail="; ".join(reasons),
+        backend_version=backend.version_string(),
+        phase=phase,
+    )
+
+
+def judge(
+    case: AttentionCase,
+    reference: Any,
+    outcome: TaskOutcome,
+    backend: Backend,
+    *,
+    oracle_ms: float = 0.0,
+    phase: str = "fuzz",
+) -> CaseResult:
+    """The verdict on one backend call: pure (no I/O, no state).
+
+    Rules: ``unsupported`` stays unsupported; a call that did not return (``error``, ``crash``,
+    ``timeout``, ``oom``) is that status with signature ``error:<ExceptionType>`` or the status
+    itself; an ``ok`` output is compared with the float64 oracle (`oracle.compare.compare_outputs`;
+    the backend's documented lse of rows without a visible key, `Backend.masked_row_lse`, is
+    read as ``-inf`` first): ``pass`` or ``fail`` with the comparison's primary signature.
+
+    Args:
+        case: the case the outcome ran.
+        reference: `oracle.reference.ReferenceResult` of ``case``'s inputs, or its
+            `oracle.compare.PreparedReference` (faster when several outcomes are judged).
+        outcome: the executor's `TaskOutcome`.
+        backend: the backend that ran it (for its version and lse convention).
+        oracle_ms: the oracle's time for this case, milliseconds (recorded with the result).
+        phase: one of `fuzzer.results.PHASES`.
+
+    Returns:
+        The `CaseResult`.
+
+    Raises:
+        oracle.compare.CompareInputError: the output holds a gradient the reference lacks.
+    """
+    from oracle.compare import compare_outputs
+
+    common = dict(
+        case_id=case.case_id,
+        backend=outcome.backend,
+        variant=outcome.variant,
+        run_ms=outcome.run_ms,
+        compile_ms=outcome.compile_ms,
+        oracle_ms=oracle_ms,
+        backend_version=backend.version_string(),
+        phase=phase,
+    )
+    if outcome.status == "unsupported":
+        return CaseResult(status="unsupported", detail=outcome.detail, **common)
+    if outcome.status != "ok":
+        signature = outcome.status if outcome.status != "error" else f"error:{outcome.exception_type}"
+        return CaseResult(status=outcome.status, signature=signature, signatures=(signature,), detail=outcome.detail, **common)
+    out = outcome.output
+    lse = out.lse
+    if lse is not None and backend.masked_row_lse is not None:
+        ref_lse = getattr(reference, "reference", reference).lse
+        lse = normalise_masked_lse(lse, ref_lse, backend.masked_row_lse)
+    verdict = compare_outputs(case, reference, out=out.out, lse=lse, dq=out.dq, dk=out.dk, dv=out.dv)
+    return CaseResult(
+        status="pass" if verdict.passed else "fail",
+        signature=None if verdict.passed else verdict.primary_signature,
+        signatures=tuple(verdict.signatures),
+        metrics={name: tv.to_json() for name, tv in verdict.tensors.items()},
+        error_ratio=_finite_or_none(verdict.error_ratio),
+        selected_kernel=out.selected_kernel,
+        **common,
+    )
+
+
+@dataclass
+class Evaluation:
+    """What `Evaluator.evaluate` found for one case.
+
+    Attributes:
+        case: the case.
+        results: one `CaseResult` per (backend, variant) considered: the unsupported ones first,
+            then the runnable ones in task order. For a CP case these are the CP results (with
+            ``metrics["cp"]``).
+        twin_case: for a CP case whose outcomes carried non-CP runs, `fuzzer.cp.cp_twin` of it;
+            else None.
+        twin_results: the twin's results (same inputs and oracle), to be recorded with
+            ``twin_case``.
+        runnable: how many tasks ran.
+        inputs_s: seconds spent generating the inputs.
+        oracle_s: seconds of the float64 oracle.
+        kernel_s, compile_s: backend run and JIT compile seconds summed over the outcomes.
+        judge_s: seconds spent comparing (reference preparation included).
+    """
+
+    case: AttentionCase
+    results: list[CaseResult] = field(default_factory=list)
+    twin_case: AttentionCase | None = None
+    twin_results: list[CaseResult] = field(default_factory=list)
+    runnable: int = 0
+    inputs_s: float = 0.0
+    oracle_s: float = 0.0
+    kernel_s: float = 0.0
+    compile_s: float = 0.0
+    judge_s: float = 0.0
+
+
+def make_executor(
+    backends: list[tuple[Backend, str]],
+    isolation: str = "process",
+    memory_limit_bytes: int | None = None,
+) -> Any:
+    """The executor for ``backends``: child processes (``"process"``) or in process (``"none"``),
+    with a `fuzzer.cp_executor.RoutingExecutor` in front when a CP backend is among them.
+
+    Raises:
+        ValueError: ``isolation`` is unknown.
+    """
+    if isolation not in ISOLATIONS:
+        raise ValueError(f"isolation: unknown value {isolation!r} (allowed: {', '.join(ISOLATIONS)})")
+    if isolation == "process":
+        executor: Any = ChildProcessExecutor(backends, memory_limit_bytes=memory_limit_bytes)
+    else:
+        executor = InProcessExecutor(backends)
+    if any(is_cp_backend(b) for b, _ in backends):
+        from fuzzer.cp_executor import CPExecutor, RoutingExecutor
+
+        executor = RoutingExecutor(executor, CPExecutor(backends))
+    return executor
+
+
+class Evaluator:
+    """Runs one case through backends and judges every outcome (see the module docstring).
+
+    Args:
+        backends: ``(backend, spec)`` pairs (spec = ``module:attr`` that loads it in a child).
+        executor: what runs the calls (`make_executor`); None: one is made with ``isolation``.
+        device: ``"cpu"`` or ``"cuda"``: where inputs and the oracle live.
+        case_timeout_s: per backend call, seconds, before its child is killed.
+        isolation: ``"process"`` or ``"none"`` (used when ``executor`` is None).
+        memory_limit_bytes: child resident-memory limit (used when ``executor`` is None).
+
+    Use `open` (availability, starts the children) before `evaluate`, `close` after; or a
+    ``with`` block.
+    """
+
+    def __init__(
+        self,
+        backends: list[tuple[Backend, str]],
+        executor: Any = None,
+        *,
+        device: str = "cpu",
+        case_timeout_s: float = 120.0,
+        isolation: str = "process",
+        memory_limit_bytes: int | None = None,
+    ):
+        self.specs = list(backends)
+        self.backends: dict[str, Backend] = {b.name: b for b, _ in backends}
+        self.device = device
+        self.case_timeout_s = case_timeout_s
+        self.executor = executor if executor is not None else make_executor(self.specs, isolation, memory_limit_bytes)
+        self.unavailable: dict[str, str] = {}
+        self.usable: list[Backend] = list(self.backends.values())
+
+    def open(self) -> dict[str, str]:
+        """Set this process's torch threads (`fuzzer.executor.configure_torch_threads`), ask the
+        executor for each backend's availability (this starts the children) and keep the
+        available ones in ``usable``. Returns ``{name: reason}`` of the unavailable ones."""
+        configure_torch_threads()
+        availability = self.executor.availability()
+        self.unavailable = {n: r for n, r in availability.items() if r}
+        self.usable = [b for n, b in self.backends.items() if n not in self.unavailable]
+        return self.unavailable
+
+    def close(self) -> None:
+        """Stop the executor's child processes."""
+        if self.executor is not None:
+            self.executor.close()
+            self.executor = None
+
+    def __enter__(self) -> Evaluator:
+        self.open()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def split(
+        self, case: AttentionCase, tasks: list[tuple[str, str]] | None = None, phase: str = "fuzz"
+    ) -> tuple[list[tuple[str, str]], list[CaseResult]]:
+        """Runnable ``(backend, variant)`` tasks and ``unsupported`` results for ``case``.
+
+        Args:
+            case: the case.
+            tasks: explicit tasks (any loaded backend); None: every variant of every usable backend.
+            phase: recorded with the unsupported results.
+        """
+        runnable: list[tuple[str, str]] = []
+        unsupported: list[CaseResult] = []
+        if tasks is None:
+            tasks = [(b.name, v) for b in self.usable for v in b.variants]
+        for name, variant in tasks:
+            backend = self.backends[name]
+            reasons = backend.unsupported_reasons(case, variant)
+            if reasons:
+                unsupported.append(unsupported_result(case, backend, variant, reasons, phase))
+            else:
+                runnable.append((name, variant))
+        return runnable, unsupported
+
+    def evaluate(self, case: AttentionCase, phase: str = "fuzz", tasks: list[tuple[str, str]] | None = None) -> Evaluation:
+        """Run ``case`` on ``tasks`` (default: every variant of every usable backend) and judge it.
+
+        Args:
+            case: the case.
+            phase: recorded with each result (``fuzz``, ``shrink``, ``confirm``, ``replay``).
+            tasks: explicit ``(backend, variant)`` list; unsupported ones come back as such.
+
+        Returns:
+            The `Evaluation` (nothing is stored).
+        """
+        runnable, results = self.split(case, tasks, phase)
+        evaluation = Evaluation(case=case, results=results, runnable=len(runnable))
+        if not runnable:
+            return evaluation
+        try:
+            prepared, oracle_ms = self._oracle(case, evaluation)
+        except Exception as exc:
+            self._own_step_failed(case, exc)
+            raise
+        outcomes = self.executor.run(case, prepared.inputs, runnable, self.case_timeout_s)
+        t0 = time.perf_counter()
+        for outcome in outcomes:
+            evaluation.kernel_s += outcome.run_ms / 1000.0
+            evaluation.compile_s += outcome.compile_ms / 1000.0
+            try:
+                result, twin_result = self._judge_one(case, prepared, outcome, oracle_ms, phase)
+            except Exception as exc:
+                self._own_step_failed(case, exc)
+                raise
+            results.append(result)
+            if twin_result is not None:
+                evaluation.twin_results.append(twin_result)
+                twin_outcome = _non_cp_outcome(outcome)
+                if twin_outcome is not None:
+                    evaluation.kernel_s += twin_outcome.run_ms / 1000.0
+                    evaluation.compile_s += twin_outcome.compile_ms / 1000.0
+        evaluation.judge_s += time.perf_counter() - t0
+        if evaluation.twin_results:
+            evaluation.twin_case = cp_twin(case)
+        return evaluation
+
+    # ------------------------------------------------------------------ attnfuzz's own steps
+    def _oracle(self, case: AttentionCase, evaluation: Evaluation) -> tuple[Any, float]:
+        """Inputs, oracle and the prepared comparison reference of ``case``; the oracle's ms."""
+        from oracle.compare import PreparedReference
+        from oracle.inputs import make_inputs
+        from oracle.reference import reference
+
+        t0 = time.perf_counter()
+        inputs = make_inputs(case, device=self.device)
+        t1 = time.perf_counter()
+        ref = reference(case, inputs, backward=case.backward)
+        t2 = time.perf_counter()
+        evaluation.inputs_s += t1 - t0
+        evaluation.oracle_s += t2 - t1
+        prepared = PreparedReference(case, ref, inputs=inputs)
+        return prepared, (t2 - t1) * 1000.0
+
+    def _judge_one(
+        self, case: AttentionCase, prepared: Any, outcome: TaskOutcome, oracle_ms: float, phase: str
+    ) -> tuple[CaseResult, CaseResult | None]:
+        """`judge` of one outcome (with its CP twin, if any): ``(result, twin_result or None)``."""
+        backend = self.backends[outcome.backend]
+        return judge_cp(
+            case, prepared.reference, outcome, lambda c, o: judge(c, prepared, o, backend, oracle_ms=oracle_ms, phase=phase)
+        )
+
+    def _own_step_failed(self, case: AttentionCase, exc: BaseException) -> None:
+        """The one place for a failure of attnfuzz's own steps (inputs, oracle, comparison) on
+        one case: called with the exception before it propagates. Today it propagates unchanged
+        (the caller sees it); turning it into an ``error`` result belongs here."""
+
+
+def _non_cp_outcome(outcome: TaskOutcome) -> TaskOutcome | None:
+    from fuzzer.cp import non_cp_outcome
+
+    return non_cp_outcome(outcome)
+
+
+def with_phase(result: CaseResult, phase: str) -> CaseResult:
+    """``result`` with ``phase`` replaced."""
+    return result if result.phase == phase else dataclasses.replace(result, phase=phase)
+
+
+__all__ = [
+    "Evaluation",
+    "Evaluator",
+    "ISOLATIONS",
+    "judge",
+    "make_executor",
+    "normalise_masked_lse",
+    "unsupported_result",
+    "with_phase",
+]
