@@ -35,12 +35,14 @@ from service.cli_common import (
     Isolation,
     LogLevel,
     check_schema,
+    check_stored_name,
     configure_logging,
     console,
     db_url,
     fail,
     id_column,
     log,
+    print_table,
     migrate,
     out,
 )
@@ -265,6 +267,10 @@ def fuzz(
     gpus: Annotated[Optional[str], typer.Option("--gpus", help="'all' or a list like 0,1: one worker process per GPU.")] = None,
     shrink: Annotated[bool, typer.Option("--shrink/--no-shrink", help="Minimise new buckets.")] = True,
     shrink_deadline: Annotated[float, typer.Option(help="Seconds per minimisation.")] = 120.0,
+    shrink_share: Annotated[
+        float,
+        typer.Option(help="Largest share of wall time spent shrinking, served between cases (1 = no bound)."),
+    ] = 0.25,
     case_timeout: Annotated[float, typer.Option(help="Seconds per backend call before its child is killed.")] = 120.0,
     isolation: Annotated[
         Isolation,
@@ -344,10 +350,12 @@ def fuzz(
         if device == "auto":
             import torch
 
-            wants_cuda = any(b.device == "cuda" and not b.availability() for b, _ in selected)
+            # quick_availability imports no backend library: TE imported here could load a second
+            # cuDNN into the worker (fuzzer.environment); the children give the full answer
+            wants_cuda = any(b.device == "cuda" and not b.quick_availability() for b, _ in selected)
             resolved_device = "cuda" if wants_cuda and torch.cuda.is_available() else "cpu"
         if not names and not specs:  # default: what can run here
-            selected = [(b, s) for b, s in selected if b.device == resolved_device and not b.availability()]
+            selected = [(b, s) for b, s in selected if b.device == resolved_device and not b.quick_availability()]
         migrate(url, wait_s=db_wait)
         from fuzzer.spool import Ledger, Spool, SpoolingSink, TolerantExampleDatabase, default_spool_root
         from service.db import make_engine
@@ -363,6 +371,7 @@ def fuzz(
             seed=seed,
             shrink=shrink,
             shrink_deadline_s=shrink_deadline,
+            shrink_share=shrink_share,
             case_timeout_s=case_timeout,
             isolation=isolation,
             max_seqlen=max_seqlen,
@@ -514,9 +523,14 @@ def backends(
         found = registry.discover([b for b in (backend or []) if ":" in b])
     except AttnFuzzError as exc:
         fail(exc)
+    from fuzzer.executor import probe_backends
+
     rows = []
+    # CUDA backends are loaded in their own children, as a worker loads them: what is listed is
+    # what runs (the cuDNN each child loaded, the flash-attn-4 build flash_attn.cute came from)
+    availability, runtime = probe_backends([found[name] for name in sorted(found)])
     for name, (b, spec) in sorted(found.items()):
-        reason = b.availability()
+        reason = availability.get(name)
         rows.append(
             {
                 "name": name,
@@ -526,6 +540,7 @@ def backends(
                 "available": reason is None,
                 "reason": reason or "",
                 "spec": spec,
+                "runtime": runtime.get(name, {}),
             }
         )
     if as_json:
@@ -537,8 +552,27 @@ def backends(
     for row in rows:
         status = "[green]available[/]" if row["available"] else f"[yellow]unavailable:[/] {row['reason']}"
         versions = " ".join(f"{k}={v}" for k, v in row["versions"].items())
+        versions += _runtime_text(row["runtime"])
         table.add_row(row["name"], row["device"], ", ".join(row["variants"]), versions, status)
     out.print(table)
+
+
+def _runtime_text(runtime: dict[str, str]) -> str:
+    """What a backend's child loaded, for the backends table: the imported FA4 build (module
+    path and version), FA2, and the cuDNN/cuBLASLt/NCCL versions with cuDNN's file."""
+    parts = []
+    if runtime.get("flash_attn_4_module"):
+        parts.append(f"flash_attn.cute={runtime['flash_attn_4_module']} ({runtime.get('flash_attn_4', 'unknown')})")
+    if runtime.get("flash_attn"):
+        parts.append(f"flash_attn(FA2)={runtime['flash_attn']}")
+    if runtime.get("cudnn"):
+        parts.append(f"cuDNN={runtime['cudnn']} ({runtime.get('cudnn_library', '?')})")
+    for key, label in (("cublaslt", "cuBLASLt"), ("nccl", "NCCL")):
+        if runtime.get(key):
+            parts.append(f"{label}={runtime[key]}")
+    if runtime.get("cudnn_conflict"):
+        parts.append(runtime["cudnn_conflict"])
+    return ("\nloaded: " + "; ".join(parts)) if parts else ""
 
 
 # --------------------------------------------------------------------------------------- db
@@ -628,7 +662,7 @@ def cases_list(
     for row in rows:
         results = ", ".join(f"{n} {status}" for status, n in sorted(row["statuses"].items()))
         table.add_row(row["case_id"], row["origin"], results, row["description"])
-    out.print(table)
+    print_table(table)
 
 
 @cases_app.command("show")
@@ -688,7 +722,7 @@ def cases_show(
         counts[r["status"]] += 1
         ratio = "" if r["error_ratio"] is None else f"{r['error_ratio']:.3g}"
         table.add_row(r["backend"], r["variant"], r["status"], r["signature"] or "", ratio, r["phase"])
-    out.print(table)
+    print_table(table)
 
 
 @cases_app.command("add")
@@ -833,10 +867,11 @@ def serve(
 
 
 # Commands defined in their own modules.
-from service import cli_builds, cli_export  # noqa: E402
+from service import cli_buckets, cli_builds, cli_export  # noqa: E402
 
 cli_export.register(app)
 cli_builds.register(app)
+cli_buckets.register(app)
 
 if __name__ == "__main__":
     app()

@@ -242,9 +242,12 @@ def check_schema(url: str) -> None:
     from service.migrations import current, head
 
     parsed = make_url(url)
-    if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
-        if not os.path.exists(parsed.database):
-            raise ServiceError(f"no database at {url!r} ({os.path.abspath(parsed.database)} does not exist); "
+    path = parsed.database
+    if path and parsed.query.get("uri") == "true" and path.startswith("file:"):  # sqlite:///file:x.db?mode=ro&uri=true
+        path = path.removeprefix("file:").split("?", 1)[0]
+    if parsed.get_backend_name() == "sqlite" and path not in (None, "", ":memory:"):
+        if not os.path.exists(path):
+            raise ServiceError(f"no database at {url!r} ({os.path.abspath(path)} does not exist); "
                                f"create it with: attnfuzz db upgrade --db {url}")
     try:
         revision = current(url)
@@ -306,3 +309,16 @@ def check_stored_name(session, field: str, value: str) -> None:
     if value not in names:
         allowed = ", ".join(names) if names else "none stored yet"
         raise FieldValidationError(field, f"no stored result names {value!r} (stored: {allowed})")
+
+
+def print_table(table, console: Console | None = None) -> None:
+    """Print a rich table whose `id_column`s do not fit the terminal wider than the terminal
+    (uncropped) rather than cutting an id: the terminal wraps the lines, the ids stay whole."""
+    from rich.measure import Measurement
+
+    target = console or out
+    minimum = Measurement.get(target, target.options.update_width(100_000), table).minimum
+    if minimum > target.width:
+        target.print(table, width=minimum, crop=False)
+    else:
+        target.print(table)

@@ -1,0 +1,261 @@
+"""The ``attnfuzz`` command line as a tool among others (issue 18): ``--version``, lazy imports,
+``--db`` paths, which database errors are retried, reading commands that never migrate, Ctrl-C,
+``--json`` outputs, ids that never truncate, id prefixes, typo'd filters, the ``buckets``
+command, choices and envvars in ``--help``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from fuzzer.results import BuildFingerprint, CaseResult
+from oracle.config import AttentionCase
+from service import cli_common, migrations
+from service.cli import app
+from service.db import make_engine
+from service.errors import ServiceError
+from service.store import SqlStore
+
+ROOT = Path(__file__).resolve().parents[2]
+PASSING = AttentionCase(seqlen_q=3, seqlen_k=3, num_heads=1, head_dim=8, dtype="float32")
+FAILING = AttentionCase(seqlen_q=5, seqlen_k=5, num_heads=1, head_dim=8, causal=True, dtype="float32")
+LONG_BACKEND = "torch-cpu-flash-with-a-rather-long-plugin-name"
+
+
+def _store(url: str) -> None:
+    migrations.upgrade(url)
+    engine = make_engine(url)
+    store = SqlStore(engine)
+    build_id = store.register_build(BuildFingerprint(torch="2.13.0"))
+    for case, status in ((PASSING, "pass"), (FAILING, "fail")):
+        store.record_case(case.to_json(), "fuzz")
+        store.record_result(CaseResult(case.case_id, LONG_BACKEND, "bool_mask", status,
+                                       signature="out:mismatch" if status == "fail" else None), build_id, None)
+    engine.dispose()
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> str:
+    url = f"sqlite:///{tmp_path / 'cli.db'}"
+    _store(url)
+    return url
+
+
+def _invoke(*args: str):
+    """Run the CLI in-process, wide enough that rich does not wrap the messages checked."""
+    return CliRunner().invoke(app, list(args), env={"COLUMNS": "250"})
+
+
+def _attnfuzz(*args: str, cwd: Path, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "attnfuzz", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "COLUMNS": "80", **(env or {})})
+
+
+# --------------------------------------------------------------------------- version, imports
+def test_help_and_version_import_neither_torch_nor_hypothesis(tmp_path: Path) -> None:
+    probe = textwrap.dedent("""
+        import sys
+        from attnfuzz.cli import main
+        sys.argv = ["attnfuzz", sys.argv[1]]
+        try:
+            main()
+        except SystemExit as exc:
+            code = exc.code
+        print("EXIT", code, "torch" in sys.modules, "hypothesis" in sys.modules, file=sys.stderr)
+    """)
+    for flag in ("--help", "--version"):
+        run = subprocess.run([sys.executable, "-c", probe, flag], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        assert "EXIT 0 False False" in run.stderr, (flag, run.stdout, run.stderr)
+    from attnfuzz import __version__
+
+    assert __version__ != "0+unknown"
+    version = _attnfuzz("--version", cwd=tmp_path)
+    assert version.returncode == 0 and version.stdout.strip() == f"attnfuzz {__version__}"
+
+
+def test_help_declares_envvars_choices_and_exit_codes() -> None:
+    def help_of(*args: str) -> str:
+        result = CliRunner().invoke(app, [*args, "--help"], env={"COLUMNS": "250"})
+        assert result.exit_code == 0, result.output
+        return result.output
+
+    top = help_of()
+    for text in ("--version", "Exit codes", "130 interrupted", "5 the database", "ATTNFUZZ_LOG_LEVEL"):
+        assert text in top, text
+    fuzz = help_of("fuzz")
+    for text in ("ATTNFUZZ_DATABASE_URL", "ATTNFUZZ_SPOOL_DIR", "auto|cpu|cuda", "process|none", "--json"):
+        assert text in fuzz, text
+    assert "ATTNFUZZ_API_TOKEN" in help_of("serve")
+    assert "ATTNFUZZ_BUILDS_DIR" in help_of("builds", "list")
+
+
+def test_device_and_isolation_are_usage_errors_naming_the_choices() -> None:
+    for option, value in (("--device", "gpu"), ("--isolation", "thread")):
+        result = _invoke("fuzz", option, value)
+        assert result.exit_code == 2, result.output
+        assert value in result.output and option in result.output
+
+
+# --------------------------------------------------------------------------- --db and schema
+def test_db_takes_a_sqlite_path_and_a_bad_url_says_what_it_meant(tmp_path: Path) -> None:
+    made = _attnfuzz("db", "upgrade", "--json", "--db", "attnfuzz2.db", cwd=tmp_path)
+    assert made.returncode == 0, made.stderr
+    body = json.loads(made.stdout)
+    assert body["database"] == "sqlite:///attnfuzz2.db" and body["up_to_date"] and (tmp_path / "attnfuzz2.db").exists()
+    bad = _invoke("cases", "list", "--db", "postgres:/host/db")
+    assert bad.exit_code == 2
+    assert "did you mean" in bad.output and "Traceback" not in bad.output
+
+
+def test_reading_commands_do_not_migrate_and_read_a_read_only_database(db: str, tmp_path: Path) -> None:
+    path = db.removeprefix("sqlite:///")
+    read_only = f"sqlite:///file:{path}?mode=ro&uri=true"
+    listed = _invoke("cases", "list", "--json", "--db", read_only)
+    assert listed.exit_code == 0, listed.output
+    assert json.loads(listed.stdout)["total"] == 2
+    assert _invoke("report", "--json", "--db", read_only).exit_code == 0
+    assert _invoke("buckets", "list", "--json", "--db", read_only).exit_code == 0
+    # an old schema: told to upgrade, not migrated behind its back
+    migrations.downgrade(db, "0003")
+    old = _invoke("cases", "list", "--db", db)
+    assert old.exit_code == 5, old.output
+    assert "attnfuzz db upgrade" in old.output
+    assert migrations.current(db) == "0003"
+    missing = _invoke("report", "--db", str(tmp_path / "nothing-here.db"))
+    assert missing.exit_code == 5 and "does not exist" in missing.output
+    assert not (tmp_path / "nothing-here.db").exists()
+
+
+def test_connection_errors_no_wait_can_cure_are_not_retried(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert cli_common.is_permanent_connect_error(Exception('FATAL:  database "x" does not exist'))
+    assert cli_common.is_permanent_connect_error(Exception('FATAL:  password authentication failed for user "u"'))
+    assert not cli_common.is_permanent_connect_error(Exception("Connection refused\n\tIs the server running"))
+    assert not cli_common.is_permanent_connect_error(Exception("FATAL:  the database system is starting up"))
+    url = os.environ.get("ATTNFUZZ_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+    from sqlalchemy.engine import make_url
+
+    missing = make_url(url).set(database="attnfuzz_no_such_database").render_as_string(hide_password=False)
+    sleeps: list[float] = []
+    monkeypatch.setattr(cli_common.time, "sleep", sleeps.append)
+    with pytest.raises(ServiceError) as raised:
+        cli_common.migrate(missing, wait_s=300)
+    if "refused" in str(raised.value).lower() or "timeout" in str(raised.value).lower():
+        pytest.skip(f"no PostgreSQL server to answer: {raised.value}")
+    assert "does not exist" in str(raised.value)
+    assert sleeps == []  # failed at once: not one retry
+
+
+# --------------------------------------------------------------------------- tables, ids, filters
+def test_ids_and_names_are_never_truncated_in_80_columns(db: str) -> None:
+    listed = CliRunner().invoke(app, ["cases", "list", "--db", db], env={"COLUMNS": "80"})
+    assert listed.exit_code == 0
+    for case in (PASSING, FAILING):
+        assert case.case_id in listed.stdout
+    shown = CliRunner().invoke(app, ["cases", "show", FAILING.case_id, "--db", db], env={"COLUMNS": "80"})
+    assert LONG_BACKEND in shown.stdout
+    buckets = CliRunner().invoke(app, ["buckets", "list", "--db", db], env={"COLUMNS": "80"})
+    assert LONG_BACKEND in buckets.stdout and FAILING.case_id in buckets.stdout
+
+
+def test_a_unique_case_id_prefix_is_accepted_and_an_ambiguous_or_unknown_one_is_refused(db: str) -> None:
+    shown = _invoke("cases", "show", FAILING.case_id[:6], "--json", "--db", db)
+    assert shown.exit_code == 0, shown.output
+    assert json.loads(shown.stdout)["case"]["seqlen_q"] == 5
+    unknown = _invoke("cases", "show", "zzzz", "--db", db)
+    assert unknown.exit_code == 2 and "zzzz" in unknown.output
+    common = os.path.commonprefix([PASSING.case_id, FAILING.case_id])
+    ambiguous = _invoke("cases", "show", common, "--db", db)
+    assert ambiguous.exit_code == 2, ambiguous.output
+    assert "several" in ambiguous.output
+
+
+def test_a_typo_in_a_backend_filter_lists_the_stored_names(db: str) -> None:
+    for args in (["cases", "list", "--backend", "torch-cpu-flsh"], ["buckets", "list", "--backend", "torch-cpu-flsh"]):
+        result = _invoke(*args, "--db", db)
+        assert result.exit_code == 2, result.output
+        assert "torch-cpu-flsh" in result.output and LONG_BACKEND in result.output
+
+
+def test_a_typo_in_a_package_filter_lists_the_known_lines(db: str, tmp_path: Path) -> None:
+    result = _invoke("regressions", "--package", "flash-atn-4", "--db", db)
+    assert result.exit_code == 2, result.output
+    assert "flash-atn-4" in result.output and "package" in result.output
+
+
+# --------------------------------------------------------------------------- buckets
+def test_buckets_list_show_and_triage(db: str) -> None:
+    listed = _invoke("buckets", "list", "--json", "--db", db)
+    assert listed.exit_code == 0, listed.output
+    body = json.loads(listed.stdout)
+    assert body["total"] == 1
+    bucket = body["items"][0]
+    assert (bucket["backend"], bucket["variant"], bucket["signature"]) == (LONG_BACKEND, "bool_mask", "out:mismatch")
+    assert bucket["first_case_id"] == FAILING.case_id and bucket["triage_state"] == "new"
+
+    shown = json.loads(_invoke("buckets", "show", str(bucket["id"]), "--json", "--db", db).stdout)
+    assert shown["first_case"]["case_id"] == FAILING.case_id
+    assert [r["status"] for r in shown["results"]] == ["fail"]
+
+    triaged = _invoke("buckets", "triage", str(bucket["id"]), "--state", "confirmed", "--notes", "seen", "--json", "--db", db)
+    assert triaged.exit_code == 0, triaged.output
+    assert json.loads(triaged.stdout)["triage_state"] == "confirmed"
+    confirmed = json.loads(_invoke("buckets", "list", "--state", "confirmed", "--json", "--db", db).stdout)
+    assert [b["id"] for b in confirmed["items"]] == [bucket["id"]] and confirmed["items"][0]["notes"] == "seen"
+    assert json.loads(_invoke("buckets", "list", "--state", "new", "--json", "--db", db).stdout)["total"] == 0
+
+    bad_state = _invoke("buckets", "triage", str(bucket["id"]), "--state", "done", "--db", db)
+    assert bad_state.exit_code == 2 and "triage_state" in bad_state.output
+    no_dup = _invoke("buckets", "triage", str(bucket["id"]), "--state", "duplicate", "--db", db)
+    assert no_dup.exit_code == 2 and "duplicate_of_id" in no_dup.output
+    missing = _invoke("buckets", "show", "999", "--db", db)
+    assert missing.exit_code == 2 and "999" in missing.output
+
+
+# --------------------------------------------------------------------------- fuzz: plugin in cwd, Ctrl-C, --json
+LOCALK = '''
+import os, signal
+from tests.fuzzer.standins import CorrectBackend
+
+CALLS = 0
+
+
+class LocalBackend(CorrectBackend):
+    """Correct attention that sends this process SIGINT (Ctrl-C) at call $LOCALK_INTERRUPT_AT."""
+
+    name = "localk"
+
+    def run(self, case, inputs, variant):
+        global CALLS
+        CALLS += 1
+        if CALLS == int(os.environ.get("LOCALK_INTERRUPT_AT", "0")):
+            os.kill(os.getpid(), signal.SIGINT)
+        return super().run(case, inputs, variant)
+'''
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_fuzz_prints_what_was_stored_and_where(tmp_path: Path) -> None:
+    """``--backend localk:LocalBackend`` with localk.py in the cwd is found; a Ctrl-C in the middle
+    of the run exits 130 after printing the summary (here as --json) naming the database."""
+    (tmp_path / "localk.py").write_text(LOCALK)
+    run = _attnfuzz(
+        "fuzz", "--backend", "localk:LocalBackend", "--isolation", "none", "--max-cases", "200", "--db", "run.db",
+        "--no-shrink", "--no-replay", "--corpus", "", "--json", "--spool-dir", str(tmp_path / "spool"),
+        cwd=tmp_path, env={"PYTHONPATH": str(ROOT), "LOCALK_INTERRUPT_AT": "4"},
+    )
+    assert run.returncode == 130, run.stdout + run.stderr
+    summary = json.loads(run.stdout)
+    assert summary["interrupted"] is True
+    assert summary["database"] == "sqlite:///run.db"
+    assert summary["cases"] >= 3 and summary["evaluations_by_backend"]["localk"]["pass"] >= 3
+    assert summary["spool"]["left"] == 0 and "path" in summary["spool"]
+    stored = _invoke("cases", "list", "--json", "--db", f"sqlite:///{tmp_path / 'run.db'}")
+    assert stored.exit_code == 0, stored.output
+    assert 1 <= json.loads(stored.stdout)["total"] <= summary["cases"]  # de-duplicated by case_id
