@@ -47,6 +47,23 @@ DTYPES = ("bfloat16", "float16", "float32")
 QKV_FORMATS = ("bshd", "sbhd", "thd")
 CAUSAL_ALIGNMENTS = ("top_left", "bottom_right")
 INPUT_DISTRIBUTIONS = ("normal", "large_logits", "outliers", "near_constant")
+# Input families (`oracle.inputs` documents each): fields of `AttentionCase` that default to "off"
+# and are left out of the JSON (hence of ``case_id``) at these defaults, so every case stored
+# before they existed keeps its JSON and id.
+DOUT_DISTRIBUTIONS = ("normal", "tiny", "large", "sparse")
+SCORE_OFFSET_MODES = ("head", "row")
+MAX_SCORE_OFFSET = 256.0  # nats
+MAX_SEQ_SCALE_LOG2 = 3
+INPUT_FAMILY_DEFAULTS: dict[str, Any] = {
+    "score_offset": 0.0,
+    "score_offset_mode": "head",
+    "qk_rank": 0,
+    "massive_channels": 0,
+    "attention_sink": False,
+    "seq_scale_log2": 0,
+    "peaked_rows": 0.0,
+    "dout_distribution": "normal",
+}
 CP_COMM_TYPES = ("p2p", "all_gather", "a2a", "a2a+p2p")
 
 
@@ -141,6 +158,15 @@ class AttentionCase:
     seed: int = 0
     cp_size: int = 1
     cp_comm_type: str | None = None
+    # input families (see INPUT_FAMILY_DEFAULTS and `oracle.inputs`); defaults = off
+    score_offset: float = 0.0
+    score_offset_mode: str = "head"
+    qk_rank: int = 0
+    massive_channels: int = 0
+    attention_sink: bool = False
+    seq_scale_log2: int = 0
+    peaked_rows: float = 0.0
+    dout_distribution: str = "normal"
 
     def __post_init__(self) -> None:
         s = object.__setattr__
@@ -188,7 +214,46 @@ class AttentionCase:
             _check_choice("cp_comm_type", self.cp_comm_type, CP_COMM_TYPES)
             if self.cp_comm_type == "a2a+p2p" and self.cp_size < 4:
                 raise CaseValidationError("cp_comm_type", "a2a+p2p needs cp_size >= 4", "p2p, all_gather, a2a")
+        self._check_input_families()
         self.check_resources()
+
+    def _check_input_families(self) -> None:
+        """Validate and canonicalise the input-family fields (`oracle.inputs` describes them).
+
+        ``score_offset`` in ``[-MAX_SCORE_OFFSET, MAX_SCORE_OFFSET]`` nats (``-0.0`` becomes
+        ``0.0``; ``score_offset_mode`` is stored as ``"head"`` when there is no offset, so equal
+        cases hash equally), ``qk_rank`` and ``massive_channels`` in ``[0, head_dim]``,
+        ``seq_scale_log2`` in ``[0, MAX_SEQ_SCALE_LOG2]``, ``peaked_rows`` a fraction in ``[0, 1]``.
+
+        Raises:
+            CaseValidationError: naming the field and its allowed values.
+        """
+        s = object.__setattr__
+        for name in ("score_offset", "peaked_rows"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise CaseValidationError(name, f"must be a finite number, got {value!r}")
+            s(self, name, float(value) + 0.0)  # -0.0 -> 0.0
+        if abs(self.score_offset) > MAX_SCORE_OFFSET:
+            raise CaseValidationError(
+                "score_offset", f"out of range: {self.score_offset}", f"-{MAX_SCORE_OFFSET:g} <= score_offset <= {MAX_SCORE_OFFSET:g}"
+            )
+        _check_choice("score_offset_mode", self.score_offset_mode, SCORE_OFFSET_MODES)
+        if self.score_offset == 0.0:
+            s(self, "score_offset_mode", "head")
+        _check_int("qk_rank", self.qk_rank, 0, self.head_dim)
+        _check_int("massive_channels", self.massive_channels, 0, self.head_dim)
+        if not isinstance(self.attention_sink, bool):
+            raise CaseValidationError("attention_sink", f"must be a bool, got {self.attention_sink!r}", "true, false")
+        _check_int("seq_scale_log2", self.seq_scale_log2, 0, MAX_SEQ_SCALE_LOG2)
+        if not 0.0 <= self.peaked_rows <= 1.0:
+            raise CaseValidationError("peaked_rows", f"out of range: {self.peaked_rows}", "0 <= peaked_rows <= 1")
+        _check_choice("dout_distribution", self.dout_distribution, DOUT_DISTRIBUTIONS)
+
+    @property
+    def input_families(self) -> dict[str, Any]:
+        """The input-family fields that differ from their defaults (empty for a plain case)."""
+        return {name: getattr(self, name) for name, default in INPUT_FAMILY_DEFAULTS.items() if getattr(self, name) != default}
 
     def check_resources(self, max_bytes: int | None = None) -> None:
         """Refuse a case whose float64 oracle working set (`oracle_working_set_bytes`) is over
@@ -303,6 +368,8 @@ class AttentionCase:
         data = {"schema_version": SCHEMA_VERSION}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
+            if f.name in INPUT_FAMILY_DEFAULTS and value == INPUT_FAMILY_DEFAULTS[f.name]:
+                continue  # left out at its default: older cases keep their JSON and case_id
             data[f.name] = list(value) if isinstance(value, tuple) else value
         return data
 
@@ -367,6 +434,7 @@ class AttentionCase:
             f"b{self.batch_size} sq{self.seqlen_q} sk{self.seqlen_k} h{self.num_heads}/{self.num_heads_kv} "
             f"d{self.head_dim}/{self.head_dim_v} {short} {self.qkv_format} "
             f"{' '.join(mask) or 'no_mask'} {' '.join(extra)} {self.input_distribution} "
+            f"{''.join(f'{name}={value} ' for name, value in self.input_families.items())}"
             f"seed={self.seed}{'' if self.backward else ' fwd-only'}"
         )
 
@@ -387,6 +455,9 @@ __all__ = [
     "AttentionCase",
     "CAUSAL_ALIGNMENTS",
     "CP_COMM_TYPES",
+    "DOUT_DISTRIBUTIONS",
+    "INPUT_FAMILY_DEFAULTS",
+    "SCORE_OFFSET_MODES",
     "DTYPES",
     "INPUT_DISTRIBUTIONS",
     "QKV_FORMATS",

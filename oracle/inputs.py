@@ -47,6 +47,16 @@ from oracle.config import AttentionCase, torch_dtype
 
 STREAM_Q, STREAM_K, STREAM_V, STREAM_DOUT = 1, 2, 3, 4
 STREAM_Q_OUTLIERS, STREAM_K_OUTLIERS, STREAM_K_BASE = 5, 6, 7
+STREAM_Q_BASIS, STREAM_K_BASIS, STREAM_MASSIVE, STREAM_PEAKED, STREAM_OFFSET, STREAM_DOUT_SPARSE = 8, 9, 10, 11, 12, 13
+
+MASSIVE_Q_GAIN, MASSIVE_K_GAIN = 4.0, 16.0
+SINK_CHANNEL = 0
+SINK_MARGIN = 4.0  # nats above ln(keys of the sequence)
+PEAK_LOGIT = 24.0  # nats: the score a peaked row gives its chosen key (about)
+DOUT_TINY = 2.0**-27  # ~7.5e-9
+DOUT_LARGE = 2.0**8
+DOUT_SPARSE_ROWS = 1.0 / 8.0
+_LN2 = 0.6931471805599453  # math.log(2), written out: host-side constants use no libm
 
 LARGE_LOGITS_STD = 9.0
 MAX_Q_GAIN = 256.0
@@ -142,8 +152,7 @@ def hash_normal(
     on_cpu = torch.device(device).type == "cpu"
     if engine not in ("auto", "numpy", "torch") or (engine == "numpy" and not on_cpu):
         raise ValueError(f"engine: {engine!r} on device {device!r}; allowed: 'auto', 'torch', 'numpy' (CPU only)")
-    key1 = _mix32(_mix32(seed & _M32) ^ _mix32((stream + 0x9E3779B9) & _M32))
-    key2 = _mix32(key1 ^ 0x5BD1E995)
+    key1, key2 = _hash_keys(seed, stream)
     if on_cpu and engine != "torch":
         import numpy as np
 
@@ -220,6 +229,19 @@ def hash_normal(
             r *= w
             np.multiply(r, acc[1], out=result[start : start + n])
         return torch.from_numpy(result)
+    return hash_normal_torch(seed, stream, numel, device)
+
+
+def _hash_keys(seed: int, stream: int) -> tuple[int, int]:
+    """The two 32-bit keys of ``(seed, stream)`` that `hash_normal` mixes into the counters."""
+    key1 = _mix32(_mix32(seed & _M32) ^ _mix32((stream + 0x9E3779B9) & _M32))
+    return key1, _mix32(key1 ^ 0x5BD1E995)
+
+
+def hash_normal_torch(seed: int, stream: int, numel: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """`hash_normal` in torch operations only (its ``engine="torch"``; every device; the exported
+    repros copy this one, ``service/export.py``)."""
+    key1, key2 = _hash_keys(seed, stream)
     counter = torch.arange(2 * numel, dtype=torch.int64, device=device)
     counter ^= key1
     bits = _mix32(_mix32(counter) ^ key2).to(torch.float64).view(numel, 2)
@@ -235,6 +257,150 @@ def hash_normal(
     cos_pi_b = _horner(b * b, _COS_COEFFS)
     cos_2pi_u2 = torch.where(a > 0.5, cos_pi_b, -cos_pi_b)
     return _sqrt(-2.0 * log_u1) * cos_2pi_u2
+
+
+def hash_uniform(seed: int, stream: int, numel: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """``numel`` uniforms in ``(0, 1)``, a pure function of ``(seed, stream, index)``.
+
+    The counter hash of `hash_normal` (same keys for the same ``(seed, stream)``) on the counters
+    ``0 .. numel - 1``, then ``(bits + 0.5) * 2**-32``: integer operations and one exact float64
+    scaling, so bit-identical on every device. Use streams no `hash_normal` call uses.
+
+    Returns:
+        ``[numel] float64`` on ``device``, each value a multiple of ``2**-33``.
+    """
+    key1 = _mix32(_mix32(seed & _M32) ^ _mix32((stream + 0x9E3779B9) & _M32))
+    key2 = _mix32(key1 ^ 0x5BD1E995)
+    counter = torch.arange(numel, dtype=torch.int64, device=device)
+    counter ^= key1
+    return (_mix32(_mix32(counter) ^ key2).to(torch.float64) + 0.5) * 2.0**-32
+
+
+def _power_of_two_near_sqrt(x: float) -> float:
+    """``2**m`` with ``m = e // 2`` for ``x = f * 2**e``, ``f`` in [0.5, 1): within a factor 2
+    of ``sqrt(x)``; exact host arithmetic (no libm)."""
+    _, exponent = math.frexp(x)
+    return math.ldexp(1.0, exponent // 2)
+
+
+def seq_scale_exponents(case: AttentionCase) -> list[int]:
+    """Per sequence ``b``, the exponent ``e_b`` of its gain ``2**e_b`` (``seq_scale_log2 = L``):
+    a ramp from ``+L`` (first sequence) to ``-L`` (last), ``L - round(2 L b / (batch_size - 1))``;
+    ``[L]`` for one sequence; all 0 when ``L == 0``."""
+    level, count = case.seq_scale_log2, case.batch_size
+    if count == 1:
+        return [level]
+    return [level - (2 * level * b + (count - 1) // 2) // (count - 1) for b in range(count)]
+
+
+def massive_channel_indices(case: AttentionCase) -> list[int]:
+    """The ``massive_channels`` channel indices (sorted) whose q and k entries are amplified: the
+    first of a permutation of ``range(head_dim)`` by the uniforms of stream ``STREAM_MASSIVE``
+    (computed on the CPU: the indices are the same for every device)."""
+    if case.massive_channels == 0:
+        return []
+    order = torch.argsort(hash_uniform(case.seed, STREAM_MASSIVE, case.head_dim), stable=True)
+    return sorted(order[: case.massive_channels].tolist())
+
+
+def score_offset_channel(case: AttentionCase) -> tuple[int, float]:
+    """``(channel, key value)`` realising ``score_offset``: the last channel; every key holds
+    ``beta`` (a power of two near ``sqrt(|score_offset| / softmax_scale)``) there, and query row
+    ``i`` holds ``alpha_i = offset_i / (softmax_scale * beta)``."""
+    beta = _power_of_two_near_sqrt(max(abs(case.score_offset), 1.0) / case.softmax_scale)
+    return case.head_dim - 1, beta
+
+
+def _token_layout(case: AttentionCase, side: str, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per token of the canonical layout flattened to ``[tokens]`` (``batch_size * seqlen`` or
+    ``total``): (sequence index, position in the sequence, start token of that sequence's keys),
+    int64 on ``device``."""
+    lengths_q, lengths_k = case.seqlens_q_list, case.seqlens_k_list
+    lengths = lengths_q if side == "q" else lengths_k
+    counts = torch.tensor(lengths, dtype=torch.int64, device=device)
+    if case.is_varlen:
+        starts = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()[:-1]], dtype=torch.int64, device=device)
+        key_starts = torch.tensor([0, *torch.tensor(lengths_k).cumsum(0).tolist()[:-1]], dtype=torch.int64, device=device)
+    else:
+        starts = torch.arange(case.batch_size, dtype=torch.int64, device=device) * lengths[0]
+        key_starts = torch.arange(case.batch_size, dtype=torch.int64, device=device) * case.seqlen_k
+    sequence = torch.repeat_interleave(torch.arange(case.batch_size, device=device), counts)
+    position = torch.arange(int(counts.sum()), dtype=torch.int64, device=device) - starts[sequence]
+    return sequence, position, key_starts[sequence]
+
+
+def _low_rank(case: AttentionCase, x: torch.Tensor, stream: int) -> torch.Tensor:
+    """``x`` ``[tokens, heads, dim]`` float64 -> ``sum_r x[..., r] * basis[head, r, :] / sqrt(rank)``
+    with ``basis`` from ``stream``, summed in index order with separate IEEE operations (no
+    matmul, whose summation order differs between devices)."""
+    rank, heads, dim = case.qk_rank, x.shape[-2], x.shape[-1]
+    basis = hash_normal(case.seed, stream, heads * rank * dim, x.device).view(heads, rank, dim)
+    acc = x[..., 0:1] * basis[:, 0, :]
+    for r in range(1, rank):
+        acc = acc + x[..., r : r + 1] * basis[:, r, :]
+    return acc * (1.0 / math.sqrt(rank))  # python's sqrt of an int: correctly rounded, on the host
+
+
+def _llm_like_and_offsets(case: AttentionCase, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dtype) -> None:
+    """Apply massive channels, per-sequence scales, the attention sink, peaked rows and the score
+    offset in place to float64 ``[tokens, heads, dim]`` views of q, k, v (module docstring)."""
+    device = q.device
+    if case.massive_channels:
+        channels = torch.tensor(massive_channel_indices(case), device=device)
+        q[..., channels] *= MASSIVE_Q_GAIN
+        k[..., channels] *= MASSIVE_K_GAIN
+    seq_q = seq_k = None
+    if case.seq_scale_log2 or case.attention_sink or case.peaked_rows:
+        seq_q, pos_q, key_start_q = _token_layout(case, "q", device)
+        seq_k, pos_k, _ = _token_layout(case, "k", device)
+    if case.seq_scale_log2:
+        gains = torch.tensor([2.0**e for e in seq_scale_exponents(case)], dtype=torch.float64, device=device)
+        for x, seq in ((q, seq_q), (k, seq_k), (v, seq_k)):
+            x *= gains[seq][:, None, None]
+    if case.attention_sink:
+        c = SINK_CHANNEL
+        gaps = [SINK_MARGIN + _LN2 * n.bit_length() for n in case.seqlens_k_list]  # >= ln(n) + margin
+        beta = _power_of_two_near_sqrt(max(gaps) / case.softmax_scale)
+        alphas = torch.tensor([g / (case.softmax_scale * beta) for g in gaps], dtype=torch.float64, device=device)
+        k[..., c] = torch.where(pos_k == 0, beta, 0.0)[:, None]
+        q[..., c] = alphas[seq_q][:, None]
+    if case.peaked_rows:
+        tokens, heads = q.shape[0], q.shape[1]
+        u = hash_uniform(case.seed, STREAM_PEAKED, 2 * tokens * heads, device).view(tokens, heads, 2)
+        lengths_k = torch.tensor(case.seqlens_k_list, dtype=torch.int64, device=device)
+        span = torch.minimum(pos_q, lengths_k[seq_q] - 1) + 1  # keys 0 .. min(i, n_k - 1): visible when causal
+        chosen = key_start_q[:, None] + (u[..., 1] * span[:, None].to(torch.float64)).to(torch.int64)
+        kv_head = torch.arange(heads, device=device) // case.group_size
+        rounded_k = k.to(dtype).to(torch.float64)
+        gamma = PEAK_LOGIT / (case.softmax_scale * case.head_dim)
+        peaked = rounded_k[chosen, kv_head[None, :].expand(tokens, heads)] * gamma
+        q.copy_(torch.where((u[..., 0] < case.peaked_rows)[..., None], peaked, q))
+    if case.score_offset:
+        c, beta = score_offset_channel(case)
+        alpha = case.score_offset / (case.softmax_scale * beta)
+        k[..., c] = beta
+        if case.score_offset_mode == "head":
+            q[..., c] = alpha
+        else:
+            tokens, heads = q.shape[0], q.shape[1]
+            w = hash_uniform(case.seed, STREAM_OFFSET, tokens * heads, device).view(tokens, heads) * 2.0 - 1.0
+            q[..., c] = w * alpha
+    limit = torch.finfo(dtype).max / 2  # keep every input finite in the case dtype
+    for x in (q, k, v):
+        x.clamp_(-limit, limit)
+
+
+def _dout(case: AttentionCase, dout: torch.Tensor) -> torch.Tensor:
+    """``dout`` of ``dout_distribution`` from its N(0, 1) draw ``[..., heads, head_dim_v]``."""
+    if case.dout_distribution == "tiny":
+        return dout * DOUT_TINY
+    if case.dout_distribution == "large":
+        return dout * DOUT_LARGE
+    if case.dout_distribution == "sparse":
+        rows = dout.shape[:-1]
+        keep = hash_uniform(case.seed, STREAM_DOUT_SPARSE, math.prod(rows), dout.device).view(rows) < DOUT_SPARSE_ROWS
+        return torch.where(keep[..., None], dout, 0.0)
+    return dout
 
 
 @dataclass
@@ -295,6 +461,9 @@ def make_inputs(case: AttentionCase, device: torch.device | str = "cpu") -> Atte
         return hash_normal(case.seed, stream, math.prod(shape), device).view(shape)
 
     q, k = normal(STREAM_Q, shape_q), normal(STREAM_K, shape_k)
+    if case.qk_rank:
+        q = _low_rank(case, q.view(-1, case.num_heads, case.head_dim), STREAM_Q_BASIS).view(shape_q)
+        k = _low_rank(case, k.view(-1, case.num_heads_kv, case.head_dim), STREAM_K_BASIS).view(shape_k)
     if case.input_distribution == "large_logits":
         q = q * min(LARGE_LOGITS_STD / (case.softmax_scale * math.sqrt(case.head_dim)), MAX_Q_GAIN)
     elif case.input_distribution == "outliers":
@@ -303,11 +472,18 @@ def make_inputs(case: AttentionCase, device: torch.device | str = "cpu") -> Atte
     elif case.input_distribution == "near_constant":
         base = normal(STREAM_K_BASE, (case.num_heads_kv, case.head_dim)).to(torch.bfloat16).to(torch.float64)
         k = base * (1.0 + NEAR_CONSTANT_NOISE * k.clamp(-1.0, 1.0))
+    v = normal(STREAM_V, shape_v)
+    if case.input_families.keys() - {"dout_distribution"}:
+        q, k = q.contiguous(), k.contiguous()
+        _llm_like_and_offsets(
+            case, q.view(-1, case.num_heads, case.head_dim), k.view(-1, case.num_heads_kv, case.head_dim),
+            v.view(-1, case.num_heads_kv, case.head_dim_v), dtype,
+        )
     inputs = AttentionInputs(
         q=q.to(dtype),
         k=k.to(dtype),
-        v=normal(STREAM_V, shape_v).to(dtype),
-        dout=normal(STREAM_DOUT, shape_out).to(dtype),
+        v=v.to(dtype),
+        dout=_dout(case, normal(STREAM_DOUT, shape_out)).to(dtype),
     )
     if case.is_varlen:
         inputs.cu_seqlens_q = _cu_seqlens(case.seqlens_q_list, device)
@@ -315,4 +491,12 @@ def make_inputs(case: AttentionCase, device: torch.device | str = "cpu") -> Atte
     return inputs
 
 
-__all__ = ["AttentionInputs", "hash_normal", "make_inputs"]
+__all__ = [
+    "AttentionInputs",
+    "hash_normal",
+    "hash_uniform",
+    "make_inputs",
+    "massive_channel_indices",
+    "score_offset_channel",
+    "seq_scale_exponents",
+]
