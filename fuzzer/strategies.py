@@ -30,6 +30,7 @@ from hypothesis import strategies as st
 
 from fuzzer.backends.base import Capabilities
 from oracle.config import CAUSAL_ALIGNMENTS, CP_COMM_TYPES, DTYPES, INPUT_DISTRIBUTIONS, QKV_FORMATS, AttentionCase, cp_heads_unit
+from oracle.config import DOUT_DISTRIBUTIONS, MAX_SCORE_OFFSET, MAX_SEQ_SCALE_LOG2, SCORE_OFFSET_MODES
 from oracle.errors import AttnFuzzError
 
 TILE_EDGE_SEQLENS = (1, 2, 63, 64, 65, 113, 127, 128, 129, 255, 256, 257, 799, 1023, 1024, 1025, 2047, 2048, 4096)
@@ -135,6 +136,47 @@ def _cp_lengths(limit: int, unit: int, padded: bool) -> st.SearchStrategy[int]:
     `seqlens`), or with ``padded`` also any length in ``[1, limit]``."""
     multiples = seqlens(max(1, limit // unit)).map(lambda chunk: chunk * unit)
     return st.one_of(multiples, seqlens(limit)) if padded else multiples
+
+
+SCORE_OFFSETS = (-200.0, -120.0, -60.0, 60.0, 120.0, 200.0)
+"""Row-LSE offsets (nats) drawn first: -120 is where ``exp(s - lse)`` in a backward breaks when
+``lse`` is kept with too little range; +-200 the far ends."""
+INPUT_FAMILIES = ("plain", "score_offset", "llm_like")
+
+
+@st.composite
+def input_specs(draw, *, head_dim: int, backward: bool = True) -> dict:
+    """The input fields of one case (`oracle.inputs` documents each), as keyword arguments of
+    `AttentionCase`: ``input_distribution`` and one input family drawn with its parameters.
+
+    * ``"plain"``: no family (the case as before the families existed);
+    * ``"score_offset"``: ``score_offset`` (one of `SCORE_OFFSETS` or any value within
+      ``+-MAX_SCORE_OFFSET``) and ``score_offset_mode`` (head or row);
+    * ``"llm_like"``: each of ``qk_rank`` (1-8), ``massive_channels`` (1-4), ``attention_sink``,
+      ``seq_scale_log2`` (1-3) and ``peaked_rows`` (1/8, 1/2, 1) on or off;
+    * with ``backward``: ``dout_distribution`` (normal, tiny, large, sparse).
+
+    Everything shrinks toward the first option: ``normal`` inputs, no family, normal ``dout``.
+    """
+    spec: dict = {"input_distribution": draw(st.sampled_from(INPUT_DISTRIBUTIONS))}
+    family = draw(st.sampled_from(INPUT_FAMILIES))
+    if family == "score_offset":
+        offsets = st.floats(-MAX_SCORE_OFFSET, MAX_SCORE_OFFSET, allow_nan=False, allow_infinity=False)
+        spec["score_offset"] = draw(st.one_of(st.sampled_from(SCORE_OFFSETS), offsets))
+        spec["score_offset_mode"] = draw(st.sampled_from(SCORE_OFFSET_MODES))
+    elif family == "llm_like":
+        if draw(st.booleans()):
+            spec["qk_rank"] = draw(st.integers(1, min(8, head_dim)))
+        if draw(st.booleans()):
+            spec["massive_channels"] = draw(st.integers(1, min(4, head_dim)))
+        spec["attention_sink"] = draw(st.booleans())
+        if draw(st.booleans()):
+            spec["seq_scale_log2"] = draw(st.integers(1, MAX_SEQ_SCALE_LOG2))
+        if draw(st.booleans()):
+            spec["peaked_rows"] = draw(st.sampled_from([0.125, 0.5, 1.0]))
+    if backward:
+        spec["dout_distribution"] = draw(st.sampled_from(DOUT_DISTRIBUTIONS))
+    return spec
 
 
 def attention_cases(
@@ -253,7 +295,7 @@ def _attention_cases(
     if caps.softcap:
         softcap = draw(st.one_of(st.none(), st.sampled_from([1.0, 5.0, 30.0, 50.0]), st.floats(0.5, 100.0)))
     backward = bool(caps.backward and allow_backward and draw(st.booleans()))
-    input_distribution = draw(st.sampled_from(INPUT_DISTRIBUTIONS))
+    input_spec = draw(input_specs(head_dim=head_dim, backward=backward))
     seed = draw(st.integers(0, 2**32 - 1))
     return AttentionCase(
         batch_size=batch_size,
@@ -274,7 +316,7 @@ def _attention_cases(
         softmax_scale=softmax_scale,
         softcap=softcap,
         backward=backward,
-        input_distribution=input_distribution,
+        **input_spec,
         seed=seed,
         cp_size=cp_size,
         cp_comm_type=cp_comm_type,
