@@ -32,6 +32,7 @@ Protocol (parent -> child): ``("run", case_json, inputs, [(backend_name, variant
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import signal
@@ -41,9 +42,10 @@ import time
 import traceback
 from collections import deque
 from dataclasses import dataclass, field
+from collections.abc import Iterator
 from typing import Any
 
-from fuzzer.backends.base import Backend, BackendOutput, UnsupportedCaseError
+from fuzzer.backends.base import Backend, BackendOutput, DeclarationGapError, UnsupportedCaseError
 from oracle.config import AttentionCase
 from oracle.errors import AttnFuzzError
 
@@ -60,6 +62,8 @@ _STDERR_TAIL_LINES = 30
 # torch's CPU allocator raises RuntimeError with these when malloc fails
 _HOST_OOM_MARKERS = ("can't allocate memory", "not enough memory")
 _PR_SET_PDEATHSIG = 1
+#: ``exception_type`` (so signature ``error:declaration_gap``) of a `DeclarationGapError`.
+DECLARATION_GAP = "declaration_gap"
 BYTES_TRANSPORT_MAX = 8 * 2**20  # bytes: tensors up to this size travel as bytes, larger ones as handles
 THREADS_ENV = "ATTNFUZZ_TORCH_THREADS"
 
@@ -224,7 +228,10 @@ class TaskOutcome:
             measured it).
         compile_ms: JIT compilation time reported by the adapter, milliseconds.
         detail: reason, exception text or stderr tail.
-        exception_type: the exception class name for ``error``.
+        exception_type: the exception class name for ``error`` (``declaration_gap`` for a
+            `DeclarationGapError`: the library refused a case the adapter declared runnable).
+        runtime: set by a child when this call loaded runtime libraries it had not reported yet
+            (`child_runtime`, by backend name); the executor attributes later results to it.
     """
 
     backend: str
@@ -235,6 +242,7 @@ class TaskOutcome:
     compile_ms: float = 0.0
     detail: str = ""
     exception_type: str = ""
+    runtime: dict[str, dict[str, str]] | None = None
 
 
 def _is_fatal_cuda(exc: BaseException) -> bool:
@@ -258,6 +266,8 @@ def run_task(backend: Backend, case: AttentionCase, inputs: Any, variant: str) -
             torch.cuda.synchronize()
     except UnsupportedCaseError as exc:
         return TaskOutcome(backend.name, variant, "unsupported", detail=str(exc))
+    except DeclarationGapError as exc:  # the library refused what the adapter declared runnable
+        return TaskOutcome(backend.name, variant, "error", detail=str(exc)[-2000:], exception_type=DECLARATION_GAP)
     except torch.OutOfMemoryError as exc:
         return TaskOutcome(backend.name, variant, "oom", detail=str(exc)[-2000:], exception_type="OutOfMemoryError")
     except MemoryError as exc:  # host memory (an RLIMIT_AS, or a failed malloc in Python)
@@ -353,7 +363,12 @@ def _child_main(conn, specs: list[tuple[str, str]], env_vars: dict[str, str], lo
         for backend in load_spec(spec):
             if backend.name == name:
                 backends[name] = backend
-    conn.send(("ready", {name: b.availability() for name, b in backends.items()}))
+    availability = {name: b.availability() for name, b in backends.items()}
+    runtime, seen = child_runtime(backends), _mapped_runtime_files()
+    conflict = next((r["cudnn_conflict"] for r in runtime.values() if r.get("cudnn_conflict")), None)
+    if conflict:  # results of this process could not be attributed to one cuDNN
+        availability = {name: reason or conflict for name, reason in availability.items()}
+    conn.send(("ready", availability, runtime))
     while True:
         try:
             message = conn.recv()
@@ -369,6 +384,9 @@ def _child_main(conn, specs: list[tuple[str, str]], env_vars: dict[str, str], lo
             outcome = run_task(backends[name], case, inputs, variant)
             if outcome.output is not None:
                 outcome.output = pack_output(_output_to(outcome.output, "cpu"))
+            now_seen = _mapped_runtime_files()
+            if now_seen != seen:  # a library loaded lazily by this call: report it with the outcome
+                seen, outcome.runtime = now_seen, child_runtime(backends)
             conn.send(("done", i, outcome))
             if outcome.status == "crash":  # the CUDA context is poisoned: die, be restarted
                 sys.stderr.write(outcome.detail + "\n")
@@ -379,6 +397,89 @@ def _child_main(conn, specs: list[tuple[str, str]], env_vars: dict[str, str], lo
 
                 if torch.cuda.is_available():
                     torch.cuda.empty_cache()
+
+
+def child_runtime(backends: dict[str, Backend]) -> dict[str, dict[str, str]]:
+    """What this process has loaded, per backend: `fuzzer.environment.runtime_report` (the
+    runtime libraries mapped, one or two cuDNN builds) updated with the backend's own
+    `Backend.runtime_versions` (its library's query, e.g. TE's cuDNN version), which wins. A
+    backend whose query raises reports the process map only."""
+    from fuzzer.environment import runtime_report
+
+    shared = runtime_report()
+    result = {}
+    for name, backend in backends.items():
+        report = dict(shared)
+        try:
+            own = backend.runtime_versions()
+        except Exception:  # noqa: BLE001 - a query that fails must not stop the child
+            own = {}
+        report.update({str(k): str(v) for k, v in (own or {}).items() if v})
+        result[name] = report
+    return result
+
+
+def _mapped_runtime_files() -> frozenset[str]:
+    from fuzzer.environment import loaded_libraries
+
+    return frozenset(lib.path for lib in loaded_libraries())
+
+
+@contextlib.contextmanager
+def _process_environment(values: dict[str, str]) -> Iterator[None]:
+    """``values`` in this process's environment while a child is spawned (it inherits them at
+    exec: the only moment ``LD_LIBRARY_PATH`` counts), then the previous values back."""
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def probe_backends(
+    backends: list[tuple[Backend, str]], start_timeout_s: float = 300.0
+) -> tuple[dict[str, str | None], dict[str, dict[str, str]]]:
+    """Each backend's availability and runtime report, asked the way a worker asks: a backend
+    whose `Backend.quick_availability` already says no (or a CPU backend) is answered here; the
+    others are loaded in their own child processes (`ChildProcessExecutor`, the chosen cuDNN on
+    their ``LD_LIBRARY_PATH``), so this process imports no GPU library.
+
+    Returns:
+        ``(availability, runtime)``: ``{name: None or reason}`` and ``{name: report}``
+        (`child_runtime`; empty for backends answered here).
+    """
+    availability: dict[str, str | None] = {}
+    in_children: list[tuple[Backend, str]] = []
+    for backend, spec in backends:
+        reason = backend.quick_availability()
+        if reason is not None or backend.device != "cuda":
+            availability[backend.name] = reason
+        else:
+            in_children.append((backend, spec))
+    runtime: dict[str, dict[str, str]] = {}
+    if in_children:
+        executor = ChildProcessExecutor(in_children, start_timeout_s=start_timeout_s)
+        try:
+            availability.update(executor.availability())
+            runtime = dict(executor.runtime)
+        finally:
+            executor.close()
+    return availability, runtime
+
+
+def executor_runtime(executor: Any) -> dict[str, dict[str, str]] | None:
+    """What the children of ``executor`` reported they loaded, by backend name
+    (`ChildProcessExecutor.runtime`; through a routing executor's ``default``); None for an
+    executor that runs backends in this process (then this process is what ran)."""
+    runtime = getattr(executor, "runtime", None)
+    if runtime is None and getattr(executor, "default", None) is not None:
+        runtime = getattr(executor.default, "runtime", None)
+    return runtime if isinstance(runtime, dict) else None
 
 
 def _tail(path: str, lines: int = _STDERR_TAIL_LINES) -> str:
@@ -438,6 +539,13 @@ class ChildProcessExecutor:
         self._children: dict[str, _Child] = {}
         self._ever_started: set[str] = set()
         self.restarts = 0  # children started again after a crash, a timeout or a lost pipe
+        from fuzzer.environment import child_library_env, resolve_cudnn_choice
+
+        #: the cuDNN every child loads (`fuzzer.environment.resolve_cudnn_choice`)
+        self.cudnn = resolve_cudnn_choice()
+        self._library_env = child_library_env(self.cudnn)
+        #: what each backend's child reported it loaded (`child_runtime`), by backend name
+        self.runtime: dict[str, dict[str, str]] = {}
 
     def _environment(self, name: str) -> str:
         return self.backends[name][0].environment
@@ -445,6 +553,10 @@ class ChildProcessExecutor:
     def _start(self, environment: str) -> _Child:
         members = [(spec, b.name) for b, spec in self.backends.values() if b.environment == environment]
         env_vars: dict[str, str] = {}
+        if any(b.jit_compiled for b, _ in self.backends.values() if b.environment == environment):
+            from fuzzer.environment import jit_cache_env
+
+            env_vars.update(jit_cache_env())  # one FA4 compile cache for every child, kept across runs
         for b, _ in self.backends.values():
             if b.environment == environment:
                 env_vars.update(b.env_vars)
@@ -453,7 +565,8 @@ class ChildProcessExecutor:
         process = self._ctx.Process(
             target=_child_main, args=(child_conn, members, env_vars, log_path), daemon=True, name=f"attnfuzz-{environment}"
         )
-        process.start()
+        with _process_environment(self._library_env):  # the loader reads LD_LIBRARY_PATH at exec
+            process.start()
         child_conn.close()
         if not parent_conn.poll(self.start_timeout_s):
             process.kill()
@@ -463,8 +576,16 @@ class ChildProcessExecutor:
         except EOFError as exc:
             raise ExecutorError(f"child for environment {environment!r} died at start: {_tail(log_path)}") from exc
         child = _Child(process, parent_conn, log_path, message[1])
+        self._note_runtime(message[2] if len(message) > 2 else None)
         self._children[environment] = child
         return child
+
+    def _note_runtime(self, runtime: dict[str, dict[str, str]] | None) -> None:
+        """Attribute later results to what a child reported it loaded (`Backend.set_runtime`)."""
+        for name, report in (runtime or {}).items():
+            if name in self.backends and self.runtime.get(name) != report:
+                self.runtime[name] = dict(report)
+                self.backends[name][0].set_runtime(report)
 
     def _child(self, environment: str) -> _Child:
         child = self._children.get(environment)
@@ -581,6 +702,7 @@ class ChildProcessExecutor:
                 started_at = time.monotonic()
             elif message[0] == "done":
                 outcomes[pending[message[1]]] = message[2]
+                self._note_runtime(getattr(message[2], "runtime", None))
                 current = None
                 if message[1] == len(batch) - 1:
                     return []

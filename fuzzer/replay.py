@@ -309,12 +309,18 @@ def replay_here(
             continue
         loaded[name] = (found[0], spec)
     resolved_device = resolve_device(device, (b for b, _ in loaded.values()))
-    fingerprint = current_fingerprint(resolved_device)
-    versions: dict[str, str] = {}
-    for backend, _ in loaded.values():
-        versions.update(backend.versions())
-    packages = build_packages(fingerprint, versions)
-    emit({"kind": "build", "fingerprint": fingerprint.to_json(), "packages": packages})
+
+    def build() -> tuple[Any, dict[str, str]]:
+        # after the children started: the fingerprint names what they loaded (the cuDNN chosen
+        # with ATTNFUZZ_CUDNN, the flash-attn-4 build flash_attn.cute came from)
+        from fuzzer.executor import executor_runtime
+
+        runtime = executor_runtime(worker._executor) if worker is not None and worker._executor is not None else None
+        found = current_fingerprint(resolved_device, runtime)
+        versions: dict[str, str] = {}
+        for backend, _ in loaded.values():
+            versions.update(backend.versions())
+        return found, build_packages(found, versions)
 
     results: list[CaseResult] = []
     skips: list[Skip] = []
@@ -329,7 +335,7 @@ def replay_here(
             isolation=isolation,
             case_timeout_s=case_timeout_s,
         )
-        worker = Worker(config, _NullSink(), fingerprint=fingerprint)
+        worker = Worker(config, _NullSink())
     try:
         if worker is not None:
             try:
@@ -337,6 +343,8 @@ def replay_here(
             except WorkerError:
                 pass  # every loaded backend is unavailable; worker.unavailable says why
             unavailable.update(worker.unavailable)
+        fingerprint, packages = build()
+        emit({"kind": "build", "fingerprint": fingerprint.to_json(), "packages": packages})
         for case, case_tasks in group_by_case(tasks):
             runnable = []
             for task in case_tasks:

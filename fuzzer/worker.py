@@ -259,7 +259,10 @@ class Worker:
             reasons = "; ".join(f"{n}: {r}" for n, r in self.unavailable.items())
             raise WorkerError(f"no selected backend is available here ({reasons})")
         self.usable = usable
-        fingerprint = self._fingerprint or current_fingerprint(self.config.device)
+        from fuzzer.executor import executor_runtime
+
+        # the versions the children loaded (cuDNN, the imported FA4 build), not this process's
+        fingerprint = self._fingerprint or current_fingerprint(self.config.device, executor_runtime(self._executor))
         self.build_id = self.sink.register_build(fingerprint)
         where = (self.build_id, socket.gethostname(), os.getpid(), self.config.device)
         slot = getattr(self.journal, "slot", None)

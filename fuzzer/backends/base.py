@@ -33,6 +33,10 @@ from oracle.config import AttentionCase
 from oracle.errors import AttnFuzzError
 
 
+#: Runtime report keys written into `Backend.version_string` (and so into each result).
+RUNTIME_VERSION_KEYS = ("cudnn", "cublaslt", "nccl", "flash_attn_4", "flash_attn")
+
+
 class BackendError(AttnFuzzError):
     """A backend could not be loaded or is malformed (bad entry point, missing attribute)."""
 
@@ -188,6 +192,16 @@ class Backend(abc.ABC):
                 return "no CUDA device (torch.cuda.is_available() is False)"
         return None
 
+    def quick_availability(self) -> str | None:
+        """The part of `availability` that imports no backend library (packages installed, a
+        CUDA device, its architecture): what the worker process may ask itself, since importing
+        e.g. TransformerEngine there could load a second cuDNN (`fuzzer.environment`). The full
+        answer comes from the backend's child. Default: `availability` for CPU backends, the CUDA
+        device check for CUDA ones."""
+        if self.device != "cuda":
+            return self.availability()
+        return Backend.availability(self)
+
     def versions(self) -> dict[str, str]:
         """Installed versions of ``packages`` (``"missing"`` when absent)."""
         found = {}
@@ -200,12 +214,36 @@ class Backend(abc.ABC):
 
     def version_string(self) -> str:
         """``"pkg==ver pkg2==ver2"`` from ``versions()``, read once per backend object (reading
-        package metadata costs milliseconds and the worker asks for every result)."""
+        package metadata costs milliseconds and the worker asks for every result), followed by
+        the runtime versions its child reported (`set_runtime`) as ``runtime:cudnn==9.19.0``:
+        every result is attributed to the libraries that ran it."""
         cached = self.__dict__.get("_version_string")
         if cached is None:
-            cached = " ".join(f"{k}=={v}" for k, v in sorted(self.versions().items()))
+            parts = [f"{k}=={v}" for k, v in sorted(self.versions().items())]
+            runtime = self.__dict__.get("_runtime") or {}
+            parts += [f"runtime:{k}=={runtime[k]}" for k in RUNTIME_VERSION_KEYS if runtime.get(k)]
+            cached = " ".join(parts)
             self.__dict__["_version_string"] = cached
         return cached
+
+    def runtime_versions(self) -> dict[str, str]:
+        """Versions of the runtime libraries this backend's library reports it loaded, asked in
+        the backend's own process after ``availability`` (e.g. TE's ``get_cudnn_version`` for the
+        TE adapters, torch's for cuDNN SDPA, the imported flash-attn-4 build for FA4). Keys as in
+        `fuzzer.environment.runtime_report` (``cudnn``, ``flash_attn_4``, ...); strings only. The
+        default reports nothing; it must never raise."""
+        return {}
+
+    def set_runtime(self, runtime: dict[str, str]) -> None:
+        """Record what this backend's child reported it loaded (the executor calls this); later
+        `version_string` calls include it."""
+        self.__dict__["_runtime"] = dict(runtime)
+        self.__dict__.pop("_version_string", None)
+
+    @property
+    def runtime(self) -> dict[str, str]:
+        """The runtime its child reported (`set_runtime`), empty before."""
+        return dict(self.__dict__.get("_runtime") or {})
 
     # ------------------------------------------------------------------ per-case checks
     def unsupported_reasons(self, case: AttentionCase, variant: str) -> list[str]:
@@ -300,6 +338,13 @@ class Backend(abc.ABC):
             "add a method `repro(self, case, variant)` returning fuzzer.backends.base.ReproCall "
             "(see the README, section Plugins)"
         )
+
+
+class DeclarationGapError(AttnFuzzError):
+    """Raised by ``Backend.run`` when the library refuses a case the adapter declared runnable
+    (``unsupported_reasons`` was empty), e.g. TransformerEngine finding no allowed sub-backend. It
+    is a finding, not an ``unsupported`` result: the executor records status ``error`` with the
+    signature ``error:declaration_gap`` (a bucket) so that a wrong declaration cannot hide cases."""
 
 
 class UnsupportedCaseError(AttnFuzzError):

@@ -127,22 +127,43 @@ class FA2Backend(Backend):
         lse=True,
     )
 
-    def availability(self) -> str | None:
-        """None when FA2 can run here, else why not (package, CUDA, SM80+, import)."""
+    def quick_availability(self) -> str | None:
+        """Package, CUDA device and architecture, without importing flash_attn."""
         if distribution_version(FA2_DISTRIBUTION) is None:
             return f"{FA2_DISTRIBUTION} (FlashAttention 2) is not installed"
-        reason = super().availability()
+        reason = Backend.availability(self)
         if reason:
             return reason
         major = cuda_arch_major()
         if major is None or major < 8:
             return f"FlashAttention 2 needs SM80 or newer, this GPU is sm{major}x"
+        return None
+
+    def availability(self) -> str | None:
+        """None when FA2 can run here, else why not (package, CUDA, SM80+, import)."""
+        reason = self.quick_availability()
+        if reason:
+            return reason
         try:
             module = importlib.import_module("flash_attn")
             getattr(module, "flash_attn_func")
         except Exception as exc:  # noqa: BLE001
             return f"cannot import flash_attn.flash_attn_func: {type(exc).__name__}: {exc}"
         return None
+
+    def runtime_versions(self) -> dict[str, str]:
+        """The FlashAttention 2 build imported in this process: ``flash_attn`` (its
+        ``__version__``) and ``flash_attn_module`` (its directory). Empty before it is imported."""
+        import os
+        import sys
+
+        module = sys.modules.get("flash_attn")
+        if module is None or not getattr(module, "__file__", None):
+            return {}
+        return {
+            "flash_attn": str(getattr(module, "__version__", "unknown")),
+            "flash_attn_module": os.path.dirname(os.path.realpath(module.__file__)),
+        }
 
     def unsupported_reasons(self, case: AttentionCase, variant: str) -> list[str]:
         """Base checks, bottom-right windows, and whether the variant can encode the case."""

@@ -264,6 +264,37 @@ def fa4_build_mismatch(interface: Any | None = None) -> str | None:
     )
 
 
+def fa4_imported_build(interface: Any | None = None) -> dict[str, str]:
+    """The flash-attn-4 build ``flash_attn.cute`` was actually imported from: ``flash_attn_4``
+    (the version of the ``flash_attn_4-*.dist-info`` beside the imported files, or ``"unknown"``)
+    and ``flash_attn_4_module`` (the imported ``flash_attn/cute`` directory). Empty when it is not
+    imported (nothing is imported here).
+
+    The metadata found first on ``sys.path`` can belong to another folder than the module (FA2's
+    regular ``flash_attn`` package shadows FA4's namespace portions: ``shared/gpu/FA2.md``), so the
+    version is read next to the imported file, never from ``importlib.metadata.version``.
+    """
+    if interface is None:
+        interface = sys.modules.get(FA4_MODULE)
+    module_file = getattr(interface, "__file__", None)
+    if not module_file:
+        return {}
+    module_dir = os.path.dirname(os.path.realpath(module_file))
+    version = "unknown"
+    for candidate in (module_file, os.path.realpath(module_file)):
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(candidate))))
+        for dist in importlib.metadata.distributions(path=[root]):
+            if (dist.metadata["Name"] or "").lower().replace("_", "-") != FA4_DISTRIBUTION:
+                continue
+            located = os.path.realpath(str(dist.locate_file("flash_attn/cute/interface.py")))
+            if located == os.path.realpath(module_file):
+                version = dist.version
+                break
+        if version != "unknown":
+            break
+    return {"flash_attn_4": version, "flash_attn_4_module": module_dir}
+
+
 def cuda_arch_major() -> int | None:
     """The compute-capability major of the current CUDA device, None without CUDA."""
     try:
@@ -454,21 +485,33 @@ class FA4Backend(Backend):
         self._timer = CompileTimer()
 
     # ------------------------------------------------------------------ discovery
-    def availability(self) -> str | None:
-        """None when FA4 can run here, else why not (package, CUDA, architecture, import)."""
+    def quick_availability(self) -> str | None:
+        """Package, CUDA device and architecture, without importing FA4."""
         if distribution_version(FA4_DISTRIBUTION) is None:
             return f"{FA4_DISTRIBUTION} is not installed (pip install {FA4_DISTRIBUTION})"
-        reason = super().availability()
+        reason = Backend.availability(self)
         if reason:
             return reason
         major = cuda_arch_major()
         if major not in FA4_ARCH_MAJORS:
             return f"FA4 targets SM90/SM100 (compute capability major {FA4_ARCH_MAJORS}), this GPU is sm{major}x"
+        return None
+
+    def availability(self) -> str | None:
+        """None when FA4 can run here, else why not (package, CUDA, architecture, import, and
+        whether the imported build is the one its metadata names)."""
+        reason = self.quick_availability()
+        if reason:
+            return reason
         try:
             interface = importlib.import_module(FA4_MODULE)
         except Exception as exc:  # noqa: BLE001 - any import failure makes the backend unusable
             return f"cannot import {FA4_MODULE}: {type(exc).__name__}: {exc}"
         return fa4_build_mismatch(interface)
+
+    def runtime_versions(self) -> dict[str, str]:
+        """The FA4 build imported in this process (`fa4_imported_build`)."""
+        return fa4_imported_build()
 
     def unsupported_reasons(self, case: AttentionCase, variant: str) -> list[str]:
         """Base checks, window alignment, head dims for this GPU, and the variant's meaning."""
@@ -594,6 +637,7 @@ __all__ = [
     "fa4_build_mismatch",
     "fa4_call_kwargs",
     "fa4_head_dim_reasons",
+    "fa4_imported_build",
     "fa4_sm90_backward_reasons",
     "fa4_variant_reasons",
     "fa4_window_args",

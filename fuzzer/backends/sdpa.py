@@ -80,6 +80,38 @@ class SDPABackend(Backend):
         self.variants = variants  # type: ignore[misc]
         self.masked_row_lse = masked_row_lse  # type: ignore[misc]
 
+    def availability(self) -> str | None:
+        """Base checks; cuDNN SDPA also needs torch to accept the cuDNN this process loaded
+        (torch raises "cuDNN version incompatibility" for an older one than it was built with,
+        e.g. a system cuDNN chosen with ``ATTNFUZZ_CUDNN=system``)."""
+        reason = super().availability()
+        if reason or self.kernel != "cudnn" or self.device != "cuda":
+            return reason
+        import torch
+
+        try:
+            if not torch.backends.cudnn.is_available():
+                return "torch has no cuDNN here (torch.backends.cudnn.is_available() is False)"
+            torch.backends.cudnn.version()
+        except RuntimeError as exc:
+            return f"torch refuses the loaded cuDNN: {exc}"
+        return None
+
+    def runtime_versions(self) -> dict[str, str]:
+        """cuDNN SDPA on CUDA: the cuDNN torch reports it loaded in this process (``9.19.0``);
+        nothing for the other kernels (the process map still lists what was mapped)."""
+        if self.kernel != "cudnn" or self.device != "cuda":
+            return {}
+        import torch
+
+        from fuzzer.environment import format_cudnn_version
+
+        try:
+            code = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+        except RuntimeError as exc:  # torch's own check refused the loaded cuDNN
+            return {"cudnn_error": str(exc)[:500]}
+        return {"cudnn": format_cudnn_version(int(code))} if code else {}
+
     def unsupported_reasons(self, case: AttentionCase, variant: str) -> list[str]:
         reasons = super().unsupported_reasons(case, variant)
         has_window = case.window_size_left is not None or case.window_size_right is not None

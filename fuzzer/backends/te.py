@@ -116,6 +116,7 @@ from fuzzer.backends.base import (
     Backend,
     BackendOutput,
     Capabilities,
+    DeclarationGapError,
     ReproCall,
     UnsupportedCaseError,
     alignment_irrelevant,
@@ -127,6 +128,7 @@ from fuzzer.backends.fa4 import (
     describe_call,
     distribution_version,
     fa4_build_mismatch,
+    fa4_imported_build,
     fa4_sm90_backward_reasons,
     fit_to_signature,
     is_one_sided_window,
@@ -493,19 +495,27 @@ class TEBackend(Backend):
         self._timer = CompileTimer()
 
     # ------------------------------------------------------------------ discovery
-    def availability(self) -> str | None:
-        """None when TE and this sub-backend can run here, else why not."""
+    def quick_availability(self) -> str | None:
+        """Packages, CUDA device and architecture, without importing TE."""
         if distribution_version("transformer-engine") is None:
             return "transformer-engine is not installed"
         for package in self.requires:
             if distribution_version(package) is None:
                 return f"{package} is not installed, so TE cannot select {self.name}'s sub-backend"
-        reason = super().availability()
+        reason = Backend.availability(self)
         if reason:
             return reason
         major = cuda_arch_major()
         if major is None or major < self.min_arch_major:
             return f"TE allows {self.name} on SM{self.min_arch_major}0 and newer, this GPU is sm{major}x"
+        return None
+
+    def availability(self) -> str | None:
+        """None when TE and this sub-backend can run here, else why not (imports TE: ask it in
+        the backend's child, `fuzzer.executor`)."""
+        reason = self.quick_availability()
+        if reason:
+            return reason
         try:
             importlib.import_module(TE_MODULE)
         except Exception as exc:  # noqa: BLE001
@@ -573,7 +583,9 @@ class TEBackend(Backend):
         """Run DotProductAttention and verify TE selected this adapter's sub-backend.
 
         Raises:
-            UnsupportedCaseError: TE found no allowed backend, refused the case, or selected
+            DeclarationGapError: TE found no allowed backend for the case although the adapter
+                declares it runnable (recorded as ``error:declaration_gap``, with TE's reasons).
+            UnsupportedCaseError: TE refused the case (NotImplementedError), or selected
                 another sub-backend than the one this adapter stands for.
             RuntimeError: TE's selection state cannot be read, so the result cannot be attributed.
         """
@@ -651,6 +663,74 @@ class TEBackend(Backend):
                 else:
                     os.environ[key] = value
 
+    def _refusal_reasons(self, call: Any, dpa: Any) -> str:
+        """TE's own reasons for disabling each sub-backend, from its selection log: ``call`` is
+        repeated once with TE's attention logger at DEBUG (what ``NVTE_DEBUG=1
+        NVTE_DEBUG_LEVEL=2`` prints: "Disabling FusedAttention as ...") and the "Disabling" lines
+        are returned, ``"; "``-joined ("" when this TE build logs differently)."""
+        import logging
+
+        records: list[str] = []
+
+        class _Keep(logging.Handler):
+            def emit(self, record: logging.LogRecord) -> None:
+                try:
+                    message = record.getMessage()
+                except Exception:  # noqa: BLE001
+                    return
+                if "Disabling" in message or "No dot product" in message:
+                    records.append(message.strip())
+
+        try:
+            utils = importlib.import_module(TE_UTILS_MODULE)
+        except Exception:  # noqa: BLE001
+            return ""
+        logging_state = getattr(utils, "AttentionLogging", None)
+        saved_level = getattr(logging_state, "_log_level", None)
+        handler = _Keep(level=logging.DEBUG)
+        loggers = [logging.getLogger("DotProductAttention"), logging.getLogger(TE_UTILS_MODULE)]
+        saved = [(lg, lg.level) for lg in loggers]
+        try:
+            if logging_state is not None:
+                logging_state._log_level = logging.DEBUG  # get_attention_backend sets its logger from it
+            for lg in loggers:
+                lg.addHandler(handler)
+                lg.setLevel(logging.DEBUG)
+            with self._selection_forced(dpa):
+                call()
+        except Exception:  # noqa: BLE001 - the repeat is expected to raise the same refusal
+            pass
+        finally:
+            for lg, level in saved:
+                lg.removeHandler(handler)
+                lg.setLevel(level)
+            if logging_state is not None and saved_level is not None:
+                logging_state._log_level = saved_level
+        return "; ".join(dict.fromkeys(records))[-1500:]
+
+    def runtime_versions(self) -> dict[str, str]:
+        """What TE loaded in this process: ``cudnn`` from TE's own query
+        (``transformer_engine.pytorch.utils.get_cudnn_version``, the library FusedAttention
+        calls), and the FlashAttention build it imported (``flash_attn_4`` and its module for
+        FA4, ``flash_attn`` for FA2). Empty before TE is imported."""
+        import sys
+
+        if TE_MODULE not in sys.modules:
+            return {}
+        from fuzzer.environment import format_cudnn_version
+
+        report: dict[str, str] = {}
+        try:
+            utils = importlib.import_module("transformer_engine.pytorch.utils")
+            report["cudnn"] = format_cudnn_version(utils.get_cudnn_version())
+        except Exception:  # noqa: BLE001 - another TE layout: the process map still says
+            pass
+        report.update(fa4_imported_build())
+        fa2 = sys.modules.get("flash_attn")
+        if fa2 is not None and getattr(fa2, "__file__", None):
+            report["flash_attn"] = str(getattr(fa2, "__version__", "unknown"))
+        return report
+
     def _call(
         self,
         case: AttentionCase,
@@ -674,7 +754,13 @@ class TEBackend(Backend):
                     out = module(q_, k_, v_, **tensor_kwargs, **accepted)
             except ValueError as exc:
                 if TE_NO_BACKEND_MESSAGE in str(exc):
-                    raise UnsupportedCaseError(f"TE has no allowed backend for this case ({self.name}): {exc}") from exc
+                    # run() is only called for cases unsupported_reasons accepts: TE refusing one is
+                    # a gap in the adapter's declaration (or in TE's), a finding, not "unsupported"
+                    why = self._refusal_reasons(lambda: module(q_, k_, v_, **tensor_kwargs, **accepted), dpa)
+                    raise DeclarationGapError(
+                        f"declaration gap: {self.name} declares this case runnable, but TE found no allowed "
+                        f"backend for it ({exc})" + (f"; TE's log: {why}" if why else "")
+                    ) from exc
                 raise
             except NotImplementedError as exc:
                 raise UnsupportedCaseError(f"TE refused the case: {exc}") from exc

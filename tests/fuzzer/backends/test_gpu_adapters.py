@@ -923,10 +923,52 @@ def test_te_run_refuses_to_attribute_another_sub_backends_result(fake_te):
         TEFA4Backend().run(CAUSAL, make_inputs(CAUSAL), "mask_type")
 
 
-def test_te_run_turns_no_backend_into_unsupported(fake_te):
+def test_te_refusing_a_declared_case_is_a_declaration_gap_with_te_s_reasons(fake_te, monkeypatch):
+    """TE finding no backend for a case the adapter declared runnable is a finding (issue 15: 110
+    te-fused cases were silently 'unsupported'): DeclarationGapError with TE's own log lines."""
+    import logging
+
+    from fuzzer.backends.base import DeclarationGapError
+
     fake_te({})
-    with pytest.raises(UnsupportedCaseError, match="no allowed backend"):
+    utils = types.ModuleType(te.TE_UTILS_MODULE)
+
+    class AttentionLogging:
+        _log_level = logging.WARNING
+
+    utils.AttentionLogging = AttentionLogging
+    monkeypatch.setitem(sys.modules, te.TE_UTILS_MODULE, utils)
+    original = FakeDotProductAttention.forward
+
+    def forward(self, *args, **kwargs):  # TE's get_attention_backend logs at its configured level
+        logger = logging.getLogger("DotProductAttention")
+        logger.setLevel(utils.AttentionLogging._log_level)
+        logger.debug("Disabling FusedAttention as no backend supports the provided input")
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(FakeDotProductAttention, "forward", forward)
+    with pytest.raises(DeclarationGapError, match="declaration gap: te-fused declares") as raised:
         TEFusedBackend().run(CAUSAL, make_inputs(CAUSAL), "mask_type")
+    assert "Disabling FusedAttention as no backend supports" in str(raised.value)
+    assert AttentionLogging._log_level == logging.WARNING, "TE's log level is restored"
+    assert logging.getLogger("DotProductAttention").handlers == []
+
+
+def test_a_declaration_gap_is_an_error_result_with_its_own_signature(fake_te):
+    """Through the executor's classification: status error, exception_type declaration_gap (so the
+    bucket signature is error:declaration_gap), never unsupported."""
+    from fuzzer.executor import DECLARATION_GAP, run_task
+
+    fake_te({})
+    backend = TEFusedBackend()
+    backend_device = backend.device
+    try:
+        TEFusedBackend.device = "cpu"  # the fake TE runs on CPU tensors
+        outcome = run_task(backend, CAUSAL, make_inputs(CAUSAL), "mask_type")
+    finally:
+        TEFusedBackend.device = backend_device
+    assert outcome.status == "error" and outcome.exception_type == DECLARATION_GAP == "declaration_gap"
+    assert "declaration gap" in outcome.detail
 
 
 def test_te_fa4_run_times_compilation_and_reuses_modules(fake_te):
