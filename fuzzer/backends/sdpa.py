@@ -341,6 +341,17 @@ class FlexBackend(Backend):
     kernel, and the compiled one took 21.8 s for its first call and 5.2 s for each new shape on
     the 2-core CI machine (torch 2.13, measured 2026-11-29), too slow for fuzzing.
 
+    Compilation: ``torch.compile(flex_attention)`` (automatic dynamic shapes: a second length
+    recompiles once with symbolic sizes), and every value the mask and
+    score functions use (the alignment offset, the window bounds, the softcap) is a 0-dim tensor
+    they capture, not a Python number, so a new sequence length, window or softcap reuses the
+    compiled kernel instead of recompiling (on the H200, 2026-12-01, the ``dynamic=False`` version
+    spent 49.7 s compiling in 25 calls of a 115 s campaign, up to 13 s a call). What still compiles
+    anew is keyed by `kernel_key` (dtype, head dims, which mask bounds exist, softcap or not, GQA,
+    backward) and timed by `fuzzer.backends.fa4.CompileTimer`, so the compile share is reported as
+    JIT time, not kernel time. Dynamo's recompile limit is raised in the child so that many keys
+    never fall back silently to eager execution.
+
     Source: torch/nn/attention/flex_attention.py (flex_attention, create_block_mask), torch 2.13.
     """
 
@@ -360,26 +371,59 @@ class FlexBackend(Backend):
         max_seqlen=4096,
     )
 
+    jit_compiled = True
+
     def __init__(self):
         self._compiled = None
+        self._timer = None
+
+    def kernel_key(self, case: AttentionCase, variant: str) -> tuple:
+        """What makes ``torch.compile`` build a new flex kernel (see the class docstring)."""
+        right = case.window_size_right
+        if case.causal:
+            right = 0 if right is None else min(right, 0)
+        return (
+            case.dtype,
+            case.head_dim,
+            case.head_dim_v,
+            case.has_mask,
+            case.window_size_left is not None,
+            right is not None,
+            case.softcap is not None,
+            case.num_heads != case.num_heads_kv,
+            case.backward,
+        )
 
     def run(self, case: AttentionCase, inputs: Any, variant: str) -> BackendOutput:
         import torch
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
+        from fuzzer.backends.fa4 import CompileTimer
+
         if self._compiled is None:
-            self._compiled = torch.compile(flex_attention, dynamic=False)
+            import torch._dynamo
+
+            for limit in ("cache_size_limit", "recompile_limit", "accumulated_cache_size_limit"):
+                if hasattr(torch._dynamo.config, limit):
+                    setattr(torch._dynamo.config, limit, max(getattr(torch._dynamo.config, limit), 1024))
+            self._compiled = torch.compile(flex_attention)  # automatic dynamic shapes after a change
+            self._timer = CompileTimer()
+        device = inputs.q.device
         off = case.seqlen_k - case.seqlen_q if case.causal_alignment == "bottom_right" else 0
         left, right = case.window_size_left, case.window_size_right
         if case.causal:
             right = 0 if right is None else min(right, 0)
+        # captured 0-dim tensors: values change without a recompile (see the class docstring)
+        off_t = torch.tensor(off, dtype=torch.int32, device=device)
+        left_t = None if left is None else torch.tensor(left, dtype=torch.int32, device=device)
+        right_t = None if right is None else torch.tensor(right, dtype=torch.int32, device=device)
 
         def mask_mod(b, h, q_idx, kv_idx):
             keep = kv_idx >= 0
-            if right is not None:
-                keep = keep & (kv_idx <= q_idx + off + right)
-            if left is not None:
-                keep = keep & (kv_idx >= q_idx + off - left)
+            if right_t is not None:
+                keep = keep & (kv_idx <= q_idx + off_t + right_t)
+            if left_t is not None:
+                keep = keep & (kv_idx >= q_idx + off_t - left_t)
             return keep
 
         block_mask = None
@@ -387,7 +431,7 @@ class FlexBackend(Backend):
             block_mask = create_block_mask(mask_mod, None, None, case.seqlen_q, case.seqlen_k, device=inputs.q.device)
         score_mod = None
         if case.softcap is not None:
-            cap = case.softcap
+            cap = torch.tensor(case.softcap, dtype=torch.float32, device=device)
 
             def score_mod(score, b, h, q_idx, kv_idx):
                 return cap * torch.tanh(score / cap)
@@ -405,8 +449,10 @@ class FlexBackend(Backend):
             )
             return out.transpose(1, 2), lse
 
-        out, lse, dq, dk, dv = run_with_grad(call, case, inputs)
-        return BackendOutput(out=out, lse=lse, dq=dq, dk=dk, dv=dv, selected_kernel="flex")
+        (out, lse, dq, dk, dv), compile_ms = self._timer.run(
+            self.kernel_key(case, variant), lambda: run_with_grad(call, case, inputs), inputs.q
+        )
+        return BackendOutput(out=out, lse=lse, dq=dq, dk=dk, dv=dv, selected_kernel="flex", compile_ms=compile_ms)
 
 
 _CPU_CAPS = Capabilities(
