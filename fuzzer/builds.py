@@ -563,7 +563,8 @@ def _pip_install(wheels: Sequence[Path], site: Path, wheelhouses: Sequence[Path]
 def _install(wheels: Sequence[Path], site: Path, installer: str, wheelhouses: Sequence[Path]) -> None:
     site.mkdir(parents=True, exist_ok=True)
     if installer == "pip":
-        _pip_install(wheels, site, wheelhouses)
+        if wheels:  # an adopted build may need a site only for the FlashAttention 2 merge
+            _pip_install(wheels, site, wheelhouses)
     else:
         for wheel in wheels:
             unpack_wheel(wheel, site)
@@ -599,6 +600,89 @@ def _environment_dir(builds_dir: Path, package: str, version: str) -> Path:
     return builds_dir / f"{package}-{version}"
 
 
+# ------------------------------------------------------------------------------------ FA2 + FA4
+#: The distribution whose namespace portion a shared FlashAttention 2 shadows.
+FA4_PACKAGE = "flash-attn-4"
+FA2_PACKAGE = "flash-attn"
+
+
+def find_shared_fa2(search_path: Sequence[str] | None = None) -> Path | None:
+    """The directory of the shared stack whose ``flash_attn/__init__.py`` Python would import
+    first (FlashAttention 2's regular package), None when ``flash_attn`` is no regular package
+    there (FA4 alone ships only namespace portions). Default search path: ``sys.path``."""
+    for entry in sys.path if search_path is None else search_path:
+        if (Path(entry or ".") / "flash_attn" / "__init__.py").is_file():
+            return Path(entry or ".").resolve()
+    return None
+
+
+def _fa2_dist_infos(directory: Path) -> list[Path]:
+    found = []
+    for info in sorted(directory.glob("*.dist-info")):
+        try:
+            name = email.parser.Parser().parsestr((info / "METADATA").read_text(errors="replace"))["Name"] or ""
+        except OSError:
+            continue
+        if canonicalize_name(name) == FA2_PACKAGE:
+            found.append(info)
+    return found
+
+
+def merge_shared_fa2(site: Path, fa2_dir: Path, fa4_cute: Path | None = None) -> ExtraPackage:
+    """Make ``site`` hold FlashAttention 2's regular ``flash_attn`` package *with this build's*
+    ``flash_attn/cute`` inside it, as ``pip install flash-attn flash-attn-4==V`` would.
+
+    A regular package anywhere on ``sys.path`` wins over namespace portions, so with FA2 in the
+    shared stack (``/tmp/gpu-site``) a build folder ahead on ``PYTHONPATH`` is not what
+    ``flash_attn.cute`` imports (``shared/gpu/FA2.md``). FA2's files are copied into ``site``
+    (its ``flash_attn/`` without any ``cute/`` it carries, and its ``*.dist-info``); the build's
+    ``cute`` is already there (a wheel unpacked into ``site``) or linked from ``fa4_cute`` (an
+    adopted directory). FA2's compiled extension (``flash_attn_2_cuda*.so``, top level) keeps
+    coming from the shared stack.
+
+    Returns:
+        The `ExtraPackage` recorded in the manifest (so a changed FA2 prepares the build again).
+
+    Raises:
+        BuildPrepareError: ``fa2_dir`` holds no FA2 package, or the build's ``cute`` is missing.
+    """
+    source = fa2_dir / "flash_attn"
+    if not (source / "__init__.py").is_file():
+        raise BuildPrepareError(f"{fa2_dir}: no flash_attn/__init__.py (FlashAttention 2) to merge")
+    target = site / "flash_attn"
+    target.mkdir(parents=True, exist_ok=True)
+    for entry in source.iterdir():
+        if entry.name in ("cute", "__pycache__"):
+            continue  # the build's own cute; never FA2's stale copy or the shared FA4's
+        if entry.is_dir():
+            shutil.copytree(entry, target / entry.name, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(entry, target / entry.name)
+    infos = _fa2_dist_infos(fa2_dir)
+    for info in infos:
+        shutil.copytree(info, site / info.name, dirs_exist_ok=True)
+    if fa4_cute is not None and not (target / "cute").exists():
+        (target / "cute").symlink_to(fa4_cute.resolve(), target_is_directory=True)
+    if not (target / "cute").is_dir():
+        raise BuildPrepareError(f"{site}: no flash_attn/cute of the build to keep beside FlashAttention 2")
+    return _fa2_extra_label(fa2_dir)
+
+
+def _fa2_extra_label(fa2_dir: Path) -> ExtraPackage:
+    """The manifest's record of a FlashAttention 2 merged from ``fa2_dir``."""
+    infos = _fa2_dist_infos(fa2_dir)
+    version = "unknown"
+    if infos:
+        version = email.parser.Parser().parsestr((infos[0] / "METADATA").read_text(errors="replace"))["Version"] or version
+    return ExtraPackage(
+        FA2_PACKAGE,
+        version,
+        f"(shared: {fa2_dir})",
+        "FlashAttention 2's regular flash_attn package in the shared stack would shadow this build's "
+        "namespace portion: merged so that flash_attn.cute is this build",
+    )
+
+
 def prepare_from_wheelhouse(
     package: str,
     version: str,
@@ -610,10 +694,13 @@ def prepare_from_wheelhouse(
     shared_version: Callable[[str], str | None] = installed_version,
     force: bool = False,
     allow_missing: bool = False,
+    shared_fa2: Callable[[], Path | None] = find_shared_fa2,
 ) -> BuildEnvironment:
     """Prepare ``<builds_dir>/<package>-<version>/site`` from the wheelhouse: the build's wheel
     and the extras it needs (`resolve_extras`), all without dependencies. A build already
-    prepared from the same wheel with the same extras is reused unless ``force``.
+    prepared from the same wheel with the same extras is reused unless ``force``. A
+    flash-attn-4 build gets the shared FlashAttention 2 merged in when there is one
+    (`merge_shared_fa2`, recorded as an extra), so that ``flash_attn.cute`` is this build.
 
     Args:
         package, version: the build (``flash-attn-4``, ``4.0.0b11``).
@@ -626,6 +713,8 @@ def prepare_from_wheelhouse(
         force: prepare again even when an up-to-date environment exists.
         allow_missing: keep going when a ``Requires-Dist`` requirement is satisfied neither by
             the shared stack nor by the wheelhouse (recorded in ``unresolved``).
+        shared_fa2: where the shared stack's FlashAttention 2 is (`find_shared_fa2`), None
+            without one.
 
     Raises:
         BuildError: ``version`` is not PEP 440, or ``installer`` is unknown.
@@ -651,6 +740,9 @@ def prepare_from_wheelhouse(
     root = _environment_dir(builds_dir, name, str(wheel.version))
     site = root / "site"
     manifest = root / MANIFEST_NAME
+    fa2_dir = shared_fa2() if name == FA4_PACKAGE else None
+    if fa2_dir is not None:
+        extras = [*extras, _fa2_extra_label(fa2_dir)]
     if manifest.exists() and not force:
         try:
             existing = BuildEnvironment.from_json(json.loads(manifest.read_text()), str(manifest))
@@ -668,7 +760,10 @@ def prepare_from_wheelhouse(
     shutil.rmtree(staged, ignore_errors=True)
     try:
         by_name = {w.path.name: w.path for w in wheels}
-        _install([wheel.path, *(by_name[e.wheel] for e in extras)], staged / "site", installer, wheelhouses)
+        wheel_extras = [e for e in extras if e.wheel in by_name]
+        _install([wheel.path, *(by_name[e.wheel] for e in wheel_extras)], staged / "site", installer, wheelhouses)
+        if fa2_dir is not None:
+            extras[-1] = merge_shared_fa2(staged / "site", fa2_dir)
     except BaseException:
         shutil.rmtree(staged, ignore_errors=True)
         raise
@@ -695,11 +790,15 @@ def adopt_build_dir(
     installer: str = "unpack",
     shared_version: Callable[[str], str | None] = installed_version,
     allow_missing: bool = False,
+    shared_fa2: Callable[[], Path | None] = find_shared_fa2,
 ) -> BuildEnvironment:
     """Use a directory that already holds a build (``/tmp/fa4/4.0.0b11``); its version comes from
     the ``*.dist-info`` inside it. Extras it needs (`resolve_extras`) go into
     ``<builds_dir>/<package>-<version>/site``, which then comes before ``directory``; with no
-    extras needed and no ``builds_dir`` nothing is written.
+    extras needed and no ``builds_dir`` nothing is written. A flash-attn-4 build with a shared
+    FlashAttention 2 (``shared_fa2``, `find_shared_fa2`) gets that site too, holding FA2 merged
+    with a link to the directory's ``flash_attn/cute`` (`merge_shared_fa2`): otherwise FA2's
+    regular package would make ``flash_attn.cute`` the shared stack's FA4, not this one.
 
     Raises:
         BuildError: ``directory`` does not exist or holds no distribution of ``package``.
@@ -719,7 +818,10 @@ def adopt_build_dir(
     wheels = scan_wheelhouse(wheelhouses) if wheelhouses else []
     unresolved: list[str] | None = [] if allow_missing else None
     extras = resolve_extras(name, version, requirements, wheels, rules, shared_version, unresolved)
-    if not extras:
+    fa2_dir = shared_fa2() if name == FA4_PACKAGE else None
+    if fa2_dir is not None and fa2_dir == directory:
+        fa2_dir = None  # the directory is itself the shared stack: nothing to shadow
+    if not extras and fa2_dir is None:
         env = BuildEnvironment(name, version, (directory,), "build-dir", unresolved=tuple(unresolved or ()))
         if builds_dir is None:
             return env
@@ -730,6 +832,8 @@ def adopt_build_dir(
     try:
         by_name = {w.path.name: w.path for w in wheels}
         _install([by_name[e.wheel] for e in extras], staged / "site", installer, wheelhouses)
+        if fa2_dir is not None:
+            extras = [*extras, merge_shared_fa2(staged / "site", fa2_dir, directory / "flash_attn" / "cute")]
     except BaseException:
         shutil.rmtree(staged, ignore_errors=True)
         raise
@@ -923,10 +1027,12 @@ __all__ = [
     "build_packages",
     "default_builds_dir",
     "fetch_wheels",
+    "find_shared_fa2",
     "fingerprint_packages",
     "installed_version",
     "load_environments",
     "load_rules",
+    "merge_shared_fa2",
     "normalise_package",
     "parse_version",
     "prepare_from_wheelhouse",
