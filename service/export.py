@@ -300,6 +300,10 @@ def tile_grid(case: AttentionCase, name: str) -> tuple[int, int]:
     return groups, -(-rows // TILE_ROWS)
 
 
+def _finite_float(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def _finite(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
@@ -458,6 +462,15 @@ def load_export(
         adapter = wanted[0]
         backend = adapter.name
     target = repository.repro_target(session, case_id, backend=backend, variant=variant)
+    return export_target(session, target, adapter=adapter, force=force, compute_missing=compute_missing), target
+
+
+def export_target(
+    session: Any, target: Any, *, adapter: Backend | None = None, force: bool = False, compute_missing: bool = False
+) -> Repro:
+    """The repro of a `service.repository.ReproTarget` (a case, backend, variant and recorded
+    signature) from stored figures; arguments and errors as `load_export`."""
+    case_id = target.case.id
     case = validated_case(target.case.config)
     if not force:
         reason = misleading_reason(stored_statuses(session, case_id, target.backend, target.variant), target.backend, target.variant)
@@ -475,9 +488,8 @@ def load_export(
                 "(recorded by an older attnfuzz); `attnfuzz export` computes it with the oracle",
             )
     recorded = _recorded_figures(session, case_id, target.backend, target.variant)
-    repro = render_repro(case, adapter or target.backend, target.variant, target.signature,
-                         allowance=allowance, recorded=recorded)
-    return repro, target
+    return render_repro(case, adapter or target.backend, target.variant, target.signature,
+                        allowance=allowance, recorded=recorded)
 
 
 def _failing_backends(session: Any, case_id: str) -> list[tuple[str, str]]:
@@ -514,7 +526,7 @@ def _recorded_figures(session: Any, case_id: str, backend: str, variant: str) ->
 
 
 # ---------------------------------------------------------------------------------- the file
-_INPUT_FUNCTIONS = ("_mix32", "_horner", "_sqrt", "hash_normal")
+_INPUT_FUNCTIONS = ("_mix32", "_horner", "_sqrt", "_hash_keys", "hash_normal_torch")
 
 _HEADER = '''$docstring
 
@@ -591,7 +603,7 @@ def make_inputs(device):
     shape_out = (*rows_q, NUM_HEADS, HEAD_DIM_V)
 
     def normal(stream, shape):
-        return hash_normal(SEED, stream, math.prod(shape), device).view(shape)
+        return hash_normal_torch(SEED, stream, math.prod(shape), device).view(shape)
 
     q, k = normal(STREAM_Q, shape_q), normal(STREAM_K, shape_k)
     if INPUT_DISTRIBUTION == "large_logits":
@@ -988,7 +1000,7 @@ def render_repro(
         What it does: regenerates the inputs bit for bit (attnfuzz's counter-based hash_normal,
         copied below), calls {name} exactly as the variant {variant!s} did (call_backend), computes
         a dense float64 reference inline (reference) and judges every tensor (out, lse, dq, dk, dv)
-        as attnfuzz's oracle did (judge): no NaN, no +-inf where the reference is finite, lse
+        as the attnfuzz judge did (judge): no NaN, no +-inf where the reference is finite, lse
         infinite exactly on rows that see no key (natural log), not all zero, the L2 error of the
         whole tensor within ALLOWED[tensor]["whole"] (mismatch) and of every tile of TILE_ROWS rows
         of one (batch, head) within ALLOWED[tensor]["tiles"] (tile_mismatch).
@@ -1039,7 +1051,8 @@ def render_repro(
         "device": call.device,
         "allowed": {n: allowance_literal(allowance[n]) for n in needed_tensors(case)},
         "tile_rows": compare.TILE_ROWS,
-        "masked_row_lse": call.masked_row_lse,
+        # +-inf on rows without a visible key is accepted anyway; only a finite sentinel needs naming
+        "masked_row_lse": call.masked_row_lse if _finite_float(call.masked_row_lse) else None,
         "m32": inputs._M32,
         "cos_coeffs": list(inputs._COS_COEFFS),
         "atanh_coeffs": list(inputs._ATANH_COEFFS),
@@ -1082,6 +1095,7 @@ __all__ = [
     "computed_allowance",
     "docstring_literal",
     "exportable_backends",
+    "export_target",
     "fill_template",
     "has_repro",
     "literal",

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from fuzzer.backends.base import Backend, ReproCall
 from fuzzer.backends.fa2 import fa2_call_kwargs
 from fuzzer.backends.fa4 import fa4_call_kwargs
 from fuzzer.backends.te import TEFA4Backend, te_forward_kwargs, te_module_kwargs
@@ -131,7 +132,7 @@ def test_the_generated_file_imports_nothing_of_attnfuzz() -> None:
             modules.update(a.name.split(".")[0] for a in node.names)
         elif isinstance(node, ast.ImportFrom):
             modules.add((node.module or "").split(".")[0])
-    assert modules <= {"__future__", "math", "os", "pytest", "flash_attn"}, modules
+    assert modules <= {"__future__", "math", "os", "pytest", "warnings", "flash_attn"}, modules
     assert "oracle" not in source.replace("oracle/", "") and "service." not in source
 
 
@@ -291,31 +292,48 @@ def test_the_literal_check_catches_code_in_a_slot_or_outside_one() -> None:
 def test_render_refuses_hostile_names_and_unknown_backends(kwargs: dict, field: str) -> None:
     args = {"backend": "fa4", "variant": "te_style", "signature": "out:all_zero", **kwargs}
     with pytest.raises(ExportError) as raised:
-        render_repro(FA4_CASE, args["backend"], args["variant"], args["signature"], allowed={"out": 1.0})
+        render_repro(FA4_CASE, args["backend"], args["variant"], args["signature"], allowed=dict.fromkeys(("out", "lse", "dq", "dk", "dv"), 1.0))
     assert raised.value.field == field
 
 
-def test_no_export_for_an_unregistered_backend_says_so() -> None:
-    with pytest.raises(ExportError, match="no export for backend 'torch-flex'"):
-        export.snippet_factory("torch-flex")
+def test_a_backend_without_a_repro_method_gets_told_what_to_add() -> None:
+    with pytest.raises(ExportError, match=r"backend 'torch-flex' .* defines no repro call: add a method `repro") as raised:
+        render_repro(FA4_CASE, "torch-flex", "mask_mod", None, allowed=dict.fromkeys(("out", "lse", "dq", "dk", "dv"), 1.0))
+    assert raised.value.field == "backend"
+    assert "torch-flex" not in export.exportable_backends() and "fa4" in export.exportable_backends()
 
 
-def test_a_registered_snippet_cannot_smuggle_code_through_a_value(tmp_path: Path) -> None:
-    def evil(case, variant):
-        return export.CallSnippet(
+class _EvilBackend(Backend):
+    name = "evil-backend"
+    variants = ("native",)
+
+    def run(self, case, inputs, variant):
+        raise NotImplementedError
+
+    def repro(self, case, variant):
+        return ReproCall(
             source="EVIL = $payload\n\ndef check_environment():\n    pass\n\n"
             "def call_backend(q, k, v, a, b):\n    return q, None\n",
             values={"payload": "x\"); __import__('os')"},
             device="cpu",
         )
 
-    export.register_snippet("evil-backend", evil)
-    try:
-        with pytest.raises(ExportError) as raised:
-            render_repro(FA4_CASE, "evil-backend", "native", None, allowed={"out": 1.0})
-        assert raised.value.field == "payload"
-    finally:
-        export.unregister_snippet("evil-backend")
+
+class _CrashingRepro(_EvilBackend):
+    def repro(self, case, variant):
+        raise KeyError("a plugin bug")
+
+
+def test_a_plugin_repro_cannot_smuggle_code_through_a_value() -> None:
+    with pytest.raises(ExportError) as raised:
+        render_repro(FA4_CASE, _EvilBackend(), "native", None, allowed=dict.fromkeys(("out", "lse", "dq", "dk", "dv"), 1.0))
+    assert raised.value.field == "payload"
+
+
+def test_a_plugin_repro_that_raises_is_an_export_error_naming_the_backend() -> None:
+    with pytest.raises(ExportError, match="evil-backend.repro raised KeyError") as raised:
+        render_repro(FA4_CASE, _CrashingRepro(), "native", None, allowed=dict.fromkeys(("out", "lse", "dq", "dk", "dv"), 1.0))
+    assert raised.value.field == "backend"
 
 
 def test_validated_case_names_the_hostile_field() -> None:
