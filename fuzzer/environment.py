@@ -306,6 +306,16 @@ def jit_cache_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     return {FA4_CACHE_ENABLED_ENV: "1", FA4_CACHE_DIR_ENV: str(directory)}
 
 
+def jit_cache_description(environ: Mapping[str, str] | None = None) -> str:
+    """Where the children keep FA4's compile cache (`jit_cache_env`), for summaries: the
+    directory, or ``off``. Creates nothing."""
+    environ = os.environ if environ is None else environ
+    setting = environ.get(JIT_CACHE_ENV, "").strip()
+    if setting.lower() in ("off", "0", "none"):
+        return "off"
+    return str(Path(environ.get(FA4_CACHE_DIR_ENV) or setting or default_jit_cache_dir()).expanduser())
+
+
 @dataclass(frozen=True)
 class LoadedLibrary:
     """One runtime library file mapped into a process.

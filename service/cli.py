@@ -232,10 +232,13 @@ def _print_summary(stats: WorkerStats, url: str, *, interrupted: bool = False) -
         table.add_row(status, str(count))
     out.print(table)
     out.print(COUNTS_NOTE, style="dim")
+    from fuzzer.environment import jit_cache_description
+
     other = max(stats.wall_s - stats.oracle_s - stats.kernel_s - stats.compile_s - stats.shrink_s, 0.0)
     out.print(
         f"{stats.cases} cases in {stats.wall_s:.1f} s ({stats.cases_per_s:.2f} cases/s); "
-        f"oracle {stats.oracle_s:.1f} s, kernels {stats.kernel_s:.1f} s, JIT {stats.compile_s:.1f} s, "
+        f"oracle {stats.oracle_s:.1f} s, kernels {stats.kernel_s:.1f} s, JIT {stats.compile_s:.1f} s "
+        f"({_share(stats.compile_s, stats.wall_s)} of wall; FA4 compile cache: {jit_cache_description()}), "
         f"shrinking {stats.shrink_s:.1f} s, attnfuzz's own work (inputs, comparison, storage, "
         f"processes) {other:.1f} s"
     )
@@ -555,6 +558,11 @@ def backends(
         versions += _runtime_text(row["runtime"])
         table.add_row(row["name"], row["device"], ", ".join(row["variants"]), versions, status)
     out.print(table)
+
+
+def _share(part_s: float, wall_s: float) -> str:
+    """``part_s`` as a percentage of ``wall_s`` (``"12%"``; ``"-"`` for an empty run)."""
+    return f"{100.0 * part_s / wall_s:.0f}%" if wall_s > 0 else "-"
 
 
 def _runtime_text(runtime: dict[str, str]) -> str:

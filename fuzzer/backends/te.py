@@ -720,11 +720,12 @@ class TEBackend(Backend):
         from fuzzer.environment import format_cudnn_version
 
         report: dict[str, str] = {}
-        try:
-            utils = importlib.import_module("transformer_engine.pytorch.utils")
-            report["cudnn"] = format_cudnn_version(utils.get_cudnn_version())
-        except Exception:  # noqa: BLE001 - another TE layout: the process map still says
-            pass
+        for module_name in ("transformer_engine.pytorch.utils", "transformer_engine_torch"):
+            try:  # the Python helper gives (major, minor, patch), the extension an int
+                report["cudnn"] = format_cudnn_version(importlib.import_module(module_name).get_cudnn_version())
+                break
+            except Exception:  # noqa: BLE001 - another TE layout: the process map still says
+                continue
         report.update(fa4_imported_build())
         fa2 = sys.modules.get("flash_attn")
         if fa2 is not None and getattr(fa2, "__file__", None):

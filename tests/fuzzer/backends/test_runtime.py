@@ -269,3 +269,12 @@ def test_one_fa4_compile_cache_for_every_child_kept_across_runs(tmp_path):
     (tmp_path / "file").write_text("")
     with pytest.raises(EnvironmentChoiceError, match=JIT_CACHE_ENV):
         jit_cache_env({JIT_CACHE_ENV: str(tmp_path / "file" / "sub")})
+
+
+def test_the_summary_names_the_cache_without_creating_it(tmp_path):
+    from fuzzer.environment import jit_cache_description
+
+    assert jit_cache_description({JIT_CACHE_ENV: "off"}) == "off"
+    assert jit_cache_description({JIT_CACHE_ENV: str(tmp_path / "c")}) == str(tmp_path / "c")
+    assert jit_cache_description({FA4_CACHE_DIR_ENV: str(tmp_path / "d"), JIT_CACHE_ENV: str(tmp_path / "c")}) == str(tmp_path / "d")
+    assert not (tmp_path / "c").exists()
