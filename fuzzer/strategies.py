@@ -6,6 +6,17 @@ lengths flash-attention's own tests use), seqlen_q != seqlen_k in both direction
 and >= seqlen, head dims that are not multiples of 16 and up to 512, GQA ratios, and, through
 bottom-right alignment with ``seqlen_q > seqlen_k`` or narrow windows, rows with no visible key.
 
+Case space: a work budget on the product ``seqlen_q * seqlen_k`` (``max_work`` divided by
+``batch_size * num_heads * head_dim``, `seqlen_pairs_budget`), not on each length, so one query
+row may be long; one case in `DECODE_SHARE` is decode-like (``seqlen_q`` 1-16 against ``seqlen_k``
+up to ``max_seqlen``, biased to `LONG_ROW_EDGES`, +-1 around 1024, 2048, 4096 and 8192), where
+split-KV and long-row kernels break. ``max_elements`` bounds each input tensor, so on CPU such a
+case stays cheap (`CPU_BOUNDS`); `GPU_BOUNDS` lets an H200 reach 8192 where the budget allows.
+
+Targets: `attention_cases` draws inside one ``Capabilities``; the worker draws each case for one
+target backend's capabilities (`fuzzer.coverage.target_plan`) or for their union
+(`merge_capabilities`, ``draw="union"``).
+
 Shrinking: every draw shrinks toward the first alternative / the lower bound, so a shrunk case
 tends to batch 1, one head, seqlen 1, bf16, bshd, normal inputs, seed 0, forward only.
 
@@ -24,7 +35,9 @@ Source (lengths): flash-attention ``tests/cute/test_flash_attn.py`` seqlen param
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from hypothesis import strategies as st
 
@@ -33,7 +46,52 @@ from oracle.config import CAUSAL_ALIGNMENTS, CP_COMM_TYPES, DTYPES, INPUT_DISTRI
 from oracle.config import DOUT_DISTRIBUTIONS, MAX_SCORE_OFFSET, MAX_SEQ_SCALE_LOG2, SCORE_OFFSET_MODES
 from oracle.errors import AttnFuzzError
 
-TILE_EDGE_SEQLENS = (1, 2, 63, 64, 65, 113, 127, 128, 129, 255, 256, 257, 799, 1023, 1024, 1025, 2047, 2048, 4096)
+TILE_EDGE_SEQLENS = (
+    1, 2, 63, 64, 65, 113, 127, 128, 129, 255, 256, 257, 799,
+    1023, 1024, 1025, 2047, 2048, 2049, 4095, 4096, 4097, 8191, 8192, 8193,
+)  # fmt: skip
+LONG_ROW_EDGES = (1023, 1024, 1025, 2047, 2048, 2049, 4095, 4096, 4097, 8191, 8192, 8193)
+"""Key lengths of decode-like cases: +-1 around the 1024/2048/4096/8192 boundaries where split-KV
+and long-row kernels change their tiling (each kept only where ``max_seqlen`` and the work budget
+allow)."""
+DECODE_MAX_SEQLEN_Q = 16
+"""Decode-like cases have ``1 <= seqlen_q <= DECODE_MAX_SEQLEN_Q`` (one token, or a few with
+speculative decoding) against ``seqlen_k`` up to ``max_seqlen``."""
+DECODE_SHARE = 4
+"""One case in ``DECODE_SHARE`` is drawn decode-like (non-CP cases only; shrinks to the other
+shapes)."""
+
+
+@dataclass(frozen=True)
+class DrawBounds:
+    """Size bounds of drawn cases (see `attention_cases`).
+
+    Attributes:
+        max_seqlen: largest seqlen_q/seqlen_k; None = each target's ``capabilities.max_seqlen``.
+        max_work: bound on ``batch_size * num_heads * seqlen_q * seqlen_k * head_dim``
+            (multiply-adds of one matmul).
+        max_elements: bound on the elements of each of q, k, v (``batch_size * seqlen *
+            heads * head_dim``); on CPU generating inputs costs about 0.3 us per element, so
+            this keeps long-row (decode-like) cases cheap there.
+    """
+
+    max_seqlen: int | None
+    max_work: int
+    max_elements: int | None
+
+
+CPU_BOUNDS = DrawBounds(max_seqlen=None, max_work=2**23, max_elements=2**18)
+"""CPU defaults: cases stay small, many per second. With the worker's other defaults (batch 2,
+4 kv heads) the modelled mean cost of a case (0.35 us per input element generated plus 8 ns per
+multiply-add, both measured on the 2-core CI machine) is 37 ms, as with the earlier bound of
+``sqrt(2**24 / (batch * heads * head_dim))`` on each length (36 ms), while about 3% of the cases
+drawn for a backend with the default ``max_seqlen`` (4096) are decode-like with ``seqlen_k >
+1024``, which the earlier bound never drew."""
+GPU_BOUNDS = DrawBounds(max_seqlen=8192, max_work=2**32, max_elements=2**28)
+"""``device="cuda"`` defaults (an H200-class GPU): a case of 2**32 multiply-adds costs
+milliseconds in the kernels and the float64 tensor-core oracle, so lengths reach 8192 where the
+batch, heads and head dims leave room (8192 x 8192 needs ``batch*heads*head_dim <= 64``);
+2**28 elements are 512 MiB per bf16 tensor. 8192 is above every backend's declared soft cap."""
 COMMON_HEAD_DIMS = (64, 128, 32, 96, 256, 80, 192, 16, 8, 512, 40, 72, 160, 224)
 GQA_GROUPS = (1, 2, 4, 8)
 CP_SIZES = (2, 4, 8)
@@ -91,6 +149,41 @@ def seqlens(max_seqlen: int) -> st.SearchStrategy[int]:
     )
 
 
+def decode_seqlens_k(max_seqlen: int) -> st.SearchStrategy[int]:
+    """``seqlen_k`` of a decode-like case: any length in ``[1, max_seqlen]`` (first, so it shrinks
+    toward 1), one of `LONG_ROW_EDGES` that fits, or a long row in the upper half.
+
+    Raises:
+        StrategyArgumentError: ``max_seqlen < 1``.
+    """
+    base = seqlens(max_seqlen)
+    edges = [n for n in LONG_ROW_EDGES if n <= max_seqlen]
+    long_rows = st.integers(max(1, max_seqlen // 2), max_seqlen)
+    return st.one_of(base, st.sampled_from(edges), long_rows) if edges else st.one_of(base, long_rows)
+
+
+def seqlen_pairs_budget(max_work: int, batch_size: int, num_heads: int, head_dim: int) -> int:
+    """How many (query, key) pairs one case may have: ``max_work // (batch_size * num_heads *
+    head_dim)``, at least 1. ``seqlen_q * seqlen_k`` (for thd: the longest query times the longest
+    key sequence) is drawn at or below it, so a case's work ``batch_size * num_heads * seqlen_q *
+    seqlen_k * head_dim`` (multiply-adds of one matmul) stays within ``max_work``: one query may
+    see many keys (decode), many queries few keys, or both be medium."""
+    return max(1, max_work // (batch_size * num_heads * head_dim))
+
+
+def default_bounds(device: str) -> DrawBounds:
+    """The default bounds of a worker on ``device``: `CPU_BOUNDS` or `GPU_BOUNDS`.
+
+    Raises:
+        StrategyArgumentError: ``device`` is not ``"cpu"`` or ``"cuda"``.
+    """
+    if device == "cpu":
+        return CPU_BOUNDS
+    if device == "cuda":
+        return GPU_BOUNDS
+    raise StrategyArgumentError(f"device: unknown value {device!r} (allowed: cpu, cuda)")
+
+
 def head_dims(max_head_dim: int, multiple: int = 1) -> st.SearchStrategy[int]:
     """A head dimension: common sizes first, then any multiple of ``multiple`` up to the max.
 
@@ -138,6 +231,56 @@ def _cp_lengths(limit: int, unit: int, padded: bool) -> st.SearchStrategy[int]:
     return st.one_of(multiples, seqlens(limit)) if padded else multiples
 
 
+@st.composite
+def _sequence_lengths(
+    draw, qkv_format: str, batch_size: int, max_q: int, max_k: int, pairs: int, cp_size: int, te_shaped: bool
+) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None, int, int]:
+    """``(seqlens_q, seqlens_k, seqlen_q, seqlen_k)`` with ``seqlen_q * seqlen_k <= pairs`` (the
+    maxima for thd; see `seqlen_pairs_budget`), ``seqlen_q <= max_q`` and ``seqlen_k <= max_k``.
+
+    Non-CP cases are decode-like one time in `DECODE_SHARE` (``seqlen_q`` in ``[1,
+    DECODE_MAX_SEQLEN_Q]``, ``seqlen_k`` from `decode_seqlens_k`), else ``seqlen_q`` is drawn up to
+    ``isqrt(pairs)`` and ``seqlen_k`` equal to it or up to ``pairs // seqlen_q`` (so a short
+    query row may see a long key row). CP cases keep the CP layouts of `_cp_lengths` with the
+    same budget (TE-shaped ones: ``seqlen_k == seqlen_q``). The budget never forces a length below
+    1 (or below one CP unit).
+    """
+    thd = qkv_format == "thd"
+    if cp_size > 1:
+        unit = 2 * cp_size
+        padded = thd and not te_shaped
+        limit_q = max(1, min(max_q, max_k if te_shaped else max_q, math.isqrt(pairs)))
+
+        def lengths(limit: int) -> st.SearchStrategy[int]:
+            return _cp_lengths(max(1, limit), unit, padded=padded)
+
+    else:
+        decode = draw(st.integers(0, DECODE_SHARE - 1)) == DECODE_SHARE - 1
+        limit_q = max(1, min(max_q, pairs, DECODE_MAX_SEQLEN_Q) if decode else min(max_q, math.isqrt(pairs)))
+        lengths = seqlens
+    if thd:
+        seqlens_q = tuple(draw(st.lists(lengths(limit_q), min_size=batch_size, max_size=batch_size)))
+        limit_k = max(1, min(max_k, pairs // max(seqlens_q)))
+        if cp_size == 1 and decode:
+            seqlens_k = tuple(draw(st.lists(decode_seqlens_k(limit_k), min_size=batch_size, max_size=batch_size)))
+        elif not te_shaped and draw(st.booleans()):
+            seqlens_k = tuple(draw(st.lists(lengths(limit_k), min_size=batch_size, max_size=batch_size)))
+        else:
+            seqlens_k = seqlens_q
+        return seqlens_q, seqlens_k, max(seqlens_q), max(seqlens_k)
+    seqlen_q = draw(lengths(limit_q))
+    limit_k = max(1, min(max_k, pairs // seqlen_q))
+    if te_shaped:
+        seqlen_k = seqlen_q
+    elif cp_size == 1 and decode:
+        seqlen_k = draw(decode_seqlens_k(limit_k))
+    elif seqlen_q <= limit_k:
+        seqlen_k = draw(st.one_of(st.just(seqlen_q), lengths(limit_k)))
+    else:
+        seqlen_k = draw(lengths(limit_k))
+    return None, None, seqlen_q, seqlen_k
+
+
 SCORE_OFFSETS = (-200.0, -120.0, -60.0, 60.0, 120.0, 200.0)
 """Row-LSE offsets (nats) drawn first: -120 is where ``exp(s - lse)`` in a backward breaks when
 ``lse`` is kept with too little range; +-200 the far ends."""
@@ -153,13 +296,17 @@ def input_specs(draw, *, head_dim: int, backward: bool = True) -> dict:
     * ``"score_offset"``: ``score_offset`` (one of `SCORE_OFFSETS` or any value within
       ``+-MAX_SCORE_OFFSET``) and ``score_offset_mode`` (head or row);
     * ``"llm_like"``: each of ``qk_rank`` (1-8), ``massive_channels`` (1-4), ``attention_sink``,
-      ``seq_scale_log2`` (1-3) and ``peaked_rows`` (1/8, 1/2, 1) on or off;
+      ``seq_scale_log2`` (1-3) and ``peaked_rows`` (1/8, 1/2, 1) on or off, on ``normal`` inputs;
     * with ``backward``: ``dout_distribution`` (normal, tiny, large, sparse).
 
     Everything shrinks toward the first option: ``normal`` inputs, no family, normal ``dout``.
     """
-    spec: dict = {"input_distribution": draw(st.sampled_from(INPUT_DISTRIBUTIONS))}
     family = draw(st.sampled_from(INPUT_FAMILIES))
+    # LLM-like features replace the q/k statistics: they are drawn on normal inputs only (with
+    # large_logits or near_constant keys they reach scores the error model under-covers in fp32,
+    # see `oracle.inputs`).
+    distributions = INPUT_DISTRIBUTIONS if family != "llm_like" else INPUT_DISTRIBUTIONS[:1]
+    spec: dict = {"input_distribution": draw(st.sampled_from(distributions))}
     if family == "score_offset":
         offsets = st.floats(-MAX_SCORE_OFFSET, MAX_SCORE_OFFSET, allow_nan=False, allow_infinity=False)
         spec["score_offset"] = draw(st.one_of(st.sampled_from(SCORE_OFFSETS), offsets))
@@ -189,6 +336,7 @@ def attention_cases(
     allow_backward: bool = True,
     preferred_head_dims: tuple[int, ...] = (),
     max_cp_size: int = 1,
+    max_elements: int | None = None,
 ) -> st.SearchStrategy[AttentionCase]:
     """Cases that at least one backend with ``capabilities`` may run.
 
@@ -198,17 +346,25 @@ def attention_cases(
         max_heads_kv: largest num_heads_kv (num_heads = num_heads_kv x a GQA group in 1, 2, 4, 8).
         max_seqlen: largest seqlen_q/seqlen_k (default: ``capabilities.max_seqlen``).
         max_work: bound on ``batch_size * num_heads * seqlen_q * seqlen_k * head_dim`` (multiply-adds
-            of one matmul): sequence lengths are drawn below the bound the other fields leave.
+            of one matmul, with the larger of head_dim and head_dim_v): the product ``seqlen_q *
+            seqlen_k`` is drawn below the bound the other fields leave (`seqlen_pairs_budget`),
+            so one query may see ``max_seqlen`` keys.
         allow_backward: draw ``backward=True`` cases when the capabilities allow.
         preferred_head_dims: head dims drawn three times as often as others (JIT backends
             compile one kernel per head dim: the worker passes those already compiled).
         max_cp_size: largest ``cp_size`` to draw when ``capabilities.cp`` (1 = no context
             parallelism; the worker passes its executor's ``max_cp_size``).
+        max_elements: bound on the elements of each of q, k and v (``batch_size * seqlen_q *
+            num_heads * head_dim``, ``batch_size * seqlen_k * num_heads_kv * head_dim``); None = no
+            bound. Lengths are not cut below 1 (or one CP unit) by it.
 
     Raises:
         StrategyArgumentError: a bound is below 1 (checked here, before anything is drawn).
     """
-    for name, value in (("max_batch_size", max_batch_size), ("max_heads_kv", max_heads_kv), ("max_work", max_work)):
+    bounds = (("max_batch_size", max_batch_size), ("max_heads_kv", max_heads_kv), ("max_work", max_work))
+    if max_elements is not None:
+        bounds += (("max_elements", max_elements),)
+    for name, value in bounds:
         if value < 1:
             raise StrategyArgumentError(f"{name}: must be >= 1, got {value}")
     if max_seqlen is not None and max_seqlen < 1:
@@ -223,6 +379,7 @@ def attention_cases(
         allow_backward=allow_backward,
         preferred_head_dims=tuple(preferred_head_dims),
         max_cp_size=max_cp_size,
+        max_elements=max_elements,
     )
 
 
@@ -238,6 +395,7 @@ def _attention_cases(
     allow_backward: bool = True,
     preferred_head_dims: tuple[int, ...] = (),
     max_cp_size: int = 1,
+    max_elements: int | None = None,
 ) -> AttentionCase:
     """The draw behind `attention_cases` (arguments already checked)."""
     caps = capabilities
@@ -266,21 +424,15 @@ def _attention_cases(
     head_dim_v = head_dim
     if caps.head_dim_v_differs and not te_shaped and draw(st.booleans()):
         head_dim_v = draw(dims)
-    budget = max(1, int((max_work / (batch_size * num_heads * max(head_dim, head_dim_v))) ** 0.5))
-    limit = max(1, min(max_seqlen, budget))
-    seqlens_q = seqlens_k = None
-    padded = qkv_format == "thd" and not te_shaped
-    lengths = seqlens(limit) if cp_size == 1 else _cp_lengths(limit, 2 * cp_size, padded=padded)
-    if qkv_format == "thd":
-        seqlens_q = tuple(draw(st.lists(lengths, min_size=batch_size, max_size=batch_size)))
-        if not te_shaped and draw(st.booleans()):
-            seqlens_k = tuple(draw(st.lists(lengths, min_size=batch_size, max_size=batch_size)))
-        else:
-            seqlens_k = seqlens_q
-        seqlen_q, seqlen_k = max(seqlens_q), max(seqlens_k)
-    else:
-        seqlen_q = draw(lengths)
-        seqlen_k = seqlen_q if te_shaped else draw(st.one_of(st.just(seqlen_q), lengths))
+    widest = max(head_dim, head_dim_v)
+    pairs = seqlen_pairs_budget(max_work, batch_size, num_heads, widest)
+    max_q = max_k = max_seqlen
+    if max_elements is not None:
+        max_q = max(1, min(max_q, max_elements // (batch_size * num_heads * widest)))
+        max_k = max(1, min(max_k, max_elements // (batch_size * num_heads_kv * widest)))
+    seqlens_q, seqlens_k, seqlen_q, seqlen_k = draw(
+        _sequence_lengths(qkv_format, batch_size, max_q, max_k, pairs, cp_size, te_shaped)
+    )
     causal = draw(st.booleans())
     window_left = window_right = None
     if caps.windows and not (te_shaped and cp_comm_type == "p2p") and draw(st.booleans()):

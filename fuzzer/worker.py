@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hypothesis import HealthCheck, Phase, Verbosity, given, seed, settings, target
+from hypothesis import strategies as st
 from hypothesis.database import ExampleDatabase
 
 from fuzzer.backends.base import Backend
@@ -54,7 +55,8 @@ from fuzzer.evaluate import normalise_masked_lse as _normalise_masked_lse
 from fuzzer.executor import TaskOutcome
 from fuzzer.minimise import MinimiseOutcome, minimise
 from fuzzer.results import CaseResult, MinimiseClaim, ResultSink
-from fuzzer.strategies import attention_cases, merge_capabilities
+from fuzzer.coverage import DRAW_MODES, count_case, target_plan
+from fuzzer.strategies import attention_cases, default_bounds, merge_capabilities
 from oracle.config import AttentionCase
 from oracle.errors import AttnFuzzError
 
@@ -78,8 +80,14 @@ class WorkerConfig:
         case_timeout_s: per backend call, seconds, before the child is killed.
         isolation: ``"process"`` (child processes) or ``"none"`` (in-process, tests only).
         chunk_size: Hypothesis examples per ``@given`` run.
-        max_batch_size, max_heads_kv, max_seqlen, max_work: generation bounds
-            (see `fuzzer.strategies.attention_cases`).
+        max_batch_size, max_heads_kv, max_seqlen, max_work, max_elements: generation bounds
+            (see `fuzzer.strategies.attention_cases`). ``max_seqlen``, ``max_work`` and
+            ``max_elements`` None: the device's defaults (`fuzzer.strategies.default_bounds`: on
+            CPU each backend's declared ``max_seqlen``, ``2**23`` and ``2**18``; on CUDA 8192,
+            ``2**32`` and ``2**28``).
+        draw: ``"targeted"`` (each case drawn inside one target backend's capabilities, the
+            target chosen per chunk by `fuzzer.coverage.target_plan`) or ``"union"`` (drawn
+            inside the union of the selected backends' capabilities).
         allow_backward: also fuzz gradients.
         heartbeat_s: seconds between heartbeats to the sink.
         replay_known: before fuzzing, re-run every stored bucket of the selected backends on its
@@ -112,7 +120,9 @@ class WorkerConfig:
     max_batch_size: int = 2
     max_heads_kv: int = 4
     max_seqlen: int | None = None
-    max_work: int = 2**24
+    max_work: int | None = None
+    max_elements: int | None = None
+    draw: str = "targeted"
     allow_backward: bool = True
     heartbeat_s: float = 10.0
     replay_known: bool = True
@@ -134,6 +144,15 @@ class WorkerConfig:
             raise WorkerError(f"isolation: unknown value {self.isolation!r} (allowed: process, none)")
         if self.device not in ("cpu", "cuda"):
             raise WorkerError(f"device: unknown value {self.device!r} (allowed: cpu, cuda)")
+        if self.draw not in DRAW_MODES:
+            raise WorkerError(f"draw: unknown value {self.draw!r} (allowed: {', '.join(DRAW_MODES)})")
+        defaults = default_bounds(self.device)
+        if self.max_seqlen is None:
+            self.max_seqlen = defaults.max_seqlen
+        if self.max_work is None:
+            self.max_work = defaults.max_work
+        if self.max_elements is None:
+            self.max_elements = defaults.max_elements
         if not self.backends:
             raise WorkerError("backends: at least one backend is needed")
 
@@ -145,6 +164,9 @@ class WorkerStats:
     cases: int = 0
     results: Counter = field(default_factory=Counter)  # status -> count
     per_backend: Counter = field(default_factory=Counter)  # (backend, status) -> count
+    runnable: Counter = field(default_factory=Counter)  # backend -> fuzz cases it ran (>= 1 variant)
+    targeted: Counter = field(default_factory=Counter)  # backend -> fuzz cases drawn for it
+    unsupported: Counter = field(default_factory=Counter)  # (backend, reason) -> unsupported results
     new_buckets: list = field(default_factory=list)  # bucket keys, in order found
     minimised: list = field(default_factory=list)  # (bucket key, MinimiseOutcome)
     replayed: list = field(default_factory=list)  # (bucket key, signature now or None)
@@ -360,32 +382,58 @@ class Worker:
             self.sink.heartbeat(self.worker_id, self.stats.cases)
 
     # ------------------------------------------------------------------ generation
-    def strategy(self):
+    def strategy(self, chunk: int = 0):
+        """The Hypothesis strategy of one chunk: ``(target, case)`` pairs.
+
+        ``draw="union"``: ``target`` is None and the case is drawn inside the union of the usable
+        backends' capabilities. ``draw="targeted"``: ``target`` is a usable backend's name, from
+        a plan of ``chunk_size`` targets (`fuzzer.coverage.target_plan` over the counts so far,
+        rotated by ``chunk``), and the case is drawn inside that backend's capabilities (so no
+        float32 for a backend without it, no softcap for one without softcap, head dims within
+        its limit and multiple). A ``sampled_from`` over the plan picks the target: the plan's
+        first entry, the most favoured backend, is what it shrinks toward; under ``--seed`` the
+        plan and the draws are reproducible.
+        """
         c = self.config
-        caps = merge_capabilities([b.capabilities for b in self.usable])
-        return attention_cases(
-            capabilities=caps,
+        common = dict(
             max_batch_size=c.max_batch_size,
             max_heads_kv=c.max_heads_kv,
             max_seqlen=c.max_seqlen,
             max_work=c.max_work,
+            max_elements=c.max_elements,
             allow_backward=c.allow_backward,
             preferred_head_dims=tuple(self._head_dim_pool) if c.reuse_kernels else (),
             max_cp_size=getattr(self._executor, "max_cp_size", 1),
         )
+        if c.draw == "union":
+            caps = merge_capabilities([b.capabilities for b in self.usable])
+            return attention_cases(capabilities=caps, **common).map(lambda case: (None, case))
+        names = [b.name for b in self.usable]
+        plan = target_plan(names, self.stats.runnable, self.stats.targeted, max(c.chunk_size, len(names)), chunk)
+        per_target = {
+            name: attention_cases(capabilities=self.backends[name].capabilities, **common).map(
+                lambda case, name=name: (name, case)
+            )
+            for name in dict.fromkeys(plan)
+        }
+        return st.sampled_from(plan).flatmap(per_target.__getitem__)
 
     def _run_chunk(self, chunk: int) -> None:
         c = self.config
 
-        def fuzz_case(case: AttentionCase) -> None:
+        def fuzz_case(drawn: tuple[str | None, AttentionCase]) -> None:
             if self._budget_spent():
                 return  # finish the chunk quickly (reject() would make Hypothesis report it)
+            target_name, case = drawn
             results = self.evaluate(case, phase="fuzz")
+            if target_name is not None:
+                self.stats.targeted[target_name] += 1
+            count_case(results, self.stats.runnable, self.stats.unsupported)
             for result in results:
                 if result.error_ratio is not None and math.isfinite(result.error_ratio):
                     target(min(result.error_ratio, 1e6), label=f"{result.backend}:{result.variant}")
 
-        test = given(self.strategy())(fuzz_case)
+        test = given(self.strategy(chunk))(fuzz_case)
         test = settings(
             database=self.example_db,
             max_examples=c.chunk_size,
