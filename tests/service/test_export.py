@@ -350,3 +350,63 @@ def test_validated_case_names_the_hostile_field() -> None:
 def test_nan_in_the_allowed_errors_is_refused() -> None:
     with pytest.raises(ExportError):
         render_repro(FA4_CASE, "fa4", "te_style", None, allowed={"out": math.nan})
+
+
+# ------------------------------------------------------------ the file judges as the oracle
+JUDGE_CASE = AttentionCase(batch_size=2, seqlen_q=70, seqlen_k=67, num_heads=2, head_dim=16, dtype="bfloat16",
+                           causal=True, causal_alignment="bottom_right")  # 2 tiles per group, rows without keys
+
+
+def _plant(kind: str, out: torch.Tensor, lse: torch.Tensor, dq, dk, dv):
+    out, lse, dk = out.clone(), lse.clone(), dk.clone()
+    if kind == "out:all_zero":
+        out.zero_()
+    elif kind == "out:nan":
+        out[0, 5, 1, 3] = math.nan
+    elif kind == "out:posinf":
+        out[1, 9, 0, 0] = math.inf
+    elif kind == "out:mismatch":
+        out *= 1.02
+    elif kind == "out:tile_mismatch":
+        out[1, 64:70, 0] *= 1.05  # the second tile of one (batch, head): 3.6x its allowance, whole tensor within
+    elif kind == "lse:neginf":
+        lse[0, 1, 40] = -math.inf
+    elif kind == "lse:finite_on_masked":
+        lse[0, 0, 0] = 0.0  # row 0 sees no key (bottom-right, seqlen_k < seqlen_q)
+    elif kind == "lse:mismatch":
+        lse = torch.where(torch.isfinite(lse), lse / math.log(2.0), lse)  # log2
+    elif kind == "dk:mismatch":
+        dk *= 1.1
+    return out, lse, dq, dk, dv
+
+
+@pytest.mark.parametrize(
+    "kind",
+    ["fixed", "out:all_zero", "out:nan", "out:posinf", "out:mismatch", "out:tile_mismatch", "lse:neginf",
+     "lse:finite_on_masked", "lse:mismatch", "dk:mismatch"],
+)
+def test_the_files_judgement_is_the_oracles(kind: str, tmp_path: Path) -> None:
+    """The exported file's `judge` finds exactly the signatures `oracle.compare` finds on the same
+    kernel output (a planted bug per signature class, and the fixed kernel)."""
+    from oracle.compare import compare_outputs
+
+    case = JUDGE_CASE
+    module = load_generated(render_repro(case, "torch-cpu-math", "bool_mask", kind if kind != "fixed" else None).source,
+                            tmp_path)
+    inputs = make_inputs(case)
+    ref = reference(case, inputs, backward=True)
+    # the "kernel": the float64 reference rounded to bf16 (lse float32), with the planted bug
+    tensors = (ref.out.to(torch.bfloat16), ref.lse.to(torch.float32), ref.dq.to(torch.bfloat16),
+               ref.dk.to(torch.bfloat16), ref.dv.to(torch.bfloat16))
+    if kind != "fixed":
+        tensors = _plant(kind, *tensors)
+    verdict = compare_outputs(case, ref, **dict(zip(("out", "lse", "dq", "dk", "dv"), tensors)))
+    q, k, v, dout, _, _ = module.make_inputs("cpu")
+    inline = module.reference(q, k, v, dout)
+    found = []
+    for name, actual in zip(("out", "lse", "dq", "dk", "dv"), tensors):
+        signatures, text = module.judge(name, actual, inline[name])
+        found.extend(signatures)
+        assert text.startswith(f"{name}: L2 error")
+    assert tuple(found) == verdict.signatures
+    assert (kind in found) == (kind != "fixed")
