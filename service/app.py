@@ -20,6 +20,7 @@ from sqlalchemy.exc import DBAPIError
 from fuzzer.results import ResultValidationError
 from oracle.errors import CaseValidationError
 from service import metrics
+from service.api import openapi
 from service.api.deps import WRITE_METHODS, reject_unstorable_text, require_read_token
 from service.api.routes import auth, buckets, builds, cases, matrix, overview, results, workers
 from service.api.templating import make_templates
@@ -34,9 +35,10 @@ RETRY_AFTER_S = 1
 
 async def _store_error(_request: Request, exc: Exception) -> JSONResponse:
     """503 for `StoreUnavailableError` / `StoreRefusedError`: nothing of the request was stored."""
-    return JSONResponse(
-        {"detail": f"{exc}; nothing was stored, retry later"},
-        status_code=status.HTTP_503_SERVICE_UNAVAILABLE,
+    return openapi.error_response(
+        status.HTTP_503_SERVICE_UNAVAILABLE,
+        f"{exc}; nothing was stored, retry later",
+        "unavailable",
         headers={"Retry-After": str(RETRY_AFTER_S)},
     )
 
@@ -63,7 +65,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         yield
         engine.dispose()
 
-    app = FastAPI(title="attnfuzz", summary="Differential fuzzing of attention kernels", lifespan=lifespan)
+    from service import __version__
+
+    app = FastAPI(
+        title="attnfuzz",
+        summary="Differential fuzzing of attention kernels",
+        version=__version__,
+        lifespan=lifespan,
+        docs_url=None,  # served from local assets by openapi.install
+        redoc_url=None,
+        generate_unique_id_function=openapi.operation_id,
+    )
+    openapi.install(app)
     app.state.settings = settings
     app.state.engine = engine
     app.state.session_factory = make_session_factory(engine)
@@ -81,7 +94,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.exception_handler(NotFoundError)
     async def _not_found(_request: Request, exc: NotFoundError) -> JSONResponse:
-        return JSONResponse({"detail": str(exc)}, status_code=status.HTTP_404_NOT_FOUND)
+        return openapi.error_response(status.HTTP_404_NOT_FOUND, str(exc), "not_found")
 
     @app.exception_handler(FieldValidationError)
     async def _invalid(request: Request, exc: FieldValidationError) -> JSONResponse:
@@ -110,9 +123,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def _database_error(_request: Request, exc: DBAPIError) -> JSONResponse:
         if not is_transient(exc):
             raise exc
-        return JSONResponse(
-            {"detail": "the database is busy (transient conflict); nothing was stored, retry"},
-            status_code=status.HTTP_503_SERVICE_UNAVAILABLE,
+        return openapi.error_response(
+            status.HTTP_503_SERVICE_UNAVAILABLE,
+            "the database is busy (transient conflict); nothing was stored, retry",
+            "unavailable",
             headers={"Retry-After": str(RETRY_AFTER_S)},
         )
 

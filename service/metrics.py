@@ -4,29 +4,44 @@ Nothing is counted in the process: every scrape reads the database (`repository.
 and renders it through a custom collector on a registry made for that scrape, so several workers
 and several service processes report the same numbers. Metric families:
 
-==========================================  =====  ==============================================
-``attnfuzz_cases``                          gauge  stored cases
-``attnfuzz_results_total``                  count  results by ``backend`` and ``status``
-``attnfuzz_failures_total``                 count  failing results by ``backend``, ``variant``,
-                                                   ``signature`` (bucket hit counts)
-``attnfuzz_buckets``                        gauge  buckets by ``backend`` and ``triage_state``
-``attnfuzz_workers_live``                   gauge  running workers heard from in the last 300 s
-``attnfuzz_worker_heartbeat_age_seconds``   gauge  per worker seen in the last 24 h
-``attnfuzz_worker_cases_run``               gauge  per worker seen in the last 24 h
-==========================================  =====  ==============================================
+====================================================  =======  ===================================
+``attnfuzz_cases``                                    gauge    stored cases
+``attnfuzz_results_total``                            counter  results by ``backend``, ``status``
+``attnfuzz_failures_total``                           counter  failing results by ``backend``,
+                                                               ``variant``, ``signature`` (bucket
+                                                               hit counts)
+``attnfuzz_buckets``                                  gauge    buckets by ``backend`` and
+                                                               ``triage_state``
+``attnfuzz_workers_live``                             gauge    running workers heard from in the
+                                                               last 300 s
+``attnfuzz_worker_last_heartbeat_timestamp_seconds``  gauge    Unix time of each worker's last
+                                                               heartbeat (seen in the last 24 h);
+                                                               ``time() - x`` is its age
+``attnfuzz_worker_cases_total``                       counter  cases each worker reported at its
+                                                               last heartbeat (cumulative)
+``attnfuzz_build_info``                               info     the service's attnfuzz version
+====================================================  =======  ===================================
 
-Source: Prometheus exposition format and ``prometheus_client`` custom collectors
-(https://prometheus.github.io/client_python/collector/custom/).
+Names follow the Prometheus conventions: base units (seconds), ``_total`` on counters (the
+client adds it), timestamps as ``..._timestamp_seconds`` gauges rather than ages (so a stale
+scrape does not lie), one ``_info`` family for versions. What a worker measures itself (time
+split, spool depth, outages, child restarts) is on the worker's own endpoint,
+`service.worker_metrics` (``attnfuzz fuzz --metrics-port``).
+
+Source: Prometheus exposition format, "Metric and label naming" and ``prometheus_client`` custom
+collectors (https://prometheus.io/docs/practices/naming/,
+https://prometheus.github.io/client_python/collector/custom/).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import timezone
 
 from fastapi import APIRouter
 from fastapi.responses import Response
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
@@ -69,14 +84,24 @@ def snapshot_metrics(snapshot: repository.MetricsSnapshot) -> Iterator[Metric]:
     live.add_metric([], snapshot.live_workers)
     yield live
     labels = ["worker_id", "hostname", "device"]
-    age = GaugeMetricFamily("attnfuzz_worker_heartbeat_age_seconds", "Seconds since the worker's last heartbeat.", labels=labels)
-    run = GaugeMetricFamily("attnfuzz_worker_cases_run", "Cases the worker reported at its last heartbeat.", labels=labels)
+    beat = GaugeMetricFamily(
+        "attnfuzz_worker_last_heartbeat_timestamp_seconds", "Unix time of the worker's last heartbeat.", labels=labels
+    )
+    run = CounterMetricFamily("attnfuzz_worker_cases", "Cases the worker reported at its last heartbeat.", labels=labels)
     for w in snapshot.workers:
         key = [str(w.worker.id), w.worker.hostname, w.worker.device]
-        age.add_metric(key, w.heartbeat_age_s)
+        last = w.worker.last_heartbeat
+        if last.tzinfo is None:  # stored as UTC
+            last = last.replace(tzinfo=timezone.utc)
+        beat.add_metric(key, last.timestamp())
         run.add_metric(key, w.worker.cases_run)
-    yield age
+    yield beat
     yield run
+    from service import __version__
+
+    info = InfoMetricFamily("attnfuzz_build", "The attnfuzz version serving these metrics.")
+    info.add_metric([], {"version": __version__})
+    yield info
 
 
 def render(snapshot: repository.MetricsSnapshot) -> bytes:

@@ -16,6 +16,7 @@ from fuzzer.results import FAILING_STATUSES, PHASES, STATUSES, BuildFingerprint,
 from oracle.config import DTYPES
 from oracle.errors import CaseValidationError
 from service import repository
+from service.api.openapi import CaseJson
 from service.errors import FieldValidationError
 from service.export import NAME_PATTERN, SIGNATURE_PATTERN
 from service.models import MAX_SQL_BIGINT, MAX_SQL_INTEGER, ORIGINS, Bucket, Build, Case, Result, TriageState, Worker
@@ -468,7 +469,7 @@ class CaseIn(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    case: dict[str, Any]
+    case: CaseJson  # a dict, published with the AttentionCase JSON Schema (service.api.openapi)
     origin: Literal[ORIGINS] = "fuzz"  # type: ignore[valid-type]
 
 

@@ -323,7 +323,7 @@ def test_metrics_are_prometheus_text_with_counts_from_the_database(client: TestC
     )
     assert 'attnfuzz_buckets{backend="fa4",triage_state="new"} 1.0' in text
     assert "attnfuzz_workers_live 1.0" in text
-    assert f'attnfuzz_worker_heartbeat_age_seconds{{device="cuda:0",hostname="gpu-host-1",worker_id="{seeded.worker_id}"}}' in text or (
+    assert f'attnfuzz_worker_last_heartbeat_timestamp_seconds{{device="cuda:0",hostname="gpu-host-1",worker_id="{seeded.worker_id}"}}' in text or (
         f'worker_id="{seeded.worker_id}",hostname="gpu-host-1",device="cuda:0"' in text
     )
 
@@ -409,4 +409,4 @@ def test_an_unavailable_store_is_503_with_retry_after(client: TestClient, monkey
     monkeypatch.setattr(repository, "ingest_case", unavailable)
     response = client.post("/api/cases", json={"case": AttentionCase().to_json()})
     assert response.status_code == 503 and response.headers["retry-after"] == "1"
-    assert "connection refused" in response.json()["detail"]
+    assert "connection refused" in response.json()["detail"][0]["msg"]  # the one error shape

@@ -8,6 +8,7 @@ oracle ("agree but both wrong": what a CP-vs-non-CP test cannot see).
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, status
@@ -138,6 +139,45 @@ def repro_response(repro: Repro) -> Response:
         media_type="text/x-python; charset=utf-8",
         headers={"Content-Disposition": f'attachment; filename="{repro.filename}"'},
     )
+
+
+class CaseSummaryOut(BaseModel):
+    """A stored case in a list: id, origin, description and its results' count per status."""
+
+    case_id: str
+    origin: str
+    created_at: datetime
+    description: str = Field(description="AttentionCase.describe(), or why the stored JSON no longer validates")
+    statuses: dict[str, int] = Field(description="stored results of this case per status")
+
+
+class CasePageOut(BaseModel):
+    items: list[CaseSummaryOut]
+    total: int = Field(description="cases matching the filters, over all pages")
+    limit: int
+    offset: int
+
+
+@api_router.get("")
+def list_cases(
+    session: SessionDep,
+    failing: Annotated[bool, Query(description="Only cases with a failing result.")] = False,
+    backend: Annotated[str | None, Query(max_length=64, description="Only cases this backend ran.")] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    offset: Annotated[int, Query(ge=0, le=2**31 - 1)] = 0,
+) -> CasePageOut:
+    """Stored cases, newest first, one page, with their result counts per status (the ids that
+    ``GET /api/cases/{case_id}`` takes)."""
+    page = repository.list_cases(session, failing=failing, backend=backend, limit=limit, offset=offset)
+    items = []
+    for item in page.items:
+        try:
+            description = item.case.to_attention_case().describe()
+        except CaseValidationError as exc:
+            description = f"(stored config no longer validates: {exc})"
+        items.append(CaseSummaryOut(case_id=item.case.id, origin=item.case.origin, created_at=item.case.created_at,
+                                    description=description, statuses=item.statuses))
+    return CasePageOut(items=items, total=page.total, limit=page.limit, offset=page.offset)
 
 
 @api_router.get("/{case_id}")

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import HTMLResponse
 
 from fuzzer.regressions import TRANSITION_KINDS
 from service import matrix
 from service.api.deps import BisectionId, SessionDep
+from service.api.openapi import PAGE_HEADERS, paginate
 from service.matrix_schemas import (
     BisectionOut,
     BisectRunOut,
@@ -28,18 +29,33 @@ Backend = Annotated[str | None, Query(max_length=64, description="Only this back
 Device = Annotated[str | None, Query(max_length=256, description="Only builds on this device name.")]
 Limit = Annotated[int, Query(ge=1, le=2000, description="At most this many rows.")]
 Kind = Annotated[list[str] | None, Query(description="regression, new_signature, fix (repeatable; default all).")]
+PageLimit = Annotated[int, Query(ge=1, le=10_000, description="Page size (X-Total-Count has the total).")]
+PageOffset = Annotated[int, Query(ge=0, le=2**31 - 1, description="Rows to skip.")]
+PAGED = {200: {"headers": PAGE_HEADERS}}
 
 
-@api_router.get("/lines")
-def list_lines(session: SessionDep) -> list[PackageLineOut]:
-    """Every package line with its number of builds."""
-    return [PackageLineOut(package=p, builds=n) for p, n in matrix.package_lines(session)]
+@api_router.get("/lines", responses=PAGED)
+def list_lines(
+    request: Request, response: Response, session: SessionDep, limit: PageLimit = 1000, offset: PageOffset = 0
+) -> list[PackageLineOut]:
+    """Every package line with its number of builds (paginated: ``X-Total-Count``, ``Link``)."""
+    rows = paginate(request, response, matrix.package_lines(session), limit, offset)
+    return [PackageLineOut(package=p, builds=n) for p, n in rows]
 
 
-@api_router.get("/builds")
-def list_line_builds(session: SessionDep, package: Package, device_name: Device = None) -> list[LineBuildOut]:
-    """The builds of a line, ordered by the package's PEP 440 version, then first seen."""
-    return [LineBuildOut.from_build(b) for b in matrix.line_builds(session, package, device_name=device_name)]
+@api_router.get("/builds", responses=PAGED)
+def list_line_builds(
+    request: Request,
+    response: Response,
+    session: SessionDep,
+    package: Package,
+    device_name: Device = None,
+    limit: PageLimit = 1000,
+    offset: PageOffset = 0,
+) -> list[LineBuildOut]:
+    """The builds of a line, ordered by the package's PEP 440 version, then first seen (paginated)."""
+    rows = paginate(request, response, matrix.line_builds(session, package, device_name=device_name), limit, offset)
+    return [LineBuildOut.from_build(b) for b in rows]
 
 
 @api_router.get("")
@@ -58,19 +74,34 @@ def get_matrix(
     )
 
 
-@api_router.get("/regressions")
-def list_regressions(session: SessionDep, package: Package, backend: Backend = None, kind: Kind = None) -> list[RegressionOut]:
-    """Regressions (pass then fail), new signatures and fixes along a line, per device."""
+@api_router.get("/regressions", responses=PAGED)
+def list_regressions(
+    request: Request,
+    response: Response,
+    session: SessionDep,
+    package: Package,
+    backend: Backend = None,
+    kind: Kind = None,
+    limit: PageLimit = 1000,
+    offset: PageOffset = 0,
+) -> list[RegressionOut]:
+    """Regressions (pass then fail), new signatures and fixes along a line, per device (paginated)."""
     rows = matrix.find_regressions(session, package, backend=backend, kinds=kind or TRANSITION_KINDS)
-    return [RegressionOut.model_validate(r) for r in rows]
+    return [RegressionOut.model_validate(r) for r in paginate(request, response, rows, limit, offset)]
 
 
-@api_router.get("/bisections")
+@api_router.get("/bisections", responses=PAGED)
 def list_bisections(
-    session: SessionDep, package: Annotated[str | None, Query(max_length=128)] = None
+    request: Request,
+    response: Response,
+    session: SessionDep,
+    package: Annotated[str | None, Query(max_length=128)] = None,
+    limit: PageLimit = 1000,
+    offset: PageOffset = 0,
 ) -> list[BisectRunOut]:
-    """Stored bisections, newest first."""
-    return [BisectRunOut.model_validate(r) for r in matrix.list_bisections(session, package)]
+    """Stored bisections, newest first (paginated)."""
+    rows = paginate(request, response, matrix.list_bisections(session, package), limit, offset)
+    return [BisectRunOut.model_validate(r) for r in rows]
 
 
 @api_router.get("/bisections/{run_id}")

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Depends, Query, Request, Response
 
 from service import repository
+from service.api.openapi import PAGE_HEADERS, paginate
 from service.api.deps import SessionDep, WriteSessionDep, require_write_token, write_transaction
 from service.errors import FieldValidationError
 from service.export import NAME_PATTERN
@@ -30,17 +31,22 @@ def ingest_results(session: WriteSessionDep, body: ResultBatchIn) -> ResultBatch
     )
 
 
-@api_router.get("/known-failures")
+@api_router.get("/known-failures", responses={200: {"headers": PAGE_HEADERS}})
 def known_failures(
+    request: Request,
+    response: Response,
     session: SessionDep,
     backend: Annotated[list[str], Query(min_length=1, max_length=100)],
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+    offset: Annotated[int, Query(ge=0, le=2**31 - 1)] = 0,
 ) -> list[KnownFailureOut]:
     """Each bucket of the given backends with its minimised (else first) case, oldest first: what a
-    starting worker replays."""
+    starting worker replays. Paginated: ``limit``/``offset``, ``X-Total-Count`` and ``Link``."""
     for name in backend:
         if not NAME_PATTERN.match(name):
             raise FieldValidationError("backend", f"{name[:80]!r} is not a backend name")
     rows = repository.known_failures(session.connection(), backend)
+    rows = paginate(request, response, rows, limit, offset)
     return [KnownFailureOut(backend=b, variant=v, signature=s, case=case) for (b, v, s), case in rows]
 
 
