@@ -9,8 +9,9 @@ are ``torch.log``, ``torch.cos`` and ``torch.sqrt`` (their last bit differs betw
 measured for sqrt on an H200, 0.8% of float64 results; that would flip an occasional float32
 rounding): `hash_normal` evaluates log and cos with fixed polynomials and sqrt by Newton's method.
 
-Streams (``stream`` argument of `hash_normal`): 1 q, 2 k, 3 v, 4 dout, 5 q outlier selection,
-6 k outlier selection, 7 near-constant key base. Elements are numbered in the canonical layout
+Streams (``stream`` argument of `hash_normal` / `hash_uniform`): 1 q, 2 k, 3 v, 4 dout, 5 q
+outlier selection, 6 k outlier selection, 7 near-constant key base; the input families: 8 q
+basis, 9 k basis, 10 massive channels, 11 peaked rows, 12 row offsets, 13 sparse dout rows. Elements are numbered in the canonical layout
 (row-major ``[batch_size, seqlen, heads, dim]``, or ``[total, heads, dim]`` for thd), so bshd and
 sbhd cases get identical tensors.
 
@@ -33,6 +34,71 @@ Input distributions (``AttentionCase.input_distribution``):
     bf16. Scores are then nearly equal across keys; in bf16 the keys, hence the scores, are exactly
     equal (the relative noise stays below half a bf16 spacing), in fp16/fp32 they differ slightly.
     This stresses summation order and the cancellation in ``dq = dS k`` (``sum_j dS_ij = 0``).
+
+Input families (further `AttentionCase` fields, each off at its default and then left out of the
+JSON, so cases stored before they existed keep their JSON, ``case_id`` and bits). They are applied
+after the distribution above, in this order, to float64 q/k/v in the canonical layout, and like
+everything here use only exact operations, IEEE ``+ - * /``, gathers and host-side python
+arithmetic without libm (powers of two from ``frexp``), never a reduction or matmul (whose summation
+order differs between devices):
+
+``qk_rank = r`` (low-rank q/k)
+    ``q[t, h, :] = sum_{i < r} z[t, h, i] basis_h[i, :] / sqrt(r)`` (``z`` = the first ``r``
+    channels of the normal q, ``basis`` from stream 8; k likewise with stream 9 per kv head),
+    summed in index order. Real q/k activations have a low effective rank, which concentrates the
+    scores and the cancellation in ``dS`` on a few directions. Source: Singhania et al., "Loki:
+    Low-rank Keys for Efficient Sparse Attention", NeurIPS 2024 (keys of LLMs are low rank).
+``massive_channels = n`` (a few very large channels)
+    ``n`` channels (`massive_channel_indices`, stream 10) of q are multiplied by
+    ``MASSIVE_Q_GAIN = 4`` and of k by ``MASSIVE_K_GAIN = 16``, in every head: fixed outlier
+    channels, larger in keys than in queries, as measured in LLM key caches. Sources: Liu et al.,
+    "KIVI", ICML 2024 (per-channel key outliers); Sun et al., "Massive Activations in Large
+    Language Models", COLM 2024; flashinfer issue #4267 (a kernel returned zeros for rows whose
+    logits massive activations drove below its finite ``-inf`` sentinel).
+``seq_scale_log2 = L`` (different scales per sequence)
+    sequence ``b`` of the batch has q and v multiplied by ``2**e_b`` (`seq_scale_exponents`: a
+    ramp from ``+L`` to ``-L``), so scores and outputs of the sequences in one batch (or one
+    packed thd tensor) live at scales up to ``2**(2 L)`` apart: per-sequence softmax statistics
+    and per-tile rescaling must not leak between sequences (varlen kernels, split-KV combines).
+``attention_sink`` (one key taking most of the weight)
+    channel ``SINK_CHANNEL = 0``: the first key of every sequence holds ``beta`` (a power of two),
+    every other key 0, every query of sequence ``b`` holds ``alpha_b`` with ``softmax_scale *
+    alpha_b * beta = SINK_MARGIN + ln(2) * bit_length(seqlen_k_b) >= ln(seqlen_k_b) + 4``: that key
+    takes ~95% of the weight of every row that sees it (with normal inputs). Source: Xiao et al.,
+    "Efficient Streaming Language Models with Attention Sinks", ICLR 2024.
+``peaked_rows = p`` (one-hot or peaked rows)
+    a fraction ``p`` of the (query row, head) pairs (stream 11) get ``q_i = gamma k_j`` with ``j``
+    uniform among keys ``0 .. min(i, seqlen_k - 1)`` of the sequence (visible under a top-left
+    causal mask) and ``gamma = PEAK_LOGIT / (softmax_scale * head_dim)``: the score of that key is
+    about ``PEAK_LOGIT = 24`` nats above the others, so the row is one-hot to float32 precision
+    (``P = e_j``). The backward then cancels exactly: ``dS_i = P_i (dP_i - D_i)`` with ``D_i =
+    dP_ij`` (retrieval / induction heads of trained models attend this way).
+``score_offset = O``, ``score_offset_mode`` (row LSE far from 0)
+    every score of a row gets a common offset, realised as real q/k values: the last channel
+    (`score_offset_channel`) of every key holds ``beta`` (a power of two near ``sqrt(|O| /
+    softmax_scale)``) and of query row ``i`` ``alpha_i = O w_i / (softmax_scale beta)``, with
+    ``w_i = 1`` (``"head"``: every row of every head) or ``w_i`` uniform in ``(-1, 1)`` per row and
+    head (``"row"``, stream 12). That channel then adds exactly ``softmax_scale * alpha_i * beta``
+    (with ``alpha_i`` rounded to the dtype) to every score of row ``i``, and ``lse_i`` moves by the
+    same amount, to ``+-256`` nats, while the softmax itself is unchanged. Zero-mean inputs always
+    have ``lse >= max_j s_ij``, i.e. near or above 0; kernels that keep ``exp(s)`` and
+    ``exp(-lse)`` apart, store lse with too little range or initialise the running max with a
+    finite sentinel fail only here. With softcap the offset saturates at ``+-softcap``. Sources:
+    FlashAttention-2 backward recomputes ``P = exp(s - lse)`` (arXiv:2307.08691, Algorithm 2;
+    flash-attention issue #1012); flashinfer issue #4267.
+``dout_distribution`` (backward only)
+    ``"tiny"``: dout times ``DOUT_TINY = 2**-27`` (~7.5e-9; in float16 mostly subnormal or 0):
+    gradients near the bottom of the range, where flushing or a scaled fp8/fp16 dout loses
+    everything. ``"large"``: times ``DOUT_LARGE = 2**8``. ``"sparse"``: whole rows of dout are
+    zero except a fraction ``DOUT_SPARSE_ROWS = 1/8`` (stream 13), as with a loss on a few tokens
+    (prompt masking, last-token losses): ``D_i = 0`` and ``dq_i = 0`` exactly on the zero rows.
+
+Every input is finally clamped to half the dtype's largest finite value. The fuzzer draws the
+families (`fuzzer.strategies.input_specs`) with ``qk_rank`` .. ``peaked_rows`` on ``normal``
+inputs only: combined with ``large_logits`` or ``near_constant`` keys they make scores of several
+hundred nats, or q aligned with every key, where the float32 rounding of ``q . k`` grows like
+``sqrt(head_dim) |s|`` and outgrows the error model's score term (`oracle.compare`: measured with
+torch-cpu-math/flash, float32 dk tiles at ratio ~8).
 """
 
 from __future__ import annotations
@@ -355,8 +421,8 @@ def _llm_like_and_offsets(case: AttentionCase, q: torch.Tensor, k: torch.Tensor,
         seq_k, pos_k, _ = _token_layout(case, "k", device)
     if case.seq_scale_log2:
         gains = torch.tensor([2.0**e for e in seq_scale_exponents(case)], dtype=torch.float64, device=device)
-        for x, seq in ((q, seq_q), (k, seq_k), (v, seq_k)):
-            x *= gains[seq][:, None, None]
+        q *= gains[seq_q][:, None, None]  # scores of sequence b scaled by 2**e_b
+        v *= gains[seq_k][:, None, None]  # and its output
     if case.attention_sink:
         c = SINK_CHANNEL
         gaps = [SINK_MARGIN + _LN2 * n.bit_length() for n in case.seqlens_k_list]  # >= ln(n) + margin
