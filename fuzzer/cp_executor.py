@@ -392,7 +392,12 @@ class CPExecutor:
                 daemon=True,
                 name=f"attnfuzz-cp{cp_size}-{environment}-rank{rank}",
             )
-            process.start()
+            from fuzzer.environment import child_library_env, resolve_cudnn_choice
+            from fuzzer.executor import _process_environment
+
+            # the same cuDNN as every other backend child (fuzzer.environment), set before exec
+            with _process_environment(child_library_env(resolve_cudnn_choice())):
+                process.start()
             child_conn.close()
             processes.append(process)
             conns.append(parent_conn)
