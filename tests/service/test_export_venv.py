@@ -1,88 +1,187 @@
-"""Acceptance: the exported repro of the planted FA4-style bug runs under plain pytest in a fresh
-virtual environment without attnfuzz; it fails against the planted library and passes against a
-fixed one.
+"""Acceptance (issue 16): for every signature class, the exported repro of a stored failure runs
+under plain pytest in a fresh virtual environment without attnfuzz, fails against the planted
+kernel and passes against the fixed one; once for a built-in backend (PyTorch SDPA on the CPU)
+and once for the README's example plugin installed by entry point (``mykernel``), exported with
+plain ``attnfuzz export``.
 
-The planted "library" is a package ``planted_fa4`` with a ``flash_attn_func(q, k, v, *,
-softmax_scale, causal, window_size)`` computing attention on the CPU; the planted build resolves
-windows as flash-attention after PR #2490 does (``-1`` is a real bound, so TransformerEngine's
-causal window ``(-1, 0)`` is an empty band: all zeros), the fixed build reads ``-1`` as unbounded.
-Both use `tests.fuzzer.standins` code. The repro comes from the real path: the worker runs
-`PlantedWindowBackend` and stores the failure in SQL, ``GET /api/cases/{id}/repro.py`` exports it.
+The kernels: ``mykernel`` (written below into a temporary directory) is a small float32 attention
+library whose module-level ``BUG`` plants one bug; ``mykernel.patch_torch(bug)`` plants the same
+bugs into ``torch.nn.functional.scaled_dot_product_attention`` and the CPU flash op
+(``torch.ops.aten._scaled_dot_product_flash_attention_for_cpu``) for the built-in backends.
+
+=================  =============================================  ======================
+bug                what                                           signature
+=================  =============================================  ======================
+``all_zero``       out * 0                                        ``out:all_zero``
+``nan``            one NaN in out                                 ``out:nan``
+``softmax_scale``  softmax_scale * 1.05                           ``out:mismatch``
+``drop_last_key``  the last key dropped when seqlen_k % 64 != 0   ``out:tile_mismatch``
+``lse_log2``       lse in log2                                    ``lse:mismatch``
+``dk_scale``       dk * 1.1                                       ``dk:mismatch``
+=================  =============================================  ======================
+
+The path is the real one: the worker runs the planted backend and stores the failure with its
+allowances in SQL; the built-ins are exported by ``GET /api/cases/{id}/repro.py``, the plugin by
+the ``attnfuzz export`` command (one run as a subprocess with the entry point on ``PYTHONPATH``,
+no wrapper). All files then run in one pytest invocation per kernel build (planted, fixed) in
+the fresh environment (``torch==2.13.0`` and ``pytest`` only, created once per session).
 """
 
 from __future__ import annotations
 
-import inspect
 import os
+import re
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from typer.testing import CliRunner
 
 from fuzzer.worker import Worker, WorkerConfig
 from oracle.config import AttentionCase
-from service import export, migrations
+from service import migrations
 from service.app import create_app
 from service.db import make_engine
 from service.settings import Settings
 from service.store import SqlStore
-from tests.fuzzer import standins
 
 pytestmark = pytest.mark.slow
 
-CASE = AttentionCase(batch_size=2, seqlen_q=12, seqlen_k=12, num_heads=2, head_dim=16, dtype="float32", causal=True)
+ROOT = Path(__file__).resolve().parents[2]
+CASE = AttentionCase(batch_size=2, seqlen_q=70, seqlen_k=67, num_heads=2, head_dim=16, dtype="bfloat16",
+                     causal=True, causal_alignment="top_left")
+BUGS = {
+    "all_zero": "out:all_zero",
+    "nan": "out:nan",
+    "softmax_scale": "out:mismatch",
+    "drop_last_key": "out:tile_mismatch",
+    "lse_log2": "lse:mismatch",
+    "dk_scale": "dk:mismatch",
+}
+# built-in backend variant per bug: lse comes only from the CPU flash op
+BUILTIN = {bug: ("torch-cpu-flash", "aten_lse") if bug == "lse_log2" else ("torch-cpu-math", "is_causal") for bug in BUGS}
 
-_PLANTED_SOURCE = '''
-PLANTED_KWARGS = $planted_kwargs
+MYKERNEL = '''
+"""mykernel: attention(q, k, v, *, causal, softmax_scale) on [batch, seqlen, heads, dim] tensors
+(top-left causal), float32 math, returns (out in q's dtype, lse float32 [batch, heads, seqlen_q]).
+BUG plants one bug; patch_torch(bug) plants it into PyTorch's SDPA and CPU flash op."""
+import math
+
+import torch
+
+BUG = None
 
 
-def check_environment():
-    pytest.importorskip("planted_fa4", reason="planted_fa4 is not installed")
+class _ScaleGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, factor):
+        ctx.factor = factor
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * ctx.factor, None
 
 
-def call_backend(q, k, v, cu_seqlens_q, cu_seqlens_k):
-    import planted_fa4
+def _inputs(bug, k, v, scale, seq_dim):
+    if bug == "softmax_scale":
+        scale = scale * 1.05
+    if bug == "dk_scale":
+        k = _ScaleGrad.apply(k, 1.1)
+    if bug == "drop_last_key" and k.shape[seq_dim] % 64:
+        k, v = k.narrow(seq_dim, 0, k.shape[seq_dim] - 1), v.narrow(seq_dim, 0, v.shape[seq_dim] - 1)
+    return k, v, scale
 
-    return planted_fa4.flash_attn_func(q, k, v, **PLANTED_KWARGS)
+
+def _outputs(bug, out, lse):
+    if bug == "all_zero":
+        out = out * 0
+    elif bug == "nan":
+        mask = torch.zeros(out.shape, dtype=torch.bool, device=out.device)
+        mask.view(-1)[7] = True
+        out = torch.where(mask, torch.full_like(out, math.nan), out)
+    elif bug == "lse_log2" and lse is not None:
+        lse = lse / math.log(2.0)
+    return out, lse
+
+
+def attention(q, k, v, *, causal=False, softmax_scale=None):
+    scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
+    k, v, scale = _inputs(BUG, k, v, scale, 1)
+    qf, kf, vf = (t.float().transpose(1, 2) for t in (q, k, v))
+    scores = qf @ kf.transpose(-1, -2) * scale
+    if causal:
+        visible = torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device).tril()
+        scores = scores.masked_fill(~visible, -math.inf)
+    lse = torch.logsumexp(scores, dim=-1)
+    out = (torch.softmax(scores, dim=-1) @ vf).transpose(1, 2).to(q.dtype)
+    return _outputs(BUG, out, lse)
+
+
+def patch_torch(bug):
+    """Plant ``bug`` into torch's SDPA and CPU flash op; returns a function that undoes it."""
+    functional, real_sdpa, real_aten = torch.nn.functional, torch.nn.functional.scaled_dot_product_attention, torch.ops.aten
+
+    def sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+        k, v, scale = _inputs(bug, k, v, q.shape[-1] ** -0.5 if scale is None else scale, 2)
+        if attn_mask is not None and attn_mask.shape[-1] != k.shape[2]:
+            attn_mask = attn_mask[..., : k.shape[2]]
+        out = real_sdpa(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
+                        enable_gqa=enable_gqa)
+        return _outputs(bug, out, None)[0]
+
+    def flash_for_cpu(q, k, v, dropout_p=0.0, is_causal=False, attn_mask=None, scale=None):
+        k, v, scale = _inputs(bug, k, v, q.shape[-1] ** -0.5 if scale is None else scale, 2)
+        out, lse = real_aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)
+        return _outputs(bug, out, lse)
+
+    class Aten:
+        def __getattr__(self, name):
+            return getattr(real_aten, name)
+
+    aten = Aten()
+    aten._scaled_dot_product_flash_attention_for_cpu = flash_for_cpu
+    functional.scaled_dot_product_attention = sdpa
+    torch.ops.aten = aten
+
+    def undo():
+        functional.scaled_dot_product_attention = real_sdpa
+        torch.ops.aten = real_aten
+
+    return undo
+'''
+
+CONFTEST = '''
+import pytest
+
+import mykernel
+
+
+@pytest.fixture(autouse=True)
+def planted_kernel():
+    """This directory's planted build: {bug!r} in {where}."""
+    if {builtin!r}:
+        undo = mykernel.patch_torch({bug!r})
+        yield
+        undo()
+    else:
+        mykernel.BUG = {bug!r}
+        yield
+        mykernel.BUG = None
 '''
 
 
-def planted_snippet(case: AttentionCase, variant: str) -> export.CallSnippet:
-    """How `standins.PlantedWindowBackend` calls its "library" for ``variant``."""
-    if variant == "te_window":
-        left = -1 if case.window_size_left is None else case.window_size_left
-        right = 0 if case.causal else (-1 if case.window_size_right is None else case.window_size_right)
-    elif variant == "native":
-        left, right = case.window_size_left, case.window_size_right
-    else:
-        raise export.ExportError("variant", f"unknown variant {variant!r} of planted-fa4")
-    kwargs = {"softmax_scale": case.softmax_scale, "causal": case.causal, "window_size": (left, right)}
-    return export.CallSnippet(source=_PLANTED_SOURCE, values={"planted_kwargs": kwargs}, device="cpu",
-                              packages=("planted_fa4",))
+def readme_plugin() -> str:
+    """The README's example plugin module, verbatim (the first python block of its Plugins section)."""
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Plugins"):]
+    return re.search(r"```python\n(.+?)\n```", section, re.S).group(1) + "\n"
 
 
-def _library(root: Path, planted: bool) -> Path:
-    package = root / ("planted" if planted else "fixed") / "planted_fa4"
-    package.mkdir(parents=True)
-    resolve = "_resolve_like_fa4_after_2490(causal, left, right)" if planted else (
-        "(None if left is not None and left < 0 else left, 0 if causal else (None if right is not None and right < 0 else right))"
-    )
-    source = "import math\n\nimport torch\n\n\n" + inspect.getsource(standins.attention_with_band) + "\n\n"
-    source += inspect.getsource(standins._resolve_like_fa4_after_2490) + "\n\n"
-    source += textwrap.dedent(f'''
-        def flash_attn_func(q, k, v, *, softmax_scale, causal=False, window_size=(None, None)):
-            left, right = window_size
-            left, right = {resolve}
-            return attention_with_band(q, k, v, softmax_scale, left, right, k.shape[1] - q.shape[1])
-        ''')
-    (package / "__init__.py").write_text(source)
-    return package.parent
-
-
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def fresh_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A new virtual environment with only torch==2.13.0 (the local CPU wheel) and pytest."""
     venv = tmp_path_factory.mktemp("venv") / "env"
@@ -94,50 +193,156 @@ def fresh_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return python
 
 
-@pytest.fixture
-def exported(tmp_path: Path) -> Path:
-    """The repro as the service exports it after a worker stored the planted failure."""
-    url = f"sqlite:///{tmp_path / 'attnfuzz.db'}"
+@pytest.fixture(scope="module")
+def kernels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """``lib``: the planted library ``mykernel``; ``plugin``: the README plugin with its entry
+    point (a ``.dist-info`` as ``pip install`` writes it), both directories for ``sys.path``."""
+    root = tmp_path_factory.mktemp("kernels")
+    lib = root / "lib" / "mykernel"
+    lib.mkdir(parents=True)
+    (lib / "__init__.py").write_text(MYKERNEL)
+    plugin = root / "plugin"
+    info = plugin / "mykernel_attnfuzz-1.0.dist-info"
+    info.mkdir(parents=True)
+    (plugin / "mykernel_attnfuzz.py").write_text(readme_plugin())
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: mykernel-attnfuzz\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[attnfuzz.backends]\nmykernel = mykernel_attnfuzz:MyKernelBackend\n")
+    return {"lib": lib.parent, "plugin": plugin}
+
+
+def _case(bug: str, offset: int) -> AttentionCase:
+    return CASE.replace(seed=offset + list(BUGS).index(bug))
+
+
+@pytest.fixture(scope="module")
+def stored(kernels: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A database where a worker stored every planted failure (built-in and plugin)."""
+    monkeypatch = pytest.MonkeyPatch()
+    monkeypatch.syspath_prepend(str(kernels["lib"]))
+    monkeypatch.syspath_prepend(str(kernels["plugin"]))
+    import mykernel
+    from fuzzer.registry import discover
+
+    url = f"sqlite:///{tmp_path_factory.mktemp('db') / 'attnfuzz.db'}"
     migrations.upgrade(url)
     engine = make_engine(url)
-    export.register_snippet("planted-fa4", planted_snippet, replace=True)
     try:
-        backend = standins.PlantedWindowBackend()
-        config = WorkerConfig(backends=[(backend, "tests.fuzzer.standins:PlantedWindowBackend")], isolation="none",
-                              shrink=False, replay_known=False, time_budget_s=None)
+        known = discover(opt_in=True)
+        assert known["mykernel"][1] == "mykernel_attnfuzz:MyKernelBackend", "the entry point is found"
+        backends = [known[name] for name in ("mykernel", "torch-cpu-math", "torch-cpu-flash")]
+        config = WorkerConfig(backends=backends, isolation="none", shrink=False, replay_known=False, time_budget_s=None)
         with Worker(config, SqlStore(engine)) as worker:
-            (result,) = worker.evaluate(CASE, tasks=[("planted-fa4", "te_window")])
-        assert (result.status, result.signature) == ("fail", "out:all_zero")
-        with TestClient(create_app(Settings(database_url=url))) as client:
-            response = client.get(f"/api/cases/{CASE.case_id}/repro.py")
-        assert response.status_code == 200, response.text
+            for bug, signature in BUGS.items():
+                mykernel.BUG = bug
+                try:
+                    (plugin,) = worker.evaluate(_case(bug, 0), tasks=[("mykernel", "default")])
+                finally:
+                    mykernel.BUG = None
+                undo = mykernel.patch_torch(bug)
+                try:
+                    (builtin,) = worker.evaluate(_case(bug, 100), tasks=[BUILTIN[bug]])
+                finally:
+                    undo()
+                for result in (plugin, builtin):
+                    assert (result.backend, result.status, result.signature) == (result.backend, "fail", signature), (
+                        bug, result.signatures, result.detail)
     finally:
-        export.unregister_snippet("planted-fa4")
         engine.dispose()
-    path = tmp_path / "repro" / "test_planted_repro.py"
-    path.parent.mkdir()
-    path.write_text(response.text)
-    return path
+        monkeypatch.undo()
+    return url
 
 
-def _pytest_in(python: Path, test_file: Path, library: Path) -> subprocess.CompletedProcess:
+def _write_pair(root: Path, name: str, source: str, bug: str, builtin: bool, filename: str) -> None:
+    for build in ("planted", "fixed"):
+        directory = root / build / name
+        directory.mkdir(parents=True)
+        (directory / filename).write_text(source)
+        if build == "planted":
+            where = "torch (SDPA, CPU flash op)" if builtin else "mykernel"
+            (directory / "conftest.py").write_text(CONFTEST.format(bug=bug, builtin=builtin, where=where))
+
+
+@pytest.fixture(scope="module")
+def exported(stored: str, kernels: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every stored failure exported: built-ins through the endpoint, the plugin through
+    ``attnfuzz export`` (in a subprocess for one bug, in-process for the others)."""
+    from service.cli import app
+
+    root = tmp_path_factory.mktemp("repros")
+    with TestClient(create_app(Settings(database_url=stored))) as client:
+        for bug in BUGS:
+            response = client.get(f"/api/cases/{_case(bug, 100).case_id}/repro.py")
+            assert response.status_code == 200, response.text
+            filename = re.search(r'filename="([^"]+)"', response.headers["content-disposition"]).group(1)
+            _write_pair(root, f"builtin_{bug}", response.text, bug, True, filename)
+    env = {**{k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}, "PYTHONPATH": str(kernels["plugin"])}
+    attnfuzz = Path(sys.executable).parent / "attnfuzz"
+    for bug in BUGS:
+        case_id = _case(bug, 0).case_id
+        target = root / f"plugin_{bug}.py"
+        if bug == "drop_last_key":  # the command as a user types it, no wrapper
+            run = subprocess.run([str(attnfuzz), "export", case_id, "--db", stored, "-o", str(target)],
+                                 capture_output=True, text=True, timeout=300, env=env, cwd=root)
+            assert run.returncode == 0, run.stdout + run.stderr
+        else:
+            monkeypatch = pytest.MonkeyPatch()
+            monkeypatch.syspath_prepend(str(kernels["plugin"]))
+            try:
+                result = CliRunner().invoke(app, ["export", case_id, "--db", stored, "-o", str(target)])
+            finally:
+                monkeypatch.undo()
+            assert result.exit_code == 0, result.output
+        source = target.read_text()
+        target.unlink()
+        assert f"SIGNATURE = {BUGS[bug]!r}" in source and "BACKEND = 'mykernel'" in source
+        _write_pair(root, f"plugin_{bug}", source, bug, False, f"test_attnfuzz_mykernel_{bug}.py")
+    return root
+
+
+def _pytest_in(python: Path, directory: Path, library: Path) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env["PYTHONPATH"] = str(library)
-    return subprocess.run([str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", str(test_file)],
-                          cwd=test_file.parent, env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "--import-mode=importlib", "-W",
+         "ignore::UserWarning", str(directory)],
+        cwd=directory, env=env, capture_output=True, text=True, timeout=600,
+    )
 
 
-def test_the_exported_repro_fails_on_the_planted_library_and_passes_on_a_fixed_one(
-    fresh_venv: Path, exported: Path, tmp_path: Path
+def test_every_exported_repro_fails_on_its_planted_kernel_and_passes_on_the_fixed_one(
+    fresh_venv: Path, exported: Path, kernels: dict[str, Path]
 ) -> None:
     no_attnfuzz = subprocess.run([str(fresh_venv), "-c", "import oracle"], capture_output=True, text=True,
-                                 cwd=exported.parent, env={"PATH": os.environ["PATH"]})
+                                 cwd=exported, env={"PATH": os.environ["PATH"]})
     assert no_attnfuzz.returncode != 0, "the fresh environment must not see attnfuzz"
-    planted = _pytest_in(fresh_venv, exported, _library(tmp_path, planted=True))
-    assert planted.returncode == 1, planted.stdout + planted.stderr
-    assert "1 failed" in planted.stdout
-    assert "planted-fa4/te_window: out:all_zero" in planted.stdout
-    assert "recorded signature out:all_zero" in planted.stdout
-    fixed = _pytest_in(fresh_venv, exported, _library(tmp_path, planted=False))
-    assert fixed.returncode == 0, fixed.stdout + fixed.stderr
-    assert "1 passed" in fixed.stdout
+    count = 2 * len(BUGS)
+    planted = _pytest_in(fresh_venv, exported / "planted", kernels["lib"])
+    assert f"{count} failed" in planted.stdout, planted.stdout[-6000:] + planted.stderr[-2000:]
+    for bug, signature in BUGS.items():
+        for backend, variant in (BUILTIN[bug], ("mykernel", "default")):
+            line = f"attnfuzz {backend}/{variant}: "
+            hits = [chunk for chunk in planted.stdout.split(line)[1:] if f"(recorded signature {signature}," in chunk[:400]]
+            assert hits, f"{backend}/{variant} {bug}: no failure naming {signature}\n" + planted.stdout[-4000:]
+    assert "worst tile batch" in planted.stdout and "allowed" in planted.stdout
+    fixed = _pytest_in(fresh_venv, exported / "fixed", kernels["lib"])
+    assert fixed.returncode == 0 and f"{count} passed" in fixed.stdout, fixed.stdout[-6000:] + fixed.stderr[-2000:]
+
+
+def test_a_plugin_named_with_module_attr_exports_the_same_file(stored: str, kernels: dict[str, Path],
+                                                                tmp_path: Path, monkeypatch) -> None:
+    """Without the entry point, ``--backend module:attr`` names the plugin; the file is the same."""
+    from service.cli import app
+
+    case_id = _case("nan", 0).case_id
+    monkeypatch.syspath_prepend(str(kernels["plugin"]))
+    by_entry_point = CliRunner().invoke(app, ["export", case_id, "--db", stored, "-o", "-"])
+    assert by_entry_point.exit_code == 0, by_entry_point.output
+    plugin_only = tmp_path / "plugin_only"
+    plugin_only.mkdir()
+    (plugin_only / "attnfuzz_mykernel_plugin.py").write_text(readme_plugin())
+    monkeypatch.syspath_prepend(str(plugin_only))
+    by_spec = CliRunner().invoke(app, ["export", case_id, "--db", stored, "-o", "-",
+                                       "--backend", "attnfuzz_mykernel_plugin:MyKernelBackend"])
+    assert by_spec.exit_code == 0, by_spec.output
+    assert by_spec.stdout == by_entry_point.stdout
+    assert "MYKERNEL_KWARGS = {'causal': True" in by_spec.stdout
