@@ -288,7 +288,7 @@ INPUT_FAMILIES = ("plain", "score_offset", "llm_like")
 
 
 @st.composite
-def input_specs(draw, *, head_dim: int, backward: bool = True) -> dict:
+def input_specs(draw, *, head_dim: int, backward: bool = True, dtype: str = "bfloat16") -> dict:
     """The input fields of one case (`oracle.inputs` documents each), as keyword arguments of
     `AttentionCase`: ``input_distribution`` and one input family drawn with its parameters.
 
@@ -296,7 +296,9 @@ def input_specs(draw, *, head_dim: int, backward: bool = True) -> dict:
     * ``"score_offset"``: ``score_offset`` (one of `SCORE_OFFSETS` or any value within
       ``+-MAX_SCORE_OFFSET``) and ``score_offset_mode`` (head or row);
     * ``"llm_like"``: each of ``qk_rank`` (1-8), ``massive_channels`` (1-4), ``attention_sink``,
-      ``seq_scale_log2`` (1-3) and ``peaked_rows`` (1/8, 1/2, 1) on or off, on ``normal`` inputs;
+      ``seq_scale_log2`` (1-3) and ``peaked_rows`` (1/8, 1/2, 1) on or off, on ``normal`` inputs
+      (``massive_channels`` only for bfloat16/float16: in float32 the few big products reach
+      scores whose rounding outgrows the error model, `oracle.inputs`);
     * with ``backward``: ``dout_distribution`` (normal, tiny, large, sparse).
 
     Everything shrinks toward the first option: ``normal`` inputs, no family, normal ``dout``.
@@ -314,7 +316,7 @@ def input_specs(draw, *, head_dim: int, backward: bool = True) -> dict:
     elif family == "llm_like":
         if draw(st.booleans()):
             spec["qk_rank"] = draw(st.integers(1, min(8, head_dim)))
-        if draw(st.booleans()):
+        if dtype != "float32" and draw(st.booleans()):
             spec["massive_channels"] = draw(st.integers(1, min(4, head_dim)))
         spec["attention_sink"] = draw(st.booleans())
         if draw(st.booleans()):
@@ -447,7 +449,7 @@ def _attention_cases(
     if caps.softcap:
         softcap = draw(st.one_of(st.none(), st.sampled_from([1.0, 5.0, 30.0, 50.0]), st.floats(0.5, 100.0)))
     backward = bool(caps.backward and allow_backward and draw(st.booleans()))
-    input_spec = draw(input_specs(head_dim=head_dim, backward=backward))
+    input_spec = draw(input_specs(head_dim=head_dim, backward=backward, dtype=dtype))
     seed = draw(st.integers(0, 2**32 - 1))
     return AttentionCase(
         batch_size=batch_size,
