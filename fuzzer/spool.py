@@ -393,11 +393,9 @@ class SpoolingSink:
             )
         if op == "record_case_results":
             results = [CaseResult.from_json(r) for r in payload["results"]]
-            record_all = getattr(self.inner, "record_case_results", None)
-            if record_all is not None:
-                return record_all(payload["case_json"], payload["origin"], results, payload["build_id"], payload["worker_id"])
-            self.inner.record_case(payload["case_json"], payload["origin"])
-            return [self.inner.record_result(r, payload["build_id"], payload["worker_id"]) for r in results]
+            return self._record_case_results(
+                payload["case_json"], payload["origin"], results, payload["build_id"], payload["worker_id"]
+            )
         if op == "record_minimised":
             extra = {}  # entries spooled before attach/worker_id existed have neither
             if payload.get("worker_id") is not None or payload.get("attach"):
@@ -554,14 +552,31 @@ class SpoolingSink:
         from oracle.config import AttentionCase
 
         AttentionCase.from_json(case_json)  # bad input is refused here, never spooled
-        payload = {
-            "case_json": case_json,
-            "origin": origin,
-            "results": [r.to_json() for r in results],
-            "build_id": build_id,
-            "worker_id": worker_id,
-        }
-        written, value = self._write("record_case_results", payload)
+
+        def payload() -> dict[str, Any]:  # built only when the write is spooled
+            return {
+                "case_json": case_json,
+                "origin": origin,
+                "results": [r.to_json() for r in results],
+                "build_id": build_id,
+                "worker_id": worker_id,
+            }
+
+        if not len(self.spool) and self._due():  # the usual case: straight to the database
+            try:
+                value = self._record_case_results(case_json, origin, results, build_id, worker_id)
+            except SinkUnavailableError as exc:
+                self._unavailable(exc)
+                written, value = self._write("record_case_results", payload())  # spooled: not due now
+            except SinkFatalError:
+                self.spool.append("record_case_results", payload())  # kept for a later run; the worker stops
+                self.spooled += 1
+                raise
+            else:
+                self._available()
+                written = True
+        else:
+            written, value = self._write("record_case_results", payload())
         if self.ledger is not None:
             for result in results:
                 self.ledger.write(
@@ -577,6 +592,15 @@ class SpoolingSink:
                     written=written,
                 )
         return list(value) if written else [None] * len(results)
+
+    def _record_case_results(
+        self, case_json: dict[str, Any], origin: str, results: list[CaseResult], build_id: int, worker_id: int | None
+    ) -> list[BucketUpdate | None]:
+        record_all = getattr(self.inner, "record_case_results", None)
+        if record_all is not None:
+            return record_all(case_json, origin, results, build_id, worker_id)
+        self.inner.record_case(case_json, origin)
+        return [self.inner.record_result(r, build_id, worker_id) for r in results]
 
     def record_minimised(
         self, bucket_id: int, minimised_case_json: dict[str, Any], original_case_id: str, note: str

@@ -83,6 +83,8 @@ SQLITE_REFUSED_MESSAGES = {
     "disk i/o error": "disk I/O error",
 }
 DEFAULT_RETRIES = 5
+RESULT_KEY = ["case_id", "build_id", "backend", "variant", "phase"]  # a result is stored once per key
+RESULT_ROWS_PER_INSERT = 40  # rows per multi-row INSERT (18 parameters each, well inside SQLite's limit)
 WORKER_STATUSES = ("running", "stopping", "stopped", "failed", "lost")
 
 
@@ -405,20 +407,71 @@ class SqlStore:
                 raise FieldValidationError(
                     "case_id", f"result of {r.backend}/{r.variant} has case_id {r.case_id!r}, not {attention_case.case_id!r}"
                 )
-        writers = [self._result_writer(r, build_id, worker_id, check=False) for r in results]
 
         def run(connection: Connection) -> list[BucketUpdate | None]:
             self._insert_case(connection, attention_case, origin)
             self._check_build_worker(connection, build_id, worker_id)
-            return [write(connection) for write in writers]
+            # every result row in one multi-row INSERT ... ON CONFLICT DO NOTHING RETURNING (the
+            # first of a key repeated within the call is the one inserted); then, per failure, its
+            # bucket, and per already-stored key the stored row's bucket, as `record_result` does
+            now = utcnow()
+            first: dict[tuple[str, str, str], int] = {}
+            rows = []
+            for i, r in enumerate(results):
+                if (r.backend, r.variant, r.phase) not in first:
+                    first[(r.backend, r.variant, r.phase)] = i
+                    rows.append(self._result_values(r, build_id, worker_id, now))
+            insert = postgresql.insert if connection.dialect.name == "postgresql" else sqlite.insert
+            inserted: set[tuple[str, str, str]] = set()
+            for start in range(0, len(rows), RESULT_ROWS_PER_INSERT):
+                statement = (
+                    insert(Result.__table__)
+                    .values(rows[start : start + RESULT_ROWS_PER_INSERT])
+                    .on_conflict_do_nothing(index_elements=RESULT_KEY)
+                    .returning(Result.backend, Result.variant, Result.phase)
+                )
+                inserted.update(tuple(row) for row in connection.execute(statement))
+            updates: list[BucketUpdate | None] = []
+            for i, r in enumerate(results):
+                fresh = first[(r.backend, r.variant, r.phase)] == i and (r.backend, r.variant, r.phase) in inserted
+                if fresh and not r.is_failure:
+                    updates.append(None)
+                else:
+                    updates.append(self._result_writer(r, build_id, worker_id, check=False, inserted=fresh)(connection))
+            return updates
 
         return self._tx.write(run)
 
+    @staticmethod
+    def _result_values(result: CaseResult, build_id: int, worker_id: int | None, now: datetime) -> dict[str, Any]:
+        """The ``results`` row of ``result``."""
+        return {
+            "case_id": result.case_id,
+            "build_id": build_id,
+            "worker_id": worker_id,
+            "backend": result.backend,
+            "variant": result.variant,
+            "status": result.status,
+            "signature": result.signature,
+            "signatures": list(result.signatures),
+            "metrics": result.metrics,
+            "error_ratio": result.error_ratio,
+            "run_ms": result.run_ms,
+            "compile_ms": result.compile_ms,
+            "oracle_ms": result.oracle_ms,
+            "detail": result.detail,
+            "backend_version": result.backend_version,
+            "selected_kernel": result.selected_kernel,
+            "phase": result.phase,
+            "created_at": now,
+        }
+
     def _result_writer(
-        self, result: CaseResult, build_id: int, worker_id: int | None, check: bool = True
+        self, result: CaseResult, build_id: int, worker_id: int | None, check: bool = True, inserted: bool | None = None
     ) -> Callable[[Connection], BucketUpdate | None]:
         """The write of `record_result` as a function of a connection (``check``: verify that the
-        case, build and worker exist first). Stores ``result`` once per
+        case, build and worker exist first; ``inserted``: the result row was already written by
+        the caller, True, or was there before, False). Stores ``result`` once per
         ``(case_id, build_id, backend, variant, phase)``.
 
         A failing result is counted in its bucket ``(backend, variant, signature)``, created on
@@ -434,30 +487,13 @@ class SqlStore:
 
         def run(connection: Connection) -> BucketUpdate | None:
             now = utcnow()
-            values = {
-                "case_id": result.case_id,
-                "build_id": build_id,
-                "worker_id": worker_id,
-                "backend": result.backend,
-                "variant": result.variant,
-                "status": result.status,
-                "signature": result.signature,
-                "signatures": list(result.signatures),
-                "metrics": result.metrics,
-                "error_ratio": result.error_ratio,
-                "run_ms": result.run_ms,
-                "compile_ms": result.compile_ms,
-                "oracle_ms": result.oracle_ms,
-                "detail": result.detail,
-                "backend_version": result.backend_version,
-                "selected_kernel": result.selected_kernel,
-                "phase": result.phase,
-                "created_at": now,
-            }
-            conflict = ["case_id", "build_id", "backend", "variant", "phase"]
             if check:
                 self._check_references(connection, result.case_id, build_id, worker_id)
-            result_id = _insert_ignore(connection, Result.__table__, values, conflict)
+            if inserted is None:
+                values = self._result_values(result, build_id, worker_id, now)
+                result_id = _insert_ignore(connection, Result.__table__, values, RESULT_KEY)
+            else:
+                result_id = 1 if inserted else None
             if result_id is None:
                 return self._stored_bucket(connection, result, build_id)
             if not result.is_failure:
