@@ -224,19 +224,6 @@ def group_by_case(tasks: Iterable[ReplayTask]) -> list[tuple[AttentionCase, list
 
 
 # ------------------------------------------------------------------------------------ in process
-class _NullSink:
-    """The sink of a replaying worker: replays record nothing themselves (``record=False``)."""
-
-    def register_build(self, fingerprint: BuildFingerprint) -> int:
-        return 0
-
-    def register_worker(self, build_id: int, hostname: str, pid: int, device: str, slot: str | None = None) -> int:
-        return 0
-
-    def __getattr__(self, name: str) -> Any:
-        raise AttributeError(f"a replay records nothing through its sink (called {name})")
-
-
 def resolve_device(device: str, backends: Iterable[Any]) -> str:
     """``"cpu"``/``"cuda"`` as given; ``"auto"``: cuda when one of ``backends`` wants it and a CUDA
     device is visible, else cpu.
@@ -286,8 +273,8 @@ def replay_here(
     """
     from fuzzer.backends.base import BackendError
     from fuzzer.environment import current_fingerprint
+    from fuzzer.evaluate import Evaluator
     from fuzzer.registry import load_spec
-    from fuzzer.worker import Worker, WorkerConfig, WorkerError
 
     if isolation not in ("process", "none"):
         raise ReplayError(f"isolation: unknown value {isolation!r} (allowed: process, none)")
@@ -315,7 +302,8 @@ def replay_here(
         # with ATTNFUZZ_CUDNN, the flash-attn-4 build flash_attn.cute came from)
         from fuzzer.executor import executor_runtime
 
-        runtime = executor_runtime(worker._executor) if worker is not None and worker._executor is not None else None
+        executor = None if evaluator is None else evaluator.executor
+        runtime = executor_runtime(executor) if executor is not None else None
         found = current_fingerprint(resolved_device, runtime)
         versions: dict[str, str] = {}
         for backend, _ in loaded.values():
@@ -324,25 +312,14 @@ def replay_here(
 
     results: list[CaseResult] = []
     skips: list[Skip] = []
-    worker = None
+    evaluator = None
     if loaded:
-        config = WorkerConfig(
-            backends=list(loaded.values()),
-            device=resolved_device,
-            time_budget_s=None,
-            shrink=False,
-            replay_known=False,
-            isolation=isolation,
-            case_timeout_s=case_timeout_s,
+        evaluator = Evaluator(
+            list(loaded.values()), device=resolved_device, case_timeout_s=case_timeout_s, isolation=isolation
         )
-        worker = Worker(config, _NullSink())
     try:
-        if worker is not None:
-            try:
-                worker.open()
-            except WorkerError:
-                pass  # every loaded backend is unavailable; worker.unavailable says why
-            unavailable.update(worker.unavailable)
+        if evaluator is not None:
+            unavailable.update(evaluator.open())  # each unavailable backend's reason
         fingerprint, packages = build()
         emit({"kind": "build", "fingerprint": fingerprint.to_json(), "packages": packages})
         for case, case_tasks in group_by_case(tasks):
@@ -360,12 +337,12 @@ def replay_here(
             if not runnable:
                 continue
             emit({"kind": "start", "case_id": case.case_id, "tasks": [list(t) for t in runnable]})
-            for result in worker.evaluate(case, phase="replay", tasks=runnable, record=False):
+            for result in evaluator.evaluate(case, phase="replay", tasks=runnable).results:
                 results.append(result)
                 emit({"kind": "result", "result": result.to_json()})
     finally:
-        if worker is not None:
-            worker.close()
+        if evaluator is not None:
+            evaluator.close()
     return ReplayOutcome(
         tuple(tasks), fingerprint, packages, tuple(results), tuple(skips), None, time.monotonic() - started
     )
