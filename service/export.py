@@ -381,6 +381,12 @@ def needed_tensors(case: AttentionCase) -> tuple[str, ...]:
     return TENSOR_NAMES if case.backward else TENSOR_NAMES[:2]
 
 
+def required_tensors(case: AttentionCase) -> tuple[str, ...]:
+    """The tensors a repro needs an allowance for: out and, for backward cases, dq, dk, dv (lse
+    only when stored: many APIs return none, and the file skips what it has no allowance for)."""
+    return tuple(name for name in needed_tensors(case) if name != "lse")
+
+
 # --------------------------------------------------------------------------- export checks
 def stored_statuses(session: Any, case_id: str, backend: str, variant: str) -> list[tuple[str, str]]:
     """``(status, detail)`` of the stored results of ``case_id`` on ``backend``/``variant``,
@@ -477,8 +483,8 @@ def export_target(
         if reason is not None:
             raise ExportError("force", reason + "; pass --force (API: force=true) to export it anyway")
     allowance = stored_allowance(case, _case_metrics(session, case_id))
-    missing = [name for name in needed_tensors(case) if name not in allowance]
-    if missing or any(allowance[n].tiles is None for n in needed_tensors(case)):
+    missing = [name for name in required_tensors(case) if name not in allowance]
+    if missing or any(a.tiles is None for a in allowance.values()):
         if compute_missing:
             allowance = computed_allowance(case)
         elif missing:
@@ -975,18 +981,21 @@ def render_repro(
         allowance = {n: Allowance(float(x)) for n, x in allowed.items()}
     if allowance is None:
         allowance = computed_allowance(case)
-    missing = [n for n in needed_tensors(case) if n not in allowance]
+    missing = [n for n in required_tensors(case) if n not in allowance]
     if missing:
         raise ExportError("allowance", f"no allowed error for {', '.join(missing)}")
+    judged = [n for n in needed_tensors(case) if n in allowance]
 
     from oracle import compare, inputs
 
     packages = ", ".join(("torch", "pytest", *call.packages))
-    untiled = [n for n in needed_tensors(case) if allowance[n].tiles is None]
+    untiled = [n for n in judged if allowance[n].tiles is None]
     tile_note = (
         f"Tile allowances were not stored for {', '.join(untiled)}: those are judged whole only."
         if untiled else "Every tensor is judged whole and per tile, as attnfuzz judged it."
     )
+    if "lse" not in judged:
+        tile_note += " No lse allowance was stored (the recorded call returned none): lse is not judged."
     recorded_text = _recorded_text(recorded)
     doc = textwrap.dedent(
         f"""\
@@ -1049,7 +1058,7 @@ def render_repro(
         "input_distribution": case.input_distribution,
         "seed": case.seed,
         "device": call.device,
-        "allowed": {n: allowance_literal(allowance[n]) for n in needed_tensors(case)},
+        "allowed": {n: allowance_literal(allowance[n]) for n in judged},
         "tile_rows": compare.TILE_ROWS,
         # +-inf on rows without a visible key is accepted anyway; only a finite sentinel needs naming
         "masked_row_lse": call.masked_row_lse if _finite_float(call.masked_row_lse) else None,
