@@ -15,7 +15,6 @@ intra-op thread, ``$ATTNFUZZ_TORCH_THREADS`` to change it): the worker and its c
 on the cores, and torch's default of one thread per core makes every process spin and contend on a
 loaded machine (4 to 18 times slower per case on a busy 2-core machine than one thread).
 
-
 A child that dies (segfault, abort, a CUDA fatal error that poisons its context) turns the backend
 call in flight into a ``crash`` outcome with the last lines of the child's stderr; one that runs
 past the timeout is killed and becomes ``timeout``; ``torch.OutOfMemoryError``, ``MemoryError``
@@ -187,7 +186,6 @@ def unpack_output(output: Any) -> Any:
     for name in ("out", "lse", "dq", "dk", "dv"):
         setattr(output, name, _unpack(getattr(output, name)))
     return output
-
 
 
 def _die_with_parent() -> None:
@@ -534,6 +532,7 @@ class ChildProcessExecutor:
         self.start_timeout_s = start_timeout_s
         self.memory_limit_bytes = memory_limit_bytes
         self.memory_poll_s = memory_poll_s
+        self._owns_log_dir = log_dir is None  # a temporary directory of our own: removed by close()
         self.log_dir = log_dir or tempfile.mkdtemp(prefix="attnfuzz-children-")
         self._ctx = multiprocessing.get_context("spawn")
         self._children: dict[str, _Child] = {}
@@ -560,6 +559,7 @@ class ChildProcessExecutor:
         for b, _ in self.backends.values():
             if b.environment == environment:
                 env_vars.update(b.env_vars)
+        os.makedirs(self.log_dir, exist_ok=True)  # close() removed it: a child started after close
         log_path = os.path.join(self.log_dir, f"{environment}.{len(os.listdir(self.log_dir))}.log")
         parent_conn, child_conn = self._ctx.Pipe(duplex=True)
         process = self._ctx.Process(
@@ -735,7 +735,8 @@ class ChildProcessExecutor:
         return TaskOutcome(name, variant, "crash", detail=f"child exited with code {code}\n{tail}")
 
     def close(self) -> None:
-        """Stop every child (politely, then by force)."""
+        """Stop every child (politely, then by force) and remove the temporary stderr directory
+        this executor made (one given as ``log_dir`` is kept)."""
         for environment, child in list(self._children.items()):
             try:
                 child.conn.send(("stop",))
@@ -743,6 +744,10 @@ class ChildProcessExecutor:
                 pass
             child.process.join(5)
             self._kill(environment)
+        if self._owns_log_dir:
+            import shutil
+
+            shutil.rmtree(self.log_dir, ignore_errors=True)
 
     def __enter__(self) -> ChildProcessExecutor:
         return self

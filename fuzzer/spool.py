@@ -36,6 +36,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import random
 import sqlite3
@@ -354,7 +355,7 @@ class SpoolingSink:
         self.startup_timeout_s = startup_timeout_s
         self._clock = clock
         self._sleep = sleep
-        self._log = log or (lambda line: print(f"attnfuzz spool: {line}", file=sys.stderr, flush=True))
+        self._log = log or (lambda line: logging.getLogger("attnfuzz.spool").warning("%s", line))
         self._delay_s = 0.0
         self._next_try = 0.0
         self.outages = 0  # times the database went away

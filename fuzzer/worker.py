@@ -44,7 +44,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from hypothesis import HealthCheck, Phase, Verbosity, given, seed, settings, target
+from hypothesis import HealthCheck, Phase, Verbosity, event, given, seed, settings, target
 from hypothesis import strategies as st
 from hypothesis.database import ExampleDatabase
 
@@ -426,6 +426,8 @@ class Worker:
                 return  # finish the chunk quickly (reject() would make Hypothesis report it)
             target_name, case = drawn
             results = self.evaluate(case, phase="fuzz")
+            for result in results:  # what observability tools (HYPOTHESIS_EXPERIMENTAL_OBSERVABILITY) show
+                event(f"{result.backend}/{result.variant}: {result.status}")
             if target_name is not None:
                 self.stats.targeted[target_name] += 1
             count_case(results, self.stats.runnable, self.stats.unsupported)
@@ -439,7 +441,7 @@ class Worker:
             max_examples=c.chunk_size,
             phases=[Phase.reuse, Phase.generate, Phase.target],
             deadline=None,
-            suppress_health_check=list(HealthCheck),
+            suppress_health_check=[HealthCheck.too_slow],  # kernels are slow; other checks flag strategy bugs
             verbosity=Verbosity.quiet,
             report_multiple_bugs=False,
         )(test)

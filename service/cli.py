@@ -151,7 +151,7 @@ class RichReporter:
         self.live.start()
         if worker.unavailable:
             for name, reason in worker.unavailable.items():
-                console.print(f"[yellow]skipping {name}:[/] {reason}")
+                log.warning("skipping %s: %s", name, reason)
 
     def on_case(self, case, results: list[CaseResult], stats: WorkerStats) -> None:
         elapsed = time.monotonic() - self.started
@@ -501,14 +501,14 @@ def _fuzz_on_gpus(gpus: str, url: str) -> None:
         log = open(f"attnfuzz-gpu{index}.log", "w")
         cmd = [sys.executable, "-m", "attnfuzz", *cleaned, "--quiet", "--device", "cuda"]
         processes.append((index, subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT), log))
-        console.print(f"worker on GPU {index}: pid {processes[-1][1].pid}, log attnfuzz-gpu{index}.log")
+        log.warning("worker on GPU %s: pid %s, log attnfuzz-gpu%s.log", index, processes[-1][1].pid, index)
     failed = 0
     for index, process, log in processes:
         code = process.wait()
         log.close()
         if code:
             failed += 1
-            console.print(f"[red]worker on GPU {index} exited with {code}[/]")
+            log.error("worker on GPU %s exited with %s", index, code)
     if failed:
         raise WorkerError(f"{failed} of {len(processes)} GPU workers failed (see attnfuzz-gpu*.log)")
 

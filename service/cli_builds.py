@@ -34,7 +34,7 @@ import typer
 from rich.table import Table
 
 from oracle.errors import AttnFuzzError
-from service.cli_common import DbOption, console, db_url, exit_code, fail, migrate, out
+from service.cli_common import DbOption, console, db_url, exit_code, fail, log, migrate, out
 
 EXIT_BUILD = 8
 EXIT_MISMATCH = 9
@@ -59,7 +59,14 @@ WheelhouseOption = Annotated[
 RulesOption = Annotated[
     Optional[str], typer.Option("--rules", help="Extra-package rules (TOML; default fuzzer/build_rules.toml).")
 ]
-InstallerOption = Annotated[str, typer.Option("--installer", help="unpack (unzip, as gpu_stage.py) or pip.")]
+InstallerOption = Annotated[
+    str,
+    typer.Option(
+        "--installer",
+        help="auto (uv when available, else unpack), uv (uv pip install --offline --no-deps --target), "
+        "unpack (unzip, as gpu_stage.py) or pip.",
+    ),
+]
 AllowMissingOption = Annotated[
     bool,
     typer.Option(
@@ -260,7 +267,7 @@ def builds_prepare(
     builds_dir: BuildsDirOption = None,
     build_dir: BuildDirOption = None,
     rules: RulesOption = None,
-    installer: InstallerOption = "unpack",
+    installer: InstallerOption = "auto",
     force: Annotated[bool, typer.Option("--force", help="Prepare again even when up to date.")] = False,
     allow_missing: AllowMissingOption = False,
 ) -> None:
@@ -296,7 +303,7 @@ def builds_prepare(
                 )
             except BuildPrepareError as exc:
                 failures += 1
-                console.print(f"[red]cannot adopt {directory}:[/] {exc}")
+                log.error("cannot adopt %s: %s", directory, exc)
         versions = list(version or (wheelhouse_versions(wheelhouse, name) if wheelhouse else []))
         for v in versions:
             try:
@@ -308,7 +315,7 @@ def builds_prepare(
                 )
             except BuildPrepareError as exc:
                 failures += 1
-                console.print(f"[red]cannot prepare {name}=={v}:[/] {exc}")
+                log.error("cannot prepare %s==%s: %s", name, v, exc)
     except AttnFuzzError as exc:
         _fail(exc)
     table = Table(title=f"{len(prepared)} build environment(s) of {package}")
@@ -380,7 +387,7 @@ def builds_replay(
     wheelhouse: WheelhouseOption = None,
     version: Annotated[Optional[list[str]], typer.Option("--version", help="Only these versions; repeatable.")] = None,
     rules: RulesOption = None,
-    installer: InstallerOption = "unpack",
+    installer: InstallerOption = "auto",
     allow_missing: AllowMissingOption = False,
     backend: BackendOption = None,
     corpus: Annotated[Optional[str], typer.Option("--corpus", help="Corpus directory ('' for none).")] = "corpus",
@@ -425,7 +432,7 @@ def builds_replay(
                 try:
                     environments.append((v, selection.environment(v)))
                 except BuildPrepareError as exc:
-                    console.print(f"[yellow]skipping {selection.package}=={v}:[/] {exc}")
+                    log.warning("skipping %s==%s: %s", selection.package, v, exc)
             with ThreadPoolExecutor(max_workers=jobs) as pool:
                 futures = [
                     (v, pool.submit(replay_in_build, env, tasks, pairs, device=device, isolation=isolation, case_timeout_s=case_timeout))
@@ -626,7 +633,7 @@ def bisect(
     build_dir: BuildDirOption = None,
     wheelhouse: WheelhouseOption = None,
     rules: RulesOption = None,
-    installer: InstallerOption = "unpack",
+    installer: InstallerOption = "auto",
     allow_missing: AllowMissingOption = False,
     reuse: Annotated[
         bool,

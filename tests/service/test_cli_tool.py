@@ -243,12 +243,14 @@ class LocalBackend(CorrectBackend):
 @pytest.mark.slow
 def test_ctrl_c_during_fuzz_prints_what_was_stored_and_where(tmp_path: Path) -> None:
     """``--backend localk:LocalBackend`` with localk.py in the cwd is found; a Ctrl-C in the middle
-    of the run exits 130 after printing the summary (here as --json) naming the database."""
+    of the run exits 130 after printing the summary (here as --json) naming the database; with
+    Hypothesis observability on, each test case carries an event per backend variant status."""
     (tmp_path / "localk.py").write_text(LOCALK)
     run = _attnfuzz(
         "fuzz", "--backend", "localk:LocalBackend", "--isolation", "none", "--max-cases", "200", "--db", "run.db",
         "--no-shrink", "--no-replay", "--corpus", "", "--json", "--spool-dir", str(tmp_path / "spool"),
-        cwd=tmp_path, env={"PYTHONPATH": str(ROOT), "LOCALK_INTERRUPT_AT": "4"},
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(ROOT), "LOCALK_INTERRUPT_AT": "4", "HYPOTHESIS_EXPERIMENTAL_OBSERVABILITY": "1"},
     )
     assert run.returncode == 130, run.stdout + run.stderr
     summary = json.loads(run.stdout)
@@ -259,3 +261,7 @@ def test_ctrl_c_during_fuzz_prints_what_was_stored_and_where(tmp_path: Path) -> 
     stored = _invoke("cases", "list", "--json", "--db", f"sqlite:///{tmp_path / 'run.db'}")
     assert stored.exit_code == 0, stored.output
     assert 1 <= json.loads(stored.stdout)["total"] <= summary["cases"]  # de-duplicated by case_id
+    observed = [json.loads(line) for path in (tmp_path / ".hypothesis" / "observed").glob("*_testcases.jsonl")
+                for line in path.read_text().splitlines() if line.strip()]
+    features = [f for case in observed if case.get("type") == "test_case" for f in case.get("features", {})]
+    assert any(f.startswith("localk/") and f.endswith(": pass") for f in features), features[:20]
