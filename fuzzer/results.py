@@ -229,12 +229,17 @@ class MinimiseClaim:
         key: its ``(backend, variant, signature)``.
         case_json: ``AttentionCase.to_json()`` of the bucket's first case: where shrinking starts.
         attempt: how many times this bucket has been claimed, this claim included.
+        siblings: ``(bucket_id, key)`` of the buckets leased with it: the same backend, signature
+            and first case through other variants (one failure seen through several API
+            variants). One minimisation serves them all: the worker re-checks them on the
+            minimised case and attaches those that still fail (``record_minimised(attach=...)``).
     """
 
     bucket_id: int
     key: tuple[str, str, str]
     case_json: dict[str, Any]
     attempt: int
+    siblings: tuple[tuple[int, tuple[str, str, str]], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -279,8 +284,19 @@ class ResultSink(Protocol):
         ...
 
     def record_minimised(
-        self, bucket_id: int, minimised_case_json: dict[str, Any], original_case_id: str, note: str
-    ) -> None: ...
+        self,
+        bucket_id: int,
+        minimised_case_json: dict[str, Any],
+        original_case_id: str,
+        note: str,
+        *,
+        worker_id: int | None = None,
+        attach: Any = (),
+    ) -> Any:
+        """Point the bucket at its minimised case, in the root-cause group of ``(backend, that
+        case)``; attach the ``(variant, signature)`` buckets of ``attach`` that fail on it; end
+        ``worker_id``'s sibling leases (see `service.store.SqlStore.record_minimised`)."""
+        ...
 
     def known_bucket_keys(self) -> set[tuple[str, str, str]]: ...
 

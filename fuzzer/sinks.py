@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fuzzer.results import BucketUpdate, BuildFingerprint, CaseResult, MinimiseClaim
+from fuzzer.severity import severity
 
 
 @dataclass
@@ -25,6 +26,9 @@ class MemoryBucket:
     owner: int | None = None
     lease_expires: float = 0.0  # time.monotonic() seconds
     attempts: int = 0
+    severity: str = "wrong"  # fuzzer.severity, from the signature and max_error_ratio
+    max_error_ratio: float | None = None
+    defect_id: int | None = None  # root-cause group: (backend, minimised case_id) -> id in MemorySink.defects
 
 
 @dataclass
@@ -34,6 +38,7 @@ class MemorySink:
     cases: dict[str, dict[str, Any]] = field(default_factory=dict)
     results: dict[tuple, CaseResult] = field(default_factory=dict)
     buckets: dict[tuple[str, str, str], MemoryBucket] = field(default_factory=dict)
+    defects: dict[tuple[str, str], int] = field(default_factory=dict)  # (backend, case_id) -> defect id
 
     def register_build(self, fingerprint: BuildFingerprint) -> int:
         return self.builds.setdefault(fingerprint.fingerprint_id, len(self.builds) + 1)
@@ -74,19 +79,34 @@ class MemorySink:
                 continue
             bucket.owner, bucket.lease_expires = worker_id, now + lease_s
             bucket.attempts += 1
-            return MinimiseClaim(bucket.bucket_id, key, self.cases[bucket.first_case_id]["config"], bucket.attempts)
+            siblings = []
+            for sibling in self._siblings(bucket):
+                if sibling.attempts >= max_attempts or (sibling.owner is not None and sibling.lease_expires >= now):
+                    continue
+                sibling.owner, sibling.lease_expires = worker_id, now + lease_s
+                sibling.attempts += 1
+                siblings.append((sibling.bucket_id, sibling.key))
+            return MinimiseClaim(
+                bucket.bucket_id, key, self.cases[bucket.first_case_id]["config"], bucket.attempts, tuple(sorted(siblings))
+            )
         return None
 
     def renew_minimisation(self, bucket_id: int, worker_id: int, lease_s: float) -> bool:
         for bucket in self.buckets.values():
             if bucket.bucket_id == bucket_id and bucket.owner == worker_id and bucket.minimised_case is None:
                 bucket.lease_expires = time.monotonic() + lease_s
+                for sibling in self._siblings(bucket):
+                    if sibling.owner == worker_id:
+                        sibling.lease_expires = bucket.lease_expires
                 return True
         return False
 
     def release_minimisation(self, bucket_id: int, worker_id: int, outcome: str) -> None:
-        for bucket in self.buckets.values():
+        for bucket in list(self.buckets.values()):
             if bucket.bucket_id == bucket_id and bucket.owner == worker_id:
+                for sibling in self._siblings(bucket):
+                    if sibling.owner == worker_id:
+                        sibling.owner = None
                 bucket.owner, bucket.note = None, outcome
 
     def record_case(self, case_json: dict[str, Any], origin: str) -> str:
@@ -105,11 +125,18 @@ class MemorySink:
         if bucket_key is None:
             return None
         bucket = self.buckets.get(bucket_key)
+        ratio = result.error_ratio
         if bucket is None:
-            bucket = MemoryBucket(len(self.buckets) + 1, bucket_key, result.case_id)
+            bucket = MemoryBucket(
+                len(self.buckets) + 1, bucket_key, result.case_id, severity=severity(result.signature, ratio),
+                max_error_ratio=ratio,
+            )
             self.buckets[bucket_key] = bucket
             return BucketUpdate(bucket.bucket_id, True)
         bucket.hit_count += 1
+        if ratio is not None and (bucket.max_error_ratio is None or bucket.max_error_ratio < ratio):
+            bucket.max_error_ratio = ratio
+        bucket.severity = severity(result.signature, bucket.max_error_ratio)
         return BucketUpdate(bucket.bucket_id, False)
 
     def record_case_results(
@@ -119,14 +146,51 @@ class MemorySink:
         self.record_case(case_json, origin)
         return [self.record_result(r, build_id, worker_id) for r in results]
 
-    def record_minimised(self, bucket_id: int, minimised_case_json: dict[str, Any], original_case_id: str, note: str) -> None:
-        for bucket in self.buckets.values():
-            if bucket.bucket_id == bucket_id:
-                bucket.minimised_case = minimised_case_json
-                bucket.note = note
-                bucket.owner = None
-                return
-        raise KeyError(f"bucket_id: no bucket {bucket_id}")
+    def _siblings(self, primary: MemoryBucket) -> list[MemoryBucket]:
+        """Buckets claimed with ``primary`` (`service.store.SqlStore._siblings`)."""
+        return [
+            b for b in self.buckets.values()
+            if b is not primary and b.key[0] == primary.key[0] and b.key[2] == primary.key[2]
+            and b.first_case_id == primary.first_case_id and b.minimised_case is None
+        ]
+
+    def record_minimised(
+        self,
+        bucket_id: int,
+        minimised_case_json: dict[str, Any],
+        original_case_id: str,
+        note: str,
+        *,
+        worker_id: int | None = None,
+        attach: Any = (),
+    ) -> list[int]:
+        """As `service.store.SqlStore.record_minimised`: the bucket, its defect, the attached
+        buckets (ids returned) and the end of ``worker_id``'s sibling leases."""
+        from oracle.config import AttentionCase
+
+        primary = next((b for b in self.buckets.values() if b.bucket_id == bucket_id), None)
+        if primary is None:
+            raise KeyError(f"bucket_id: no bucket {bucket_id}")
+        case_id = AttentionCase.from_json(minimised_case_json).case_id
+        self.cases.setdefault(case_id, {"config": minimised_case_json, "origin": "minimised"})
+        defect_id = self.defects.setdefault((primary.key[0], case_id), len(self.defects) + 1)
+        siblings = self._siblings(primary)
+        primary.minimised_case, primary.note, primary.owner, primary.defect_id = minimised_case_json, note, None, defect_id
+        now, attached = time.monotonic(), []
+        for variant, signature in attach:
+            bucket = self.buckets.get((primary.key[0], variant, signature))
+            if bucket is None or bucket is primary or bucket.minimised_case is not None:
+                continue
+            if bucket.owner not in (None, worker_id) and bucket.lease_expires >= now:
+                continue
+            bucket.minimised_case, bucket.owner, bucket.defect_id = minimised_case_json, None, defect_id
+            bucket.note = f"attached: fails as {signature} on the minimised case of bucket {bucket_id}"
+            attached.append(bucket.bucket_id)
+        if worker_id is not None:
+            for bucket in siblings:
+                if bucket.owner == worker_id and bucket.minimised_case is None:
+                    bucket.owner = None
+        return attached
 
     def known_bucket_keys(self) -> set[tuple[str, str, str]]:
         return set(self.buckets)

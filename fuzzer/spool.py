@@ -402,7 +402,7 @@ class SpoolingSink:
             if payload.get("worker_id") is not None or payload.get("attach"):
                 extra = {"worker_id": payload.get("worker_id"), "attach": [tuple(a) for a in payload.get("attach", [])]}
             return self.inner.record_minimised(
-                payload["bucket_id"], payload["minimised_case_json"], payload["original_case_id"], payload["note"]
+                payload["bucket_id"], payload["minimised_case_json"], payload["original_case_id"], payload["note"], **extra
             )
         if op == "release_minimisation":
             return self.inner.release_minimisation(payload["bucket_id"], payload["worker_id"], payload["outcome"])
@@ -604,19 +604,30 @@ class SpoolingSink:
         return [self.inner.record_result(r, build_id, worker_id) for r in results]
 
     def record_minimised(
-        self, bucket_id: int, minimised_case_json: dict[str, Any], original_case_id: str, note: str
-    ) -> None:
-        self._write(
+        self,
+        bucket_id: int,
+        minimised_case_json: dict[str, Any],
+        original_case_id: str,
+        note: str,
+        *,
+        worker_id: int | None = None,
+        attach: Any = (),
+    ) -> Any:
+        """Store or spool it; the attached bucket ids when stored now, None when spooled."""
+        written, value = self._write(
             "record_minimised",
             {
                 "bucket_id": bucket_id,
                 "minimised_case_json": minimised_case_json,
                 "original_case_id": original_case_id,
                 "note": note,
+                "worker_id": worker_id,
+                "attach": [list(a) for a in attach],
             },
         )
         if self.ledger is not None:
             self.ledger.write("minimised", bucket_id=bucket_id, case_id=original_case_id)
+        return value
 
     def release_minimisation(self, bucket_id: int, worker_id: int, outcome: str) -> None:
         self._write("release_minimisation", {"bucket_id": bucket_id, "worker_id": worker_id, "outcome": outcome})

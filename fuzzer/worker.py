@@ -55,6 +55,7 @@ from fuzzer.evaluate import normalise_masked_lse as _normalise_masked_lse
 from fuzzer.executor import TaskOutcome
 from fuzzer.minimise import MinimiseOutcome, minimise
 from fuzzer.results import CaseResult, MinimiseClaim, ResultSink
+from fuzzer.severity import is_ratio_based
 from fuzzer.coverage import DRAW_MODES, count_case, target_plan
 from fuzzer.strategies import attention_cases, default_bounds, merge_capabilities
 from oracle.config import AttentionCase
@@ -77,6 +78,20 @@ class WorkerConfig:
         seed: make generation reproducible (None = random).
         shrink: minimise the first failure of each new bucket.
         shrink_deadline_s: wall-clock budget per minimisation, seconds.
+        shrink_share: the largest share of the worker's wall time spent shrinking while it fuzzes
+            (0.25: a quarter). Claims are served between chunks of cases while the share allows,
+            each with a deadline cut to what keeps it (see `Worker._shrink_slice`); 1 or more: no
+            bound (every claim served at once, as before). Once ``max_cases`` is reached (at once
+            with ``max_cases=0``: a shrink-only worker) the queue is drained, bounded by
+            ``time_budget_s`` alone.
+        shrink_min_s: a minimisation starts only when it may run at least this long, seconds
+            (or ``shrink_deadline_s`` if shorter); below it the claim waits for more fuzzing.
+        shrink_error_margin: for ratio-based signatures (``<tensor>:mismatch``,
+            ``<tensor>:tile_mismatch``; `fuzzer.severity.is_ratio_based`) a smaller case still
+            fails only if its error ratio is at least ``min(shrink_error_margin, ratio of the
+            original case)``: the shrinker would otherwise stop at a case that fails by 1.0001x
+            the tolerance, which the next run or build may pass (Hypothesis's threshold
+            problem). Also required of a symptom attached to a minimised case.
         case_timeout_s: per backend call, seconds, before the child is killed.
         isolation: ``"process"`` (child processes) or ``"none"`` (in-process, tests only).
         chunk_size: Hypothesis examples per ``@given`` run.
@@ -114,6 +129,9 @@ class WorkerConfig:
     seed: int | None = None
     shrink: bool = True
     shrink_deadline_s: float = 120.0
+    shrink_share: float = 0.25
+    shrink_min_s: float = 1.0
+    shrink_error_margin: float = 2.0
     case_timeout_s: float = 120.0
     isolation: str = "process"
     chunk_size: int = 20
@@ -138,6 +156,10 @@ class WorkerConfig:
             self.minimise_lease_s = self.case_timeout_s + 2 * self.heartbeat_s + 30.0
         if not self.minimise_lease_s > 0:
             raise WorkerError(f"minimise_lease_s: must be positive, got {self.minimise_lease_s!r}")
+        if not 0 < self.shrink_share:
+            raise WorkerError(f"shrink_share: must be positive (1 or more: no bound), got {self.shrink_share!r}")
+        if not self.shrink_error_margin >= 1:
+            raise WorkerError(f"shrink_error_margin: must be at least 1, got {self.shrink_error_margin!r}")
         if self.minimise_max_attempts < 1:
             raise WorkerError(f"minimise_max_attempts: must be at least 1, got {self.minimise_max_attempts!r}")
         if self.isolation not in ("process", "none"):
@@ -172,6 +194,7 @@ class WorkerStats:
     replayed: list = field(default_factory=list)  # (bucket key, signature now or None)
     redone: list = field(default_factory=list)  # case_ids of evaluations a killed worker left
     leases_lost: int = 0  # minimisations abandoned because another worker took the bucket
+    attached: list = field(default_factory=list)  # (bucket key shrunk, bucket id attached to its minimised case)
     oracle_s: float = 0.0
     kernel_s: float = 0.0
     compile_s: float = 0.0
@@ -211,6 +234,7 @@ class Worker:
         build_history: storage of per-build replays (`fuzzer.replay.BuildHistory`, e.g.
             `service.matrix.SqlBuildHistory`); with ``config.corpus_dir`` the worker replays the
             corpus before fuzzing on a build it has not replayed yet.
+        clock: monotonic seconds for the time budget and the shrink share (tests pass a fake).
     """
 
     def __init__(
@@ -222,8 +246,10 @@ class Worker:
         fingerprint: Any = None,
         journal: Any = None,
         build_history: Any = None,
+        clock: Callable[[], float] = time.monotonic,
     ):
         self.config = config
+        self._clock = clock  # seconds, monotonic: the budgets and the shrink share (tests: a fake)
         self.sink = sink
         self.journal = journal
         self.build_history = build_history
@@ -310,7 +336,7 @@ class Worker:
             WorkerError: no selected backend is available on this machine.
         """
         self.open()
-        self._started = time.monotonic()
+        self._started = self._clock()
         self.reporter.on_start(self)
         status = "failed"
         try:
@@ -321,16 +347,16 @@ class Worker:
                 replay_on_new_build(self, self.config.corpus_dir, self.build_history)
             if self.config.replay_known:
                 self.replay_known_failures()
-            self._drain_minimisation()  # what earlier or dead workers left unfinished
+            self._drain_minimisation()  # what earlier or dead workers left (a shrink-only worker)
             chunk = 0
             while not self._budget_spent():
                 self._run_chunk(chunk)
                 chunk += 1
-                self._drain_minimisation()
+                self._drain_minimisation()  # as far as the shrink share allows
                 self._heartbeat(force=True)
             status = "stopped"
         finally:
-            self.stats.wall_s = time.monotonic() - self._started
+            self.stats.wall_s = self._clock() - self._started
             if self.worker_id is not None:
                 try:
                     self.sink.heartbeat(self.worker_id, self.stats.cases, status=status)
@@ -373,7 +399,7 @@ class Worker:
         c = self.config
         if c.max_cases is not None and self.stats.cases >= c.max_cases:
             return True
-        return c.time_budget_s is not None and time.monotonic() - self._started >= c.time_budget_s
+        return c.time_budget_s is not None and self._clock() - self._started >= c.time_budget_s
 
     def _heartbeat(self, force: bool = False) -> None:
         now = time.monotonic()
@@ -536,7 +562,7 @@ class Worker:
 
     # ------------------------------------------------------------------ minimisation
     def still_fails(
-        self, key: tuple[str, str, str], bucket_id: int | None = None
+        self, key: tuple[str, str, str], bucket_id: int | None = None, original: AttentionCase | None = None
     ) -> Callable[[AttentionCase], bool]:
         """The predicate for `minimise`: the case fails on ``key``'s backend variant with its
         signature. With ``bucket_id``, each call first renews this worker's lease on the bucket
@@ -545,42 +571,103 @@ class Worker:
         exception would be taken by Hypothesis for a failure of the case). A CP case that cannot be
         laid out (`fuzzer.cp.cp_unsupported_reasons`) answers False without running: the
         shrinker steps in valid multiples, this only guards against a backend that does not
-        declare the layout limits."""
+        declare the layout limits.
+
+        Error-ratio margin: for a ratio-based signature (`fuzzer.severity.is_ratio_based`) a case
+        other than ``original`` fails only with ``error_ratio >= min(config.shrink_error_margin,
+        r0)``, ``r0`` the smallest ratio ``original`` itself showed on its runs here (the
+        confirmations `minimise` makes first; ``shrink_error_margin`` until one is seen). So the
+        minimised case fails at least as clearly as the original did, up to the margin, instead
+        of at the edge of the tolerance. ``predicate.original_ratio`` holds ``r0``.
+        """
         backend, variant, signature = key
-        last_renewal = [time.monotonic()]
+        last_renewal = [self._clock()]
+        margin = self.config.shrink_error_margin if is_ratio_based(signature) else None
 
         def predicate(case: AttentionCase) -> bool:
             if predicate.lease_lost or cp_unsupported_reasons(case):
                 return False
-            if bucket_id is not None and time.monotonic() - last_renewal[0] >= self.config.heartbeat_s:
-                last_renewal[0] = time.monotonic()
+            if bucket_id is not None and self._clock() - last_renewal[0] >= self.config.heartbeat_s:
+                last_renewal[0] = self._clock()
                 if not self.sink.renew_minimisation(bucket_id, self.worker_id, self.config.minimise_lease_s):
                     predicate.lease_lost = True
                     return False
                 self._heartbeat()
             result = self.evaluate(case, phase="shrink", tasks=[(backend, variant)], record=False)[0]
-            return result.signature == signature
+            if result.signature != signature:
+                return False
+            if margin is None:
+                return True
+            ratio = result.error_ratio if result.error_ratio is not None else math.inf
+            if original is not None and case == original:
+                seen = predicate.original_ratio
+                predicate.original_ratio = ratio if seen is None else min(seen, ratio)
+                return True
+            floor = margin if predicate.original_ratio is None else min(margin, predicate.original_ratio)
+            return ratio >= floor
 
         predicate.lease_lost = False
+        predicate.original_ratio = None
         return predicate
 
+    def _shrink_slice(self) -> float | None:
+        """How long the next minimisation may run, seconds; None: start none now.
+
+        With ``s`` the seconds spent shrinking so far, ``w`` the wall time since `run` started
+        and ``f = config.shrink_share < 1``, a minimisation of ``d`` seconds keeps
+        ``s + d <= f (w + d)`` when ``d <= (f w - s) / (1 - f)``: the slice is that, cut to
+        ``shrink_deadline_s`` and to the time budget left, and none starts below
+        ``min(shrink_min_s, shrink_deadline_s)``. So the share of wall time spent shrinking stays
+        at most ``f`` at every point between cases, apart from the last predicate call that
+        runs past a deadline and the re-checks after it (a few evaluations).
+
+        Once ``max_cases`` cases are done (from the start with ``max_cases=0``: a shrink-only
+        worker) there is no fuzzing left to share the time with: every claim gets
+        ``shrink_deadline_s`` until the time budget plus one deadline is spent (no bound without
+        a time budget). A run that ends on its time budget shrinks nothing after it: what is left
+        waits for the next worker."""
+        c = self.config
+        wall = self._clock() - self._started
+        if c.max_cases is not None and self.stats.cases >= c.max_cases:
+            if c.time_budget_s is not None and wall >= c.time_budget_s + c.shrink_deadline_s:
+                return None
+            return c.shrink_deadline_s
+        left = None if c.time_budget_s is None else c.time_budget_s - wall
+        slice_s = c.shrink_deadline_s
+        if c.shrink_share < 1:
+            slice_s = min(slice_s, (c.shrink_share * wall - self.stats.shrink_s) / (1.0 - c.shrink_share))
+        if left is not None:
+            slice_s = min(slice_s, left)
+        return slice_s if slice_s >= min(c.shrink_min_s, c.shrink_deadline_s) else None
+
     def _drain_minimisation(self) -> None:
-        """Claim and shrink buckets until none is left to claim or the hard budget is spent."""
+        """Serve the minimisation queue between chunks of cases: claim and shrink buckets while
+        `_shrink_slice` allows one (each with that slice as its deadline) and one is claimable."""
         if not self.config.shrink:
             return
         names = [b.name for b in self.usable]
-        while not self._budget_spent_hard():
+        while (slice_s := self._shrink_slice()) is not None:
             claim = self.sink.claim_minimisation(
                 self.worker_id, names, self.config.minimise_lease_s, self.config.minimise_max_attempts
             )
             if claim is None:
                 return
-            self.minimise_claimed(claim)
+            self.minimise_claimed(claim, deadline_s=slice_s)
 
-    def minimise_claimed(self, claim: MinimiseClaim) -> MinimiseOutcome | None:
+    def minimise_claimed(self, claim: MinimiseClaim, deadline_s: float | None = None) -> MinimiseOutcome | None:
         """Shrink the claimed bucket's first case and store the result with the bucket (which
         ends the lease). Returns None when the minimisation was given up (the lease lost to
-        another worker, or a stored case that no longer validates)."""
+        another worker, or a stored case that no longer validates).
+
+        One minimisation per root cause: a minimised case is re-checked on every variant of the
+        backend (phase ``confirm``, recorded). Each failure there other than the bucket's own
+        (a sibling claimed with it, the same failure through another API variant, or another
+        signature of the same defect) is attached to it (``record_minimised(attach=...)``): that
+        bucket gets this minimised case and root-cause group and is not shrunk on its own.
+        Ratio-based symptoms attach only with ``error_ratio >= shrink_error_margin``. Siblings
+        that do not fail there go back to the queue. ``deadline_s`` (default
+        ``shrink_deadline_s``) bounds the shrink; the time counts in ``stats.shrink_s``, the
+        re-check included."""
         from oracle.errors import CaseValidationError
 
         key = claim.key
@@ -589,40 +676,62 @@ class Worker:
         except CaseValidationError as exc:
             self.sink.release_minimisation(claim.bucket_id, self.worker_id, f"not minimised: stored case invalid: {exc}")
             return None
-        t0 = time.monotonic()
-        db_key = ("attnfuzz-minimise:" + "|".join(key)).encode()
-        predicate = self.still_fails(key, claim.bucket_id)
+        t0 = self._clock()
         try:
+            db_key = ("attnfuzz-minimise:" + "|".join(key)).encode()
+            predicate = self.still_fails(key, claim.bucket_id, original=case)
             outcome = minimise(
                 case,
                 predicate,
-                deadline_s=self.config.shrink_deadline_s,
+                deadline_s=self.config.shrink_deadline_s if deadline_s is None else deadline_s,
                 database=self.example_db,
                 database_key=db_key,
                 keep_head_dims=self.backends[key[0]].jit_compiled,
+                clock=self._clock,
             )
+            if predicate.lease_lost:  # the other worker's result will be the one stored
+                self.stats.leases_lost += 1
+                return None
+            self.stats.minimised.append((key, outcome))
+            attach: list[tuple[str, str]] = []
+            if outcome.status == "minimised":
+                attach = self._recheck_symptoms(outcome.case, key)
+            attached = self.sink.record_minimised(
+                claim.bucket_id,
+                outcome.case.to_json(),
+                case.case_id,
+                f"{outcome.status}: {outcome.note}",
+                worker_id=self.worker_id,
+                attach=attach,
+            )
+            if attached:
+                self.stats.attached.extend((key, bucket_id) for bucket_id in attached)
         finally:
-            self.stats.shrink_s += time.monotonic() - t0
-        if predicate.lease_lost:  # the other worker's result will be the one stored
-            self.stats.leases_lost += 1
-            return None
-        self.stats.minimised.append((key, outcome))
-        if outcome.status == "minimised":
-            self.sink.record_case(outcome.case.to_json(), origin="minimised")
-        self.sink.record_minimised(claim.bucket_id, outcome.case.to_json(), case.case_id, f"{outcome.status}: {outcome.note}")
-        if outcome.status == "minimised":
-            confirm = self.evaluate(outcome.case, phase="confirm", tasks=[key[:2]], record=False)
-            for r in confirm:
-                self.sink.record_result(r, self.build_id, self.worker_id)
+            self.stats.shrink_s += self._clock() - t0
         self.reporter.on_minimised(key, outcome)
         return outcome
 
-    def _budget_spent_hard(self) -> bool:
-        """Minimisation may run past the budget by at most one shrink deadline."""
-        c = self.config
-        if c.time_budget_s is None:
-            return False
-        return time.monotonic() - self._started >= c.time_budget_s + c.shrink_deadline_s
+    def _recheck_symptoms(self, minimal: AttentionCase, key: tuple[str, str, str]) -> list[tuple[str, str]]:
+        """Run ``minimal`` on every variant of ``key``'s backend (phase ``confirm``), record it and
+        the results (new buckets are reported), and return the ``(variant, signature)`` of the
+        failures to attach: all but ``key``'s own, ratio-based ones only with ``error_ratio >=
+        shrink_error_margin``."""
+        backend = self.backends[key[0]]
+        self.sink.record_case(minimal.to_json(), origin="minimised")
+        tasks = [(backend.name, variant) for variant in backend.variants]
+        attach = []
+        for r in self.evaluate(minimal, phase="confirm", tasks=tasks, record=False):
+            update = self.sink.record_result(r, self.build_id, self.worker_id)
+            if update is not None and update.is_new and r.bucket_key is not None:
+                self.stats.new_buckets.append(r.bucket_key)
+                self.reporter.on_new_bucket(r.bucket_key, minimal)
+            if not r.is_failure or r.bucket_key == key:
+                continue
+            ratio = r.error_ratio if r.error_ratio is not None else math.inf
+            if is_ratio_based(r.signature) and ratio < self.config.shrink_error_margin:
+                continue
+            attach.append((r.variant, r.signature))
+        return attach
 
 
 _with_phase = with_phase  # the old private names, kept for their importers

@@ -128,7 +128,14 @@ class RichReporter:
         id_column(table, "backend", [b for b, _ in (stats.per_backend if stats is not None else ())])
         for status in ("pass", "fail", "unsupported", "error", "crash", "timeout", "oom"):
             table.add_column(status, justify="right")
+        # per backend: fuzz cases it ran (at least one variant), cases drawn for it (targeted
+        # draws), and its most frequent unsupported reasons (fuzzer.coverage)
+        table.add_column("cases run", justify="right")
+        table.add_column("drawn for", justify="right")
+        table.add_column("top unsupported reasons")
         if stats is not None:
+            from fuzzer.coverage import format_reasons, top_reasons
+
             names = sorted({b for b, _ in stats.per_backend})
             for name in names:
                 table.add_row(
@@ -137,6 +144,9 @@ class RichReporter:
                         str(stats.per_backend.get((name, s), 0))
                         for s in ("pass", "fail", "unsupported", "error", "crash", "timeout", "oom")
                     ],
+                    str(stats.runnable.get(name, 0)),
+                    str(stats.targeted.get(name, 0)),
+                    format_reasons(top_reasons(stats.unsupported, name, 2)),
                 )
         lines = [self.progress, table]
         if self.buckets:
@@ -183,6 +193,23 @@ COUNTS_NOTE = (
 )
 
 
+def _coverage_data(stats: WorkerStats, top: int = 3) -> dict:
+    """Per backend: fuzz cases it ran (``cases_run``: at least one variant not unsupported), cases
+    drawn for it (``drawn_for``, targeted draws) and its ``top`` unsupported reasons with counts of
+    results (`fuzzer.coverage.reason_keys`)."""
+    from fuzzer.coverage import top_reasons
+
+    names = sorted({b for b, _ in stats.per_backend} | set(stats.runnable) | set(stats.targeted))
+    return {
+        name: {
+            "cases_run": stats.runnable.get(name, 0),
+            "drawn_for": stats.targeted.get(name, 0),
+            "top_unsupported": [{"reason": r, "results": n} for r, n in top_reasons(stats.unsupported, name, top)],
+        }
+        for name in names
+    }
+
+
 def _summary_data(stats: WorkerStats, url: str, *, interrupted: bool = False, spool: dict | None = None) -> dict:
     """The fuzz summary as JSON-ready data (``attnfuzz fuzz --json``); times in seconds."""
     shrunk = dict(stats.minimised)
@@ -211,6 +238,7 @@ def _summary_data(stats: WorkerStats, url: str, *, interrupted: bool = False, sp
             for name in sorted({b for b, _ in stats.per_backend})
         },
         "counts_note": COUNTS_NOTE,
+        "coverage": _coverage_data(stats),
         "time_s": {
             "oracle": stats.oracle_s,
             "kernels": stats.kernel_s,
@@ -231,6 +259,13 @@ def _print_summary(stats: WorkerStats, url: str, *, interrupted: bool = False) -
     for status, count in sorted(stats.results.items()):
         table.add_row(status, str(count))
     out.print(table)
+    coverage = Table(title="per backend: cases run, cases drawn for it, top unsupported reasons (results)")
+    for column in ("backend", "cases run", "drawn for", "top unsupported reasons"):
+        coverage.add_column(column, justify="right" if column in ("cases run", "drawn for") else "left")
+    for name, row in _coverage_data(stats).items():
+        reasons = "; ".join(f"{r['reason']} ({r['results']})" for r in row["top_unsupported"])
+        coverage.add_row(name, str(row["cases_run"]), str(row["drawn_for"]), reasons)
+    out.print(coverage)
     out.print(COUNTS_NOTE, style="dim")
     from fuzzer.environment import jit_cache_description
 
@@ -281,10 +316,28 @@ def fuzz(
             help="Run backends in child processes (a crash or hang becomes a result) or in this process.",
         ),
     ] = Isolation.process,
-    max_seqlen: Annotated[Optional[int], typer.Option(help="Largest seqlen_q/seqlen_k drawn.")] = None,
+    max_seqlen: Annotated[
+        Optional[int],
+        typer.Option(help="Largest seqlen_q/seqlen_k drawn (default: each backend's declared cap on cpu, 8192 on cuda)."),
+    ] = None,
     max_batch_size: Annotated[int, typer.Option(help="Largest batch_size drawn.")] = 2,
     max_heads_kv: Annotated[int, typer.Option(help="Largest num_heads_kv drawn.")] = 4,
-    max_work: Annotated[int, typer.Option(help="Bound on batch*heads*seqlen_q*seqlen_k*head_dim.")] = 2**24,
+    max_work: Annotated[
+        Optional[int],
+        typer.Option(help="Bound on batch*heads*seqlen_q*seqlen_k*head_dim (default 2**23 on cpu, 2**32 on cuda)."),
+    ] = None,
+    max_elements: Annotated[
+        Optional[int],
+        typer.Option(help="Bound on the elements of each of q, k, v (default 2**18 on cpu, 2**28 on cuda)."),
+    ] = None,
+    draw: Annotated[
+        str,
+        typer.Option(
+            "--draw",
+            help="targeted: each case drawn for one backend's capabilities (the least-covered first); "
+            "union: for the union of the selected backends'.",
+        ),
+    ] = "targeted",
     forward_only: Annotated[bool, typer.Option("--forward-only", help="Do not fuzz gradients.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", help="No live display.")] = False,
     as_json: Annotated[
@@ -381,6 +434,8 @@ def fuzz(
             max_batch_size=max_batch_size,
             max_heads_kv=max_heads_kv,
             max_work=max_work,
+            max_elements=max_elements,
+            draw=draw,
             allow_backward=not forward_only,
             replay_known=replay,
             heartbeat_s=heartbeat,
@@ -780,7 +835,7 @@ def report(db: DbOption = None, as_json: Annotated[bool, typer.Option("--json", 
 
     from oracle.config import AttentionCase
     from service.db import make_engine
-    from service.repository import campaign_report
+    from service.repository import backend_coverage, campaign_report
 
     url = db_url(db)
     try:
@@ -800,6 +855,9 @@ def report(db: DbOption = None, as_json: Annotated[bool, typer.Option("--json", 
                     "variant": b.variant,
                     "signature": b.signature,
                     "hit_count": b.hit_count,
+                    "severity": b.severity,
+                    "max_error_ratio": b.max_error_ratio,
+                    "defect_id": b.defect_id,
                     "triage_state": b.triage_state.value,
                     "minimise_note": b.minimise_note,
                     "case_id": case.id,
@@ -818,7 +876,19 @@ def report(db: DbOption = None, as_json: Annotated[bool, typer.Option("--json", 
                 {"backend": t.backend, "results": t.results, "run_s": t.run_ms / 1000.0, "compile_s": t.compile_ms / 1000.0}
                 for t in rep.timings
             ],
-            "buckets": buckets,
+            # per backend: distinct cases seen and run (>= 1 variant not unsupported), top
+            # unsupported reasons counted per result (fuzzer.coverage.reason_keys)
+            "coverage": [
+                {
+                    "backend": c.backend,
+                    "cases": c.cases,
+                    "cases_run": c.cases_run,
+                    "top_unsupported": [{"reason": r, "results": n} for r, n in c.top_unsupported],
+                }
+                for c in backend_coverage(session)
+            ],
+            "buckets": buckets,  # most severe first (fuzzer.severity)
+            "defects": _defects(buckets),
         }
     engine.dispose()
     if as_json:
@@ -835,10 +905,41 @@ def report(db: DbOption = None, as_json: Annotated[bool, typer.Option("--json", 
             f"{t['compile_s']:.1f}",
         )
     out.print(table)
+    coverage = Table("backend", "cases", "cases run", "top unsupported reasons (results)", title="coverage per backend")
+    for c in data["coverage"]:
+        reasons = "; ".join(f"{r['reason']} ({r['results']})" for r in c["top_unsupported"])
+        coverage.add_row(c["backend"], str(c["cases"]), str(c["cases_run"]), reasons)
+    out.print(coverage)
     out.print(f"oracle: {data['oracle_s']:.1f} s")
     for b in buckets:
-        out.print(f"[bold]{b['backend']} / {b['variant']} / {b['signature']}[/] x{b['hit_count']}  {b['minimise_note']}")
+        group = f"  defect {b['defect_id']}" if b["defect_id"] is not None else ""
+        out.print(
+            f"[bold]{b['severity']:<9}[/] [bold]{b['backend']} / {b['variant']} / {b['signature']}[/] "
+            f"x{b['hit_count']}{group}  {b['minimise_note']}"
+        )
         out.print(f"    {b['case']}  [case {b['case_id']}]")
+    for d in data["defects"]:
+        if len(d["symptoms"]) > 1:
+            symptoms = ", ".join(f"{v} / {sig}" for v, sig in d["symptoms"])
+            out.print(f"defect {d['id']} ({d['severity']}, {d['backend']}, case {d['case_id']}): {symptoms}")
+
+
+def _defects(buckets: list[dict]) -> list[dict]:
+    """Root-cause groups of ``report``'s buckets (already most severe first): per defect its
+    backend, minimised case, severity (its most severe bucket's) and symptoms ``(variant,
+    signature)``, the most severe defect first."""
+    groups: dict[int, dict] = {}
+    for b in buckets:
+        if b["defect_id"] is None:
+            continue
+        group = groups.setdefault(
+            b["defect_id"],
+            {"id": b["defect_id"], "backend": b["backend"], "case_id": b["case_id"], "severity": b["severity"],
+             "bucket_ids": [], "symptoms": []},
+        )
+        group["bucket_ids"].append(b["id"])
+        group["symptoms"].append((b["variant"], b["signature"]))
+    return list(groups.values())
 
 
 # --------------------------------------------------------------------------------------- serve

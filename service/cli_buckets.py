@@ -90,7 +90,7 @@ def buckets_list(
         Optional[str],
         typer.Option("--state", help="Only this triage state: new, confirmed, reported, fixed, wontfix, duplicate."),
     ] = None,
-    sort: Annotated[str, typer.Option(help="A column (last_seen, first_seen, hit_count, id, ...), '-' first for descending.")] = "-last_seen",
+    sort: Annotated[str, typer.Option(help="A column (severity, last_seen, first_seen, hit_count, id, ...), '-' first for descending.")] = "-severity",
     limit: Annotated[int, typer.Option(help="At most this many buckets (1-500).")] = 50,
     offset: Annotated[int, typer.Option(help="Buckets to skip.")] = 0,
     as_json: JsonOption = False,

@@ -15,14 +15,19 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from sqlalchemy import ColumnElement, Select, func, literal_column, select, tuple_
+from sqlalchemy import case as sql_case
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session, joinedload, selectinload
 
 from fuzzer.results import FAILING_STATUSES, BucketUpdate, BuildFingerprint, CaseResult
+from fuzzer.severity import SEVERITY_RANK
 from service.errors import FieldValidationError, NotFoundError
 from service.models import Bucket, Build, Case, Result, TriageState, Worker, utcnow
 
+SEVERITY_ORDER = sql_case(SEVERITY_RANK, value=Bucket.severity, else_=0)
+"""A bucket's `fuzzer.severity.SEVERITY_RANK` in SQL: larger is more severe."""
 BUCKET_SORT_COLUMNS = {
+    "severity": SEVERITY_ORDER,
     "last_seen": Bucket.last_seen,
     "first_seen": Bucket.first_seen,
     "hit_count": Bucket.hit_count,
@@ -34,7 +39,8 @@ BUCKET_SORT_COLUMNS = {
 MASKS = ("none", "causal", "window", "causal_window")
 """Mask kinds to filter on: no mask, causal only, a sliding window only, causal plus a window."""
 BUCKET_SORTS = tuple(f"{prefix}{name}" for name in BUCKET_SORT_COLUMNS for prefix in ("-", ""))
-DEFAULT_BUCKET_SORT = "-last_seen"
+DEFAULT_BUCKET_SORT = "-severity"
+"""Most severe first (`fuzzer.severity`); buckets of one severity newest first."""
 MAX_PAGE_SIZE = 500
 MAX_URL_LENGTH = 2000
 MAX_NOTES_LENGTH = 100_000
@@ -77,8 +83,11 @@ def _bucket_filters(
     head_dim: int | None = None,
     mask: str | None = None,
     build_id: int | None = None,
+    defect_id: int | None = None,
 ) -> list[ColumnElement[bool]]:
     conditions: list[ColumnElement[bool]] = []
+    if defect_id is not None:
+        conditions.append(Bucket.defect_id == defect_id)
     if backend:
         conditions.append(Bucket.backend == backend)
     if variant:
@@ -133,6 +142,7 @@ def list_buckets(
     head_dim: int | None = None,
     mask: str | None = None,
     build_id: int | None = None,
+    defect_id: int | None = None,
     sort: str = DEFAULT_BUCKET_SORT,
     limit: int = 50,
     offset: int = 0,
@@ -147,8 +157,10 @@ def list_buckets(
         dtype, head_dim, mask: the bucket has a failing result on a case with this dtype, this
             head_dim, this mask kind (one of ``MASKS``).
         build_id: the bucket has a failing result on this build.
+        defect_id: the bucket is in this root-cause group (`service.models.Defect`).
         sort: a column of ``BUCKET_SORT_COLUMNS``, prefixed with ``-`` for descending; ties are
-            broken by id so pages never overlap.
+            broken by id so pages never overlap (``severity``: by ``last_seen`` first, newest
+            first, then id). ``severity`` sorts by rank: ``-severity`` puts ``wrong`` first.
         limit: page size, 1 to ``MAX_PAGE_SIZE``.
         offset: buckets to skip, >= 0.
 
@@ -161,10 +173,12 @@ def list_buckets(
         raise FieldValidationError("limit", f"must be between 1 and {MAX_PAGE_SIZE}, got {limit}")
     if offset < 0:
         raise FieldValidationError("offset", f"must be >= 0, got {offset}")
-    conditions = _bucket_filters(backend, variant, signature, triage_state, dtype, head_dim, mask, build_id)
+    conditions = _bucket_filters(backend, variant, signature, triage_state, dtype, head_dim, mask, build_id, defect_id)
     column = BUCKET_SORT_COLUMNS[sort.lstrip("-")]
     descending = sort.startswith("-")
     order = [column.desc(), Bucket.id.desc()] if descending else [column.asc(), Bucket.id.asc()]
+    if sort.lstrip("-") == "severity":
+        order.insert(1, Bucket.last_seen.desc())
     items = session.scalars(
         select(Bucket)
         .where(*conditions)
@@ -189,6 +203,9 @@ class BucketDetail:
     failing_result: Result | None
     results: list[Result]
     result_count: int
+    group: list[Bucket] = dataclasses.field(default_factory=list)
+    """The other buckets of its root-cause group (`service.models.Defect`): the other symptoms
+    of the same defect, most severe first."""
 
 
 def _bucket_results(bucket: Bucket) -> Select[tuple[Result]]:
@@ -230,7 +247,23 @@ def get_bucket(session: Session, bucket_id: int, *, results_limit: int = 50) -> 
             )
     if failing is None and results:
         failing = results[0]
-    return BucketDetail(bucket=bucket, failing_result=failing, results=list(results), result_count=count)
+    return BucketDetail(
+        bucket=bucket, failing_result=failing, results=list(results), result_count=count, group=defect_group(session, bucket)
+    )
+
+
+def defect_group(session: Session, bucket: Bucket) -> list[Bucket]:
+    """The other buckets of ``bucket``'s root-cause group, most severe first, then by id; empty
+    when it has none."""
+    if bucket.defect_id is None:
+        return []
+    return list(
+        session.scalars(
+            select(Bucket)
+            .where(Bucket.defect_id == bucket.defect_id, Bucket.id != bucket.id)
+            .order_by(SEVERITY_ORDER.desc(), Bucket.id)
+        )
+    )
 
 
 def update_triage(
@@ -526,9 +559,60 @@ def campaign_report(session: Session) -> CampaignReport:
     buckets = session.scalars(
         select(Bucket)
         .options(joinedload(Bucket.first_case), joinedload(Bucket.minimised_case))
-        .order_by(Bucket.backend, Bucket.variant, Bucket.signature)
+        .order_by(SEVERITY_ORDER.desc(), Bucket.backend, Bucket.variant, Bucket.signature)
     ).all()
     return CampaignReport(overview(session), timings, oracle_ms, list(buckets))
+
+
+@dataclass(frozen=True)
+class BackendCoverage:
+    """How much of the drawn case space one backend ran, from the stored results.
+
+    Attributes:
+        backend: the backend name.
+        cases: distinct cases with a result of this backend (any status, any phase).
+        cases_run: distinct cases with at least one result of this backend that is not
+            ``unsupported`` (it ran at least one variant).
+        top_unsupported: ``(reason, results)`` pairs, most frequent first: the reasons of its
+            ``unsupported`` results (`fuzzer.coverage.reason_keys`: a field's own value replaced
+            by ``N``), each counted once per result.
+    """
+
+    backend: str
+    cases: int
+    cases_run: int
+    top_unsupported: list[tuple[str, int]]
+
+
+def backend_coverage(session: Session, top: int = 3) -> list[BackendCoverage]:
+    """Per backend (by name): cases seen, cases run and the ``top`` unsupported reasons, for
+    ``attnfuzz report``. Reads the ``results`` table in three grouped queries; reasons are split
+    and counted in Python over the distinct (backend, detail) pairs."""
+    from fuzzer.coverage import reason_keys
+
+    seen = dict(
+        session.execute(select(Result.backend, func.count(func.distinct(Result.case_id))).group_by(Result.backend)).all()
+    )
+    ran = dict(
+        session.execute(
+            select(Result.backend, func.count(func.distinct(Result.case_id)))
+            .where(Result.status != "unsupported")
+            .group_by(Result.backend)
+        ).all()
+    )
+    reasons: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for backend, detail, n in session.execute(
+        select(Result.backend, Result.detail, func.count())
+        .where(Result.status == "unsupported")
+        .group_by(Result.backend, Result.detail)
+    ):
+        for reason in reason_keys(detail or ""):
+            reasons[backend][reason] += int(n)
+    rows = []
+    for backend in sorted(seen):
+        ranked = sorted(reasons.get(backend, {}).items(), key=lambda rc: (-rc[1], rc[0]))[:top]
+        rows.append(BackendCoverage(backend, int(seen[backend]), int(ran.get(backend, 0)), ranked))
+    return rows
 
 
 # ------------------------------------------------------------------------------ bucket results

@@ -126,6 +126,11 @@ class BucketOut(_Out):
     upstream_url: str | None
     notes: str
     duplicate_of_id: int | None
+    severity: str = Field(description="wrong, crash, imprecise or error (most severe first; fuzzer.severity)")
+    max_error_ratio: float | None = Field(description="the largest error ratio of the bucket's results")
+    defect_id: int | None = Field(
+        description="root-cause group: the buckets of one backend sharing one minimised case (null until minimised)"
+    )
 
     @classmethod
     def from_row(cls, bucket: Bucket) -> BucketOut:
@@ -155,6 +160,10 @@ class BucketDetailOut(BucketOut):
     )
     results: list[ResultWithBuildOut] = Field(description="the latest results of this bucket, newest first")
     result_count: int
+    group: list[BucketOut] = Field(
+        default_factory=list,
+        description="the other buckets of its root-cause group (other symptoms of the same defect), most severe first",
+    )
 
     @classmethod
     def from_detail(cls, detail: repository.BucketDetail) -> BucketDetailOut:
@@ -169,6 +178,7 @@ class BucketDetailOut(BucketOut):
             failing_result=_result_with_build(detail.failing_result, b.id) if detail.failing_result else None,
             results=with_build,
             result_count=detail.result_count,
+            group=[BucketOut.from_row(g) for g in detail.group],
         )
 
 
@@ -277,11 +287,14 @@ class BucketQuery(BaseModel):
         default=None, description="has a failing result on a case with this mask kind"
     )
     build_id: int | None = Field(default=None, ge=1, le=MAX_SQL_INTEGER, description="has a failing result on this build")
+    defect_id: int | None = Field(default=None, ge=1, le=MAX_SQL_INTEGER, description="in this root-cause group")
     sort: BucketSort = Field(default=repository.DEFAULT_BUCKET_SORT, description="column, '-' prefix = descending")
     limit: int = Field(default=50, ge=1, le=repository.MAX_PAGE_SIZE)
     offset: int = Field(default=0, ge=0, le=MAX_SQL_BIGINT)
 
-    @field_validator("backend", "variant", "signature", "triage_state", "dtype", "head_dim", "mask", "build_id", mode="before")
+    @field_validator(
+        "backend", "variant", "signature", "triage_state", "dtype", "head_dim", "mask", "build_id", "defect_id", mode="before"
+    )
     @classmethod
     def _empty_is_none(cls, value: Any) -> Any:
         return None if value == "" else value  # an HTML form sends "" for "any"

@@ -62,6 +62,7 @@ from service.models import (
     Bucket,
     Build,
     Case,
+    Defect,
     HypothesisExample,
     Result,
     TriageState,
@@ -208,6 +209,26 @@ def _insert_ignore(connection: Connection, table: Table, values: dict[str, Any],
     insert = postgresql.insert if connection.dialect.name == "postgresql" else sqlite.insert
     statement = insert(table).values(**values).on_conflict_do_nothing(index_elements=conflict)
     return connection.execute(statement.returning(table.c.id)).scalar_one_or_none()
+
+
+def _bucket_severity_values(result: CaseResult) -> dict[str, Any]:
+    """``severity`` and ``max_error_ratio`` of a new bucket whose first result is ``result``."""
+    return {"severity": severity(result.signature, result.error_ratio), "max_error_ratio": result.error_ratio}
+
+
+def _bucket_severity_bump(result: CaseResult) -> dict[str, Any]:
+    """The UPDATE values that count ``result`` in its existing bucket's ``max_error_ratio`` and
+    severity. For one signature the severity only moves from ``imprecise`` to ``wrong`` as the
+    ratio grows (`fuzzer.severity`), so a result that is ``wrong`` on its own makes the bucket so."""
+    values: dict[str, Any] = {}
+    if result.error_ratio is not None:
+        ratio = result.error_ratio
+        values["max_error_ratio"] = case(
+            (Bucket.max_error_ratio.is_(None) | (Bucket.max_error_ratio < ratio), ratio), else_=Bucket.max_error_ratio
+        )
+    if severity(result.signature, result.error_ratio) == "wrong":
+        values["severity"] = "wrong"
+    return values
 
 
 def _bucket_key(backend: str, variant: str, signature: str) -> Any:
@@ -511,6 +532,7 @@ class SqlStore:
                 "last_build_id": build_id,
                 "triage_state": TriageState.new,
                 "notes": "",
+                **_bucket_severity_values(result),
             }
             bucket_id = _insert_ignore(connection, Bucket.__table__, bucket_values, ["backend", "variant", "signature"])
             if bucket_id is not None:
@@ -522,6 +544,7 @@ class SqlStore:
                     hit_count=Bucket.hit_count + 1,
                     last_seen=case((Bucket.last_seen < now, now), else_=Bucket.last_seen),
                     last_build_id=build_id,
+                    **_bucket_severity_bump(result),
                 )
                 .returning(Bucket.id)
             )
@@ -561,27 +584,60 @@ class SqlStore:
         return BucketUpdate(bucket_id=bucket_id, is_new=False)
 
     def record_minimised(
-        self, bucket_id: int, minimised_case_json: dict[str, Any], original_case_id: str, note: str
-    ) -> None:
-        """Store the minimised case (origin ``"minimised"``) and point the bucket at it.
+        self,
+        bucket_id: int,
+        minimised_case_json: dict[str, Any],
+        original_case_id: str,
+        note: str,
+        *,
+        worker_id: int | None = None,
+        attach: Iterable[tuple[str, str]] = (),
+        now: datetime | None = None,
+    ) -> list[int]:
+        """Store the minimised case (origin ``"minimised"``), point the bucket at it, put it in
+        its root-cause group and attach the other symptoms, in one transaction.
+
+        The group is the ``defects`` row of ``(backend, minimised case)``, created on first sight:
+        every bucket of the backend whose minimised case this is belongs to it. Each
+        ``(variant, signature)`` of ``attach`` names a bucket of the same backend that fails that
+        way on the minimised case (the worker re-checked it there); if it has no minimised case
+        and no live lease of another worker, it gets this minimised case, the group, and a note
+        naming this bucket, and its lease ends: it is not shrunk on its own. With ``worker_id``,
+        that worker's leases on the sibling buckets claimed with this one
+        (`MinimiseClaim.siblings`) end too.
 
         Args:
             bucket_id: the bucket whose failure was minimised.
             minimised_case_json: ``AttentionCase.to_json()`` of the smallest case still failing.
             original_case_id: the case minimisation started from; it must be stored.
             note: how minimisation ended (kept verbatim in ``buckets.minimise_note``).
+            worker_id: the worker that shrank it (ends its sibling leases).
+            attach: ``(variant, signature)`` of the buckets to attach (see above).
+            now: the current time (tests).
+
+        Returns:
+            The ids of the buckets attached.
 
         Raises:
             oracle.errors.CaseValidationError: the minimised case is invalid.
             NotFoundError: the bucket or the original case does not exist.
         """
         attention_case = AttentionCase.from_json(minimised_case_json)
+        attach = [(str(variant), str(signature)) for variant, signature in attach]
 
-        def run(connection: Connection) -> None:
+        def run(connection: Connection) -> list[int]:
+            at = now or utcnow()
             if connection.scalar(select(Case.id).where(Case.id == original_case_id)) is None:
                 raise NotFoundError("case", original_case_id)
+            primary = connection.execute(
+                select(Bucket.backend, Bucket.variant, Bucket.signature).where(Bucket.id == bucket_id)
+            ).one_or_none()
+            if primary is None:
+                raise NotFoundError("bucket", bucket_id)
             self._insert_case(connection, attention_case, "minimised")
-            statement = (
+            defect_id = self._defect_id(connection, primary.backend, attention_case.case_id, at)
+            siblings = self._siblings(connection, bucket_id) if worker_id is not None else None
+            connection.execute(
                 update(Bucket)
                 .where(Bucket.id == bucket_id)
                 .values(
@@ -710,21 +766,35 @@ class SqlStore:
                 if won is None:  # another worker took it between the SELECT and the UPDATE
                     continue
                 config = connection.scalar(select(Case.config).where(Case.id == won.first_case_id))
+                # the same failure of the same case through the backend's other variants: one
+                # lease for all, so no other worker shrinks what one minimisation will settle
+                siblings = connection.execute(
+                    update(Bucket)
+                    .where(self._siblings(connection, bucket_id), claimable)
+                    .values(
+                        minimise_owner_id=worker_id,
+                        minimise_lease_expires_at=at + timedelta(seconds=lease_s),
+                        minimise_attempts=Bucket.minimise_attempts + 1,
+                    )
+                    .returning(Bucket.id, Bucket.backend, Bucket.variant, Bucket.signature)
+                ).all()
                 return MinimiseClaim(
                     bucket_id=bucket_id,
                     key=(won.backend, won.variant, won.signature),
                     case_json=config,
                     attempt=won.minimise_attempts,
+                    siblings=tuple(sorted((r.id, (r.backend, r.variant, r.signature)) for r in siblings)),
                 )
             return None
 
         return self._tx.write(run)
 
     def renew_minimisation(self, bucket_id: int, worker_id: int, lease_s: float, *, now: datetime | None = None) -> bool:
-        """Extend ``worker_id``'s lease on the bucket to ``lease_s`` seconds from now.
+        """Extend ``worker_id``'s lease on the bucket (and on the siblings it claimed with it and
+        still holds) to ``lease_s`` seconds from now.
 
         Returns:
-            False when the worker no longer holds it (expired and taken, or released).
+            False when the worker no longer holds the bucket itself (expired and taken, or released).
         """
 
         def run(connection: Connection) -> bool:
@@ -734,15 +804,28 @@ class SqlStore:
                 .where(Bucket.id == bucket_id, Bucket.minimise_owner_id == worker_id, Bucket.minimised_case_id.is_(None))
                 .values(minimise_lease_expires_at=at + timedelta(seconds=lease_s))
             )
-            return connection.execute(statement).rowcount > 0
+            held = connection.execute(statement).rowcount > 0
+            if held:
+                connection.execute(
+                    update(Bucket)
+                    .where(self._siblings(connection, bucket_id), Bucket.minimise_owner_id == worker_id)
+                    .values(minimise_lease_expires_at=at + timedelta(seconds=lease_s))
+                )
+            return held
 
         return self._tx.write(run)
 
     def release_minimisation(self, bucket_id: int, worker_id: int, outcome: str) -> None:
         """End ``worker_id``'s lease without a minimised case; ``outcome`` goes to the bucket's
-        ``minimise_note``. Nothing happens if the worker no longer holds the lease."""
+        ``minimise_note``. Its leases on the siblings claimed with it end too (their notes are
+        kept). Nothing happens if the worker no longer holds the lease."""
 
         def run(connection: Connection) -> None:
+            connection.execute(
+                update(Bucket)
+                .where(self._siblings(connection, bucket_id), Bucket.minimise_owner_id == worker_id)
+                .values(minimise_owner_id=None, minimise_lease_expires_at=None)
+            )
             connection.execute(
                 update(Bucket)
                 .where(Bucket.id == bucket_id, Bucket.minimise_owner_id == worker_id)

@@ -1,0 +1,204 @@
+"""Shrinking once per root cause (issue 14 item 4): one minimisation for one failure seen through
+several variants and signatures, the others re-checked on the minimised case and attached; the
+error-ratio margin; the share of wall time spent shrinking, counted with a fake clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from fuzzer import registry
+from fuzzer.results import BuildFingerprint, CaseResult
+from fuzzer.sinks import MemorySink
+from fuzzer.worker import Worker, WorkerConfig, WorkerError
+from oracle.config import AttentionCase
+from tests.fuzzer.standins import WIDE_CAPS, _Base
+
+ME = "tests.fuzzer.test_root_causes"
+
+
+class RootCauseBackend(_Base):
+    """One planted defect seen three ways: on causal cases with ``seqlen_k >= 2`` variants ``a``
+    and ``b`` return all zeros (``out:all_zero``) and variant ``c`` three times the right output
+    (``out:mismatch``, far past the tolerance). Correct elsewhere."""
+
+    name = "planted-rootcause"
+    environment = "planted-rootcause"
+    capabilities = WIDE_CAPS
+    variants = ("a", "b", "c")
+
+    def run(self, case, inputs, variant):
+        output = self._call(case, inputs, *self._bounds(case))
+        if case.causal and case.seqlen_k >= 2:
+            if variant == "c":
+                output.out.mul_(3.0)
+            else:
+                output.out.zero_()
+        return output
+
+
+class EdgeBackend(_Base):
+    """Wrong by a factor that shrinks with the case: ``out`` scaled by ``1 + 0.002 * seqlen_k`` on
+    causal cases (in bfloat16 an error ratio of about ``0.15 * seqlen_k``), so large cases fail
+    clearly and the smallest failing ones sit just past the tolerance: the shape of Hypothesis's
+    threshold problem."""
+
+    name = "planted-edge"
+    environment = "planted-edge"
+    capabilities = WIDE_CAPS
+    variants = ("native",)
+
+    def run(self, case, inputs, variant):
+        output = self._call(case, inputs, *self._bounds(case))
+        if case.causal:
+            output.out.mul_(1.0 + 0.002 * case.seqlen_k)
+        return output
+
+
+class FakeClock:
+    """Seconds that pass only when a backend runs: one per call (`TickingBackend`)."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+CLOCK = FakeClock()
+
+
+class TickingBackend(_Base):
+    """Each call costs one second of `CLOCK`. Wrong in several unrelated ways, each a bucket of
+    its own that wants shrinking: all zeros on causal cases, NaN with a left window, three times
+    the output when ``seqlen_q`` is odd."""
+
+    name = "planted-ticking"
+    environment = "planted-ticking"
+    capabilities = WIDE_CAPS
+    variants = ("native",)
+
+    def run(self, case, inputs, variant):
+        CLOCK.t += 1.0
+        output = self._call(case, inputs, *self._bounds(case))
+        if case.causal:
+            output.out.zero_()
+        elif case.window_size_left is not None:
+            output.out.fill_(float("nan"))
+        elif case.seqlen_q % 2:
+            output.out.mul_(3.0)
+        return output
+
+
+CASE = AttentionCase(
+    batch_size=2, seqlen_q=7, seqlen_k=9, num_heads=2, num_heads_kv=1, head_dim=16, dtype="float32", causal=True
+)
+
+
+def _shrink_only(backend: str, **kw) -> WorkerConfig:
+    settings = dict(max_cases=0, time_budget_s=None, isolation="none", shrink_deadline_s=60, replay_known=False)
+    settings.update(kw)
+    return WorkerConfig(backends=registry.select([], [f"{ME}:{backend}"]), **settings)
+
+
+def test_one_failure_through_three_variants_and_two_signatures_is_shrunk_once_and_grouped():
+    sink = MemorySink()
+    config = _shrink_only("RootCauseBackend")
+    with Worker(config, sink) as worker:
+        results = {r.variant: r.signature for r in worker.evaluate(CASE)}
+    assert results == {"a": "out:all_zero", "b": "out:all_zero", "c": "out:mismatch"}
+
+    stats = Worker(config, sink).run()
+
+    assert [key for key, _ in stats.minimised] == [("planted-rootcause", "a", "out:all_zero")], "one shrink"
+    buckets = {key[1:]: b for key, b in sink.buckets.items()}
+    assert set(buckets) == {("a", "out:all_zero"), ("b", "out:all_zero"), ("c", "out:mismatch")}
+    minimal = AttentionCase.from_json(buckets["a", "out:all_zero"].minimised_case)
+    assert minimal.causal and (minimal.batch_size, minimal.num_heads, minimal.seqlen_k) == (1, 1, 2), minimal.describe()
+    for key in (("b", "out:all_zero"), ("c", "out:mismatch")):
+        bucket = buckets[key]
+        assert bucket.minimised_case == buckets["a", "out:all_zero"].minimised_case, key
+        assert bucket.note.startswith("attached"), bucket.note
+        assert bucket.owner is None
+    # one root cause, two symptoms
+    assert len({b.defect_id for b in buckets.values()}) == 1 and buckets["a", "out:all_zero"].defect_id is not None
+    assert sink.defects == {("planted-rootcause", minimal.case_id): buckets["a", "out:all_zero"].defect_id}
+    assert sorted(bucket_id for _, bucket_id in stats.attached) == sorted(
+        buckets[k].bucket_id for k in (("b", "out:all_zero"), ("c", "out:mismatch"))
+    )
+    # the re-check on the minimised case is stored (phase confirm), one result per variant
+    confirm = {r.variant: r.signature for r in sink.results.values() if r.phase == "confirm"}
+    assert confirm == {"a": "out:all_zero", "b": "out:all_zero", "c": "out:mismatch"}
+    assert all(b.severity == "wrong" for b in buckets.values())
+
+
+def test_siblings_that_do_not_fail_on_the_minimised_case_go_back_to_the_queue():
+    """A sibling (same backend, signature and first case) whose variant passes on the minimised
+    case is not attached: its lease ends and it is shrunk on its own."""
+    sink = MemorySink()
+    build_id = sink.register_build(BuildFingerprint())
+    case_json = CASE.to_json()
+    sink.record_case(case_json, "fuzz")
+    # "a" really fails there; "native" is correct there, so on the minimised case it passes
+    for variant in ("a", "native"):
+        sink.record_result(CaseResult(CASE.case_id, "planted-rootcause", variant, "fail", signature="out:all_zero"), build_id, None)
+    worker_id = sink.register_worker(build_id, "h", 1, "cpu")
+    claim = sink.claim_minimisation(worker_id, ["planted-rootcause"], 60.0)
+    assert [key for _, key in claim.siblings] == [("planted-rootcause", "native", "out:all_zero")]
+    native = sink.buckets["planted-rootcause", "native", "out:all_zero"]
+    assert native.owner == worker_id
+    attached = sink.record_minimised(claim.bucket_id, case_json, CASE.case_id, "minimised: test", worker_id=worker_id, attach=[])
+    assert attached == [] and native.owner is None and native.minimised_case is None
+    assert sink.claim_minimisation(worker_id + 1, ["planted-rootcause"], 60.0).bucket_id == native.bucket_id
+
+
+def test_the_error_ratio_margin_keeps_the_minimised_case_off_the_edge_of_the_tolerance():
+    big = AttentionCase(batch_size=2, seqlen_q=40, seqlen_k=60, num_heads=2, head_dim=16, dtype="bfloat16", causal=True)
+    found = {}
+    for margin in (1.0, 2.0):
+        sink = MemorySink()
+        config = _shrink_only("EdgeBackend", shrink_error_margin=margin)
+        with Worker(config, sink) as worker:
+            (first,) = worker.evaluate(big)
+        assert first.signature == "out:mismatch" and first.error_ratio > 4.0, first.error_ratio
+        Worker(config, sink).run()
+        minimal = AttentionCase.from_json(sink.buckets["planted-edge", "native", "out:mismatch"].minimised_case)
+        with Worker(config, MemorySink()) as worker:
+            (again,) = worker.evaluate(minimal, record=False)
+        found[margin] = (minimal, again.error_ratio)
+    edge_ratio, kept_ratio = found[1.0][1], found[2.0][1]
+    assert 1.0 < edge_ratio < 2.0, found  # without a margin the shrinker stops at the edge
+    assert kept_ratio >= 2.0, found  # with it the minimised case fails at least 2x the tolerance
+    assert found[2.0][0].seqlen_k > found[1.0][0].seqlen_k
+
+
+def test_shrinking_takes_at_most_its_share_of_wall_time_counted_in_backend_calls():
+    """Every backend call is one second of a fake clock; fuzzing and shrinking are both calls.
+    With the default share (25%) shrinking stays within a quarter of the wall time of a run that
+    ends on its time budget, up to one minimisation's overrun (its confirmations and re-checks: at
+    most 6 calls); without a bound it takes most of it."""
+    backends = registry.select([], [f"{ME}:TickingBackend"])
+    shares = {}
+    for share in (0.25, 1.0):
+        CLOCK.t = 0.0
+        config = WorkerConfig(
+            backends=backends, max_cases=None, time_budget_s=40.0, seed=3, isolation="none", chunk_size=5,
+            shrink_share=share, shrink_deadline_s=40.0, shrink_min_s=5.0, replay_known=False, allow_backward=False,
+        )
+        stats = Worker(config, MemorySink(), clock=CLOCK).run()
+        assert stats.wall_s == CLOCK.t > 0
+        assert stats.minimised, "something was shrunk"
+        shares[share] = stats
+    bounded, unbounded = shares[0.25], shares[1.0]
+    assert bounded.shrink_s <= 0.25 * bounded.wall_s + 6.0, (bounded.shrink_s, bounded.wall_s)
+    assert unbounded.shrink_s > 0.4 * unbounded.wall_s, (unbounded.shrink_s, unbounded.wall_s)
+    # the bound held something back: a bucket waits for the next worker (or more fuzzing)
+    assert len(bounded.minimised) < len(unbounded.minimised), (bounded.minimised, unbounded.minimised)
+    assert len(unbounded.new_buckets) >= 2, unbounded.new_buckets
+
+
+def test_shrink_settings_are_checked():
+    backends = registry.select([], [f"{ME}:RootCauseBackend"])
+    with pytest.raises(WorkerError, match="shrink_share"):
+        WorkerConfig(backends=backends, shrink_share=0.0)
+    with pytest.raises(WorkerError, match="shrink_error_margin"):
+        WorkerConfig(backends=backends, shrink_error_margin=0.5)
