@@ -7,7 +7,7 @@ Usage::
 
 Each corpus entry (`fuzzer.corpus.CorpusEntry`) becomes one test item named
 ``<backend>/<variant>[<case_id>]``. The item runs the entry's case on its backend variant the way
-a fuzz worker does (`fuzzer.worker.Worker.evaluate`: deterministic inputs, the float64 oracle,
+a fuzz worker does (`fuzzer.evaluate.Evaluator`: deterministic inputs, the float64 oracle,
 the same comparison) and checks the entry's ``expected`` block:
 
 * ``expected.status == "pass"``: the case must pass; a failure names its signature.
@@ -117,7 +117,7 @@ class CorpusItem(pytest.Item):
         reasons = backend.unsupported_reasons(entry.case, entry.variant)
         if reasons:
             pytest.skip(f"{entry.backend}/{entry.variant} does not support this case here: {'; '.join(reasons)}")
-        result = worker.evaluate(entry.case, phase="replay", tasks=[(entry.backend, entry.variant)], record=False)[0]
+        result = worker.evaluate(entry.case, phase="replay", tasks=[(entry.backend, entry.variant)]).results[0]
         where = f"{entry.backend}/{entry.variant} on case {entry.case.case_id} ({entry.case.describe()})"
         if result.status == "unsupported":
             pytest.skip(f"{where}: unsupported: {result.detail}")
@@ -147,12 +147,11 @@ class CorpusItem(pytest.Item):
 
 
 def _worker_for(config: pytest.Config, name: str) -> Any:
-    """An open `fuzzer.worker.Worker` for backend ``name`` (one per backend, kept for the session);
-    skips when the backend is unknown or unavailable."""
+    """An open `fuzzer.evaluate.Evaluator` for backend ``name`` (one per backend, kept for the
+    session); skips when the backend is unknown or unavailable."""
     from fuzzer import registry
     from fuzzer.backends.base import BackendError
-    from fuzzer.sinks import MemorySink
-    from fuzzer.worker import Worker, WorkerConfig, WorkerError
+    from fuzzer.evaluate import Evaluator
 
     workers = config.stash[WORKERS]
     if name not in workers:
@@ -166,16 +165,14 @@ def _worker_for(config: pytest.Config, name: str) -> Any:
             if reason:
                 workers[name] = f"{name} is not available here: {reason}"
             else:
-                worker = Worker(
-                    WorkerConfig(
-                        backends=chosen, device=backend.device, time_budget_s=None, shrink=False,
-                        isolation=config.getoption("attnfuzz_isolation"), replay_known=False,
-                    ),
-                    MemorySink(),
-                )
-                worker.open()
-                workers[name] = worker
-        except (BackendError, WorkerError) as exc:
+                evaluator = Evaluator(chosen, device=backend.device, isolation=config.getoption("attnfuzz_isolation"))
+                reason = evaluator.open().get(name)
+                if reason:  # as its child process sees it
+                    evaluator.close()
+                    workers[name] = f"{name} is not available here: {reason}"
+                else:
+                    workers[name] = evaluator
+        except (BackendError, ValueError) as exc:
             workers[name] = f"{name}: {exc} (an extra backend is loaded with --attnfuzz-backend MODULE:ATTR)"
     found = workers[name]
     if isinstance(found, str):
