@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from collections.abc import Iterator
 from typing import Any
 
 from fuzzer.backends.base import Backend
-from fuzzer.cp import judge_cp
+from fuzzer.evaluate import judge as evaluate_judge
 from fuzzer.cp_executor import CPExecutor
 from fuzzer.executor import TaskOutcome
 from fuzzer.results import CaseResult
@@ -68,28 +67,8 @@ def cp_matrix(cp_size: int, *, seqlen: int = 1024, head_dim: int = 128, dtype: s
 
 
 def judge(case: AttentionCase, ref: Any, outcome: TaskOutcome, backend: Backend) -> CaseResult:
-    """The worker's verdict rules for one outcome: failures by status, else `oracle.compare`."""
-    from oracle.compare import compare_outputs
-
-    common = dict(case_id=case.case_id, backend=outcome.backend, variant=outcome.variant, run_ms=outcome.run_ms,
-                  compile_ms=outcome.compile_ms, backend_version=backend.version_string())
-    if outcome.status == "unsupported":
-        return CaseResult(status="unsupported", detail=outcome.detail, **common)
-    if outcome.status != "ok":
-        signature = outcome.status if outcome.status != "error" else f"error:{outcome.exception_type}"
-        return CaseResult(status=outcome.status, signature=signature, signatures=(signature,), detail=outcome.detail, **common)
-    out = outcome.output
-    verdict = compare_outputs(case, ref, out=out.out, lse=out.lse, dq=out.dq, dk=out.dk, dv=out.dv)
-    error_ratio = verdict.error_ratio if math.isfinite(verdict.error_ratio) else 1e300
-    return CaseResult(
-        status="pass" if verdict.passed else "fail",
-        signature=verdict.primary_signature,
-        signatures=tuple(verdict.signatures),
-        metrics={name: tv.to_json() for name, tv in verdict.tensors.items()},
-        error_ratio=error_ratio,
-        selected_kernel=out.selected_kernel,
-        **common,
-    )
+    """The worker's verdict on one outcome (`fuzzer.evaluate.judge`)."""
+    return evaluate_judge(case, ref, outcome, backend)
 
 
 def run_campaign(
@@ -106,23 +85,19 @@ def run_campaign(
     Returns:
         The rows written (``case``, ``result``, ``non_cp_result``).
     """
-    from oracle.inputs import make_inputs
-    from oracle.reference import reference
+    from fuzzer.evaluate import Evaluator
 
-    by_name = {b.name: b for b, _ in backends}
     own = executor is None
     executor = executor or CPExecutor(backends)
+    evaluator = Evaluator(backends, executor, device=device, case_timeout_s=timeout_s)
     rows = []
     try:
         for case in cases:
-            tasks = [(b.name, v) for b in by_name.values() for v in b.variants if not b.unsupported_reasons(case, v)]
-            if not tasks:
+            evaluation = evaluator.evaluate(case, phase="fuzz")
+            if not evaluation.runnable:
                 continue
-            inputs = make_inputs(case, device=device)
-            ref = reference(case, inputs, backward=case.backward)
-            for outcome in executor.run(case, inputs, tasks, timeout_s):
-                backend = by_name[outcome.backend]
-                result, twin = judge_cp(case, ref, outcome, lambda c, o: judge(c, ref, o, backend))
+            ran = evaluation.results[len(evaluation.results) - evaluation.runnable:]
+            for result, twin in zip(ran, evaluation.twins):
                 row = {"case": case.to_json(), "result": result.to_json(),
                        "non_cp_result": None if twin is None else twin.to_json()}
                 out.write(json.dumps(row) + "\n")

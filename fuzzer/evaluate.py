@@ -160,6 +160,8 @@ class Evaluation:
             else None.
         twin_results: the twin's results (same inputs and oracle), to be recorded with
             ``twin_case``.
+        twins: one entry per runnable result (the last ``runnable`` of ``results``): its twin's
+            result, or None.
         runnable: how many tasks ran.
         inputs_s: seconds spent generating the inputs.
         oracle_s: seconds of the float64 oracle.
@@ -171,6 +173,7 @@ class Evaluation:
     results: list[CaseResult] = field(default_factory=list)
     twin_case: AttentionCase | None = None
     twin_results: list[CaseResult] = field(default_factory=list)
+    twins: list[CaseResult | None] = field(default_factory=list)
     runnable: int = 0
     inputs_s: float = 0.0
     oracle_s: float = 0.0
@@ -313,6 +316,7 @@ class Evaluator:
                 self._own_step_failed(case, exc)
                 raise
             results.append(result)
+            evaluation.twins.append(twin_result)
             if twin_result is not None:
                 evaluation.twin_results.append(twin_result)
                 twin_outcome = _non_cp_outcome(outcome)
