@@ -828,9 +828,26 @@ def cases_add(
 
 
 @app.command()
-def report(db: DbOption = None, as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
+def report(
+    db: DbOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    bucket: Annotated[Optional[int], typer.Option("--bucket", help="Report one bucket (with --format markdown: as an issue).")] = None,
+    format_: Annotated[str, typer.Option("--format", help="text or markdown (markdown needs --bucket).")] = "text",
+) -> None:
     """Summarise a database: results per backend and status, times, and every bucket with its
-    minimised case."""
+    minimised case. With ``--bucket ID --format markdown``: that bucket as an issue for the
+    library's tracker (service/issue_report.py), from stored data only."""
+    from service.errors import FieldValidationError
+
+    if format_ not in ("text", "markdown"):
+        fail(FieldValidationError("format", f"{format_!r}; allowed: text, markdown"))
+    if format_ == "markdown" or bucket is not None:
+        from service.cli_export import print_issue_report
+
+        if bucket is None:
+            fail(FieldValidationError("bucket", "--format markdown reports one bucket: give --bucket ID"))
+        print_issue_report(db, bucket)
+        return
     from sqlalchemy.orm import Session
 
     from oracle.config import AttentionCase

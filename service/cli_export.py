@@ -18,6 +18,35 @@ from oracle.errors import AttnFuzzError
 from service.cli_common import DbOption, console, db_url, fail, migrate
 
 
+def print_issue_report(db: str | None, bucket_id: int) -> None:
+    """``attnfuzz report --bucket ID --format markdown``: print the bucket's issue report
+    (`service.issue_report.bucket_issue`) to stdout. Exit 2 for an unknown bucket, 5 when the
+    database cannot be opened."""
+    from sqlalchemy.exc import SQLAlchemyError
+    from sqlalchemy.orm import Session
+
+    from service.db import make_engine
+    from service.errors import ServiceError
+    from service.issue_report import bucket_issue
+
+    url = db_url(db)
+    try:
+        migrate(url)
+    except AttnFuzzError as exc:
+        fail(exc)
+    engine = make_engine(url)
+    try:
+        with Session(engine) as session:
+            report = bucket_issue(session, bucket_id)
+    except AttnFuzzError as exc:
+        fail(exc)
+    except SQLAlchemyError as exc:
+        fail(ServiceError(f"database {url!r}: {type(exc).__name__}: {exc}"))
+    finally:
+        engine.dispose()
+    typer.echo(report.markdown, nl=False)
+
+
 def register(app: typer.Typer) -> None:
     """Add the ``export`` command to ``app`` (the ``attnfuzz`` typer application)."""
 

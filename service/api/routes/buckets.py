@@ -75,6 +75,19 @@ def get_bucket_repro(session: SessionDep, bucket_id: BucketId) -> Response:
     return repro_response(export_target(session, repository.bucket_repro_target(session, bucket_id), force=True))
 
 
+@api_router.get(
+    "/{bucket_id}/issue.md",
+    response_class=Response,
+    responses={200: {"content": {"text/markdown": {}}, "description": "the bucket as an issue report"}},
+)
+def get_bucket_issue(session: SessionDep, bucket_id: BucketId) -> Response:
+    """The bucket as an issue for the library's tracker (``attnfuzz report --bucket ID --format
+    markdown``, `service.issue_report`), from stored data only."""
+    from service.issue_report import bucket_issue
+
+    return Response(bucket_issue(session, bucket_id).markdown, media_type="text/markdown; charset=utf-8")
+
+
 @api_router.patch("/{bucket_id}", dependencies=[Depends(require_write_token)])
 def update_bucket(session: WriteSessionDep, bucket_id: BucketId, update: TriageUpdate) -> BucketOut:
     """Change triage state, notes, upstream URL or duplicate target (only the fields sent)."""
