@@ -11,8 +11,11 @@ worker judges them, so the stored figures and allowances are the worker's.
 
 Regenerate the example (from the repository root)::
 
-    .venv/bin/python docs/make_example_issue_report.py /tmp/standin.db
-    .venv/bin/attnfuzz report --db /tmp/standin.db --bucket 1 --format markdown > docs/example-issue-report.md
+    rm -f /tmp/standin.db && .venv/bin/python docs/make_example_issue_report.py /tmp/standin.db
+    (echo "$STANDIN_NOTE"; echo; .venv/bin/attnfuzz report --db /tmp/standin.db --bucket 1 --format markdown) \
+        > docs/example-issue-report.md
+
+with ``STANDIN_NOTE`` the first line of the committed file (a blockquote saying it is a stand-in).
 
 With a GPU database, the same report of its seed bucket (``attnfuzz report --db DB`` lists the
 bucket ids)::
