@@ -59,7 +59,7 @@ MANIFEST_NAME = "build.json"
 MANIFEST_SCHEMA_VERSION = 1
 BUILDS_DIR_ENV = "ATTNFUZZ_BUILDS_DIR"
 DEFAULT_RULES = Path(__file__).resolve().parent / "build_rules.toml"
-INSTALLERS = ("unpack", "pip")
+INSTALLERS = ("auto", "uv", "unpack", "pip")
 
 #: Package lines read from `BuildFingerprint` fields (line name -> field). ``cuda``, ``cudnn``
 #: and ``nvidia-driver`` are not pip packages but are lines all the same.
@@ -560,11 +560,63 @@ def _pip_install(wheels: Sequence[Path], site: Path, wheelhouses: Sequence[Path]
         raise BuildPrepareError(f"pip install into {site} failed (exit {completed.returncode}): {tail}")
 
 
+def uv_command() -> list[str] | None:
+    """How to run uv here: the ``uv`` executable on ``PATH``, else the one the ``uv`` Python
+    package ships (``pip install uv``); None when there is none."""
+    found = shutil.which("uv")
+    if found:
+        return [found]
+    try:
+        import uv  # type: ignore[import-not-found]
+
+        return [uv.find_uv_bin()]
+    except (ImportError, FileNotFoundError, AttributeError):
+        return None
+
+
+def resolve_installer(installer: str) -> str:
+    """The installer ``installer`` means here: ``auto`` is ``uv`` when uv is available (`uv_command`),
+    else ``unpack``.
+
+    Raises:
+        BuildError: an unknown installer, or ``uv`` asked for where there is no uv.
+    """
+    _check_installer(installer)
+    if installer == "auto":
+        return "uv" if uv_command() is not None else "unpack"
+    if installer == "uv" and uv_command() is None:
+        raise BuildError(
+            "installer: 'uv' needs uv (the uv executable on PATH, or pip install uv); "
+            f"allowed here: {', '.join(i for i in INSTALLERS if i != 'uv')}"
+        )
+    return installer
+
+
+def _uv_install(wheels: Sequence[Path], site: Path, wheelhouses: Sequence[Path]) -> None:
+    """``uv pip install --offline --no-index --no-deps --find-links WHEELHOUSE --target SITE``
+    of the exact wheels `resolve_extras` chose: uv installs (RECORD, ``.data`` directories), the
+    manifest's resolution (the build's Requires-Dist, the rules, what the shared stack already
+    satisfies) stays attnfuzz's data."""
+    command = [*(uv_command() or ["uv"]), "pip", "install", "--quiet", "--offline", "--no-index", "--no-deps"]
+    command += ["--python", sys.executable]
+    for wheelhouse in wheelhouses:
+        command += ["--find-links", str(wheelhouse)]
+    command += ["--target", str(site), *map(str, wheels)]
+    completed = subprocess.run(command, capture_output=True, text=True)
+    if completed.returncode:
+        tail = (completed.stderr or completed.stdout).strip()[-2000:]
+        raise BuildPrepareError(f"uv pip install into {site} failed (exit {completed.returncode}): {tail}")
+
+
 def _install(wheels: Sequence[Path], site: Path, installer: str, wheelhouses: Sequence[Path]) -> None:
     site.mkdir(parents=True, exist_ok=True)
+    installer = resolve_installer(installer)
+    if not wheels:  # an adopted build may need a site only for the FlashAttention 2 merge
+        return
     if installer == "pip":
-        if wheels:  # an adopted build may need a site only for the FlashAttention 2 merge
-            _pip_install(wheels, site, wheelhouses)
+        _pip_install(wheels, site, wheelhouses)
+    elif installer == "uv":
+        _uv_install(wheels, site, wheelhouses)
     else:
         for wheel in wheels:
             unpack_wheel(wheel, site)
@@ -690,7 +742,7 @@ def prepare_from_wheelhouse(
     builds_dir: str | Path,
     *,
     rules: Sequence[ExtraRule] = (),
-    installer: str = "unpack",
+    installer: str = "auto",
     shared_version: Callable[[str], str | None] = installed_version,
     force: bool = False,
     allow_missing: bool = False,
@@ -707,8 +759,10 @@ def prepare_from_wheelhouse(
         wheelhouses: directories of wheels (offline; nothing is downloaded).
         builds_dir: where build environments live.
         rules: extra-package rules (`load_rules`).
-        installer: ``"unpack"`` (unzip, merging folders, as gpu_stage.py does) or ``"pip"``
-            (``pip install --no-index --no-deps --target``).
+        installer: ``"auto"`` (``uv`` when uv is available, else ``unpack``), ``"uv"`` (``uv pip
+            install --offline --no-index --no-deps --target``), ``"unpack"`` (unzip, merging
+            folders, as gpu_stage.py does) or ``"pip"`` (``pip install --no-index --no-deps
+            --target``).
         shared_version: versions of the shared stack (default: this interpreter's).
         force: prepare again even when an up-to-date environment exists.
         allow_missing: keep going when a ``Requires-Dist`` requirement is satisfied neither by
@@ -787,7 +841,7 @@ def adopt_build_dir(
     *,
     wheelhouses: Sequence[str | Path] = (),
     rules: Sequence[ExtraRule] = (),
-    installer: str = "unpack",
+    installer: str = "auto",
     shared_version: Callable[[str], str | None] = installed_version,
     allow_missing: bool = False,
     shared_fa2: Callable[[], Path | None] = find_shared_fa2,
@@ -906,7 +960,7 @@ class BuildSelection:
     wheelhouses: tuple[Path, ...] = ()
     builds_dir: Path | None = None
     rules: tuple[ExtraRule, ...] = ()
-    installer: str = "unpack"
+    installer: str = "auto"
     allow_missing: bool = False
     failed: Mapping[str, str] = field(default_factory=dict)
 
@@ -958,7 +1012,7 @@ def select_builds(
     build_dirs: Sequence[str | Path] = (),
     wheelhouses: Sequence[str | Path] = (),
     rules: Sequence[ExtraRule] = (),
-    installer: str = "unpack",
+    installer: str = "auto",
     versions: Sequence[str] = (),
     allow_missing: bool = False,
 ) -> BuildSelection:
@@ -1036,10 +1090,12 @@ __all__ = [
     "normalise_package",
     "parse_version",
     "prepare_from_wheelhouse",
+    "resolve_installer",
     "resolve_extras",
     "scan_wheelhouse",
     "select_builds",
     "unpack_wheel",
+    "uv_command",
     "version_key",
     "wheel_requirements",
     "wheelhouse_versions",
