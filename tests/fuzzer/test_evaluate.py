@@ -1,0 +1,169 @@
+"""`fuzzer.evaluate`: the Evaluator judges every task of a case (planted all-zero kernel found,
+unsupported tasks reported), child processes give the same verdicts as in-process runs (tensors
+as bytes), the prepared comparison equals the plain one, and the worker writes each case once."""
+
+from __future__ import annotations
+
+import torch
+
+from fuzzer import executor as executor_module
+from fuzzer.backends.base import BackendOutput
+from fuzzer.evaluate import Evaluator
+from fuzzer.executor import ExecutorError, PackedTensor, configure_torch_threads, pack_inputs, unpack_inputs
+from fuzzer.sinks import MemorySink
+from fuzzer.worker import Worker, WorkerConfig
+from oracle.compare import PreparedReference, compare_outputs
+from oracle.config import AttentionCase
+from oracle.inputs import make_inputs
+from oracle.reference import reference
+from tests.fuzzer.standins import CorrectBackend
+
+import pytest
+
+# the stand-ins run float32, bshd, lengths up to 64
+FORWARD = AttentionCase(batch_size=1, seqlen_q=40, seqlen_k=60, num_heads=2, head_dim=16, causal=True, dtype="float32", backward=False)
+BACKWARD = AttentionCase(
+    batch_size=2, seqlen_q=33, seqlen_k=64, num_heads=2, num_heads_kv=1, head_dim=8, backward=True, dtype="float32"
+)
+# for the comparison alone: bf16, more than one tile of rows, rows without a visible key
+PREP_FORWARD = AttentionCase(batch_size=1, seqlen_q=150, seqlen_k=90, num_heads=2, head_dim=16, causal=True, backward=False)
+PREP_BACKWARD = AttentionCase(
+    batch_size=2, seqlen_q=70, seqlen_k=65, num_heads=2, num_heads_kv=1, head_dim=8, backward=True, window_size_left=3
+)
+
+
+class ZeroBackend(CorrectBackend):
+    """Planted: variant ``zero`` returns an all-zero output; ``native`` is correct; it declares
+    no support for head_dim above 16."""
+
+    name = "standin-zero"
+    environment = "standin-zero"
+    variants = ("native", "zero")
+
+    def unsupported_reasons(self, case, variant):
+        reasons = super().unsupported_reasons(case, variant)
+        return reasons + (["head_dim above 16"] if case.head_dim > 16 else [])
+
+    def run(self, case, inputs, variant):
+        output = super().run(case, inputs, variant)
+        if variant == "zero":
+            output = BackendOutput(out=torch.zeros_like(output.out), lse=output.lse, dq=output.dq, dk=output.dk, dv=output.dv)
+        return output
+
+
+BACKENDS = [(CorrectBackend(), "tests.fuzzer.standins:CorrectBackend"), (ZeroBackend(), "tests.fuzzer.test_evaluate:ZeroBackend")]
+
+
+def _by_task(results):
+    return {(r.backend, r.variant): r for r in results}
+
+
+def test_the_evaluator_finds_the_planted_zero_output_and_reports_unsupported_tasks_first() -> None:
+    with Evaluator(BACKENDS, isolation="none") as evaluator:
+        found = evaluator.evaluate(FORWARD)
+        wide = evaluator.evaluate(AttentionCase(batch_size=1, seqlen_q=8, seqlen_k=8, num_heads=1, head_dim=32, dtype="float32"))
+    results = _by_task(found.results)
+    assert results[("standin-ok", "native")].status == "pass"
+    assert results[("standin-zero", "native")].status == "pass"
+    assert results[("standin-zero", "zero")].status == "fail"
+    assert results[("standin-zero", "zero")].signature == "out:all_zero"
+    assert found.runnable == 3 and found.oracle_s > 0
+    assert [r.status for r in wide.results[:2]] == ["unsupported", "unsupported"]
+    assert wide.runnable == 1 and "head_dim above 16" in wide.results[0].detail
+
+
+def test_child_processes_give_the_verdicts_of_an_in_process_run() -> None:
+    with Evaluator(BACKENDS, isolation="none") as evaluator:
+        here = _by_task(evaluator.evaluate(BACKWARD).results)
+    with Evaluator(BACKENDS, isolation="process") as evaluator:
+        assert evaluator.unavailable == {}
+        there = _by_task(evaluator.evaluate(BACKWARD).results)
+    assert here.keys() == there.keys()
+    for task, result in here.items():
+        assert (result.status, result.signature, result.error_ratio) == (
+            there[task].status, there[task].signature, there[task].error_ratio
+        ), task
+        assert result.metrics == there[task].metrics, task
+    assert there[("standin-zero", "zero")].signature == "out:all_zero"
+
+
+@pytest.mark.parametrize("case", [PREP_FORWARD, PREP_BACKWARD], ids=["forward", "backward"])
+def test_the_prepared_comparison_gives_the_plain_verdict(case: AttentionCase) -> None:
+    inputs = make_inputs(case)
+    ref = reference(case, inputs, backward=case.backward)
+    prepared = PreparedReference(case, ref)
+    out = ref.out.to(torch.bfloat16)
+    wrong = out.clone()
+    wrong[0, -1] += 1.0  # one wrong row
+    grads = {name: getattr(ref, name).to(torch.bfloat16) for name in ("dq", "dk", "dv")} if case.backward else {}
+    for candidate in (out, wrong):
+        lse = ref.lse.float()
+        plain = compare_outputs(case, ref, out=candidate, lse=lse, **grads)
+        fast = compare_outputs(case, prepared, out=candidate, lse=lse, **grads)
+        assert fast.to_json() == plain.to_json()
+    assert not compare_outputs(case, prepared, out=wrong).passed
+    assert compare_outputs(case, prepared, out=out).passed
+
+
+def test_tensors_travel_as_bytes_and_come_back_equal(monkeypatch) -> None:
+    for tensor in (torch.randn(3, 5).to(torch.bfloat16), torch.randn(2, 7), torch.arange(6, dtype=torch.int32),
+                   torch.empty(0, 4), torch.randn(4, 6).t()):
+        packed = PackedTensor.pack(tensor)
+        assert isinstance(packed, PackedTensor)
+        back = packed.unpack()
+        assert back.dtype == tensor.dtype and back.shape == tensor.shape and torch.equal(back, tensor)
+    monkeypatch.setattr(executor_module, "BYTES_TRANSPORT_MAX", 16)
+    large = torch.randn(100)
+    assert PackedTensor.pack(large) is large  # larger tensors keep the shared-memory path
+
+
+def test_a_forward_only_case_sends_no_dout() -> None:
+    inputs = make_inputs(FORWARD)
+    packed = pack_inputs(FORWARD, inputs)
+    assert not isinstance(packed["dout"], PackedTensor)
+    back = unpack_inputs(packed)
+    assert back.dout.shape == inputs.dout.shape and back.dout.dtype == inputs.dout.dtype
+    assert not back.dout.any()
+    assert torch.equal(back.q, inputs.q) and torch.equal(back.v, inputs.v)
+    assert isinstance(pack_inputs(BACKWARD, make_inputs(BACKWARD))["dout"], PackedTensor)
+
+
+def test_torch_threads_are_set_per_process_and_bad_counts_are_refused(monkeypatch) -> None:
+    before = torch.get_num_threads()
+    try:
+        monkeypatch.setenv("ATTNFUZZ_TORCH_THREADS", "two")
+        with pytest.raises(ExecutorError, match="ATTNFUZZ_TORCH_THREADS"):
+            configure_torch_threads()
+        with pytest.raises(ExecutorError, match="positive"):
+            configure_torch_threads(0)
+        monkeypatch.setenv("ATTNFUZZ_TORCH_THREADS", "1")
+        assert configure_torch_threads() == 1 and torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+class CountingSink(MemorySink):
+    def __init__(self) -> None:
+        super().__init__()
+        self.case_writes = 0
+        self.single_writes = 0
+
+    def record_case_results(self, case_json, origin, results, build_id, worker_id):
+        self.case_writes += 1
+        return super().record_case_results(case_json, origin, results, build_id, worker_id)
+
+    def record_result(self, result, build_id, worker_id):
+        self.single_writes += 1
+        return super().record_result(result, build_id, worker_id)
+
+
+def test_the_worker_writes_each_case_with_all_its_results_once() -> None:
+    sink = CountingSink()
+    config = WorkerConfig(backends=BACKENDS, isolation="none", time_budget_s=None, max_cases=4, seed=1,
+                          shrink=False, replay_known=False, max_seqlen=64, allow_backward=False)
+    stats = Worker(config, sink).run()
+    assert stats.cases == 4
+    assert sink.case_writes == 4  # one write per case
+    assert sum(stats.results.values()) == 4 * 3  # 3 tasks per case, unsupported ones included
+    assert len(sink.results) == 3 * len(sink.cases)  # each distinct case stored with its 3 results, once
+    assert sink.single_writes == 4 * 3  # only from inside MemorySink's one write per case
