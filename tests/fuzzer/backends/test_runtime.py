@@ -278,3 +278,28 @@ def test_the_summary_names_the_cache_without_creating_it(tmp_path):
     assert jit_cache_description({JIT_CACHE_ENV: str(tmp_path / "c")}) == str(tmp_path / "c")
     assert jit_cache_description({FA4_CACHE_DIR_ENV: str(tmp_path / "d"), JIT_CACHE_ENV: str(tmp_path / "c")}) == str(tmp_path / "d")
     assert not (tmp_path / "c").exists()
+
+
+def test_a_worker_registers_the_children_s_cudnn_and_attributes_each_result_to_it(tmp_path, monkeypatch):
+    """Through the worker: the build it registers names the cuDNN its child reported (not the
+    worker process's), and each stored result's backend_version carries it."""
+    from fuzzer.sinks import MemorySink
+    from fuzzer.worker import Worker, WorkerConfig
+
+    class RecordingSink(MemorySink):
+        fingerprints: list = []
+
+        def register_build(self, fingerprint):
+            self.fingerprints.append(fingerprint)
+            return super().register_build(fingerprint)
+
+    monkeypatch.setenv(JIT_CACHE_ENV, "off")
+    sink = RecordingSink()
+    backend = ReportingBackend()
+    config = WorkerConfig(backends=[(backend, f"{SPEC}:ReportingBackend")], isolation="process", shrink=False)
+    with Worker(config, sink) as worker:
+        results = worker.evaluate(CASE)
+    assert [r.status for r in results] == ["pass"]
+    assert "runtime:cudnn==9.19.0" in results[0].backend_version
+    assert sink.fingerprints[-1].cudnn == "9.19.0"
+    assert all("runtime:cudnn==9.19.0" in r.backend_version for r in sink.results.values())
