@@ -1,0 +1,80 @@
+"""`SpoolingSink.record_case_results`: a case with all its results is one spool entry while the
+database is away, flushed in order once it is back, and stored once even when the database had
+committed the write before the worker saw the connection drop."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fuzzer.results import BuildFingerprint, CaseResult, SinkFatalError
+from fuzzer.spool import Ledger, Spool, SpoolingSink
+from oracle.config import AttentionCase
+from tests.reliability.test_spool import Clock, FlakySink
+
+CASES = [AttentionCase(seqlen_q=n, seqlen_k=n, head_dim=16, dtype="float32") for n in range(1, 4)]
+
+
+def _results(case: AttentionCase) -> list[CaseResult]:
+    return [
+        CaseResult(case.case_id, "b", "native", "pass"),
+        CaseResult(case.case_id, "b", "window", "unsupported", detail="no"),
+        CaseResult(case.case_id, "b", "buggy", "fail", signature="out:all_zero", signatures=("out:all_zero",)),
+    ]
+
+
+def _sink(tmp_path: Path, inner: FlakySink, ledger: Ledger | None = None) -> tuple[SpoolingSink, Clock]:
+    clock = Clock()
+    sink = SpoolingSink(inner, Spool(tmp_path / "slot-0"), clock=clock, sleep=lambda s: None, log=lambda line: None,
+                        ledger=ledger)
+    return sink, clock
+
+
+def test_an_outage_spools_whole_cases_and_the_flush_stores_each_once_in_order(tmp_path: Path) -> None:
+    inner = FlakySink()
+    sink, clock = _sink(tmp_path, inner, Ledger(tmp_path / "ledger.jsonl"))
+    build_id = sink.register_build(BuildFingerprint())
+    first = sink.record_case_results(CASES[0].to_json(), "fuzz", _results(CASES[0]), build_id, None)
+    assert first[2] is not None and first[2].is_new
+    inner.down = True
+    assert sink.record_case_results(CASES[1].to_json(), "fuzz", _results(CASES[1]), build_id, None) == [None] * 3
+    inner.down = False
+    # not due yet: the next case queues behind the spooled one (order kept)
+    assert sink.record_case_results(CASES[2].to_json(), "fuzz", _results(CASES[2]), build_id, None) == [None] * 3
+    assert sink.pending == 2
+    clock.now += 60
+    assert sink.flush()
+    assert len(inner.results) == 9 and len(inner.cases) == 3
+    order = [entry[1] for entry in inner.accepted if entry[0] == "case"]
+    assert order == [c.case_id for c in CASES]
+    assert inner.buckets[("b", "buggy", "out:all_zero")].hit_count == 3
+    lines = (tmp_path / "ledger.jsonl").read_text().splitlines()
+    assert len(lines) == 9  # one ledger line per result, written or spooled
+
+
+def test_a_write_committed_before_the_connection_dropped_is_not_stored_twice(tmp_path: Path) -> None:
+    inner = FlakySink()
+    sink, clock = _sink(tmp_path, inner)
+    build_id = sink.register_build(BuildFingerprint())
+    results = _results(CASES[0])
+    inner.record_case_results(CASES[0].to_json(), "fuzz", results, build_id, None)  # committed ...
+    inner.down = True  # ... but the worker sees the connection drop and spools it
+    sink.record_case_results(CASES[0].to_json(), "fuzz", results, build_id, None)
+    inner.down = False
+    clock.now += 60
+    assert sink.flush()
+    assert len(inner.results) == 3
+    assert inner.buckets[("b", "buggy", "out:all_zero")].hit_count == 1
+
+
+def test_a_refused_write_is_kept_in_the_spool_and_raised(tmp_path: Path) -> None:
+    inner = FlakySink()
+    sink, _ = _sink(tmp_path, inner)
+    build_id = sink.register_build(BuildFingerprint())
+    inner.refusing = True
+    with pytest.raises(SinkFatalError):
+        sink.record_case_results(CASES[0].to_json(), "fuzz", _results(CASES[0]), build_id, None)
+    assert sink.pending == 1
+    ((_, op, payload),) = sink.spool.entries()
+    assert op == "record_case_results" and len(payload["results"]) == 3
