@@ -124,8 +124,11 @@ def test_kill_9_mid_shrink_the_next_worker_takes_the_bucket_and_minimises_it(cli
     assert minimised_id is not None and note.startswith("minimised"), note
     minimal = _stored_case(sqlite_url, minimised_id)
     assert minimal.causal and minimal.seqlen_q <= CAUSAL.seqlen_q, minimal.describe()
-    assert (after["cases"], after["results"], after["buckets"]) == (2, 2, 1), f"+ the minimised case and its confirm run: {after}"
-    assert query(sqlite_url, "SELECT phase FROM results WHERE case_id = :c", c=minimised_id) == [("confirm",)]
+    # + the minimised case and its confirm runs: every variant of the backend is re-checked there
+    assert (after["cases"], after["results"], after["buckets"]) == (2, 3, 1), after
+    assert sorted(query(sqlite_url, "SELECT variant, phase, status FROM results WHERE case_id = :c", c=minimised_id)) == [
+        ("buggy", "confirm", "fail"), ("native", "confirm", "pass")
+    ]
     assert bucket_id == 1
     assert _workers(sqlite_url) == [(1, "lost", "slot-0"), (2, "stopped", "slot-0")]
     _assert_gap_recorded(sqlite_url)
