@@ -292,3 +292,16 @@ def test_family_inputs_are_bit_identical_on_cpu_and_cuda(dtype):
             cpu, cuda = make_inputs(case), make_inputs(case, "cuda").to("cpu")
             for name in ("q", "k", "v", "dout"):
                 assert _bits_equal(getattr(cpu, name), getattr(cuda, name)), (fields, fmt, name)
+
+
+# ------------------------------------------------------------------ error model at the dtype's edge
+def test_an_infinity_is_accepted_only_where_the_reference_overflows_the_dtype():
+    from oracle.compare import compare_tensor
+
+    reference_values = torch.tensor([[[70000.0, 1.0], [60000.0, -2.0]]], dtype=torch.float64)  # [1, 2 rows, 2]
+    overflowing = torch.tensor([[[math.inf, 1.0], [60000.0, -2.0]]]).to(torch.float16)
+    assert compare_tensor("dq", overflowing, reference_values, "float16").passed
+    wrong_sign = torch.tensor([[[-math.inf, 1.0], [60000.0, -2.0]]]).to(torch.float16)
+    assert "dq:neginf" in compare_tensor("dq", wrong_sign, reference_values, "float16").signatures
+    spurious = torch.tensor([[[math.inf, 1.0], [math.inf, -2.0]]]).to(torch.float16)
+    assert "dq:posinf" in compare_tensor("dq", spurious, reference_values, "float16").signatures
