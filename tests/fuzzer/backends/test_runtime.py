@@ -303,3 +303,22 @@ def test_a_worker_registers_the_children_s_cudnn_and_attributes_each_result_to_i
     assert "runtime:cudnn==9.19.0" in results[0].backend_version
     assert sink.fingerprints[-1].cudnn == "9.19.0"
     assert all("runtime:cudnn==9.19.0" in r.backend_version for r in sink.results.values())
+
+
+def test_attnfuzz_backends_lists_what_each_child_loaded():
+    """``attnfuzz backends --json``: every row has the runtime its child reported (empty where
+    none was started: on this CPU machine the CUDA backends are answered without importing
+    their libraries)."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from service.cli import app
+
+    result = CliRunner().invoke(app, ["backends", "--json"])
+    assert result.exit_code == 0, result.output
+    rows = {row["name"]: row for row in json.loads(result.output)}
+    assert rows["torch-cpu-math"]["available"] and isinstance(rows["torch-cpu-math"]["runtime"], dict)
+    if not __import__("torch").cuda.is_available():
+        assert not rows["fa4"]["available"] and rows["fa4"]["runtime"] == {}
+        assert "flash_attn" not in sys.modules and "transformer_engine" not in sys.modules
