@@ -484,6 +484,8 @@ def export_target(
     signature) from stored figures; arguments and errors as `load_export`."""
     case_id = target.case.id
     case = validated_case(target.case.config)
+    check_names(target.backend, target.variant, target.signature)
+    repro_call(adapter or resolve_backend(target.backend), case, target.variant)  # the variant's errors first
     if not force:
         reason = misleading_reason(stored_statuses(session, case_id, target.backend, target.variant), target.backend, target.variant)
         if reason is not None:
@@ -915,6 +917,20 @@ def repro_filename(backend: str, variant: str, case_id: str) -> str:
     return f"test_attnfuzz_{clean}_{case_id}.py"
 
 
+def check_names(backend: Any, variant: Any, signature: Any) -> None:
+    """Backend and variant names and the signature must have the stored forms.
+
+    Raises:
+        ExportError: ``backend``, ``variant`` or ``signature``, whichever is malformed first.
+    """
+    if not isinstance(backend, str) or not NAME_PATTERN.match(backend):
+        raise ExportError("backend", f"{str(backend)[:80]!r} is not a backend name")
+    if not isinstance(variant, str) or not NAME_PATTERN.match(variant):
+        raise ExportError("variant", f"{str(variant)[:80]!r} is not a variant name")
+    if signature is not None and (not isinstance(signature, str) or not SIGNATURE_PATTERN.match(signature)):
+        raise ExportError("signature", f"{str(signature)[:80]!r} is not a signature like 'out:all_zero'")
+
+
 def _recorded_text(recorded: dict[str, Any] | None) -> str:
     """The stored figures of the recorded result, one line per judged tensor (plain ASCII)."""
     lines = []
@@ -971,12 +987,7 @@ def render_repro(
             value that is not a plain literal.
     """
     name = backend.name if isinstance(backend, Backend) else backend
-    if not isinstance(name, str) or not NAME_PATTERN.match(name):
-        raise ExportError("backend", f"{str(name)[:80]!r} is not a backend name")
-    if not isinstance(variant, str) or not NAME_PATTERN.match(variant):
-        raise ExportError("variant", f"{str(variant)[:80]!r} is not a variant name")
-    if signature is not None and (not isinstance(signature, str) or not SIGNATURE_PATTERN.match(signature)):
-        raise ExportError("signature", f"{str(signature)[:80]!r} is not a signature like 'out:all_zero'")
+    check_names(name, variant, signature)
     if not isinstance(case, AttentionCase):
         raise ExportError("case", "must be an AttentionCase")
     if case.cp_size != 1:

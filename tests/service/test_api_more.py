@@ -33,6 +33,14 @@ def _counts(session: Session) -> tuple[int, ...]:
 
 
 # ------------------------------------------------------------------------------------ repro
+def _stored_allowances(case: AttentionCase) -> dict:
+    """Metrics carrying the allowances a worker stores with a failing verdict (the repro
+    endpoints use stored figures only)."""
+    from service.export import computed_allowance
+
+    return {name: {"allowed_global": a.whole, "tile_allowed": a.tiles} for name, a in computed_allowance(case).items()}
+
+
 def test_case_repro_is_a_python_attachment_for_the_failing_variant(client: TestClient, seeded: Seeded) -> None:
     response = client.get(f"/api/cases/{seeded.other_case.case_id}/repro.py", params={"backend": "fa4", "variant": "default"})
     assert response.status_code == 422, "fa4 has no variant 'default'"
@@ -48,7 +56,7 @@ def test_repro_of_an_exportable_failure_names_its_signature(
     store.record_case(case.to_json(), "fuzz")
     store.record_result(
         CaseResult(case.case_id, "torch-cpu-math", "is_causal", "fail", signature="out:mismatch",
-                   signatures=("out:mismatch",)),
+                   signatures=("out:mismatch",), metrics=_stored_allowances(case)),
         seeded.build_id, None,
     )
     response = client.get(f"/api/cases/{case.case_id}/repro.py")
@@ -69,6 +77,9 @@ def test_bucket_repro_uses_the_minimised_case(client: TestClient, store: SqlStor
         CaseResult(case.case_id, "torch-cpu-flash", "aten_lse", "fail", signature="lse:mismatch"), seeded.build_id, None
     )
     store.record_minimised(update.bucket_id, small.to_json(), case.case_id, "shrunk")
+    store.record_case(small.to_json(), "minimised")
+    store.record_result(CaseResult(small.case_id, "torch-cpu-flash", "aten_lse", "fail", signature="lse:mismatch",
+                                   metrics=_stored_allowances(small), phase="confirm"), seeded.build_id, None)
     response = client.get(f"/api/buckets/{update.bucket_id}/repro.py")
     assert response.status_code == 200, response.text
     assert f"CASE_ID = '{small.case_id}'" in response.text and "VARIANT = 'aten_lse'" in response.text
