@@ -34,7 +34,9 @@ from oracle.errors import AttnFuzzError
 
 
 #: Runtime report keys written into `Backend.version_string` (and so into each result).
-RUNTIME_VERSION_KEYS = ("cudnn", "cublaslt", "nccl", "flash_attn_4", "flash_attn")
+#: ``flash_attn_4_module`` is the imported ``flash_attn/cute`` directory: with it a result names
+#: the FA4 build that ran by place as well as by version (a bisection cannot test another silently).
+RUNTIME_VERSION_KEYS = ("cudnn", "cublaslt", "nccl", "flash_attn_4", "flash_attn_4_module", "flash_attn")
 
 
 class BackendError(AttnFuzzError):

@@ -322,3 +322,14 @@ def test_attnfuzz_backends_lists_what_each_child_loaded():
     if not __import__("torch").cuda.is_available():
         assert not rows["fa4"]["available"] and rows["fa4"]["runtime"] == {}
         assert "flash_attn" not in sys.modules and "transformer_engine" not in sys.modules
+
+
+def test_a_result_names_the_fa4_build_that_ran_by_version_and_place():
+    backend = ReportingBackend()
+    backend.set_runtime({"flash_attn_4": "4.0.0b30", "flash_attn_4_module": "/b/flash-attn-4-4.0.0b30/site/flash_attn/cute", "other": "x"})
+    text = backend.version_string()
+    assert "runtime:flash_attn_4==4.0.0b30" in text
+    assert "runtime:flash_attn_4_module==/b/flash-attn-4-4.0.0b30/site/flash_attn/cute" in text
+    assert "other" not in text
+    backend.set_runtime({})
+    assert "runtime:" not in backend.version_string(), "a new report replaces the cached string"
