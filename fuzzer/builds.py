@@ -459,6 +459,20 @@ class BuildEnvironment:
         entries = [str(p) for p in self.paths] + [str(a) for a in after if str(a)]
         return os.pathsep.join(dict.fromkeys(e for e in entries if e))
 
+    def cudnn_dir(self) -> Path | None:
+        """The cuDNN this build ships (``nvidia/cudnn/lib`` of an unpacked ``nvidia-cudnn-cu1x``
+        wheel in one of its paths), None when it ships none. A replay on such a build sets
+        ``ATTNFUZZ_CUDNN`` to it, so every backend child of the replay loads that cuDNN
+        (`fuzzer.environment.resolve_cudnn_choice`) and the fingerprint records its version."""
+        from fuzzer.environment import TORCH_CUDNN_SUBDIRS
+
+        for path in self.paths:
+            for sub in TORCH_CUDNN_SUBDIRS:
+                directory = Path(path) / sub
+                if directory.is_dir() and any(p.name.startswith("libcudnn.so") for p in directory.iterdir()):
+                    return directory
+        return None
+
     def to_json(self) -> dict[str, Any]:
         return {
             "schema_version": MANIFEST_SCHEMA_VERSION,

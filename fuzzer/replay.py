@@ -468,6 +468,9 @@ def replay_in_build(
         inherited = os.environ.get("PYTHONPATH", "")
         if environment is not None:
             child_env["PYTHONPATH"] = environment.pythonpath(PROJECT_ROOT, inherited)
+            cudnn = environment.cudnn_dir()
+            if cudnn is not None and not (env_vars or {}).get("ATTNFUZZ_CUDNN"):
+                child_env["ATTNFUZZ_CUDNN"] = str(cudnn)  # a build of the cuDNN line: its children load it
         else:
             child_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROJECT_ROOT), inherited) if p)
         cases = len({t.case.case_id for t in tasks})

@@ -3,7 +3,8 @@
 They run on the CPU with `tests.fuzzer.standins.CorrectBackend`'s correct attention and report,
 through `Backend.runtime_versions`, what their child process sees:
 
-* `ReportingBackend` ("standin-runtime"): a stand-in version query (``cudnn`` = ``9.19.0``) and
+* `ReportingBackend` ("standin-runtime"): a stand-in version query (``cudnn`` = ``9.19.0``, or
+  the ``VERSION`` file beside the first ``LD_LIBRARY_PATH`` entry: a fake cuDNN build's) and
   the variables the executor must have set before the child started: the first
   ``LD_LIBRARY_PATH`` entry, ``CUDNN_PATH`` and FA4's compile-cache variables (it is
   ``jit_compiled``).
@@ -31,8 +32,14 @@ class ReportingBackend(CorrectBackend):
     jit_compiled = True
 
     def runtime_versions(self) -> dict[str, str]:
+        first = os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep)[0]
+        version_file = os.path.join(first, "VERSION") if first else ""
+        version = "9.19.0"  # a stand-in for cudnnGetVersion: a fake cuDNN build says its own
+        if version_file and os.path.isfile(version_file):
+            with open(version_file) as fh:
+                version = fh.read().strip()
         return {
-            "cudnn": "9.19.0",
+            "cudnn": version,
             "ld_library_path_first": os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep)[0],
             "cudnn_path": os.environ.get("CUDNN_PATH", ""),
             "fa4_cache_enabled": os.environ.get(FA4_CACHE_ENABLED_ENV, ""),

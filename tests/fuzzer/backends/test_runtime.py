@@ -333,3 +333,31 @@ def test_a_result_names_the_fa4_build_that_ran_by_version_and_place():
     assert "other" not in text
     backend.set_runtime({})
     assert "runtime:" not in backend.version_string(), "a new report replaces the cached string"
+
+
+def test_a_replay_on_a_cudnn_build_runs_its_children_on_that_cudnn_and_records_its_version(tmp_path, monkeypatch):
+    """A build of the cuDNN line (an unpacked nvidia-cudnn-cu13 wheel) replayed: the replay's
+    children start with its nvidia/cudnn/lib first, and the replay's fingerprint names its
+    version, so regressions --package cudnn compare the cuDNN builds that ran."""
+    from fuzzer.builds import prepare_from_wheelhouse
+    from fuzzer.replay import ReplayTask, replay_in_build
+    from tests.builds.fakebuilds import write_wheel
+
+    monkeypatch.delenv(CUDNN_ENV, raising=False)
+    monkeypatch.setenv(JIT_CACHE_ENV, "off")
+    wheelhouse = tmp_path / "wheels"
+    wheelhouse.mkdir()
+    write_wheel(
+        wheelhouse, "nvidia-cudnn-cu13", "9.27.0.42",
+        {"nvidia/cudnn/__init__.py": "", "nvidia/cudnn/lib/libcudnn.so.9": "", "nvidia/cudnn/lib/VERSION": "9.27.0\n"},
+    )
+    env = prepare_from_wheelhouse(
+        "nvidia-cudnn-cu13", "9.27.0.42", [wheelhouse], tmp_path / "builds", shared_version=lambda name: None
+    )
+    assert env.cudnn_dir() == env.paths[0] / "nvidia" / "cudnn" / "lib"
+    task = ReplayTask(CASE, "standin-runtime", "native")
+    outcome = replay_in_build(env, [task], [("standin-runtime", f"{SPEC}:ReportingBackend")], device="cpu", start_timeout_s=300)
+    assert outcome.error in (None, ""), outcome.error
+    assert [r.status for r in outcome.results] == ["pass"]
+    assert outcome.fingerprint.cudnn == "9.27.0"
+    assert "runtime:cudnn==9.27.0" in outcome.results[0].backend_version
