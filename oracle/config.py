@@ -54,6 +54,7 @@ DOUT_DISTRIBUTIONS = ("normal", "tiny", "large", "sparse")
 SCORE_OFFSET_MODES = ("head", "row")
 MAX_SCORE_OFFSET = 256.0  # nats
 MAX_SEQ_SCALE_LOG2 = 3
+MAX_QK_RANK = MAX_MASSIVE_CHANNELS = 64  # both act as min(value, head_dim): a shrunk head_dim stays valid
 INPUT_FAMILY_DEFAULTS: dict[str, Any] = {
     "score_offset": 0.0,
     "score_offset_mode": "head",
@@ -222,7 +223,8 @@ class AttentionCase:
 
         ``score_offset`` in ``[-MAX_SCORE_OFFSET, MAX_SCORE_OFFSET]`` nats (``-0.0`` becomes
         ``0.0``; ``score_offset_mode`` is stored as ``"head"`` when there is no offset, so equal
-        cases hash equally), ``qk_rank`` and ``massive_channels`` in ``[0, head_dim]``,
+        cases hash equally), ``qk_rank`` and ``massive_channels`` in ``[0, 64]`` (either acts as
+        ``min(value, head_dim)``, so a minimiser may shrink head_dim under them),
         ``seq_scale_log2`` in ``[0, MAX_SEQ_SCALE_LOG2]``, ``peaked_rows`` a fraction in ``[0, 1]``.
 
         Raises:
@@ -241,8 +243,8 @@ class AttentionCase:
         _check_choice("score_offset_mode", self.score_offset_mode, SCORE_OFFSET_MODES)
         if self.score_offset == 0.0:
             s(self, "score_offset_mode", "head")
-        _check_int("qk_rank", self.qk_rank, 0, self.head_dim)
-        _check_int("massive_channels", self.massive_channels, 0, self.head_dim)
+        _check_int("qk_rank", self.qk_rank, 0, MAX_QK_RANK)
+        _check_int("massive_channels", self.massive_channels, 0, MAX_MASSIVE_CHANNELS)
         if not isinstance(self.attention_sink, bool):
             raise CaseValidationError("attention_sink", f"must be a bool, got {self.attention_sink!r}", "true, false")
         _check_int("seq_scale_log2", self.seq_scale_log2, 0, MAX_SEQ_SCALE_LOG2)

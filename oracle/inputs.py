@@ -42,13 +42,13 @@ everything here use only exact operations, IEEE ``+ - * /``, gathers and host-si
 arithmetic without libm (powers of two from ``frexp``), never a reduction or matmul (whose summation
 order differs between devices):
 
-``qk_rank = r`` (low-rank q/k)
+``qk_rank = r`` (low-rank q/k; ``r`` above head_dim counts as head_dim)
     ``q[t, h, :] = sum_{i < r} z[t, h, i] basis_h[i, :] / sqrt(r)`` (``z`` = the first ``r``
     channels of the normal q, ``basis`` from stream 8; k likewise with stream 9 per kv head),
     summed in index order. Real q/k activations have a low effective rank, which concentrates the
     scores and the cancellation in ``dS`` on a few directions. Source: Singhania et al., "Loki:
     Low-rank Keys for Efficient Sparse Attention", NeurIPS 2024 (keys of LLMs are low rank).
-``massive_channels = n`` (a few very large channels)
+``massive_channels = n`` (a few very large channels; at most head_dim)
     ``n`` channels (`massive_channel_indices`, stream 10) of q are multiplied by
     ``MASSIVE_Q_GAIN = 4`` and of k by ``MASSIVE_K_GAIN = 16``, in every head: fixed outlier
     channels, larger in keys than in queries, as measured in LLM key caches. Sources: Liu et al.,
@@ -370,7 +370,7 @@ def massive_channel_indices(case: AttentionCase) -> list[int]:
     if case.massive_channels == 0:
         return []
     order = torch.argsort(hash_uniform(case.seed, STREAM_MASSIVE, case.head_dim), stable=True)
-    return sorted(order[: case.massive_channels].tolist())
+    return sorted(order[: min(case.massive_channels, case.head_dim)].tolist())
 
 
 def score_offset_channel(case: AttentionCase) -> tuple[int, float]:
@@ -403,7 +403,8 @@ def _low_rank(case: AttentionCase, x: torch.Tensor, stream: int) -> torch.Tensor
     """``x`` ``[tokens, heads, dim]`` float64 -> ``sum_r x[..., r] * basis[head, r, :] / sqrt(rank)``
     with ``basis`` from ``stream``, summed in index order with separate IEEE operations (no
     matmul, whose summation order differs between devices)."""
-    rank, heads, dim = case.qk_rank, x.shape[-2], x.shape[-1]
+    heads, dim = x.shape[-2], x.shape[-1]
+    rank = min(case.qk_rank, dim)
     basis = hash_normal(case.seed, stream, heads * rank * dim, x.device).view(heads, rank, dim)
     acc = x[..., 0:1] * basis[:, 0, :]
     for r in range(1, rank):

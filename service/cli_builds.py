@@ -799,6 +799,7 @@ def corpus_export(
     root: Annotated[str, typer.Option("--root", help="Corpus directory to write.")] = "corpus",
     backend: Annotated[Optional[list[str]], typer.Option("--backend", help="Only these backends; repeatable.")] = None,
     db: DbOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print {root, files: [...]} as JSON.")] = False,
 ) -> None:
     """Write a corpus file per bucket: its minimised case, the last verdict per build, and as
     expected the newest verdict. Existing files keep their why/source and merge verdicts."""
@@ -815,6 +816,9 @@ def corpus_export(
         paths = [save_entry(root, entry) for entry in entries]
     except AttnFuzzError as exc:
         _fail(exc)
+    if as_json:
+        typer.echo(json.dumps({"root": str(root), "files": [str(p) for p in paths]}))
+        return
     out.print(f"{len(paths)} corpus file(s) written under {root}")
 
 

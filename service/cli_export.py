@@ -52,7 +52,7 @@ def register(app: typer.Typer) -> None:
 
     @app.command("export")
     def export_case(
-        case_id: Annotated[str, typer.Argument(help="AttentionCase.case_id (16 hex digits).")],
+        case_id: Annotated[str, typer.Argument(help="AttentionCase.case_id (16 hex digits), or a unique prefix of one.")],
         output: Annotated[
             Optional[Path], typer.Option("-o", "--output", help="File to write ('-' = stdout; default: test_attnfuzz_<...>.py).")
         ] = None,
@@ -66,6 +66,9 @@ def register(app: typer.Typer) -> None:
             bool, typer.Option("--force", help="Export a variant whose results are only unsupported or passing.")
         ] = False,
         db: DbOption = None,
+        as_json: Annotated[
+            bool, typer.Option("--json", help="Print {path, case_id, backend, variant, signature} as JSON on stdout.")
+        ] = False,
     ) -> None:
         """Write CASE_ID as a pytest file that needs only torch, pytest and the backend's package: it
         regenerates the inputs, calls the backend as the variant did (the adapter's repro method),
@@ -88,6 +91,9 @@ def register(app: typer.Typer) -> None:
         engine = make_engine(url)
         try:
             with Session(engine) as session:
+                from service.cli_common import resolve_case_id
+
+                case_id = resolve_case_id(session, case_id)
                 repro, target = load_export(
                     session, case_id, backend=None if spec else backend, variant=variant, backend_spec=spec,
                     force=force, compute_missing=True,
@@ -106,6 +112,12 @@ def register(app: typer.Typer) -> None:
             return
         path = output if output is not None else Path(repro.filename)
         path.write_text(repro.source)
+        if as_json:
+            import json
+
+            typer.echo(json.dumps({"path": str(path), "case_id": case_id, "backend": target.backend,
+                                   "variant": target.variant, "signature": target.signature}))
+            return
         console.print(
             f"wrote {path}: {target.backend} / {target.variant} / {target.signature or '(no recorded failure)'}; "
             f"run it with: pytest {path} (needs pytest: pip install pytest)"

@@ -86,6 +86,14 @@ def test_family_fields_round_trip_and_change_the_case_id(fields):
     assert all(f"{name}=" in case.describe() for name in fields)
 
 
+def test_rank_and_massive_channels_above_head_dim_act_as_head_dim_so_a_shrunk_case_stays_valid():
+    wide = AttentionCase(seqlen_q=6, seqlen_k=6, head_dim=64, qk_rank=8, massive_channels=4, seed=3)
+    narrow = wide.replace(head_dim=2)  # what a minimiser may try
+    inputs = make_inputs(narrow)
+    assert inputs.q.shape[-1] == 2 and massive_channel_indices(narrow) == [0, 1]
+    assert bool(torch.isfinite(inputs.q).all())
+
+
 def test_equal_cases_hash_equally_whatever_the_spelling():
     plain = AttentionCase(seqlen_q=4, seqlen_k=4, head_dim=8)
     assert plain.replace(score_offset=-0.0, score_offset_mode="row").case_id == plain.case_id
@@ -99,7 +107,7 @@ def test_equal_cases_hash_equally_whatever_the_spelling():
         (dict(score_offset=math.inf), "score_offset", None),
         (dict(score_offset="big"), "score_offset", None),
         (dict(score_offset_mode="column"), "score_offset_mode", "head, row"),
-        (dict(qk_rank=17), "qk_rank", "0 <= qk_rank <= 16"),
+        (dict(qk_rank=65), "qk_rank", "0 <= qk_rank <= 64"),
         (dict(qk_rank=-1), "qk_rank", None),
         (dict(massive_channels=1.5), "massive_channels", None),
         (dict(attention_sink=1), "attention_sink", "true, false"),

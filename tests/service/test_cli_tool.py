@@ -265,3 +265,26 @@ def test_ctrl_c_during_fuzz_prints_what_was_stored_and_where(tmp_path: Path) -> 
                 for line in path.read_text().splitlines() if line.strip()]
     features = [f for case in observed if case.get("type") == "test_case" for f in case.get("features", {})]
     assert any(f.startswith("localk/") and f.endswith(": pass") for f in features), features[:20]
+
+
+def test_export_and_corpus_export_answer_json(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'export.db'}"
+    migrations.upgrade(url)
+    engine = make_engine(url)
+    store = SqlStore(engine)
+    build_id = store.register_build(BuildFingerprint(torch="2.13.0"))
+    store.record_case(FAILING.to_json(), "fuzz")
+    store.record_result(CaseResult(FAILING.case_id, "torch-cpu-math", "bool_mask", "fail", signature="out:mismatch"),
+                        build_id, None)
+    engine.dispose()
+    target = tmp_path / "repro.py"
+    exported = _invoke("export", FAILING.case_id[:8], "-o", str(target), "--json", "--db", url)
+    assert exported.exit_code == 0, exported.output
+    body = json.loads(exported.stdout)
+    assert body == {"path": str(target), "case_id": FAILING.case_id, "backend": "torch-cpu-math",
+                    "variant": "bool_mask", "signature": "out:mismatch"}
+    assert target.read_text().startswith(("#", '"""', "import", "from"))
+    written = _invoke("corpus", "export", "--root", str(tmp_path / "corpus"), "--json", "--db", url)
+    assert written.exit_code == 0, written.output
+    files = json.loads(written.stdout)["files"]
+    assert len(files) == 1 and Path(files[0]).is_file()
