@@ -410,3 +410,18 @@ def test_the_files_judgement_is_the_oracles(kind: str, tmp_path: Path) -> None:
         assert text.startswith(f"{name}: L2 error")
     assert tuple(found) == verdict.signatures
     assert (kind in found) == (kind != "fixed")
+
+
+def test_the_files_judge_takes_the_correctly_rounded_overflow_as_no_defect(tmp_path: Path) -> None:
+    """As `oracle.compare`: +inf where the reference rounds to +inf in float16 is no posinf; +inf
+    elsewhere is (a planted one)."""
+    case = AttentionCase(seqlen_q=4, seqlen_k=4, num_heads=1, head_dim=8, dtype="float16", backward=False)
+    module = load_generated(render_repro(case, "torch-cpu-math", "is_causal", None,
+                                         allowed={"out": 1.0, "lse": 1.0}).source, tmp_path)
+    expected = torch.ones(1, 4, 1, 8, dtype=torch.float64)
+    expected[0, 2, 0, 3] = 1e5  # above float16's 65504
+    actual = expected.to(torch.float16)
+    assert torch.isinf(actual[0, 2, 0, 3])
+    assert module.judge("out", actual, expected)[0] == []
+    actual[0, 1, 0, 0] = math.inf
+    assert module.judge("out", actual, expected)[0] == ["out:posinf"]
