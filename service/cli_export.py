@@ -20,8 +20,9 @@ from service.cli_common import DbOption, console, db_url, fail, migrate
 
 def print_issue_report(db: str | None, bucket_id: int) -> None:
     """``attnfuzz report --bucket ID --format markdown``: print the bucket's issue report
-    (`service.issue_report.bucket_issue`) to stdout. Exit 2 for an unknown bucket, 5 when the
-    database cannot be opened."""
+    (`service.issue_report.bucket_issue`) to stdout; allowances an older attnfuzz did not store are
+    computed with the CPU oracle for the repro. Exit 2 for an unknown bucket, 5 when the database
+    cannot be opened."""
     from sqlalchemy.exc import SQLAlchemyError
     from sqlalchemy.orm import Session
 
@@ -37,7 +38,7 @@ def print_issue_report(db: str | None, bucket_id: int) -> None:
     engine = make_engine(url)
     try:
         with Session(engine) as session:
-            report = bucket_issue(session, bucket_id)
+            report = bucket_issue(session, bucket_id, compute_missing=True)
     except AttnFuzzError as exc:
         fail(exc)
     except SQLAlchemyError as exc:

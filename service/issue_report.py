@@ -142,8 +142,11 @@ def _library_call(case: Any, backend: Any, variant: str) -> tuple[str, str]:
     return variant, code.strip()
 
 
-def bucket_issue(session: Any, bucket_id: int) -> IssueReport:
+def bucket_issue(session: Any, bucket_id: int, *, compute_missing: bool = False) -> IssueReport:
     """The issue report of bucket ``bucket_id`` from stored data only.
+
+    ``compute_missing``: for results stored without allowances (an older attnfuzz), compute the
+    repro's allowances with the CPU oracle (the CLI; never in a web request).
 
     Raises:
         NotFoundError: no such bucket.
@@ -247,7 +250,7 @@ def bucket_issue(session: Any, bucket_id: int) -> IssueReport:
     out += ["", "## Repro", ""]
     filename = repro_filename(bucket.backend, bucket.variant, case_row.id)
     try:
-        repro = export_target(session, target, force=True)
+        repro = export_target(session, target, force=True, compute_missing=compute_missing)
         filename = repro.filename
         out += [f"A standalone pytest file (torch and pytest only, plus the library); it fails while the kernel "
                 f"still shows `{_cell(bucket.signature)}`:", "",
