@@ -13,7 +13,8 @@ fails *with the same signature*) and asks Hypothesis's shrinker for the smallest
 * sizes shrink toward 1 (batch_size, num_heads_kv, GQA group, seqlen_q, seqlen_k, per-sequence
   lengths) and head dims toward small common sizes; windows toward 0;
 * optional features shrink toward "off" (backward -> forward only, softcap, softmax_scale ->
-  default, input distribution -> normal, seed -> 0).
+  default, input distribution -> normal, each input family field of `oracle.inputs` -> its
+  default, seed -> 0).
 
 The shrink starts *from the failing case itself*: its choice sequence is known by construction
 (one primitive Hypothesis choice per field, in a fixed order) and is stored under the secondary
@@ -42,7 +43,7 @@ from hypothesis import strategies as st
 from hypothesis.database import ExampleDatabase, InMemoryExampleDatabase, choices_to_bytes
 from hypothesis.errors import Flaky, NoSuchExample, Unsatisfiable
 
-from oracle.config import INPUT_DISTRIBUTIONS, AttentionCase, cp_heads_unit
+from oracle.config import INPUT_DISTRIBUTIONS, INPUT_FAMILY_DEFAULTS, AttentionCase, cp_heads_unit
 
 _SMALL_HEAD_DIMS = (8, 16, 32, 64, 128, 256)
 
@@ -141,6 +142,9 @@ def neighbourhood(
         plan.append(
             ("input_distribution", pick([INPUT_DISTRIBUTIONS[0], case.input_distribution], case.input_distribution))
         )
+    for name, default in INPUT_FAMILY_DEFAULTS.items():  # only fields that are on add choices
+        if getattr(case, name) != default:
+            plan.append((name, pick([default, getattr(case, name)], getattr(case, name))))
     if case.seed != 0:
         plan.append(("seed", pick([0, case.seed], case.seed)))
 
@@ -158,6 +162,7 @@ def neighbourhood(
             "backward": values.get("backward", case.backward),
             "input_distribution": values.get("input_distribution", case.input_distribution),
             "seed": values.get("seed", case.seed),
+            **{name: values.get(name, getattr(case, name)) for name in INPUT_FAMILY_DEFAULTS},
             "softcap": values.get("softcap", case.softcap),
         }
         scale = values.get("softmax_scale", case.softmax_scale)

@@ -60,3 +60,16 @@ def test_a_kernel_wrong_only_under_one_input_family_is_found_by_a_default_campai
     assert not elsewhere, f"{name} failed outside its family: {elsewhere[:3]}"
     ran = sum(1 for r in sink.results.values() if r.backend == name and r.status in ("pass", "fail"))
     assert ran >= 50  # the family is found among many cases the backend ran, not by running few
+
+
+def test_minimisation_keeps_the_family_a_failure_needs_and_drops_the_others():
+    from fuzzer.minimise import minimise
+
+    case = AttentionCase(
+        batch_size=2, seqlen_q=20, seqlen_k=24, num_heads=2, head_dim=32, seed=11, qk_rank=4, massive_channels=2,
+        attention_sink=True, seq_scale_log2=2, peaked_rows=0.5, dout_distribution="sparse",
+    )
+    outcome = minimise(case, lambda c: c.attention_sink and c.seqlen_k >= 2, deadline_s=60)
+    assert outcome.status == "minimised", outcome
+    assert outcome.case.input_families == {"attention_sink": True}
+    assert (outcome.case.seqlen_k, outcome.case.seed) == (2, 0)
