@@ -521,7 +521,8 @@ def _case_metrics(session: Any, case_id: str) -> list[dict[str, Any]]:
 
     from service.models import Result
 
-    return [m for m in session.scalars(select(Result.metrics).where(Result.case_id == case_id)) if m]
+    query = select(Result.metrics).where(Result.case_id == case_id).order_by(Result.created_at.desc(), Result.id.desc())
+    return [m for m in session.scalars(query) if m]  # newest first: the current error model's figures
 
 
 def _recorded_figures(session: Any, case_id: str, backend: str, variant: str) -> dict[str, Any]:
