@@ -446,8 +446,11 @@ def _attention_cases(
         causal_alignment = draw(st.sampled_from(caps.causal_alignments))
     softmax_scale = draw(st.one_of(st.none(), st.floats(0.01, 2.0, allow_nan=False)))
     softcap = None
-    if caps.softcap:
-        softcap = draw(st.one_of(st.none(), st.sampled_from([1.0, 5.0, 30.0, 50.0]), st.floats(0.5, 100.0)))
+    # one case in four: st.one_of(st.none(), ...) chose a softcap two times in three, and softcap
+    # is what most kernels refuse (issue 15: 120 of 200 cases of a GPU run, unsupported on
+    # te-fused, torch-sdpa-*, te-fa4); the integer shrinks to 0, i.e. to no softcap
+    if caps.softcap and draw(st.integers(0, 3)) == 3:
+        softcap = draw(st.one_of(st.sampled_from([1.0, 5.0, 30.0, 50.0]), st.floats(0.5, 100.0)))
     backward = bool(caps.backward and allow_backward and draw(st.booleans()))
     input_spec = draw(input_specs(head_dim=head_dim, backward=backward, dtype=dtype))
     seed = draw(st.integers(0, 2**32 - 1))

@@ -82,3 +82,97 @@ def test_2_hostile_plugin_text_is_stored_escaped_and_cut_and_the_worker_goes_on(
     assert again.wait(240) == 0, again.output()[-3000:]
     after = counts(any_url)
     assert (after["cases"], after["results"], after["buckets"], after["workers"]) == (n, 2 * n, 1, 2), after
+
+
+# ------------------------------------------------------------------ 1 and 7. poison and malformed corpus files
+def _entry(case: dict | None = None, **changes: object) -> dict:
+    """A valid corpus entry for torch-cpu-math / bool_mask with a failing verdict."""
+    entry = {
+        "schema_version": 1,
+        "case": case or SMALL.to_json(),
+        "backend": "torch-cpu-math",
+        "variant": "bool_mask",
+        "why": "issue 17",
+        "source": "",
+        "expected": {"status": "fail", "signature": "out:all_zero"},
+        "verdicts": [{"build": {"torch": "2.13.0"}, "status": "fail", "signature": "out:all_zero",
+                      "recorded_at": "2026-12-01T00:00:00+00:00", "packages": {"torch": "2.13.0"}}],
+    }
+    entry.update(changes)
+    return entry
+
+
+def _corpus_with(tmp_path: Path, name: str, content: object) -> tuple[Path, Path]:
+    """A corpus directory holding one good file and ``name`` (written from ``content``)."""
+    root = tmp_path / "corpus" / "torch-cpu-math"
+    root.mkdir(parents=True)
+    (root / "bool_mask-good.json").write_text(json.dumps(_entry(AttentionCase(seqlen_q=3, seqlen_k=3, head_dim=8, dtype="float32").to_json())))
+    bad = root / name
+    if isinstance(content, bytes):
+        bad.write_bytes(content)
+    elif isinstance(content, str):
+        bad.write_text(content)
+    elif callable(content):
+        content(bad)
+    else:
+        bad.write_text(json.dumps(content))
+    return tmp_path / "corpus", bad
+
+
+def _verdict(**changes: object) -> dict:
+    return {**_entry()["verdicts"][0], **changes}
+
+
+POISON = {
+    "window-1e40": (_entry({**SMALL.to_json(), "window_size_left": 10**40}), "window_size_left"),
+    "batch-1e6": (_entry({**SMALL.to_json(), "batch_size": 10**6}), "batch_size"),
+    "oracle-too-big": (_entry({**SMALL.to_json(), "batch_size": 60000, "seqlen_q": 2**20, "seqlen_k": 2**20}), "case.case: the float64 oracle would need"),
+}
+MALFORMED = {
+    "deep-nesting": ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+    "not-utf8": (b'{"why": "\xff\xfe"}', "not UTF-8"),
+    "verdicts-5": (_entry(verdicts=5), "verdicts: must be a list"),
+    "build-list": (_entry(verdicts=[_verdict(build=[1, 2])]), "verdicts[0].build: must be an object"),
+    "nul-in-verdict": (_entry(verdicts=[_verdict(recorded_at="2026\x00")]), "verdicts[0].recorded_at: holds a NUL"),
+    "long-package": (_entry(verdicts=[_verdict(packages={"p" * 129: "1"})]), "verdicts[0].packages (name): 129 characters"),
+    "bad-signature": (_entry(verdicts=[_verdict(signature="out all zero; DROP")]), "verdicts[0].signature"),
+    "fifo": (lambda p: os.mkfifo(p), "not a regular file"),
+    # a symlink to a valid entry outside the corpus (on 992da02 one to /dev/zero was read to MemoryError)
+    "symlink-outside": (lambda p: (p.parent.parent.parent / "outside.json").write_text(json.dumps(_entry()))
+                        or p.symlink_to(p.parent.parent.parent / "outside.json"), "outside the corpus directory"),
+    "too-large": (" " * (2 * 2**20) + "{}", "bytes (allowed: at most"),
+}
+
+
+def _in_process(*args: str) -> tuple[int, str]:
+    """Run the ``attnfuzz`` app in this process (no interpreter start: these tests are many);
+    exit code and output."""
+    from typer.testing import CliRunner
+
+    from service.cli import app
+
+    result = CliRunner().invoke(app, [str(a) for a in args], env={"COLUMNS": "250"})
+    return result.exit_code, " ".join(result.output.split()) + ("" if result.exception is None or isinstance(result.exception, SystemExit) else f" EXCEPTION {result.exception!r}")
+
+
+PG_KINDS = ("nul-in-verdict", "long-package", "window-1e40")  # what broke PostgreSQL writes in particular
+
+
+@pytest.mark.timeout(120)  # on 992da02 the FIFO hangs the import
+@pytest.mark.parametrize("kind", list(POISON) + list(MALFORMED))
+def test_1_7_a_poison_or_malformed_corpus_file_exits_2_naming_file_and_field_and_stores_nothing(any_url, tmp_path, kind) -> None:
+    if any_url.startswith("postgresql") and kind not in PG_KINDS:
+        pytest.skip("checked on SQLite; PostgreSQL runs the kinds that broke its writes")
+    content, field = {**POISON, **MALFORMED}[kind]
+    root, bad = _corpus_with(tmp_path, f"bool_mask-{kind}.json", content)
+    code, output = _in_process("corpus", "import", str(root), "--db", any_url)
+    assert code == 2, output[-3000:]
+    assert bad.name in output and field in output, output[-2000:]
+    assert "Traceback" not in output and "EXCEPTION" not in output
+    assert counts(any_url) == dict.fromkeys(counts(any_url), 0)
+
+    bad.unlink()  # the good file alone: 1 case, 1 verdict
+    code, output = _in_process("corpus", "import", str(root), "--db", any_url)
+    assert code == 0, output[-3000:]
+    stored = counts(any_url)
+    assert (stored["cases"], stored["results"], stored["buckets"], stored["builds"]) == (1, 1, 1, 1), stored
