@@ -31,7 +31,6 @@ Create a store in the process that uses it (an Engine must not cross a fork).
 from __future__ import annotations
 
 import hashlib
-import os
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -127,28 +126,6 @@ def _translate(exc: DBAPIError, dialect: str) -> Exception | None:
     return None
 
 
-def _sqlite_file(bind: Engine | Connection) -> str | None:
-    """The absolute path of a SQLite database file (None for ``:memory:``, a temporary database,
-    or a Connection: the tests' rolled-back transactions need no check)."""
-    if not isinstance(bind, Engine):
-        return None
-    database = bind.url.database
-    if not database or database == ":memory:" or database.startswith("file:"):
-        return None
-    return os.path.abspath(database)
-
-
-def _identity(path: str) -> tuple[int, int] | None:
-    """``(st_dev, st_ino)`` of ``path``, None when it does not exist."""
-    try:
-        info = os.stat(path)
-    except FileNotFoundError:
-        return None
-    except OSError:  # a directory we may not enter, ...: the write itself will say more
-        return None
-    return (info.st_dev, info.st_ino)
-
-
 class _Transactor:
     """Runs a function in a short write transaction (or a savepoint), retrying transient errors."""
 
@@ -165,30 +142,6 @@ class _Transactor:
             if isinstance(bind, Engine) and self.dialect == "sqlite"
             else bind
         )
-        self._file = _sqlite_file(bind) if self.dialect == "sqlite" else None
-        self._identity = _identity(self._file) if self._file is not None else None
-
-    def _check_file(self) -> None:
-        """Loud on loss: the SQLite file must still be the one this store opened (same device and
-        inode). After ``rm -rf`` of its directory, or a file put in its place, SQLite would go on
-        writing to the unlinked file and every result would vanish with it.
-
-        Raises:
-            StoreRefusedError: the file is gone or replaced (the worker stops, its spool keeps
-                the write).
-        """
-        if self._file is None:
-            return
-        now = _identity(self._file)
-        if self._identity is None:
-            self._identity = now
-            return
-        if now != self._identity:
-            what = "removed" if now is None else "replaced by another file"
-            raise StoreRefusedError(
-                f"database refuses writes (the SQLite file {self._file} was {what} while in use): "
-                "results after this point are kept in the spool"
-            )
 
     @contextmanager
     def _begin(self) -> Iterator[Connection]:
@@ -208,11 +161,8 @@ class _Transactor:
         """
         for attempt in range(self.retries + 1):
             try:
-                self._check_file()
                 with self._begin() as connection:
-                    value = fn(connection)
-                self._check_file()  # removed while this write ran: it went to the unlinked file
-                return value
+                    return fn(connection)
             except DBAPIError as exc:
                 if attempt < self.retries and is_transient(exc) and not exc.connection_invalidated:
                     time.sleep(min(0.05 * 2**attempt, 1.0))  # backoff between retries, not a test sync

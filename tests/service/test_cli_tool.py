@@ -220,21 +220,27 @@ def test_buckets_list_show_and_triage(db: str) -> None:
 
 # --------------------------------------------------------------------------- fuzz: plugin in cwd, Ctrl-C, --json
 LOCALK = '''
-import os, signal
+import os, signal, urllib.request
 from tests.fuzzer.standins import CorrectBackend
 
 CALLS = 0
 
 
 class LocalBackend(CorrectBackend):
-    """Correct attention that sends this process SIGINT (Ctrl-C) at call $LOCALK_INTERRUPT_AT."""
+    """Correct attention that scrapes this worker's own /metrics (port $LOCALK_SCRAPE_PORT) into
+    scraped.txt one call before it sends this process SIGINT (Ctrl-C) at call $LOCALK_INTERRUPT_AT."""
 
     name = "localk"
 
     def run(self, case, inputs, variant):
         global CALLS
         CALLS += 1
-        if CALLS == int(os.environ.get("LOCALK_INTERRUPT_AT", "0")):
+        interrupt_at = int(os.environ.get("LOCALK_INTERRUPT_AT", "0"))
+        if CALLS == interrupt_at - 1 and os.environ.get("LOCALK_SCRAPE_PORT"):
+            url = f"http://127.0.0.1:{os.environ['LOCALK_SCRAPE_PORT']}/metrics"
+            with urllib.request.urlopen(url, timeout=30) as response, open("scraped.txt", "wb") as out:
+                out.write(response.read())
+        if CALLS == interrupt_at:
             os.kill(os.getpid(), signal.SIGINT)
         return super().run(case, inputs, variant)
 '''
@@ -245,12 +251,19 @@ def test_ctrl_c_during_fuzz_prints_what_was_stored_and_where(tmp_path: Path) -> 
     """``--backend localk:LocalBackend`` with localk.py in the cwd is found; a Ctrl-C in the middle
     of the run exits 130 after printing the summary (here as --json) naming the database; with
     Hypothesis observability on, each test case carries an event per backend variant status."""
+    import socket
+
     (tmp_path / "localk.py").write_text(LOCALK)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
     run = _attnfuzz(
         "fuzz", "--backend", "localk:LocalBackend", "--isolation", "none", "--max-cases", "200", "--db", "run.db",
         "--no-shrink", "--no-replay", "--corpus", "", "--json", "--spool-dir", str(tmp_path / "spool"),
+        "--metrics-port", str(port),
         cwd=tmp_path,
-        env={"PYTHONPATH": str(ROOT), "LOCALK_INTERRUPT_AT": "4", "HYPOTHESIS_EXPERIMENTAL_OBSERVABILITY": "1"},
+        env={"PYTHONPATH": str(ROOT), "LOCALK_INTERRUPT_AT": "4", "LOCALK_SCRAPE_PORT": str(port),
+             "HYPOTHESIS_EXPERIMENTAL_OBSERVABILITY": "1"},
     )
     assert run.returncode == 130, run.stdout + run.stderr
     summary = json.loads(run.stdout)
@@ -265,6 +278,20 @@ def test_ctrl_c_during_fuzz_prints_what_was_stored_and_where(tmp_path: Path) -> 
                 for line in path.read_text().splitlines() if line.strip()]
     features = [f for case in observed if case.get("type") == "test_case" for f in case.get("features", {})]
     assert any(f.startswith("localk/") and f.endswith(": pass") for f in features), features[:20]
+    # the worker's own metrics, scraped by the backend while the worker ran
+    from prometheus_client.parser import text_string_to_metric_families
+
+    families = {f.name: f for f in text_string_to_metric_families((tmp_path / "scraped.txt").read_text())}
+    types = {name: f.type for name, f in families.items()}
+    for counter in ("attnfuzz_worker_seconds", "attnfuzz_worker_cases", "attnfuzz_worker_evaluations",
+                    "attnfuzz_worker_database_outages", "attnfuzz_worker_child_restarts"):
+        assert types[counter] == "counter", counter
+    assert types["attnfuzz_worker_spool_pending_writes"] == "gauge"
+    assert types["attnfuzz_worker_build_info"] == "gauge"  # info: value 1, labels
+    parts = {s.labels["part"] for s in families["attnfuzz_worker_seconds"].samples if s.name.endswith("_total")}
+    assert parts == {"oracle", "kernels", "jit", "shrinking", "other"}
+    (cases,) = [s.value for s in families["attnfuzz_worker_cases"].samples if s.name.endswith("_total")]
+    assert cases >= 1
 
 
 def test_export_and_corpus_export_answer_json(tmp_path: Path) -> None:
