@@ -30,9 +30,11 @@ def print_issue_report(db: str | None, bucket_id: int) -> None:
     from service.errors import ServiceError
     from service.issue_report import bucket_issue
 
+    from service.cli_common import check_schema
+
     url = db_url(db)
     try:
-        migrate(url)
+        check_schema(url)  # a reading command: never migrates
     except AttnFuzzError as exc:
         fail(exc)
     engine = make_engine(url)
