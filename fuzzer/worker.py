@@ -53,7 +53,7 @@ from fuzzer.cp import cp_unsupported_reasons
 from fuzzer.evaluate import Evaluation, Evaluator, _finite_or_none, judge, with_phase
 from fuzzer.evaluate import normalise_masked_lse as _normalise_masked_lse
 from fuzzer.executor import TaskOutcome
-from fuzzer.minimise import MinimiseOutcome, minimise
+from fuzzer.minimise import MinimiseInterrupted, MinimiseOutcome, minimise
 from fuzzer.results import CaseResult, MinimiseClaim, ResultSink
 from fuzzer.severity import is_ratio_based
 from fuzzer.coverage import DRAW_MODES, count_case, target_plan
@@ -81,9 +81,9 @@ class WorkerConfig:
         shrink_share: the largest share of the worker's wall time spent shrinking while it fuzzes
             (0.25: a quarter). Claims are served between chunks of cases while the share allows,
             each with a deadline cut to what keeps it (see `Worker._shrink_slice`); 1 or more: no
-            bound (every claim served at once, as before). Once ``max_cases`` is reached (at once
-            with ``max_cases=0``: a shrink-only worker) the queue is drained, bounded by
-            ``time_budget_s`` alone.
+            bound (every claim served after each chunk, up to one deadline past the time budget,
+            as before). Once ``max_cases`` is reached (at once with ``max_cases=0``: a shrink-only
+            worker) the queue is drained the same way.
         shrink_min_s: a minimisation starts only when it may run at least this long, seconds
             (or ``shrink_deadline_s`` if shorter); below it the claim waits for more fuzzing.
         shrink_error_margin: for ratio-based signatures (``<tensor>:mismatch``,
@@ -622,20 +622,18 @@ class Worker:
         runs past a deadline and the re-checks after it (a few evaluations).
 
         Once ``max_cases`` cases are done (from the start with ``max_cases=0``: a shrink-only
-        worker) there is no fuzzing left to share the time with: every claim gets
-        ``shrink_deadline_s`` until the time budget plus one deadline is spent (no bound without
-        a time budget). A run that ends on its time budget shrinks nothing after it: what is left
-        waits for the next worker."""
+        worker) there is no fuzzing left to share the time with, and with ``shrink_share >= 1``
+        there is no bound: every claim gets ``shrink_deadline_s`` until the time budget plus one
+        deadline is spent (no bound without a time budget). Otherwise a run that ends on its time
+        budget shrinks nothing after it: what is left waits for the next worker."""
         c = self.config
         wall = self._clock() - self._started
-        if c.max_cases is not None and self.stats.cases >= c.max_cases:
+        if c.shrink_share >= 1 or (c.max_cases is not None and self.stats.cases >= c.max_cases):
             if c.time_budget_s is not None and wall >= c.time_budget_s + c.shrink_deadline_s:
                 return None
             return c.shrink_deadline_s
         left = None if c.time_budget_s is None else c.time_budget_s - wall
-        slice_s = c.shrink_deadline_s
-        if c.shrink_share < 1:
-            slice_s = min(slice_s, (c.shrink_share * wall - self.stats.shrink_s) / (1.0 - c.shrink_share))
+        slice_s = min(c.shrink_deadline_s, (c.shrink_share * wall - self.stats.shrink_s) / (1.0 - c.shrink_share))
         if left is not None:
             slice_s = min(slice_s, left)
         return slice_s if slice_s >= min(c.shrink_min_s, c.shrink_deadline_s) else None
@@ -680,15 +678,24 @@ class Worker:
         try:
             db_key = ("attnfuzz-minimise:" + "|".join(key)).encode()
             predicate = self.still_fails(key, claim.bucket_id, original=case)
-            outcome = minimise(
-                case,
-                predicate,
-                deadline_s=self.config.shrink_deadline_s if deadline_s is None else deadline_s,
-                database=self.example_db,
-                database_key=db_key,
-                keep_head_dims=self.backends[key[0]].jit_compiled,
-                clock=self._clock,
-            )
+            try:
+                outcome = minimise(
+                    case,
+                    predicate,
+                    deadline_s=self.config.shrink_deadline_s if deadline_s is None else deadline_s,
+                    database=self.example_db,
+                    database_key=db_key,
+                    keep_head_dims=self.backends[key[0]].jit_compiled,
+                    clock=self._clock,
+                )
+            except MinimiseInterrupted as interrupted:  # Ctrl-C: keep the best case so far, then stop
+                outcome = interrupted.outcome
+                self.stats.minimised.append((key, outcome))
+                self.sink.record_minimised(
+                    claim.bucket_id, outcome.case.to_json(), case.case_id, f"{outcome.status}: {outcome.note}",
+                    worker_id=self.worker_id,
+                )
+                raise KeyboardInterrupt(outcome.note) from None
             if predicate.lease_lost:  # the other worker's result will be the one stored
                 self.stats.leases_lost += 1
                 return None
