@@ -485,7 +485,8 @@ def export_target(
     case_id = target.case.id
     case = validated_case(target.case.config)
     check_names(target.backend, target.variant, target.signature)
-    repro_call(adapter or resolve_backend(target.backend), case, target.variant)  # the variant's errors first
+    adapter = adapter or resolve_backend(target.backend)
+    repro_call(adapter, case, target.variant)  # the backend's and the variant's errors before the store's
     if not force:
         reason = misleading_reason(stored_statuses(session, case_id, target.backend, target.variant), target.backend, target.variant)
         if reason is not None:
@@ -502,8 +503,7 @@ def export_target(
                 "(recorded by an older attnfuzz); `attnfuzz export` computes it with the oracle",
             )
     recorded = _recorded_figures(session, case_id, target.backend, target.variant)
-    return render_repro(case, adapter or target.backend, target.variant, target.signature,
-                        allowance=allowance, recorded=recorded)
+    return render_repro(case, adapter, target.variant, target.signature, allowance=allowance, recorded=recorded)
 
 
 def _failing_backends(session: Any, case_id: str) -> list[tuple[str, str]]:
