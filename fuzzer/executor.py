@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
+import re
 import signal
 import sys
 import tempfile
@@ -363,6 +364,7 @@ def _child_main(conn, specs: list[tuple[str, str]], env_vars: dict[str, str], lo
                 backends[name] = backend
     availability = {name: b.availability() for name, b in backends.items()}
     runtime, seen = child_runtime(backends), _mapped_runtime_files()
+    watch_runtime = any(getattr(b, "device", "cpu") != "cpu" for b in backends.values())
     conflict = next((r["cudnn_conflict"] for r in runtime.values() if r.get("cudnn_conflict")), None)
     if conflict:  # results of this process could not be attributed to one cuDNN
         availability = {name: reason or conflict for name, reason in availability.items()}
@@ -382,7 +384,8 @@ def _child_main(conn, specs: list[tuple[str, str]], env_vars: dict[str, str], lo
             outcome = run_task(backends[name], case, inputs, variant)
             if outcome.output is not None:
                 outcome.output = pack_output(_output_to(outcome.output, "cpu"))
-            now_seen = _mapped_runtime_files()
+            # the runtime libraries are CUDA ones: a child of CPU backends loads none lazily
+            now_seen = _mapped_runtime_files() if watch_runtime else seen
             if now_seen != seen:  # a library loaded lazily by this call: report it with the outcome
                 seen, outcome.runtime = now_seen, child_runtime(backends)
             conn.send(("done", i, outcome))
@@ -417,10 +420,27 @@ def child_runtime(backends: dict[str, Backend]) -> dict[str, dict[str, str]]:
     return result
 
 
+_SO_PATHS = re.compile(rb"(/[^\n]*\.so[^\n/]*)$", re.M)  # file-backed shared objects of /proc/self/maps
+_mapped_cache: list[tuple[frozenset[bytes], frozenset[str]]] = []
+
+
 def _mapped_runtime_files() -> frozenset[str]:
+    """The runtime libraries mapped now (`fuzzer.environment.loaded_libraries`, by path). Called
+    after every task: the full parse (milliseconds) only runs when the set of mapped ``.so``
+    files changed since the last call (a regex scan of the map, a fraction of that)."""
     from fuzzer.environment import loaded_libraries
 
-    return frozenset(lib.path for lib in loaded_libraries())
+    try:
+        with open("/proc/self/maps", "rb") as fh:
+            data = fh.read()
+    except OSError:
+        return frozenset(lib.path for lib in loaded_libraries())
+    shared = frozenset(_SO_PATHS.findall(data))
+    if _mapped_cache and _mapped_cache[0][0] == shared:
+        return _mapped_cache[0][1]
+    found = frozenset(lib.path for lib in loaded_libraries(data.decode("utf-8", errors="replace")))
+    _mapped_cache[:] = [(shared, found)]
+    return found
 
 
 @contextlib.contextmanager
