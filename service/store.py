@@ -85,7 +85,6 @@ SQLITE_REFUSED_MESSAGES = {
 }
 DEFAULT_RETRIES = 5
 RESULT_KEY = ["case_id", "build_id", "backend", "variant", "phase"]  # a result is stored once per key
-RESULT_ROWS_PER_INSERT = 40  # rows per multi-row INSERT (18 parameters each, well inside SQLite's limit)
 WORKER_STATUSES = ("running", "stopping", "stopped", "failed", "lost")
 
 
@@ -432,7 +431,7 @@ class SqlStore:
         def run(connection: Connection) -> list[BucketUpdate | None]:
             self._insert_case(connection, attention_case, origin)
             self._check_build_worker(connection, build_id, worker_id)
-            # every result row in one multi-row INSERT ... ON CONFLICT DO NOTHING RETURNING (the
+            # every result row in one INSERT ... ON CONFLICT DO NOTHING RETURNING (the
             # first of a key repeated within the call is the one inserted); then, per failure, its
             # bucket, and per already-stored key the stored row's bucket, as `record_result` does
             now = utcnow()
@@ -443,15 +442,14 @@ class SqlStore:
                     first[(r.backend, r.variant, r.phase)] = i
                     rows.append(self._result_values(r, build_id, worker_id, now))
             insert = postgresql.insert if connection.dialect.name == "postgresql" else sqlite.insert
-            inserted: set[tuple[str, str, str]] = set()
-            for start in range(0, len(rows), RESULT_ROWS_PER_INSERT):
-                statement = (
-                    insert(Result.__table__)
-                    .values(rows[start : start + RESULT_ROWS_PER_INSERT])
-                    .on_conflict_do_nothing(index_elements=RESULT_KEY)
-                    .returning(Result.backend, Result.variant, Result.phase)
-                )
-                inserted.update(tuple(row) for row in connection.execute(statement))
+            statement = (
+                insert(Result.__table__)
+                .on_conflict_do_nothing(index_elements=RESULT_KEY)
+                .returning(Result.backend, Result.variant, Result.phase)
+            )
+            # executemany: SQLAlchemy sends it as multi-row INSERTs ("insertmanyvalues", batches
+            # of its own size) from one cached compiled statement
+            inserted = {tuple(row) for row in connection.execute(statement, rows)} if rows else set()
             updates: list[BucketUpdate | None] = []
             for i, r in enumerate(results):
                 fresh = first[(r.backend, r.variant, r.phase)] == i and (r.backend, r.variant, r.phase) in inserted

@@ -11,7 +11,7 @@ from fuzzer.results import BuildFingerprint, CaseResult
 from oracle.config import AttentionCase
 from service.errors import FieldValidationError, NotFoundError
 from service.models import Bucket, Case, Result
-from service.store import RESULT_ROWS_PER_INSERT, SqlStore
+from service.store import SqlStore
 
 CASE = AttentionCase(batch_size=1, seqlen_q=17, seqlen_k=33, num_heads=2, causal=True)
 OTHER = AttentionCase(batch_size=1, seqlen_q=9, seqlen_k=9, num_heads=2)
@@ -83,9 +83,9 @@ def test_a_key_repeated_in_one_call_is_stored_once(store: SqlStore, session: Ses
     assert session.scalar(select(Bucket.hit_count)) == 1
 
 
-def test_more_results_than_one_insert_takes(store: SqlStore, session: Session, ids: tuple[int, int]) -> None:
+def test_hundreds_of_results_of_one_case(store: SqlStore, session: Session, ids: tuple[int, int]) -> None:
     build_id, worker_id = ids
-    many = [CaseResult(CASE.case_id, "b1", f"v{i}", "pass") for i in range(RESULT_ROWS_PER_INSERT * 2 + 3)]
+    many = [CaseResult(CASE.case_id, "b1", f"v{i}", "pass") for i in range(250)]  # more than one batch of rows
     assert store.record_case_results(CASE.to_json(), "fuzz", many, build_id, worker_id) == [None] * len(many)
     assert _count(session, Result) == len(many)
 
