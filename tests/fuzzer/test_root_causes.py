@@ -202,3 +202,35 @@ def test_shrink_settings_are_checked():
         WorkerConfig(backends=backends, shrink_share=0.0)
     with pytest.raises(WorkerError, match="shrink_error_margin"):
         WorkerConfig(backends=backends, shrink_error_margin=0.5)
+
+
+def test_an_attach_spooled_while_the_database_is_away_is_applied_when_it_is_back(tmp_path):
+    """`SpoolingSink.record_minimised` keeps ``worker_id`` and ``attach`` in the spooled entry."""
+    from fuzzer.results import SinkUnavailableError
+    from fuzzer.spool import Spool, SpoolingSink
+
+    class Away(MemorySink):
+        down = False
+
+        def record_minimised(self, *args, **kwargs):
+            if self.down:
+                raise SinkUnavailableError("database unavailable: connection refused")
+            return super().record_minimised(*args, **kwargs)
+
+    inner = Away()
+    build_id = inner.register_build(BuildFingerprint())
+    inner.record_case(CASE.to_json(), "fuzz")
+    for variant in ("a", "b"):
+        inner.record_result(CaseResult(CASE.case_id, "planted-rootcause", variant, "fail", signature="out:all_zero"), build_id, None)
+    worker_id = inner.register_worker(build_id, "h", 1, "cpu")
+    claim = inner.claim_minimisation(worker_id, ["planted-rootcause"], 60.0)
+    sink = SpoolingSink(inner, Spool(tmp_path / "slot-0"), sleep=lambda s: None, log=lambda line: None)
+    inner.down = True
+    spooled = sink.record_minimised(
+        claim.bucket_id, CASE.to_json(), CASE.case_id, "minimised: t", worker_id=worker_id, attach=[("b", "out:all_zero")]
+    )
+    assert spooled is None and sink.pending == 1
+    inner.down = False
+    assert sink.flush()
+    b = inner.buckets["planted-rootcause", "b", "out:all_zero"]
+    assert b.minimised_case == CASE.to_json() and b.note.startswith("attached") and b.owner is None
