@@ -734,6 +734,51 @@ def merge_shared_fa2(site: Path, fa2_dir: Path, fa4_cute: Path | None = None) ->
     return _fa2_extra_label(fa2_dir)
 
 
+def find_shared_fa4(search_path: Sequence[str] | None = None) -> Path | None:
+    """The ``flash_attn/cute`` directory of the shared stack's flash-attn-4 (the first
+    ``sys.path`` entry holding ``flash_attn/cute/interface.py`` beside a ``flash_attn_4-*.dist-info``),
+    None without one."""
+    for entry in sys.path if search_path is None else search_path:
+        root = Path(entry or ".")
+        if (root / "flash_attn" / "cute" / "interface.py").is_file() and any(root.glob("flash_attn_4-*.dist-info")):
+            return (root / "flash_attn" / "cute").resolve()
+    return None
+
+
+def keep_shared_fa4(site: Path, fa4_cute: Path) -> ExtraPackage:
+    """In a FlashAttention 2 build's ``site``, make ``flash_attn/cute`` the shared stack's
+    flash-attn-4 (a link), replacing any copy the FA2 wheel ships (the FA2 sdist carries an early
+    FA4 under ``flash_attn/cute``; ``shared/gpu/FA2.md``): FA2's regular package in the build's
+    site would otherwise hide the shared FA4 from ``fa4``, ``te-fa4`` and TE's own import of it.
+
+    Returns:
+        The `ExtraPackage` the manifest records.
+    """
+    target = site / "flash_attn" / "cute"
+    if target.is_symlink() or target.is_file():
+        target.unlink()
+    elif target.is_dir():
+        shutil.rmtree(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.symlink_to(fa4_cute, target_is_directory=True)
+    return _fa4_extra_label(fa4_cute)
+
+
+def _fa4_extra_label(fa4_cute: Path) -> ExtraPackage:
+    root = fa4_cute.parent.parent
+    infos = sorted(root.glob("flash_attn_4-*.dist-info"))
+    version = "unknown"
+    if infos:
+        version = email.parser.Parser().parsestr((infos[0] / "METADATA").read_text(errors="replace"))["Version"] or version
+    return ExtraPackage(
+        FA4_PACKAGE,
+        version,
+        f"(shared: {root})",
+        "this FlashAttention 2 build's regular flash_attn package would hide the shared flash-attn-4: "
+        "flash_attn/cute links to it (any FA4 copy the FA2 wheel carries is dropped)",
+    )
+
+
 def _fa2_extra_label(fa2_dir: Path) -> ExtraPackage:
     """The manifest's record of a FlashAttention 2 merged from ``fa2_dir``."""
     infos = _fa2_dist_infos(fa2_dir)
@@ -761,6 +806,7 @@ def prepare_from_wheelhouse(
     force: bool = False,
     allow_missing: bool = False,
     shared_fa2: Callable[[], Path | None] = find_shared_fa2,
+    shared_fa4: Callable[[], Path | None] = find_shared_fa4,
 ) -> BuildEnvironment:
     """Prepare ``<builds_dir>/<package>-<version>/site`` from the wheelhouse: the build's wheel
     and the extras it needs (`resolve_extras`), all without dependencies. A build already
@@ -783,6 +829,8 @@ def prepare_from_wheelhouse(
             the shared stack nor by the wheelhouse (recorded in ``unresolved``).
         shared_fa2: where the shared stack's FlashAttention 2 is (`find_shared_fa2`), None
             without one.
+        shared_fa4: the shared stack's ``flash_attn/cute`` (`find_shared_fa4`): a FlashAttention
+            2 build links it into its own ``flash_attn`` (`keep_shared_fa4`).
 
     Raises:
         BuildError: ``version`` is not PEP 440, or ``installer`` is unknown.
@@ -811,6 +859,9 @@ def prepare_from_wheelhouse(
     fa2_dir = shared_fa2() if name == FA4_PACKAGE else None
     if fa2_dir is not None:
         extras = [*extras, _fa2_extra_label(fa2_dir)]
+    fa4_cute = shared_fa4() if name == FA2_PACKAGE else None
+    if fa4_cute is not None:
+        extras = [*extras, _fa4_extra_label(fa4_cute)]
     if manifest.exists() and not force:
         try:
             existing = BuildEnvironment.from_json(json.loads(manifest.read_text()), str(manifest))
@@ -832,6 +883,8 @@ def prepare_from_wheelhouse(
         _install([wheel.path, *(by_name[e.wheel] for e in wheel_extras)], staged / "site", installer, wheelhouses)
         if fa2_dir is not None:
             extras[-1] = merge_shared_fa2(staged / "site", fa2_dir)
+        if fa4_cute is not None:
+            extras[-1] = keep_shared_fa4(staged / "site", fa4_cute)
     except BaseException:
         shutil.rmtree(staged, ignore_errors=True)
         raise
@@ -1096,10 +1149,12 @@ __all__ = [
     "default_builds_dir",
     "fetch_wheels",
     "find_shared_fa2",
+    "find_shared_fa4",
     "fingerprint_packages",
     "installed_version",
     "load_environments",
     "load_rules",
+    "keep_shared_fa4",
     "merge_shared_fa2",
     "normalise_package",
     "parse_version",

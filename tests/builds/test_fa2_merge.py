@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from fuzzer.builds import adopt_build_dir, find_shared_fa2, prepare_from_wheelhouse
+from fuzzer.builds import adopt_build_dir, find_shared_fa2, find_shared_fa4, prepare_from_wheelhouse
 from tests.builds.fakebuilds import write_wheel
 
 PROJECT = Path(__file__).resolve().parents[2]
@@ -70,7 +70,7 @@ import json, sys
 import flash_attn, flash_attn.cute.interface as interface
 from fuzzer.backends.fa4 import fa4_build_mismatch, fa4_imported_build
 print(json.dumps({"build": interface.BUILD, "fa2": flash_attn.flash_attn_func(), "imported": fa4_imported_build(interface),
-                  "mismatch": fa4_build_mismatch(interface)}))
+                  "mismatch": fa4_build_mismatch(interface), "fa2_version": flash_attn.__version__}))
 """
 
 
@@ -121,6 +121,7 @@ def test_a_wheelhouse_build_with_fa2_shared_imports_the_intended_fa4_and_keeps_f
         "fa2": "FA2",
         "imported": {"flash_attn_4": "4.0.0b30", "flash_attn_4_module": str((site / "flash_attn" / "cute").resolve())},
         "mismatch": None,
+        "fa2_version": "2.8.3.post2",
     }
     again = prepare_from_wheelhouse(
         "flash-attn-4", "4.0.0b30", [wheelhouse], tmp_path / "builds", shared_version=lambda name: None,
@@ -151,4 +152,28 @@ def test_an_adopted_build_dir_with_fa2_shared_imports_the_intended_fa4(tmp_path,
     seen = probe(env.pythonpath(PROJECT, gpu_site))
     assert seen["build"] == "4.0.0b30" and seen["fa2"] == "FA2"
     assert seen["imported"] == {"flash_attn_4": "4.0.0b30", "flash_attn_4_module": str((folder / "flash_attn" / "cute").resolve())}
+    assert seen["mismatch"] is None
+
+
+def test_a_fa2_build_keeps_the_shared_fa4_instead_of_the_copy_its_wheel_carries(tmp_path, gpu_site):
+    """Bisecting FA2: the FA2 build's regular package comes first, so without care flash_attn.cute
+    would be the early FA4 the FA2 sdist ships (or none). The build links the shared FA4 instead."""
+    wheelhouse = tmp_path / "wheels"
+    wheelhouse.mkdir()
+    fa2_files = {
+        "flash_attn/__init__.py": '__version__ = "2.7.4"\nfrom flash_attn.flash_attn_interface import flash_attn_func\n',
+        "flash_attn/flash_attn_interface.py": "def flash_attn_func(*args, **kwargs):\n    return 'FA2 2.7.4'\n",
+        "flash_attn/cute/__init__.py": "",
+        "flash_attn/cute/interface.py": 'BUILD = "stale copy in the FA2 sdist"\n',
+    }
+    write_wheel(wheelhouse, "flash-attn", "2.7.4", fa2_files)
+    assert find_shared_fa4([str(gpu_site)]) == (gpu_site / "flash_attn" / "cute").resolve()
+    env = prepare_from_wheelhouse(
+        "flash-attn", "2.7.4", [wheelhouse], tmp_path / "builds", shared_version=lambda name: None,
+        shared_fa2=lambda: gpu_site, shared_fa4=lambda: find_shared_fa4([str(gpu_site)]),
+    )
+    assert [(e.name, e.version) for e in env.extras] == [("flash-attn-4", "4.0.0b36")]
+    seen = probe(env.pythonpath(PROJECT, gpu_site))
+    assert seen["fa2_version"] == "2.7.4" and seen["fa2"] == "FA2 2.7.4"
+    assert seen["build"] == "4.0.0b36" and seen["imported"]["flash_attn_4"] == "4.0.0b36"
     assert seen["mismatch"] is None
