@@ -53,7 +53,8 @@ class MinimiseOutcome:
     """Result of `minimise`.
 
     Attributes:
-        status: ``minimised``, ``unchanged``, ``slipped`` or ``not_reproduced``.
+        status: ``minimised``, ``unchanged``, ``slipped``, ``not_reproduced`` or ``interrupted``
+            (Ctrl-C during the shrink: `MinimiseInterrupted` carries it).
         case: the case to keep as the bucket's minimised case (the original unless minimised).
         original: the case shrinking started from.
         attempts: calls of ``still_fails`` made.
@@ -227,11 +228,17 @@ def minimise(
     key = database_key or hashlib.sha256(b"attnfuzz-minimise:" + case.case_id.encode()).digest()[:16]
     database.save(key + b".secondary", choices_to_bytes(choices))
     best = [case]
+    interrupted = [False]  # Ctrl-C in a check: Hypothesis ends a shrink early on it, without re-raising
 
     def condition(candidate: AttentionCase) -> bool:
-        if clock() > deadline:
+        if clock() > deadline or interrupted[0]:
             return False
-        if check(candidate):
+        try:
+            failed = check(candidate)
+        except KeyboardInterrupt:
+            interrupted[0] = True
+            raise
+        if failed:
             if _size(candidate) <= _size(best[0]):
                 best[0] = candidate
             return True
@@ -255,6 +262,21 @@ def minimise(
     except (NoSuchExample, Unsatisfiable, Flaky):
         # Flaky: a candidate failed once and not on Hypothesis's replay; the re-check below decides
         found = best[0]
+    except KeyboardInterrupt:
+        interrupted[0] = True
+    if interrupted[0]:  # stop now, keeping the best case so far (it failed once; not re-confirmed)
+        if best[0] == case:
+            raise KeyboardInterrupt
+        raise MinimiseInterrupted(
+            MinimiseOutcome(
+                "interrupted",
+                best[0],
+                case,
+                attempts,
+                elapsed(),
+                f"interrupted (Ctrl-C) after {attempts} runs: best so far, from {case.case_id}, failed once, not re-confirmed",
+            )
+        )
     candidate = found if _size(found) <= _size(best[0]) else best[0]
     if candidate == case:
         return MinimiseOutcome("unchanged", case, case, attempts, elapsed(), "no smaller case fails the same way")
@@ -276,6 +298,16 @@ def minimise(
         elapsed(),
         f"minimised from {case.case_id} in {attempts} runs, confirmed {confirmations}x{timed_out}",
     )
+
+
+class MinimiseInterrupted(KeyboardInterrupt):
+    """Ctrl-C (KeyboardInterrupt) during `minimise` once a smaller failing case was found:
+    ``outcome`` (status ``interrupted``) holds that best case so far, so the caller can store it
+    before stopping. Being a KeyboardInterrupt, it stops whoever does not look for it."""
+
+    def __init__(self, outcome: MinimiseOutcome):
+        super().__init__(outcome.note)
+        self.outcome = outcome
 
 
 def _size(case: AttentionCase) -> tuple:
