@@ -911,7 +911,10 @@ def report(
     if as_json:
         out.print_json(json.dumps(data, default=str))
         return
-    table = Table("backend", *sorted(data["results_by_status"]), "run s", "JIT s", title=f"{data['cases']} cases")
+    table = Table(title=f"{data['cases']} cases")
+    id_column(table, "backend", list(data["results_by_backend"]))  # names never cut
+    for column in (*sorted(data["results_by_status"]), "run s", "JIT s"):
+        table.add_column(column, justify="right")
     timing = {t["backend"]: t for t in data["timings"]}
     for backend, counts in data["results_by_backend"].items():
         t = timing.get(backend, {"run_s": 0.0, "compile_s": 0.0})
@@ -989,7 +992,8 @@ def serve(
     except AttnFuzzError as exc:
         fail(exc)
     settings = Settings(database_url=url, api_token=api_token) if api_token else Settings(database_url=url)
-    uvicorn.run(create_app(settings), host=host, port=port, log_config=None)
+    out.print(f"serving {url} on http://{host}:{port}/ (API docs: /docs, metrics: /metrics)", soft_wrap=True, highlight=False)
+    uvicorn.run(create_app(settings), host=host, port=port, log_config=None)  # logs through our handler
 
 
 # Commands defined in their own modules.
