@@ -8,15 +8,18 @@ Usage::
 
 Each run is the README's main job, ``attnfuzz fuzz --time-budget T --corpus ''`` (plus the
 ``--backend``/``--device``/``--seed`` given, ``--no-shrink`` unless ``--shrink``), started as a fresh
-process on an empty SQLite database in a temporary directory, with its own spool directory and
-no corpus. With ``--compare REV`` the same job also runs from ``git archive REV`` unpacked in a
+process on an empty SQLite database, with its own spool directory and no corpus, from one working
+directory shared by the invocation's runs (as a user runs the job from one project directory;
+Hypothesis caches the constants it reads from source files there). Each tree first gets one
+unreported ``--warmup`` run (default 5 s), so both start with the same warm caches. With ``--compare REV`` the same job also runs from ``git archive REV`` unpacked in a
 temporary directory (``PYTHONPATH`` pointing at it, same virtual environment, so the same torch and
 libraries), interleaved with this tree's runs (``--this REV`` runs a commit instead of the working
 tree) (ABBA order over ``--repeats`` rounds, so a load
 change on the machine hits both alike), and the ratio of the mean cases/s is printed.
 
-Per run it reports, from the job's own summary line (``N cases in W s; oracle, kernels, JIT,
-shrinking, attnfuzz's own work``) and from the database it wrote:
+Per run it reports, from the job's own summary line (``N cases in W s``, ``oracle``, ``kernels``,
+``JIT``, ``shrinking``, ``attnfuzz's own work``, each read on its own) and from the database it
+wrote:
 
 * cases/s and cases/hour;
 * the time split: oracle, kernels, JIT, shrinking, and attnfuzz's own work (the rest of the wall
@@ -47,11 +50,17 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SUMMARY = re.compile(
-    r"(?P<cases>\d+) cases in (?P<wall>[\d.]+) s \((?P<rate>[\d.]+) cases/s\); oracle (?P<oracle>[\d.]+) s, "
-    r"kernels (?P<kernels>[\d.]+) s, JIT (?P<jit>[\d.]+) s,\s+shrinking (?P<shrink>[\d.]+) s, attnfuzz's own work"
-    r" \(inputs, comparison, storage,\s+processes\) (?P<own>[\d.]+) s"
-)
+# each figure of the job's summary line, found on its own (the line's wording around them varies
+# between versions)
+FIGURES = {
+    "cases": re.compile(r"(\d+) cases in [\d.]+ s"),
+    "wall": re.compile(r"\d+ cases in ([\d.]+) s"),
+    "oracle": re.compile(r"oracle ([\d.]+) s"),
+    "kernels": re.compile(r"kernels ([\d.]+) s"),
+    "jit": re.compile(r"JIT ([\d.]+) s"),
+    "shrink": re.compile(r"shrinking ([\d.]+) s"),
+    "own": re.compile(r"own work \([^)]*\) ([\d.]+) s"),
+}
 RUNNER = "import sys; from service.cli import app; sys.argv[0] = 'attnfuzz'; app(prog_name='attnfuzz')"
 
 
@@ -142,16 +151,21 @@ def read_database(path: Path) -> tuple[dict[str, dict[str, float]], list[dict[st
     return backends, buckets
 
 
-def run_once(tree: str, path: Path, args: argparse.Namespace, repeat: int, extra: list[str]) -> RunResult:
-    """One ``attnfuzz fuzz`` run of the tree at ``path`` on a fresh database.
+def run_once(
+    tree: str, path: Path, args: argparse.Namespace, repeat: int, extra: list[str], cwd: Path, budget: float | None = None
+) -> RunResult:
+    """One ``attnfuzz fuzz`` run of the tree at ``path`` on a fresh database, started in ``cwd``
+    (shared by every run of one invocation, like a user's project directory: Hypothesis keeps its
+    per-source-file constants cache there, ``.hypothesis/constants``).
 
     Raises:
         BenchError: the run failed or printed no summary line.
     """
-    work = Path(tempfile.mkdtemp(prefix=f"attnfuzz-bench-{tree}-"))
+    budget = args.time_budget if budget is None else budget
+    work = Path(tempfile.mkdtemp(prefix=f"attnfuzz-bench-{tree}-", dir=cwd))
     try:
         db = work / "bench.db"
-        command = [sys.executable, "-c", RUNNER, "fuzz", "--time-budget", str(args.time_budget), "--db",
+        command = [sys.executable, "-c", RUNNER, "fuzz", "--time-budget", str(budget), "--db",
                    f"sqlite:///{db}", "--corpus", "", "--quiet", "--device", args.device]
         command += [] if args.shrink else ["--no-shrink"]
         for name in args.backend or []:
@@ -165,15 +179,18 @@ def run_once(tree: str, path: Path, args: argparse.Namespace, repeat: int, extra
         env["COLUMNS"] = "400"  # one summary line, not wrapped by rich
         env.pop("ATTNFUZZ_DATABASE_URL", None)
         started = time.monotonic()
-        proc = subprocess.run(command, cwd=work, env=env, capture_output=True, text=True,
-                              timeout=args.time_budget * 3 + 300)
+        proc = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=budget * 3 + 300)
         process_s = time.monotonic() - started
         text = re.sub(r"\s+", " ", proc.stdout + "\n" + proc.stderr)
-        match = SUMMARY.search(text)
-        if proc.returncode != 0 or match is None:
-            raise BenchError(f"{tree}: run failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+        found = {name: pattern.search(text) for name, pattern in FIGURES.items()}
+        if proc.returncode != 0 or not all(found.values()):
+            missing = [name for name, m in found.items() if m is None]
+            raise BenchError(
+                f"{tree}: run failed (exit {proc.returncode}; figures not found: {missing}):\n"
+                f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+            )
         backends, buckets = read_database(db)
-        g = {k: float(v) for k, v in match.groupdict().items()}
+        g = {name: float(m.group(1)) for name, m in found.items()}
         return RunResult(
             tree=tree, repeat=repeat, cases=int(g["cases"]), wall_s=g["wall"], oracle_s=g["oracle"],
             kernel_s=g["kernels"], jit_s=g["jit"], shrink_s=g["shrink"], own_s=g["own"], process_s=process_s,
@@ -255,6 +272,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backend", action="append", help="repeatable; default: what the job selects")
     parser.add_argument("--seed", type=int, help="--seed of every run")
     parser.add_argument("--shrink", action="store_true", help="shrink new buckets (default --no-shrink)")
+    parser.add_argument("--warmup", type=float, default=5.0,
+                        help="seconds of one unreported run per tree first (caches warm for both alike); 0: none")
     parser.add_argument("--this", metavar="REV", help="run this commit instead of the working tree")
     parser.add_argument("--json", metavar="OUT", help="write every run's figures to this JSON file")
     args = parser.parse_args(argv)
@@ -270,10 +289,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.compare:
             trees.append((args.compare, export_tree(args.compare, scratch / "base")))
         runs: list[RunResult] = []
+        if args.warmup > 0:
+            for name, path in trees:
+                run_once(name, path, args, -1, extra, scratch, budget=args.warmup)
         for repeat in range(args.repeats):
             order = trees if repeat % 2 == 0 else list(reversed(trees))
             for name, path in order:
-                result = run_once(name, path, args, repeat, extra)
+                result = run_once(name, path, args, repeat, extra, scratch)
                 print(f"run {repeat} {name}: {result.cases} cases in {result.wall_s:.1f} s ({result.cases_per_s:.2f}/s), "
                       f"own work {result.own_share * 100:.0f}%", flush=True)
                 runs.append(result)
