@@ -32,6 +32,7 @@ from oracle.errors import AttnFuzzError, CaseValidationError
 from service.cli_common import (
     DbOption,
     Device,
+    DrawMode,
     Isolation,
     LogLevel,
     check_schema,
@@ -331,13 +332,13 @@ def fuzz(
         typer.Option(help="Bound on the elements of each of q, k, v (default 2**18 on cpu, 2**28 on cuda)."),
     ] = None,
     draw: Annotated[
-        str,
+        DrawMode,
         typer.Option(
             "--draw",
             help="targeted: each case drawn for one backend's capabilities (the least-covered first); "
             "union: for the union of the selected backends'.",
         ),
-    ] = "targeted",
+    ] = DrawMode.targeted,
     forward_only: Annotated[bool, typer.Option("--forward-only", help="Do not fuzz gradients.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", help="No live display.")] = False,
     as_json: Annotated[
@@ -435,7 +436,7 @@ def fuzz(
             max_heads_kv=max_heads_kv,
             max_work=max_work,
             max_elements=max_elements,
-            draw=draw,
+            draw=DrawMode(draw).value,
             allow_backward=not forward_only,
             replay_known=replay,
             heartbeat_s=heartbeat,
@@ -925,7 +926,9 @@ def report(
             f"{t['compile_s']:.1f}",
         )
     out.print(table)
-    coverage = Table("backend", "cases", "cases run", "top unsupported reasons (results)", title="coverage per backend")
+    coverage = Table(title="coverage per backend")
+    for column in ("backend", "cases", "cases run", "top unsupported reasons (results)"):
+        coverage.add_column(column, justify="right" if column.startswith("cases") else "left")
     for c in data["coverage"]:
         reasons = "; ".join(f"{r['reason']} ({r['results']})" for r in c["top_unsupported"])
         coverage.add_row(c["backend"], str(c["cases"]), str(c["cases_run"]), reasons)

@@ -50,6 +50,14 @@ class Isolation(str, enum.Enum):
     process = "process"
     none = "none"
 
+
+class DrawMode(str, enum.Enum):
+    """``fuzz --draw`` choices (`fuzzer.coverage.DRAW_MODES`): each case for one target backend's
+    capabilities, or for the union of the selected backends'."""
+
+    targeted = "targeted"
+    union = "union"
+
 DbOption = Annotated[
     Optional[str],
     typer.Option(
