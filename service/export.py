@@ -733,30 +733,26 @@ def require_cuda(arch_majors, what, min_major=None):
         pytest.skip(f"{what} needs compute capability >= {min_major}.0, this GPU is sm{major}x")
 
 
-def library_layout(q, k, v):
-    """bshd and thd as they are; sbhd as [b, s, h, d] strided views of [s, b, h, d] memory."""
-    if QKV_FORMAT != "sbhd":
-        return q, k, v
-    return tuple(t.transpose(0, 1).contiguous().transpose(0, 1) for t in (q, k, v))
+class _Case:
+    """The case under attnfuzz's field names, for the adapter code copied into this file."""
 
-
-def canonical_lse(lse):
-    """A library lse as [b, h, sq] (thd: [h, total_q]); accepts [b, sq, h] / [total_q, h] and the
-    padded [b, h, max_seqlen_q] of older varlen kernels."""
-    if lse is None:
-        return None
-    lse = lse.detach()
-    shape = tuple(lse.shape)
-    if QKV_FORMAT != "thd":
-        if shape == (BATCH_SIZE, SEQLEN_Q, NUM_HEADS) and SEQLEN_Q != NUM_HEADS:
-            return lse.transpose(1, 2)
-        return lse
+    qkv_format = QKV_FORMAT
+    batch_size = BATCH_SIZE
+    num_heads = NUM_HEADS
+    seqlen_q = SEQLEN_Q
+    seqlen_k = SEQLEN_K
+    is_varlen = QKV_FORMAT == "thd"
+    seqlens_q_list = list(SEQLENS_Q)
+    seqlens_k_list = list(SEQLENS_K)
     total_q = sum(SEQLENS_Q)
-    if shape == (total_q, NUM_HEADS) and total_q != NUM_HEADS:
-        return lse.transpose(0, 1)
-    if shape == (BATCH_SIZE, NUM_HEADS, SEQLEN_Q):
-        return torch.cat([lse[i, :, :n] for i, n in enumerate(SEQLENS_Q)], dim=1)
-    return lse
+    total_k = sum(SEQLENS_K)
+
+    @staticmethod
+    def describe():
+        return "case " + CASE_ID
+
+
+CASE = _Case()
 
 '''
 

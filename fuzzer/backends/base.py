@@ -130,9 +130,11 @@ class ReproCall:
     constants (``QKV_FORMAT``, ``BATCH_SIZE``, ``SEQLEN_Q``, ``SEQLEN_K``, ``SEQLENS_Q``,
     ``NUM_HEADS``, ``NUM_HEADS_KV``, ``HEAD_DIM``, ``HEAD_DIM_V``, ``CAUSAL``,
     ``CAUSAL_ALIGNMENT``, ``WINDOW_SIZE_LEFT/RIGHT``, ``SOFTMAX_SCALE``, ``SOFTCAP``, ``VARIANT``)
-    and helpers (``require_cuda(arch_majors, what, min_major=None)``, ``library_layout(q, k, v)``
-    (sbhd as strided views), ``canonical_lse(lse)``, ``visible_mask(seqlen_q, seqlen_k)``) and the
-    modules ``math``, ``os``, ``torch``, ``pytest`` may be used.
+    , ``CASE`` (the case's fields under `oracle.config.AttentionCase`'s names: ``qkv_format``,
+    ``batch_size``, ``num_heads``, ``seqlen_q``, ``is_varlen``, ``total_q``, ``seqlens_q_list``
+    ..., so an adapter can paste its own layout helpers with ``inspect.getsource``, as FA4 does),
+    the helpers ``require_cuda(arch_majors, what, min_major=None)`` and ``visible_mask(seqlen_q,
+    seqlen_k)``, and the modules ``math``, ``os``, ``torch``, ``pytest`` may be used.
 
     Attributes:
         source: the code, every case-dependent value a ``$slot``.

@@ -41,6 +41,7 @@ from typing import Any, ClassVar
 
 from fuzzer.backends.base import Backend, BackendOutput, Capabilities, ReproCall, UnsupportedCaseError, run_with_grad
 from fuzzer.backends.fa4 import (
+    FA_REPRO_HELPERS,
     call_with_signature,
     canonical_lse,
     cuda_arch_major,
@@ -231,7 +232,8 @@ class FA2Backend(Backend):
         )
 
 
-FA2_REPRO_SOURCE = '''
+FA2_REPRO_SOURCE = FA_REPRO_HELPERS + '''
+
 FA2_KWARGS = $fa2_kwargs
 
 
@@ -243,7 +245,7 @@ def check_environment():
 def call_backend(q, k, v, cu_seqlens_q, cu_seqlens_k):
     import flash_attn
 
-    q, k, v = library_layout(q, k, v)
+    q, k, v = library_layout_qkv(CASE, q, k, v)
     if QKV_FORMAT == "thd":
         result = flash_attn.flash_attn_varlen_func(
             q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, **FA2_KWARGS
@@ -251,7 +253,7 @@ def call_backend(q, k, v, cu_seqlens_q, cu_seqlens_k):
     else:
         result = flash_attn.flash_attn_func(q, k, v, **FA2_KWARGS)
     if isinstance(result, (tuple, list)):
-        return result[0], canonical_lse(result[1] if len(result) > 1 else None)
+        return result[0], canonical_lse(CASE, result[1] if len(result) > 1 else None)
     return result, None
 '''
 """`FA2Backend.repro`'s source (slot ``fa2_kwargs``)."""

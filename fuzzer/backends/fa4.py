@@ -596,7 +596,12 @@ class FA4Backend(Backend):
         )
 
 
-FA4_REPRO_SOURCE = '''
+FA_REPRO_HELPERS = "\n\n".join(inspect.getsource(f) for f in (library_layout_qkv, canonical_lse)).replace("$", "$$")
+"""`library_layout_qkv` and `canonical_lse` verbatim, for the FA4/FA2 repro sources: the file's
+``CASE`` carries the case fields they read, so the exported call lays tensors out as `run` does."""
+
+FA4_REPRO_SOURCE = FA_REPRO_HELPERS + '''
+
 FA4_KWARGS = $fa4_kwargs
 FA4_ARCH_MAJORS = $arch_majors
 
@@ -609,7 +614,7 @@ def check_environment():
 def call_backend(q, k, v, cu_seqlens_q, cu_seqlens_k):
     from flash_attn.cute import interface
 
-    q, k, v = library_layout(q, k, v)
+    q, k, v = library_layout_qkv(CASE, q, k, v)
     if QKV_FORMAT == "thd":
         result = interface.flash_attn_varlen_func(
             q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, **FA4_KWARGS
@@ -617,7 +622,7 @@ def call_backend(q, k, v, cu_seqlens_q, cu_seqlens_k):
     else:
         result = interface.flash_attn_func(q, k, v, **FA4_KWARGS)
     if isinstance(result, (tuple, list)):
-        return result[0], canonical_lse(result[1] if len(result) > 1 else None)
+        return result[0], canonical_lse(CASE, result[1] if len(result) > 1 else None)
     return result, None
 '''
 """`FA4Backend.repro`'s source (a `ReproCall`; slots ``fa4_kwargs``, ``arch_majors``)."""

@@ -132,7 +132,7 @@ def test_the_generated_file_imports_nothing_of_attnfuzz() -> None:
             modules.update(a.name.split(".")[0] for a in node.names)
         elif isinstance(node, ast.ImportFrom):
             modules.add((node.module or "").split(".")[0])
-    assert modules <= {"__future__", "math", "os", "pytest", "warnings", "flash_attn"}, modules
+    assert modules <= {"__future__", "math", "os", "pytest", "torch", "warnings", "flash_attn"}, modules
     assert "oracle" not in source.replace("oracle/", "") and "service." not in source
 
 
@@ -188,9 +188,14 @@ def _with_fake(monkeypatch, module, names: list[str], fake) -> None:
     monkeypatch.setattr(module, "check_environment", lambda: None)
 
 
-@pytest.mark.parametrize(("planted", "passes"), [(False, True), (True, False)])
-def test_fa4_snippet_calls_flash_attn_as_the_variant_did(monkeypatch, tmp_path: Path, planted: bool, passes: bool) -> None:
-    module = load_generated(render_repro(FA4_CASE, "fa4", "te_style", "out:all_zero").source, tmp_path)
+@pytest.mark.parametrize(("planted", "passes", "qkv_format"), [(False, True, "bshd"), (True, False, "bshd"),
+                                                                (False, True, "sbhd")])
+def test_fa4_snippet_calls_flash_attn_as_the_variant_did(monkeypatch, tmp_path: Path, planted: bool, passes: bool,
+                                                         qkv_format: str) -> None:
+    """The FA4 repro (with FA4's own layout helpers copied in, sbhd as strided views) against a
+    fake flash_attn.cute: the planted build fails with the recorded signature, the fixed passes."""
+    case = FA4_CASE.replace(qkv_format=qkv_format)
+    module = load_generated(render_repro(case, "fa4", "te_style", "out:all_zero").source, tmp_path)
     calls: list[dict] = []
     fake = _fake_fa_module(planted, calls)
     _with_fake(monkeypatch, module, ["flash_attn", "flash_attn.cute", "flash_attn.cute.interface"], fake)
@@ -200,7 +205,7 @@ def test_fa4_snippet_calls_flash_attn_as_the_variant_did(monkeypatch, tmp_path: 
     else:
         with pytest.raises(AssertionError, match=r"fa4/te_style: out:all_zero.*recorded signature out:all_zero"):
             module.test_attnfuzz_repro()
-    expected = fa4_call_kwargs(FA4_CASE, "te_style")
+    expected = fa4_call_kwargs(case, "te_style")
     assert {k: calls[0][k] for k in expected} == expected
     assert calls[0]["window_size"] == (-1, 0)
 
