@@ -337,7 +337,8 @@ class LoadedLibrary:
 def loaded_libraries(maps_text: str | None = None) -> list[LoadedLibrary]:
     """The runtime libraries (`RUNTIME_LIBRARIES`) mapped into this process, from
     ``/proc/self/maps`` (or ``maps_text``), each file once, in map order. Empty where there is no
-    ``/proc`` (not Linux)."""
+    ``/proc`` (not Linux). A CUDA process maps thousands of regions: lines are filtered by a
+    substring test before any parsing."""
     if maps_text is None:
         try:
             with open("/proc/self/maps", encoding="utf-8", errors="replace") as fh:
@@ -347,6 +348,8 @@ def loaded_libraries(maps_text: str | None = None) -> list[LoadedLibrary]:
     stems = {stem: key for key, stem in RUNTIME_LIBRARIES.items()}
     found: dict[str, LoadedLibrary] = {}
     for line in maps_text.splitlines():
+        if "/libcu" not in line and "/libnccl" not in line:
+            continue
         parts = line.split(None, 5)
         if len(parts) < 6 or not parts[5].startswith("/"):
             continue

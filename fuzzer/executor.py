@@ -364,7 +364,8 @@ def _child_main(conn, specs: list[tuple[str, str]], env_vars: dict[str, str], lo
                 backends[name] = backend
     availability = {name: b.availability() for name, b in backends.items()}
     runtime, seen = child_runtime(backends), _mapped_runtime_files()
-    watch_runtime = any(getattr(b, "device", "cpu") != "cpu" for b in backends.values())
+    # CUDA backends load runtime libraries lazily; a CPU backend may say it does too
+    watch_runtime = any(getattr(b, "watch_runtime_libraries", b.device != "cpu") for b in backends.values())
     conflict = next((r["cudnn_conflict"] for r in runtime.values() if r.get("cudnn_conflict")), None)
     if conflict:  # results of this process could not be attributed to one cuDNN
         availability = {name: reason or conflict for name, reason in availability.items()}

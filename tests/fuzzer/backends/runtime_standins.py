@@ -60,6 +60,7 @@ class TwoCudnnBackend(CorrectBackend):
 class LazyCudnnBackend(CorrectBackend):
     name = "standin-lazy-cudnn"
     environment = "standin-lazy-cudnn"
+    watch_runtime_libraries = True  # a CPU stand-in: ask the child to watch its map as for CUDA
 
     def run(self, case, inputs, variant):
         ctypes.CDLL(os.path.join(os.environ[TWO_CUDNN_ENV].split(os.pathsep)[0], "libcudnn.so.9"))
