@@ -135,6 +135,11 @@ def _library_call(case: Any, backend: Any, variant: str) -> tuple[str, str]:
         code = fill_template(textwrap.dedent(call.source), call.values)
     except ExportError as exc:
         return variant, f"# no repro call: {exc}"
+    import ast
+
+    tree = ast.parse(code)  # the constants and call_backend only (helpers are in the repro file)
+    keep = [n for n in tree.body if isinstance(n, ast.Assign) or (isinstance(n, ast.FunctionDef) and n.name == "call_backend")]
+    code = "\n\n".join(ast.get_source_segment(code, n) for n in keep) or code
     kwargs = next((v for v in call.values.values() if isinstance(v, dict) and v), None)
     if kwargs:
         short = ", ".join(f"{k}={literal(v)}" for k, v in kwargs.items() if k != "softmax_scale")
