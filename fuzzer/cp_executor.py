@@ -302,6 +302,7 @@ class CPExecutor:
         self.error_grace_s = error_grace_s
         self.run_non_cp_twin = run_non_cp_twin
         self._log_dir = log_dir
+        self._owns_log_dir = log_dir is None  # the temporary directory made lazily: removed by close()
         self._ctx = multiprocessing.get_context("spawn")
         self._groups: dict[tuple[str, int], _Group] = {}  # insertion order = least recently used first
         self._start_errors: dict[tuple[str, int], list[str]] = defaultdict(list)
@@ -311,7 +312,7 @@ class CPExecutor:
     @property
     def log_dir(self) -> str:
         """Where the ranks' stderr logs go (a temporary directory, made at the first group start)."""
-        if self._log_dir is None:
+        if self._log_dir is None or (self._owns_log_dir and not os.path.isdir(self._log_dir)):
             self._log_dir = tempfile.mkdtemp(prefix="attnfuzz-cp-ranks-")
         return self._log_dir
 
@@ -692,9 +693,14 @@ class CPExecutor:
                              non_cp=twin, rank_status=statuses)
 
     def close(self) -> None:
-        """Stop every live group (politely, then by force)."""
+        """Stop every live group (politely, then by force) and remove the temporary stderr
+        directory this executor made (one given as ``log_dir`` is kept)."""
         for key in list(self._groups):
             self._stop_group(key)
+        if self._owns_log_dir and self._log_dir is not None:
+            import shutil
+
+            shutil.rmtree(self._log_dir, ignore_errors=True)
 
     def __enter__(self) -> CPExecutor:
         return self
