@@ -43,7 +43,7 @@ from hypothesis import strategies as st
 
 from fuzzer.backends.base import Capabilities
 from oracle.config import CAUSAL_ALIGNMENTS, CP_COMM_TYPES, DTYPES, INPUT_DISTRIBUTIONS, QKV_FORMATS, AttentionCase, cp_heads_unit
-from oracle.config import DOUT_DISTRIBUTIONS, MAX_SCORE_OFFSET, MAX_SEQ_SCALE_LOG2, SCORE_OFFSET_MODES
+from oracle.config import DOUT_DISTRIBUTIONS, MAX_SCORE_OFFSET, MAX_SEQ_SCALE_LOG2, SCORE_OFFSET_MODES, max_oracle_bytes
 from oracle.errors import AttnFuzzError
 
 TILE_EDGE_SEQLENS = (
@@ -88,11 +88,20 @@ each) is 40.4 ms for the CPU backends and 36.8 ms for a plugin with the default 
 (4096), against 40.2 ms and 34.4 ms with the earlier bound of ``sqrt(2**24 / (batch * heads *
 head_dim))`` on each length (ratios 1.01 and 1.07); 2.7% of the plugin's cases are decode-like
 with ``seqlen_k > 1024``, which the earlier bound never drew."""
-GPU_BOUNDS = DrawBounds(max_seqlen=8192, max_work=2**32, max_elements=2**28)
+GPU_BOUNDS = DrawBounds(max_seqlen=8192, max_work=2**32, max_elements=2**25)
 """``device="cuda"`` defaults (an H200-class GPU): a case of 2**32 multiply-adds costs
 milliseconds in the kernels and the float64 tensor-core oracle, so lengths reach 8192 where the
 batch, heads and head dims leave room (8192 x 8192 needs ``batch*heads*head_dim <= 64``);
-2**28 elements are 512 MiB per bf16 tensor. 8192 is above every backend's declared soft cap."""
+2**25 elements (64 MiB per bf16 tensor) keep the float64 oracle's working set within its default
+bound (`ORACLE_BYTES_PER_ELEMENT` times 2**25 is 6.5 GiB of 8). 8192 is above every backend's
+declared soft cap."""
+
+ORACLE_BYTES_PER_ELEMENT = 208
+"""Upper bound of `AttentionCase.oracle_working_set_bytes` per unit of ``max_elements`` when every
+input tensor has at most ``max_elements`` elements: forward ``<= 5 E`` (q, out and lse ``<= 3 E``,
+k and v ``<= 2 E``), twice with backward, plus two score rows per head ``<= 8 E`` (GQA group 8),
+8 bytes each: ``8 * (10 + 16) = 208``. `attention_cases` cuts ``max_elements`` to
+``max_oracle_bytes() // 208``, so no drawn case is refused by the oracle's bound."""
 COMMON_HEAD_DIMS = (64, 128, 32, 96, 256, 80, 192, 16, 8, 512, 40, 72, 160, 224)
 GQA_GROUPS = (1, 2, 4, 8)
 CP_SIZES = (2, 4, 8)
@@ -359,7 +368,8 @@ def attention_cases(
             parallelism; the worker passes its executor's ``max_cp_size``).
         max_elements: bound on the elements of each of q, k and v (``batch_size * seqlen_q *
             num_heads * head_dim``, ``batch_size * seqlen_k * num_heads_kv * head_dim``); None = no
-            bound. Lengths are not cut below 1 (or one CP unit) by it.
+            bound. Lengths are not cut below 1 (or one CP unit) by it. Cut to
+            ``max_oracle_bytes() // ORACLE_BYTES_PER_ELEMENT``.
 
     Raises:
         StrategyArgumentError: a bound is below 1 (checked here, before anything is drawn).
@@ -370,6 +380,8 @@ def attention_cases(
     for name, value in bounds:
         if value < 1:
             raise StrategyArgumentError(f"{name}: must be >= 1, got {value}")
+    if max_elements is not None:
+        max_elements = max(1, min(max_elements, max_oracle_bytes() // ORACLE_BYTES_PER_ELEMENT))
     if max_seqlen is not None and max_seqlen < 1:
         raise StrategyArgumentError(f"max_seqlen: must be >= 1, got {max_seqlen}")
     cp_configs(max_cp_size)  # checks max_cp_size

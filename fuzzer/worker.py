@@ -99,7 +99,7 @@ class WorkerConfig:
             (see `fuzzer.strategies.attention_cases`). ``max_seqlen``, ``max_work`` and
             ``max_elements`` None: the device's defaults (`fuzzer.strategies.default_bounds`: on
             CPU each backend's declared ``max_seqlen``, ``2**23`` and ``2**18``; on CUDA 8192,
-            ``2**32`` and ``2**28``).
+            ``2**32`` and ``2**25``).
         draw: ``"targeted"`` (each case drawn inside one target backend's capabilities, the
             target chosen per chunk by `fuzzer.coverage.target_plan`) or ``"union"`` (drawn
             inside the union of the selected backends' capabilities).

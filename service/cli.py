@@ -329,7 +329,7 @@ def fuzz(
     ] = None,
     max_elements: Annotated[
         Optional[int],
-        typer.Option(help="Bound on the elements of each of q, k, v (default 2**18 on cpu, 2**28 on cuda)."),
+        typer.Option(help="Bound on the elements of each of q, k, v (default 2**18 on cpu, 2**25 on cuda)."),
     ] = None,
     draw: Annotated[
         DrawMode,

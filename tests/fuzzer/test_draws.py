@@ -173,7 +173,7 @@ def test_device_defaults_and_explicit_bounds():
     assert (config.max_seqlen, config.max_work, config.max_elements) == (None, 2**23, 2**18)
     assert config.draw == "targeted"
     gpu = WorkerConfig(backends=cpu, isolation="none", device="cuda")
-    assert (gpu.max_seqlen, gpu.max_work, gpu.max_elements) == (8192, 2**32, 2**28)
+    assert (gpu.max_seqlen, gpu.max_work, gpu.max_elements) == (8192, 2**32, 2**25)
     explicit = WorkerConfig(backends=cpu, isolation="none", device="cuda", max_seqlen=100, max_work=7, max_elements=9)
     assert (explicit.max_seqlen, explicit.max_work, explicit.max_elements) == (100, 7, 9)
     assert default_bounds("cpu") == CPU_BOUNDS
@@ -316,3 +316,20 @@ def test_the_live_display_and_summary_show_runnable_cases_and_reasons():
     top = top_reasons(stats.unsupported, "torch-cpu-math", 1)
     assert top and top[0][0][:30] in text
     assert dataclasses.is_dataclass(stats)
+
+
+def test_no_drawn_case_is_refused_by_the_oracle_memory_bound(monkeypatch):
+    """``max_elements`` is cut to what the oracle's bound allows: with a 16 MiB bound, large
+    batches, many heads and the GPU defaults, every draw still constructs (AttentionCase
+    refuses a case over the bound) and fits."""
+    monkeypatch.setenv("ATTNFUZZ_MAX_ORACLE_BYTES", str(2**24))
+    caps = Capabilities(dtypes=("bfloat16",), qkv_formats=("bshd", "thd"), max_head_dim=512, head_dim_v_differs=True)
+    strategy = attention_cases(capabilities=caps, max_batch_size=8, max_heads_kv=16, max_seqlen=GPU_BOUNDS.max_seqlen,
+                               max_work=GPU_BOUNDS.max_work, max_elements=GPU_BOUNDS.max_elements)
+
+    @settings(max_examples=150, derandomize=True, database=None, deadline=None)
+    @given(strategy)
+    def check(case):
+        assert case.oracle_working_set_bytes <= 2**24
+
+    check()
