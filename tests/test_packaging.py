@@ -1,6 +1,7 @@
 """attnfuzz as an installed package (issue 18, acceptance 1 and 2).
 
-The wheel is built from this tree (``pip wheel --no-build-isolation``, no network) and installed,
+The wheel is built from this tree (``pip wheel``; ``--no-build-isolation`` when setuptools >= 77 is
+installed here, so no network) and installed,
 not editable, into a fresh virtual environment. The environment gets its third-party
 dependencies (torch, SQLAlchemy, ...) from this test's interpreter through a ``.pth`` file that
 names a folder of links to this interpreter's site-packages *minus attnfuzz* (its dist-info and
@@ -47,7 +48,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A fresh venv with attnfuzz installed from a wheel built from this tree; its ``bin/``."""
     work = tmp_path_factory.mktemp("packaging")
     wheels = work / "wheels"
-    _run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", wheels, ROOT, cwd=work)
+    _run(sys.executable, "-m", "pip", "wheel", "--no-deps", *_build_isolation(), "-q", "-w", wheels, ROOT, cwd=work)
     (wheel,) = wheels.glob("attnfuzz-*.whl")
     venv = work / "venv"
     _run(sys.executable, "-m", "venv", venv, cwd=work)
@@ -66,6 +67,19 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (site / "attnfuzz-test-deps.pth").write_text(f"{deps}\n")
     _run(bin_dir / "python", "-m", "pip", "install", "--no-deps", "--no-index", "-q", wheel, cwd=work)
     return bin_dir
+
+
+def _build_isolation() -> list[str]:
+    """``--no-build-isolation`` (offline, fast) when this interpreter has the setuptools that
+    pyproject.toml's build-system asks for; else pip's isolated build (fetches it)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from packaging.version import Version
+
+    try:
+        return ["--no-build-isolation"] if Version(version("setuptools")) >= Version("77") else []
+    except PackageNotFoundError:
+        return []
 
 
 def _free_port() -> int:
