@@ -502,15 +502,12 @@ def fuzz(
 
 
 def _cwd_importable() -> None:
-    """Put the current directory at the end of ``sys.path`` (and of ``PYTHONPATH`` for the
-    backend child processes) so a ``module:attr`` plugin spec finds ``./module.py``; at the end,
-    so a local file never shadows an installed package."""
+    """Put the current directory at the end of ``sys.path`` so a ``module:attr`` plugin spec finds
+    ``./module.py``; at the end, so a local file never shadows an installed package. The backend
+    child processes (multiprocessing "spawn") start with this ``sys.path``."""
     cwd = os.getcwd()
     if cwd not in sys.path and "" not in sys.path:
         sys.path.append(cwd)
-    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if cwd not in paths:
-        os.environ["PYTHONPATH"] = os.pathsep.join([*paths, cwd])
 
 
 def _reraisable(exc: AttnFuzzError) -> bool:
