@@ -24,7 +24,7 @@ it and kills the child) become ``oom``. The child is restarted and the remaining
 case run in the new child, so no result is lost. On Linux a child dies with its parent
 (``PR_SET_PDEATHSIG``): a worker killed by SIGKILL leaves no child running a kernel.
 
-Protocol (parent -> child): ``("run", case_json, inputs, [(backend_name, variant), ...])`` and
+Protocol (parent -> child): ``("run", case_json, pack_inputs(case, inputs), [(backend_name, variant), ...])`` and
 ``("stop",)``. Child -> parent: ``("ready", {name: availability})`` once, then for each task
 ``("start", i)`` and ``("done", i, outcome_dict)``.
 """
