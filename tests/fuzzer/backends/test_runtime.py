@@ -361,3 +361,15 @@ def test_a_replay_on_a_cudnn_build_runs_its_children_on_that_cudnn_and_records_i
     assert [r.status for r in outcome.results] == ["pass"]
     assert outcome.fingerprint.cudnn == "9.27.0"
     assert "runtime:cudnn==9.27.0" in outcome.results[0].backend_version
+
+
+def test_the_backends_table_shows_the_imported_fa4_build_and_the_loaded_cudnn():
+    from service.cli import _runtime_text
+
+    text = _runtime_text({
+        "flash_attn_4": "4.0.0b30", "flash_attn_4_module": "/b/site/flash_attn/cute",
+        "cudnn": "9.19.0", "cudnn_library": f"{TORCH}/libcudnn.so.9", "nccl": "2.27.3",
+    })
+    assert "flash_attn.cute=/b/site/flash_attn/cute (4.0.0b30)" in text
+    assert f"cuDNN=9.19.0 ({TORCH}/libcudnn.so.9)" in text and "NCCL=2.27.3" in text
+    assert _runtime_text({}) == ""
