@@ -262,6 +262,9 @@ def check_schema(url: str) -> None:
     except Exception as exc:  # SQLAlchemy/driver errors: name the database, keep the cause
         raise ServiceError(f"database {url!r}: cannot open: {type(exc).__name__}: {str(exc).strip().splitlines()[0]}") from exc
     newest = head()
+    if revision is not None and revision != newest and not _known_revision(revision):
+        raise ServiceError(f"database {url!r} is at schema revision {revision}, which this attnfuzz does not know "
+                           f"(made by a newer attnfuzz?); its newest is {newest}: upgrade attnfuzz to read it")
     if revision != newest:
         state = "has no attnfuzz schema" if revision is None else f"is at schema revision {revision}"
         raise ServiceError(f"database {url!r} {state}; this attnfuzz reads revision {newest}: "
@@ -330,3 +333,15 @@ def print_table(table, console: Console | None = None) -> None:
         target.print(table, width=minimum, crop=False)
     else:
         target.print(table)
+
+
+def _known_revision(revision: str) -> bool:
+    """Whether ``revision`` is one of this attnfuzz's migrations."""
+    from alembic.script import ScriptDirectory
+
+    from service.migrations import make_config
+
+    try:
+        return ScriptDirectory.from_config(make_config()).get_revision(revision) is not None
+    except Exception:  # alembic.util.CommandError and friends: unknown revision
+        return False

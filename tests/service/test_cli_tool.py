@@ -315,3 +315,15 @@ def test_export_and_corpus_export_answer_json(tmp_path: Path) -> None:
     assert written.exit_code == 0, written.output
     files = json.loads(written.stdout)["files"]
     assert len(files) == 1 and Path(files[0]).is_file()
+
+
+def test_a_reading_command_on_a_newer_schema_says_to_upgrade_attnfuzz(db: str) -> None:
+    from sqlalchemy import text
+
+    engine = make_engine(db)
+    with engine.begin() as connection:
+        connection.execute(text("UPDATE alembic_version SET version_num = '9999'"))
+    engine.dispose()
+    result = _invoke("cases", "list", "--db", db)
+    assert result.exit_code == 5
+    assert "9999" in result.output and "upgrade attnfuzz" in result.output and "db upgrade" not in result.output
