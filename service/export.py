@@ -51,8 +51,7 @@ import math
 import re
 import string
 import textwrap
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from fuzzer.backends.base import Backend, ReproCall
