@@ -9,7 +9,15 @@ from __future__ import annotations
 
 
 def main() -> None:
-    """Run ``attnfuzz`` with ``sys.argv``; exits with the codes listed in ``attnfuzz --help``."""
+    """Run ``attnfuzz`` with ``sys.argv``; exits with the codes listed in ``attnfuzz --help``.
+    ``attnfuzz --version`` alone answers without loading the CLI (typer, rich)."""
+    import sys
+
+    if sys.argv[1:] == ["--version"]:
+        from attnfuzz import __version__
+
+        print(f"attnfuzz {__version__}")
+        return
     from service.cli import app
 
     app(prog_name="attnfuzz")
