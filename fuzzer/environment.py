@@ -1,4 +1,7 @@
-"""The build fingerprint of the running environment (versions, device, driver)."""
+"""The build fingerprint of the running environment (versions, device, driver), and the runtime
+libraries each backend child loads: one cuDNN per process (``$ATTNFUZZ_CUDNN``), what a child
+reports it mapped (``/proc/self/maps``), and FA4's shared compile cache (``$ATTNFUZZ_JIT_CACHE_DIR``).
+See the "runtimes" section below and ``docs/build-matrix.md``."""
 
 from __future__ import annotations
 
