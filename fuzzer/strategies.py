@@ -259,7 +259,7 @@ def _sequence_lengths(
     if cp_size > 1:
         unit = 2 * cp_size
         padded = thd and not te_shaped
-        limit_q = max(1, min(max_q, max_k if te_shaped else max_q, math.isqrt(pairs)))
+        limit_q = max(1, min(max_q, max_k, math.isqrt(pairs)) if te_shaped else min(max_q, math.isqrt(pairs)))
 
         def lengths(limit: int) -> st.SearchStrategy[int]:
             return _cp_lengths(max(1, limit), unit, padded=padded)
