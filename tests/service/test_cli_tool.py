@@ -64,6 +64,7 @@ def test_help_and_version_import_neither_torch_nor_hypothesis(tmp_path: Path) ->
         import sys
         from attnfuzz.cli import main
         sys.argv = ["attnfuzz", sys.argv[1]]
+        code = 0
         try:
             main()
         except SystemExit as exc:
