@@ -209,11 +209,18 @@ def test_a_default_cpu_campaign_finds_a_kernel_wrong_only_for_long_rows_with_few
     backends = registry.select(["torch-cpu-math"], [PLANTED])
     sink = MemorySink()
     config = WorkerConfig(
-        backends=backends, isolation="none", seed=4, max_cases=250, time_budget_s=None, shrink=False, replay_known=False
+        backends=backends, isolation="none", seed=4, max_cases=250, time_budget_s=None, replay_known=False,
+        shrink_deadline_s=60, shrink_share=1.0,
     )
     stats = Worker(config, sink, reporter=_StopWhenFound("planted-long-row")).run()
     planted = [k for k in sink.buckets if k[0] == "planted-long-row"]
     assert planted, f"not found in {stats.cases} cases; buckets: {sorted(sink.buckets)}"
+    bucket = sink.buckets[planted[0]]
+    assert bucket.minimised_case is not None, bucket.note
+    minimal = AttentionCase.from_json(bucket.minimised_case)
+    # shrunk to the edge of the planted region (b1 sq1 sk1025 h1/1 d8 when written)
+    assert is_planted_region(minimal) and minimal.seqlen_k < 2 * 1024, minimal.describe()
+    assert (minimal.batch_size, minimal.num_heads) == (1, 1), minimal.describe()
     failing = [r for r in sink.results.values() if r.backend == "planted-long-row" and r.status == "fail"]
     for result in failing:
         case = AttentionCase.from_json(sink.cases[result.case_id]["config"])
