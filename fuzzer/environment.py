@@ -181,6 +181,22 @@ def _has_cudnn(directory: Path) -> bool:
         return False
 
 
+def cudnn_incomplete_reason(directory: Path) -> str | None:
+    """Why the cuDNN in ``directory`` cannot run, None when it looks complete: a cuDNN 9
+    ``libcudnn.so.9`` is only a dispatcher that loads its sub-libraries (``libcudnn_graph``,
+    ``libcudnn_ops``, ``libcudnn_engines_*``) from the loader's path, and a system that ships the
+    dispatcher alone (the H200 image's ``/usr/lib/x86_64-linux-gnu``) fails every FusedAttention
+    call with ``CUDNN_STATUS_SUBLIBRARY_LOADING_FAILED``."""
+    try:
+        names = [p.name for p in directory.iterdir()]
+    except OSError as exc:
+        return f"cannot list {directory}: {exc}"
+    major9 = any(re.match(r"libcudnn\.so\.(9|[1-9]\d)", n) for n in names)
+    if major9 and not any(n.startswith("libcudnn_graph.so") for n in names):
+        return f"{directory} holds a cuDNN 9 dispatcher (libcudnn.so.9) without its sub-libraries (libcudnn_graph.so.9, ...)"
+    return None
+
+
 def torch_cudnn_dirs(search_path: Sequence[str] | None = None) -> list[Path]:
     """Directories of the cuDNN that torch's wheel depends on (``nvidia-cudnn-cu1x``), found on
     ``search_path`` (default: torch's own site directory, then ``sys.path``) without importing
@@ -236,15 +252,16 @@ def resolve_cudnn_choice(
 
     * ``torch`` (default): the cuDNN torch's wheel depends on (what torch was built and checks
       against). Where there is none (a CPU build of torch) nothing is changed.
-    * ``system``: the system's (``ldconfig -p``, then `SYSTEM_LIBRARY_DIRS`), for every child,
+    * ``system``: the system's (``ldconfig -p``, then `SYSTEM_LIBRARY_DIRS`), for every child
+      (refused when it is a cuDNN 9 dispatcher without its sub-libraries: `cudnn_incomplete_reason`),
       torch's cuDNN SDPA included (torch's own version check may then refuse it: the child says
       so in its availability).
     * a directory holding ``libcudnn.so*`` (e.g. an unpacked ``nvidia-cudnn-cu13`` 9.27 wheel's
       ``nvidia/cudnn/lib``): that build, for a build of the ``cudnn`` line.
 
     Raises:
-        EnvironmentChoiceError: ``system`` with no system cuDNN, or a directory without
-            ``libcudnn.so*``.
+        EnvironmentChoiceError: ``system`` with no system cuDNN, a directory without
+            ``libcudnn.so*``, or a cuDNN 9 without its sub-libraries.
     """
     text = (choice if choice is not None else os.environ.get(CUDNN_ENV, "")).strip() or "torch"
     if text == "torch":
@@ -257,6 +274,11 @@ def resolve_cudnn_choice(
                 f"{CUDNN_ENV}: 'system' but no system libcudnn.so* was found (ldconfig -p, "
                 f"{', '.join(SYSTEM_LIBRARY_DIRS)}); allowed: {', '.join(CUDNN_CHOICES)} or a directory holding libcudnn.so*"
             )
+        incomplete = cudnn_incomplete_reason(dirs[0])
+        if incomplete:
+            raise EnvironmentChoiceError(
+                f"{CUDNN_ENV}: 'system' cannot run: {incomplete}; allowed: torch, or a directory holding a whole cuDNN"
+            )
         return CudnnChoice("system", dirs[0])
     directory = Path(text).expanduser()
     if not directory.is_dir() or not _has_cudnn(directory):
@@ -264,6 +286,9 @@ def resolve_cudnn_choice(
             f"{CUDNN_ENV}: {text!r} is not a directory holding libcudnn.so* "
             f"(allowed: {', '.join(CUDNN_CHOICES)} or such a directory)"
         )
+    incomplete = cudnn_incomplete_reason(directory)
+    if incomplete:
+        raise EnvironmentChoiceError(f"{CUDNN_ENV}: {text!r} cannot run: {incomplete} (allowed: {', '.join(CUDNN_CHOICES)} or a whole cuDNN)")
     return CudnnChoice(text, directory.resolve())
 
 

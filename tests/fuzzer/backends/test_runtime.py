@@ -112,11 +112,24 @@ def test_cudnn_versions_are_dotted_from_every_encoding():
 
 
 # ------------------------------------------------------------------------- the choice
-def fake_cudnn_dir(root: Path, name: str) -> Path:
+def fake_cudnn_dir(root: Path, name: str, sub_libraries: bool = True) -> Path:
     directory = root / name
     directory.mkdir(parents=True)
     (directory / "libcudnn.so.9").write_bytes(b"")
+    if sub_libraries:
+        (directory / "libcudnn_graph.so.9").write_bytes(b"")
     return directory
+
+
+def test_a_cudnn_9_dispatcher_without_its_sub_libraries_is_refused(tmp_path):
+    """The H200 image's system cuDNN 9.14 is the dispatcher alone: every FusedAttention call
+    failed with CUDNN_STATUS_SUBLIBRARY_LOADING_FAILED. Choosing it is refused up front."""
+    bare = fake_cudnn_dir(tmp_path, "usr/lib", sub_libraries=False)
+    with pytest.raises(EnvironmentChoiceError, match="without its sub-libraries"):
+        resolve_cudnn_choice("system", torch_dirs=lambda: [], system_dirs=lambda: [bare])
+    with pytest.raises(EnvironmentChoiceError, match=f"{CUDNN_ENV}: .* cannot run"):
+        resolve_cudnn_choice(str(bare))
+    assert environment.cudnn_incomplete_reason(fake_cudnn_dir(tmp_path, "whole")) is None
 
 
 def test_the_default_cudnn_is_torch_s_bundled_one(tmp_path):
@@ -358,7 +371,10 @@ def test_a_replay_on_a_cudnn_build_runs_its_children_on_that_cudnn_and_records_i
     wheelhouse.mkdir()
     write_wheel(
         wheelhouse, "nvidia-cudnn-cu13", "9.27.0.42",
-        {"nvidia/cudnn/__init__.py": "", "nvidia/cudnn/lib/libcudnn.so.9": "", "nvidia/cudnn/lib/VERSION": "9.27.0\n"},
+        {
+            "nvidia/cudnn/__init__.py": "", "nvidia/cudnn/lib/libcudnn.so.9": "", "nvidia/cudnn/lib/libcudnn_graph.so.9": "",
+            "nvidia/cudnn/lib/VERSION": "9.27.0\n",
+        },
     )
     env = prepare_from_wheelhouse(
         "nvidia-cudnn-cu13", "9.27.0.42", [wheelhouse], tmp_path / "builds", shared_version=lambda name: None
