@@ -19,7 +19,10 @@ It stores nothing: the `Evaluation` it returns holds the results (and, for a CP 
 case and its results) for the caller to record.
 
 Errors: a failure of attnfuzz's own steps on one case (inputs, oracle, comparison) is handled in
-one place, `Evaluator._own_step_failed` (see there), never in the callers.
+one place, `Evaluator._own_step_failed`: it becomes an ``error`` result with the evidence
+(``attnfuzz_error:<ExceptionType>``), never a crash of the caller. The oracle runs under the
+per-case time limit (`oracle_time_bound`) and the case's working-set bound
+(`oracle.config.AttentionCase.check_resources`, before any allocation).
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -302,9 +306,9 @@ class Evaluator:
             return evaluation
         try:
             prepared, oracle_ms = self._oracle(case, evaluation)
-        except Exception as exc:
-            self._own_step_failed(case, exc)
-            raise
+        except Exception as exc:  # MemoryError, OverflowError, OracleTimeout, a bug of ours ...
+            evaluation.results.append(self._own_step_failed(case, exc, "oracle", phase))
+            return evaluation
         outcomes = self.executor.run(case, prepared.inputs, runnable, self.case_timeout_s)
         t0 = time.perf_counter()
         for outcome in outcomes:
@@ -313,8 +317,7 @@ class Evaluator:
             try:
                 result, twin_result = self._judge_one(case, prepared, outcome, oracle_ms, phase)
             except Exception as exc:
-                self._own_step_failed(case, exc)
-                raise
+                result, twin_result = self._own_step_failed(case, exc, "compare", phase, outcome), None
             results.append(result)
             evaluation.twins.append(twin_result)
             if twin_result is not None:
@@ -335,11 +338,13 @@ class Evaluator:
         from oracle.inputs import make_inputs
         from oracle.reference import reference
 
-        t0 = time.perf_counter()
-        inputs = make_inputs(case, device=self.device)
-        t1 = time.perf_counter()
-        ref = reference(case, inputs, backward=case.backward)
-        t2 = time.perf_counter()
+        case.check_resources()  # before any allocation (also a case built before a lower bound was set)
+        with oracle_time_bound(self.case_timeout_s):
+            t0 = time.perf_counter()
+            inputs = make_inputs(case, device=self.device)
+            t1 = time.perf_counter()
+            ref = reference(case, inputs, backward=case.backward)
+            t2 = time.perf_counter()
         evaluation.inputs_s += t1 - t0
         evaluation.oracle_s += t2 - t1
         prepared = PreparedReference(case, ref, inputs=inputs)
@@ -354,10 +359,69 @@ class Evaluator:
             case, prepared.reference, outcome, lambda c, o: judge(c, prepared, o, backend, oracle_ms=oracle_ms, phase=phase)
         )
 
-    def _own_step_failed(self, case: AttentionCase, exc: BaseException) -> None:
-        """The one place for a failure of attnfuzz's own steps (inputs, oracle, comparison) on
-        one case: called with the exception before it propagates. Today it propagates unchanged
-        (the caller sees it); turning it into an ``error`` result belongs here."""
+    def _own_step_failed(
+        self, case: AttentionCase, exc: BaseException, step: str, phase: str, outcome: TaskOutcome | None = None
+    ) -> CaseResult:
+        """The one place for a failure of attnfuzz's own steps on one case: an ``error`` result
+        with the evidence (exception type, message, the innermost frames), and the worker goes on.
+
+        Args:
+            step: ``"oracle"`` (inputs or float64 reference: the result is recorded under the
+                pseudo backend ``attnfuzz``, variant ``oracle``: no backend is to blame) or
+                ``"compare"`` (judging ``outcome``: recorded under its backend variant).
+
+        Returns:
+            The result, signature ``attnfuzz_error:<ExceptionType>``.
+        """
+        import traceback
+
+        frames = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)[-6:])
+        detail = f"attnfuzz's own {step} step failed on {case.describe()}: {type(exc).__name__}: {exc}\n{frames}"
+        backend, variant = (outcome.backend, outcome.variant) if outcome is not None else (OWN_BACKEND, step)
+        return CaseResult(
+            case.case_id,
+            backend,
+            variant,
+            "error",
+            signature=f"attnfuzz_error:{type(exc).__name__}",
+            signatures=(f"attnfuzz_error:{type(exc).__name__}",),
+            detail=detail,
+            phase=phase,
+        )
+
+
+OWN_BACKEND = "attnfuzz"
+"""The backend name of results about attnfuzz's own steps (the oracle failed on a case)."""
+
+
+class OracleTimeout(Exception):
+    """The float64 oracle ran past the per-case time limit (`oracle_time_bound`)."""
+
+
+@contextmanager
+def oracle_time_bound(seconds: float | None) -> Iterator[None]:
+    """Raise `OracleTimeout` in this thread once ``seconds`` pass inside the block: the same
+    per-case limit as a backend's child, for the oracle that runs in the worker. A ``SIGALRM``
+    timer (``setitimer``): its handler raises between Python bytecodes, and the blockwise oracle
+    returns to Python after every block, so the bound holds to about one block. Only in the main
+    thread (signals go there); elsewhere, or with ``seconds`` None, no bound."""
+    import signal
+    import threading
+
+    if not seconds or threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
+        yield
+        return
+
+    def expired(_signum: int, _frame: Any) -> None:
+        raise OracleTimeout(f"the float64 oracle ran past the per-case limit of {seconds:g} s")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def _non_cp_outcome(outcome: TaskOutcome) -> TaskOutcome | None:
@@ -375,7 +439,10 @@ __all__ = [
     "Evaluation",
     "Evaluator",
     "ISOLATIONS",
+    "OWN_BACKEND",
+    "OracleTimeout",
     "judge",
+    "oracle_time_bound",
     "make_executor",
     "normalise_masked_lse",
     "unsupported_result",

@@ -444,7 +444,14 @@ class SpoolingSink:
         """Write now if nothing is spooled and the database is not known to be away, else spool.
         Returns ``(written, value)``."""
         if len(self.spool) and self._due():
-            self.flush()
+            try:
+                self.flush()
+            except SinkFatalError:
+                # the database refuses an older entry: this write waits behind it, kept (a final
+                # "failed" heartbeat included, so the worker row ends failed, not lost)
+                self.spool.append(op, payload)
+                self.spooled += 1
+                raise
         if not len(self.spool) and self._due():
             try:
                 value = self._apply(op, payload)

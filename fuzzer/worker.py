@@ -179,6 +179,10 @@ class WorkerConfig:
             raise WorkerError("backends: at least one backend is needed")
 
 
+MAX_REDO_ATTEMPTS = 2
+"""A journaled evaluation redone this many times without finishing is quarantined."""
+
+
 @dataclass
 class WorkerStats:
     """Counters and time split of a worker run (times in seconds)."""
@@ -193,6 +197,7 @@ class WorkerStats:
     minimised: list = field(default_factory=list)  # (bucket key, MinimiseOutcome)
     replayed: list = field(default_factory=list)  # (bucket key, signature now or None)
     redone: list = field(default_factory=list)  # case_ids of evaluations a killed worker left
+    quarantined: int = 0  # journaled evaluations set aside instead of redone (Worker.redo_interrupted)
     leases_lost: int = 0  # minimisations abandoned because another worker took the bucket
     attached: list = field(default_factory=list)  # (bucket key shrunk, bucket id attached to its minimised case)
     oracle_s: float = 0.0
@@ -381,9 +386,19 @@ class Worker:
             return []
         try:
             case = AttentionCase.from_json(entry["case"])
-        except CaseValidationError:
-            self.journal.end_evaluation()
+        except CaseValidationError as exc:
+            self._quarantine(entry, f"no longer validates: {exc}")
             return []
+        # a journaled case whose redo already failed twice (its worker died or was killed each
+        # time) is quarantined, not redone forever: it would stop every later worker
+        attempts_key = f"redo_attempts:{case.case_id}"
+        meta = getattr(self.journal, "meta", None)
+        attempts = int(meta(attempts_key) or 0) if meta is not None else 0
+        if attempts >= MAX_REDO_ATTEMPTS:
+            self._quarantine(entry, f"its redo failed {attempts} times")
+            return []
+        if meta is not None:
+            self.journal.set_meta(attempts_key, str(attempts + 1))
         tasks = entry.get("tasks")
         if tasks is not None:
             usable = {b.name for b in self.usable}
@@ -394,6 +409,21 @@ class Worker:
         results = self.evaluate(case, phase=entry.get("phase", "fuzz"), tasks=tasks)
         self.stats.redone.append(case.case_id)
         return results
+
+    def _quarantine(self, entry: dict, why: str) -> None:
+        """Drop the journaled evaluation ``entry`` from the journal and keep it aside in the
+        journal's metadata (``quarantined:<n>``, the entry and why), with a warning."""
+        import json as _json
+        import logging
+
+        set_meta = getattr(self.journal, "set_meta", None)
+        if set_meta is not None:
+            n = int(self.journal.meta("quarantined") or 0) + 1
+            set_meta("quarantined", str(n))
+            set_meta(f"quarantined:{n}", _json.dumps({"entry": entry, "why": why}, default=str))
+        self.journal.end_evaluation()
+        self.stats.quarantined += 1
+        logging.getLogger("attnfuzz.worker").warning("journaled case quarantined, not redone: %s", why)
 
     def _budget_spent(self) -> bool:
         c = self.config

@@ -344,6 +344,15 @@ def fuzz(
     as_json: Annotated[
         bool, typer.Option("--json", help="No live display; print the summary as one JSON object on stdout.")
     ] = False,
+    metrics_port: Annotated[
+        Optional[int],
+        typer.Option(
+            envvar="ATTNFUZZ_METRICS_PORT",
+            show_envvar=True,
+            help="Serve this worker's own Prometheus metrics (time split, spool, outages, child restarts) on "
+            "127.0.0.1:PORT/metrics while it runs.",
+        ),
+    ] = None,
     replay: Annotated[bool, typer.Option("--replay/--no-replay", help="Re-run known buckets first.")] = True,
     spool_dir: Annotated[
         Optional[str],
@@ -452,6 +461,15 @@ def fuzz(
         )
         worker = None
         interrupted = False
+        collector = server = None
+        if metrics_port is not None:
+            from service.worker_metrics import serve_worker_metrics
+
+            try:
+                collector, server = serve_worker_metrics(metrics_port, sink, device=resolved_device, database=url)
+            except OSError as exc:
+                raise CaseValidationError("metrics_port", f"cannot serve metrics on 127.0.0.1:{metrics_port}: {exc}") from exc
+            log.warning("worker metrics on http://127.0.0.1:%s/metrics", server.server_port)
         try:
             worker = Worker(
                 config,
@@ -461,6 +479,8 @@ def fuzz(
                 journal=spool,
                 build_history=SqlBuildHistory(engine),
             )
+            if collector is not None:
+                collector.worker = worker
             try:
                 stats = worker.run()
             except KeyboardInterrupt:
@@ -479,6 +499,8 @@ def fuzz(
                 raise type(exc)(f"{exc}; {left} unsaved writes kept in spool {spool.path} (stored by the next run)") from exc
             raise
         finally:
+            if server is not None:
+                server.shutdown()
             spool.close()
             if journal is not None:
                 journal.close()

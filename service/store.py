@@ -31,6 +31,7 @@ Create a store in the process that uses it (an Engine must not cross a fork).
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -125,6 +126,28 @@ def _translate(exc: DBAPIError, dialect: str) -> Exception | None:
     return None
 
 
+def _sqlite_file(bind: Engine | Connection) -> str | None:
+    """The absolute path of a SQLite database file (None for ``:memory:``, a temporary database,
+    or a Connection: the tests' rolled-back transactions need no check)."""
+    if not isinstance(bind, Engine):
+        return None
+    database = bind.url.database
+    if not database or database == ":memory:" or database.startswith("file:"):
+        return None
+    return os.path.abspath(database)
+
+
+def _identity(path: str) -> tuple[int, int] | None:
+    """``(st_dev, st_ino)`` of ``path``, None when it does not exist."""
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        return None
+    except OSError:  # a directory we may not enter, ...: the write itself will say more
+        return None
+    return (info.st_dev, info.st_ino)
+
+
 class _Transactor:
     """Runs a function in a short write transaction (or a savepoint), retrying transient errors."""
 
@@ -141,6 +164,30 @@ class _Transactor:
             if isinstance(bind, Engine) and self.dialect == "sqlite"
             else bind
         )
+        self._file = _sqlite_file(bind) if self.dialect == "sqlite" else None
+        self._identity = _identity(self._file) if self._file is not None else None
+
+    def _check_file(self) -> None:
+        """Loud on loss: the SQLite file must still be the one this store opened (same device and
+        inode). After ``rm -rf`` of its directory, or a file put in its place, SQLite would go on
+        writing to the unlinked file and every result would vanish with it.
+
+        Raises:
+            StoreRefusedError: the file is gone or replaced (the worker stops, its spool keeps
+                the write).
+        """
+        if self._file is None:
+            return
+        now = _identity(self._file)
+        if self._identity is None:
+            self._identity = now
+            return
+        if now != self._identity:
+            what = "removed" if now is None else "replaced by another file"
+            raise StoreRefusedError(
+                f"database refuses writes (the SQLite file {self._file} was {what} while in use): "
+                "results after this point are kept in the spool"
+            )
 
     @contextmanager
     def _begin(self) -> Iterator[Connection]:
@@ -160,8 +207,11 @@ class _Transactor:
         """
         for attempt in range(self.retries + 1):
             try:
+                self._check_file()
                 with self._begin() as connection:
-                    return fn(connection)
+                    value = fn(connection)
+                self._check_file()  # removed while this write ran: it went to the unlinked file
+                return value
             except DBAPIError as exc:
                 if attempt < self.retries and is_transient(exc) and not exc.connection_invalidated:
                     time.sleep(min(0.05 * 2**attempt, 1.0))  # backoff between retries, not a test sync
@@ -244,6 +294,7 @@ class SqlStore:
 
     def __init__(self, bind: Engine | Connection, *, retries: int = DEFAULT_RETRIES):
         self._tx = _Transactor(bind, retries)
+        self._registering: dict[tuple, datetime] = {}  # register_worker's first attempt per key
 
     def register_build(self, fingerprint: BuildFingerprint) -> int:
         """The id of the ``builds`` row for ``fingerprint``, created on first sight."""
@@ -270,9 +321,30 @@ class SqlStore:
             NotFoundError: ``build_id`` is unknown.
         """
 
+        key = (build_id, hostname, pid, device, slot)
+        since = self._registering.setdefault(key, utcnow())
+
         def run(connection: Connection) -> int:
             if connection.scalar(select(Build.id).where(Build.id == build_id)) is None:
                 raise NotFoundError("build", build_id)
+            # Idempotent: a first attempt whose COMMIT succeeded but whose answer was lost left
+            # this process's row; find it instead of adding a phantom "running" worker.
+            existing = connection.scalar(
+                select(Worker.id)
+                .where(
+                    Worker.build_id == build_id,
+                    Worker.hostname == storable_text(hostname, MAX_PACKAGE),
+                    Worker.pid == pid,
+                    Worker.device == storable_text(device, MAX_PACKAGE),
+                    Worker.slot.is_(None) if slot is None else Worker.slot == slot,
+                    Worker.status == "running",
+                    Worker.started_at >= since,
+                )
+                .order_by(Worker.id)
+                .limit(1)
+            )
+            if existing is not None:
+                return existing
             now = utcnow()
             statement = (
                 Worker.__table__.insert()
@@ -742,6 +814,23 @@ class SqlStore:
             at = now or utcnow()
             if connection.scalar(select(Worker.id).where(Worker.id == worker_id)) is None:
                 raise NotFoundError("worker", worker_id)
+            # a bucket left alone after its last claim (each shrink died with its worker or ran
+            # out of lease) says so in its note instead of keeping an empty one
+            connection.execute(
+                update(Bucket)
+                .where(
+                    Bucket.minimised_case_id.is_(None),
+                    Bucket.minimise_attempts >= max_attempts,
+                    or_(Bucket.minimise_owner_id.is_(None), Bucket.minimise_lease_expires_at < at),
+                    Bucket.minimise_note == "",
+                )
+                .values(
+                    minimise_note=f"abandoned: not minimised after {max_attempts} claims (each shrink ended "
+                    "without a result: its worker died or its lease ran out)",
+                    minimise_owner_id=None,
+                    minimise_lease_expires_at=None,
+                )
+            )
             claimable = (
                 Bucket.minimised_case_id.is_(None)
                 & (Bucket.minimise_attempts < max_attempts)

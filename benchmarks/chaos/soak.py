@@ -51,7 +51,36 @@ BACKENDS = [
     "torch-cpu-flash",
     "tests.fuzzer.standins:SometimesCrashingBackend",  # a real SIGSEGV on one case in 16
     "tests.fuzzer.standins:GateBackend",  # planted bugs: buckets to shrink, so leases are contended
+    "tests.reliability.hostile:HostileTextBackend",  # a name of 80 chars, NUL and lone surrogates in its errors
 ]
+
+# Poison corpus files (issue 17): each must be refused by ``corpus import`` with exit 2, nothing stored.
+_SMALL_CASE = {"schema_version": 1, "batch_size": 1, "seqlen_q": 4, "seqlen_k": 4, "num_heads": 1, "head_dim": 8,
+               "dtype": "float32"}
+
+
+def _poison_entry(case: dict | None = None, **changes: object) -> dict:
+    entry = {"schema_version": 1, "case": {**_SMALL_CASE, **(case or {})}, "backend": "torch-cpu-math",
+             "variant": "bool_mask", "why": "soak poison", "source": "",
+             "expected": {"status": "fail", "signature": "out:all_zero"},
+             "verdicts": [{"build": {"torch": "soak-poison"}, "status": "fail", "signature": "out:all_zero",
+                           "recorded_at": "2026-12-01T00:00:00+00:00"}]}
+    entry.update(changes)
+    return entry
+
+
+POISON_FILES = {
+    "window 10**40": lambda: json.dumps(_poison_entry({"window_size_left": 10**40})),
+    "batch_size 10**6": lambda: json.dumps(_poison_entry({"batch_size": 10**6})),
+    "huge oracle working set": lambda: json.dumps(_poison_entry({"batch_size": 60000, "seqlen_q": 2**20, "seqlen_k": 2**20})),
+    "deep nesting": lambda: "[" * 100_000 + "]" * 100_000,
+    "not UTF-8": lambda: b'{"why": "\xff\xfe"}',
+    "verdicts 5": lambda: json.dumps(_poison_entry(verdicts=5)),
+    "NUL in a verdict": lambda: json.dumps(_poison_entry(verdicts=[{**_poison_entry()["verdicts"][0], "recorded_at": "x\x00"}])),
+    "package name of 200 chars": lambda: json.dumps(_poison_entry(
+        verdicts=[{**_poison_entry()["verdicts"][0], "packages": {"p" * 200: "1"}}])),
+    "FIFO": None,
+}
 
 
 @dataclass
@@ -85,6 +114,17 @@ class Soak:
         self.slots = [Slot(f"pg{i}", "postgresql", self.pg_url) for i in range(args.pg_workers)] + [
             Slot(f"sqlite{i}", "sqlite", self.sqlite_url) for i in range(args.sqlite_workers)
         ]
+        # a SQLite database whose directory the chaos loop removes (rm -rf) under a running worker
+        self.vanish_dir = self.out / "vanish" / "db"
+        self.vanish_url = f"sqlite:///{self.vanish_dir / 'soak.db'}"
+        self.vanish_slot = Slot("vanish0", "vanish", self.vanish_url) if args.vanish_worker else None
+        if self.vanish_slot is not None:
+            self.slots.append(self.vanish_slot)
+        self.vanished_pids: set[int] = set()  # workers whose database directory was removed under them
+        self.vanish_exits: Counter = Counter()  # "loud (exit N)" / "silent (exit 0)"
+        self.poison_exits: Counter = Counter()
+        self.migration_exits: Counter = Counter()
+        self.poison_case_ids: set[str] = set()
         self.deaths: dict[int, float] = {}  # pid -> time it ended (killed or exited)
         self.pg_down_until = 0.0
         self.sqlite_lock: sqlite3.Connection | None = None
@@ -106,6 +146,11 @@ class Soak:
         return command
 
     def start(self, slot: Slot, drain: bool = False) -> None:
+        if slot.database == "vanish" and not (self.vanish_dir / "soak.db").exists():
+            from service import migrations
+
+            self.vanish_dir.mkdir(parents=True, exist_ok=True)  # a new, empty database in its place
+            migrations.upgrade(self.vanish_url)
         budget = self.rng.uniform(self.args.min_run_s, self.args.max_run_s)
         slot.runs += 1
         log = open(self.out / "logs" / f"{slot.name}-{slot.runs}{'-drain' if drain else ''}.log", "w")
@@ -117,6 +162,9 @@ class Soak:
             if slot.process is not None and slot.process.poll() is not None:
                 self.deaths[slot.process.pid] = time.time()
                 slot.exits.append((slot.process.pid, time.time(), slot.process.returncode))
+                if slot.process.pid in self.vanished_pids and slot.process.returncode != -signal.SIGKILL:
+                    code = slot.process.returncode
+                    self.vanish_exits["silent (exit 0)" if code == 0 else f"loud (exit {code})"] += 1
                 slot.log.close()
                 slot.process = None
 
@@ -145,6 +193,62 @@ class Soak:
         self.faults["SQLite exclusive lock"] += 1
         self.fault_log.append({"t": time.time(), "fault": "sqlite-lock", "hold_s": hold})
         self.sqlite_lock_until = time.monotonic() + hold
+
+    def vanish_database(self) -> None:
+        """``rm -rf`` the directory of the vanish worker's SQLite database while it runs: the
+        worker must notice and stop non-zero (its spool keeps what it could not store)."""
+        slot = self.vanish_slot
+        if slot is None or slot.process is None or slot.process.poll() is not None:
+            return
+        import shutil
+
+        shutil.rmtree(self.vanish_dir, ignore_errors=True)
+        self.vanished_pids.add(slot.process.pid)
+        self.faults["SQLite database directory removed (rm -rf)"] += 1
+        self.fault_log.append({"t": time.time(), "fault": "vanish", "pid": slot.process.pid})
+
+    def poison_corpus(self) -> None:
+        """``corpus import`` of one poison file into a live database: exit 2, nothing stored."""
+        kind = self.rng.choice(sorted(POISON_FILES))
+        root = self.out / "poison" / f"{len(self.fault_log)}" / "torch-cpu-math"
+        root.mkdir(parents=True)
+        path = root / "bool_mask-poison.json"
+        if POISON_FILES[kind] is None:
+            import os
+
+            os.mkfifo(path)
+        else:
+            content = POISON_FILES[kind]()
+            path.write_bytes(content if isinstance(content, bytes) else content.encode("utf-8", "surrogatepass"))
+        url = self.sqlite_url if self.pg_down_until or self.rng.random() < 0.5 else self.pg_url
+        run = subprocess.run([sys.executable, "-m", "service.cli", "corpus", "import", str(root.parent), "--db", url],
+                             cwd=REPO, capture_output=True, text=True, timeout=300)
+        self.poison_exits[f"exit {run.returncode}"] += 1
+        self.faults[f"poison corpus file ({kind})"] += 1
+        self.fault_log.append({"t": time.time(), "fault": "poison-corpus", "kind": kind, "exit": run.returncode,
+                               "output": run.stdout[-300:] + run.stderr[-300:]})
+
+    def concurrent_first_migrations(self) -> None:
+        """A fresh PostgreSQL database migrated by 4 ``db upgrade`` at once: all must exit 0."""
+        if self.pg_down_until:
+            return
+        name = f"fresh{len(self.fault_log)}"
+        admin = create_engine(self.pg_url, isolation_level="AUTOCOMMIT")
+        try:
+            with admin.connect() as c:
+                c.execute(text(f'CREATE DATABASE "{name}"'))
+        finally:
+            admin.dispose()
+        url = self.pg_url.rsplit("/", 1)[0] + f"/{name}"
+        runs = [subprocess.Popen([sys.executable, "-m", "service.cli", "db", "upgrade", "--db", url], cwd=REPO,
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(4)]
+        codes = [run.wait(timeout=300) for run in runs]
+        outputs = [run.stdout.read()[-300:] for run in runs]
+        for code in codes:
+            self.migration_exits[f"exit {code}"] += 1
+        self.faults["4 concurrent first migrations (PostgreSQL)"] += 1
+        self.fault_log.append({"t": time.time(), "fault": "concurrent-migrations", "exits": codes,
+                               "outputs": [o for o, c in zip(outputs, codes) if c != 0]})
 
     def heal(self, now: float) -> None:
         if self.pg_down_until and now >= self.pg_down_until:
@@ -175,14 +279,20 @@ class Soak:
             if now >= next_fault:
                 choice = self.rng.random()
                 alive = [s for s in self.slots if s.process is not None]
-                if choice < 0.5 and alive:
+                if choice < 0.35 and alive:
                     victim = self.rng.choice(alive)
                     self.kill(victim)
                     restart_at[victim.name] = now + self.rng.uniform(0, 5)
-                elif choice < 0.75 and not self.pg_down_until:
+                elif choice < 0.5 and not self.pg_down_until:
                     self.restart_postgres()
-                elif self.sqlite_lock is None:
+                elif choice < 0.65 and self.sqlite_lock is None:
                     self.lock_sqlite()
+                elif choice < 0.75 and self.vanish_slot is not None:
+                    self.vanish_database()
+                elif choice < 0.9:
+                    self.poison_corpus()
+                else:
+                    self.concurrent_first_migrations()
                 next_fault = now + self.rng.expovariate(1 / self.args.fault_every_s)
             time.sleep(0.2)  # the chaos loop's tick
         # stop faults, let the databases come back, let running workers finish their budgets
@@ -198,7 +308,8 @@ class Soak:
         return self.check(elapsed)
 
     def drain(self) -> None:
-        """One drain worker per spool slot of each database, all at once (each takes a slot)."""
+        """One drain worker per spool slot of each database, all at once (each takes a slot).
+        The vanish database is not drained: what its spool holds belongs to a removed database."""
         for database, url in (("postgresql", self.pg_url), ("sqlite", self.sqlite_url)):
             from fuzzer.spool import database_key
 
@@ -219,6 +330,8 @@ class Soak:
         reported: dict[str, int] = Counter()
         claims = []
         for path in sorted((self.out / "ledgers").glob("*.jsonl")):
+            if path.name.startswith("vanish"):  # its database is removed on purpose: checked by exit codes
+                continue
             database = "postgresql" if path.name.startswith(("pg", "drain-postgresql")) else "sqlite"
             for line in path.read_text().splitlines():
                 try:
@@ -297,6 +410,27 @@ class Soak:
         )
         summary["worker runs"] = sum(s.runs for s in self.slots)
         summary["worker exit codes"] = dict(Counter(str(code) for s in self.slots for _, _, code in s.exits))
+        killed = {e["pid"] for e in self.fault_log if e["fault"] == "kill"}
+        summary["workers that died unintentionally"] = sum(
+            1 for s in self.slots for pid, _, code in s.exits
+            if code != 0 and pid not in killed and pid not in self.vanished_pids
+        )
+        summary["vanished database: worker exits after the removal"] = dict(self.vanish_exits)
+        summary["poison corpus imports: exits"] = dict(self.poison_exits)
+        summary["concurrent first migrations: exits"] = dict(self.migration_exits)
+        with create_engine(self.pg_url).connect() as c:
+            pg_poison = c.scalar(text("SELECT COUNT(*) FROM builds WHERE torch = 'soak-poison'"))
+        with create_engine(self.sqlite_url).connect() as c:
+            sqlite_poison = c.scalar(text("SELECT COUNT(*) FROM builds WHERE torch = 'soak-poison'"))
+        summary["rows stored from poison files"] = pg_poison + sqlite_poison
+        summary["ok"] = (
+            summary["ok"]
+            and summary["workers that died unintentionally"] == 0
+            and self.vanish_exits.get("silent (exit 0)", 0) == 0
+            and set(self.poison_exits) <= {"exit 2"}
+            and set(self.migration_exits) <= {"exit 0"}
+            and summary["rows stored from poison files"] == 0
+        )
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
         (self.out / "faults.json").write_text(json.dumps(self.fault_log, indent=1))
         return summary
@@ -334,6 +468,7 @@ def main() -> None:
     parser.add_argument("--max-run-s", type=float, default=300.0, help="longest worker time budget, seconds")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--keep-postgres", action="store_true", help="leave the private server running")
+    parser.add_argument("--vanish-worker", type=int, default=1, help="1: a worker on a SQLite database whose directory is removed")
     args = parser.parse_args()
     soak = Soak(args)
     try:
