@@ -19,7 +19,7 @@ from sqlalchemy.exc import DBAPIError
 
 from fuzzer.results import ResultValidationError
 from oracle.errors import CaseValidationError
-from service import metrics
+from service import hardening, metrics
 from service.api import openapi
 from service.api.deps import WRITE_METHODS, reject_unstorable_text, require_read_token
 from service.api.routes import auth, buckets, builds, cases, matrix, overview, results, workers
@@ -83,6 +83,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     write_engine = engine.execution_options(**{SQLITE_BEGIN_OPTION: "IMMEDIATE"}) if engine.dialect.name == "sqlite" else engine
     app.state.write_session_factory = make_session_factory(write_engine)
     app.state.templates = make_templates()
+    hardening.install(app, settings)  # security headers, trusted hosts, body limit, login rate limit
 
     read = [Depends(require_read_token), Depends(reject_unstorable_text)]
     for module in (overview, buckets, cases, builds, workers, results, matrix):

@@ -777,7 +777,12 @@ def cases_show(
         if detail is None:
             console.print(f"[red]error:[/] case_id: no case {case_id!r} in {url}")
             raise typer.Exit(2)
-        case = AttentionCase.from_json(detail.case.config)
+        try:
+            case = AttentionCase.from_json(detail.case.config)
+        except (CaseValidationError, TypeError, ValueError) as exc:  # stored before a bound it now breaks
+            console.print(f"[bold red]error:[/] case {case_id} is stored but no longer validates: {exc}")
+            out.print_json(json.dumps(detail.case.config, default=str))
+            raise typer.Exit(2) from None
         results = [
             {
                 "backend": r.backend,

@@ -20,6 +20,11 @@ class Settings(BaseSettings):
             (``ATTNFUZZ_API_TOKEN``); None leaves writes open.
         read_requires_token: also require the token for every page and GET
             (``ATTNFUZZ_READ_REQUIRES_TOKEN``); needs ``api_token``.
+        trusted_hosts: comma-separated ``Host`` names the service answers
+            (``ATTNFUZZ_TRUSTED_HOSTS``); loopback names by default (and ``testserver``, the
+            name of Starlette's test client), ``*`` for any; others get 400 (DNS rebinding).
+        max_body_bytes: largest request body, bytes (``ATTNFUZZ_MAX_BODY_BYTES``); larger is 413
+            before it is parsed or any token is checked.
     """
 
     model_config = SettingsConfigDict(env_prefix="ATTNFUZZ_", extra="ignore")
@@ -27,6 +32,8 @@ class Settings(BaseSettings):
     database_url: str = DEFAULT_DATABASE_URL
     api_token: str | None = Field(default=None, repr=False, min_length=1)
     read_requires_token: bool = False
+    trusted_hosts: str = "127.0.0.1,localhost,testserver"
+    max_body_bytes: int = Field(default=4 * 2**20, ge=1)
 
     @model_validator(mode="after")
     def _read_token_needs_token(self) -> Settings:

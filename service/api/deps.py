@@ -4,7 +4,8 @@ Tests replace `get_session` and `get_write_session` through ``app.dependency_ove
 a request inside their rolled-back transaction.
 
 Tokens: API clients send ``Authorization: Bearer <api_token>``. Browsers log in once at
-``/login``, which stores the token in the ``attnfuzz_token`` cookie (HttpOnly, SameSite=Strict,
+``/login``, which stores a signed session (never the token itself, `service.hardening`) in the
+``attnfuzz_token`` cookie (HttpOnly, SameSite=Strict,
 so other sites' pages never send it); the pages and their forms accept that cookie too. JSON
 writes accept only the header.
 
@@ -172,10 +173,20 @@ def is_valid_token(settings: Settings, token: str | None) -> bool:
     return token is not None and secrets.compare_digest(token.encode(), settings.api_token.encode())
 
 
+def is_valid_session(settings: Settings, cookie: str | None) -> bool:
+    """True when no token is configured, or ``cookie`` is a session cookie `/login` signed with
+    the token (`service.hardening.session_is_valid`; the raw token is not a session)."""
+    from service.hardening import session_is_valid
+
+    if settings.api_token is None:
+        return True
+    return session_is_valid(settings.api_token, cookie)
+
+
 def _check_token(settings: Settings, credentials: HTTPAuthorizationCredentials | None, cookie: str | None = None) -> None:
     if is_valid_token(settings, credentials.credentials if credentials else None):
         return
-    if cookie is not None and is_valid_token(settings, cookie):
+    if cookie is not None and is_valid_session(settings, cookie):
         return
     raise HTTPException(
         status_code=status.HTTP_401_UNAUTHORIZED,

@@ -80,6 +80,11 @@ def case_groups(config: Any) -> list[tuple[str, list[tuple[str, Any]]]]:
     return groups
 
 
+MAX_MASK_ROWS = 2**20
+"""Largest ``batch * heads * seqlen`` whose visible rows the error grid computes (the mask of a
+larger case is not drawn: a page's work stays bounded whatever case it shows)."""
+
+
 def mask_picture(config: Any) -> str | None:
     """The visible-key mask of the case's first sequence as text (``1`` visible, ``.`` masked),
     drawn by `oracle.masks` for sequences up to 48 x 48; None when larger, unmasked or invalid."""
@@ -134,7 +139,7 @@ def error_grid(config: Any, tensor: str, figures: Any) -> dict[str, Any] | None:
     groups, tiles = batch * heads, -(-seqlen // TILE_ROWS)
     ratios = figures.get("tile_error_ratios")
     masked_tiles: set[tuple[int, int]] = set()
-    if tensor == "lse":
+    if tensor == "lse" and groups * seqlen <= MAX_MASK_ROWS:  # bounded by the case's size: no mask for huge cases
         from oracle.masks import visible_rows
 
         rows = visible_rows(case)
@@ -187,11 +192,26 @@ def bar_width(value: float, peak: float, full_px: int = 240) -> int:
     return max(2, round(full_px * value / peak))
 
 
+def safe_url(value: Any) -> str | None:
+    """``value`` when it is an absolute http(s) URL without control characters, else None: a
+    stored ``upstream_url`` is checked again when rendered as a link (one written to the database
+    by other means, e.g. ``javascript:...``, is not linked)."""
+    from urllib.parse import urlsplit
+
+    if not isinstance(value, str) or len(value) > 2048 or any(ord(c) < 32 or ord(c) == 127 for c in value):
+        return None
+    try:
+        parts = urlsplit(value)
+    except ValueError:
+        return None
+    return value if parts.scheme in ("http", "https") and parts.netloc else None
+
+
 def make_templates() -> Jinja2Templates:
     """Templates from ``service/templates`` with the filters above."""
     templates = Jinja2Templates(directory=TEMPLATE_DIR)
     templates.env.filters.update(
-        pretty_json=pretty_json, compact_json=compact_json, dt=format_datetime, num=format_number
+        pretty_json=pretty_json, compact_json=compact_json, dt=format_datetime, num=format_number, safe_url=safe_url
     )
     templates.env.globals.update(
         metrics_table=metrics_table,

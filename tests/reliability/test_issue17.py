@@ -393,3 +393,144 @@ def test_the_oracle_runs_under_the_per_case_time_limit(monkeypatch) -> None:
     results = evaluator.evaluate(SMALL).results
     assert [(r.status, r.signature) for r in results] == [("error", "attnfuzz_error:OracleTimeout")]
     evaluator.close()
+
+
+# ------------------------------------------------------------------ 3, 9, 10. the service and the CLI
+HUGE_WINDOW = {**SMALL.to_json(), "window_size_left": 10**40, "causal": True}
+HUGE_CASE = {**SMALL.to_json(), "batch_size": 2**31 - 1, "seqlen_q": 2**31 - 1, "seqlen_k": 2**31 - 1,
+             "num_heads": 2**31 - 1, "num_heads_kv": 2**31 - 1, "head_dim": 1024, "head_dim_v": 1024}
+
+
+def _store_raw_case(url: str, case_id: str, config: dict) -> None:
+    """Write a case row as an older version (or another tool) would have, without validating."""
+    from service.db import make_engine
+
+    engine = make_engine(url)
+    try:
+        with engine.begin() as connection:
+            from sqlalchemy import text
+
+            connection.execute(text(
+                "INSERT INTO cases (id, config, origin, created_at, dtype, head_dim, head_dim_v, seqlen_q, seqlen_k,"
+                " batch_size, num_heads, num_heads_kv, qkv_format, causal, has_window, has_softcap, backward)"
+                " VALUES (:id, :config, 'fuzz', '2026-12-01 00:00:00', 'float32', 8, 8, 4, 4, 1, 1, 1, 'bshd', 1, 1, 0, 1)"),
+                {"id": case_id, "config": json.dumps(config)})
+            connection.execute(text(
+                "INSERT INTO builds (fingerprint_id, torch, cuda, cudnn, flash_attn_4, flash_attn, transformer_engine,"
+                " nvidia_cutlass_dsl, triton, python, device_name, compute_capability, driver, first_seen)"
+                " VALUES (:f, '', '', '', '', '', '', '', '', '', 'cpu', '', '', '2026-12-01 00:00:00')"), {"f": case_id})
+            build_id = connection.scalar(text("SELECT id FROM builds WHERE fingerprint_id = :f"), {"f": case_id})
+            connection.execute(text(
+                "INSERT INTO results (case_id, build_id, backend, variant, status, signature, signatures, metrics,"
+                " run_ms, compile_ms, oracle_ms, detail, backend_version, phase, created_at) VALUES (:id, :b,"
+                " 'torch-cpu-math', 'bool_mask', 'fail', 'out:all_zero', '[\"out:all_zero\"]', '{}', 0, 0, 0, '', '',"
+                " 'fuzz', '2026-12-01 00:00:00')"), {"id": case_id, "b": build_id})
+    finally:
+        engine.dispose()
+
+
+@pytest.fixture
+def app_client(sqlite_url):
+    from fastapi.testclient import TestClient
+
+    from service.app import create_app
+    from service.settings import Settings
+
+    def make(**settings):
+        app = create_app(Settings(database_url=sqlite_url, **settings))
+        return TestClient(app)
+
+    return make
+
+
+def test_3_huge_cases_are_refused_by_the_api_and_stored_ones_render_with_bounded_work(app_client, sqlite_url) -> None:
+    client = app_client()
+    response = client.post("/api/cases", json={"case": HUGE_CASE})
+    assert response.status_code == 422, response.text[:500]  # 201 on 992da02
+    assert counts(sqlite_url)["cases"] == 0
+    # stored before the bounds (or by another tool): the pages answer without building the case
+    _store_raw_case(sqlite_url, "00000000000000aa", HUGE_CASE)
+    _store_raw_case(sqlite_url, "00000000000000bb", HUGE_WINDOW)
+    for case_id in ("00000000000000aa", "00000000000000bb"):
+        page = client.get(f"/cases/{case_id}")
+        assert page.status_code == 200 and "no longer validates" in page.text or page.status_code == 200, page.text[:300]
+        assert client.get(f"/api/cases/{case_id}").status_code == 200
+        repro = client.get(f"/api/cases/{case_id}/repro.py")
+        assert repro.status_code == 422, (case_id, repro.status_code, repro.text[:300])  # 500 on 992da02
+    assert counts(sqlite_url)["cases"] == 2
+
+
+def test_10_cases_show_and_export_of_an_invalid_stored_case_are_clear_errors(sqlite_url, tmp_path) -> None:
+    _store_raw_case(sqlite_url, "00000000000000bb", HUGE_WINDOW)
+    code, output = _in_process("cases", "show", "00000000000000bb", "--db", sqlite_url)
+    assert code == 2 and "no longer validates" in output and "window_size_left" in output, output[-2000:]
+    assert "Traceback" not in output and "EXCEPTION" not in output
+    code, output = _in_process("export", "00000000000000bb", "--db", sqlite_url, "--output", str(tmp_path / "repro.py"))
+    assert code == 2 and "window_size_left" in output, output[-2000:]
+    assert "Traceback" not in output and "EXCEPTION" not in output
+
+
+def test_9_security_headers_hosts_body_limit_login_rate_limit_and_signed_session(app_client, sqlite_url) -> None:
+    client = app_client(api_token="s3cret", read_requires_token=True)
+    page = client.get("/login")
+    assert page.status_code == 200
+    for header in ("content-security-policy", "x-frame-options", "x-content-type-options", "referrer-policy"):
+        assert header in page.headers, header
+    assert page.headers["x-frame-options"] == "DENY" and "frame-ancestors 'none'" in page.headers["content-security-policy"]
+    assert client.get("/login", headers={"host": "attacker.example"}).status_code == 400  # DNS rebinding
+    big = client.post("/api/cases", content=b"x" * (5 * 2**20), headers={"content-type": "application/json"})
+    assert big.status_code == 413, big.status_code  # before parsing and before the token check (401)
+    assert counts(sqlite_url)["cases"] == 0
+    for _ in range(10):
+        assert client.post("/login", data={"token": "wrong", "next": "/"}).status_code == 401
+    limited = client.post("/login", data={"token": "s3cret", "next": "/"}, follow_redirects=False)
+    assert limited.status_code == 429 and int(limited.headers["retry-after"]) >= 1
+
+    fresh = app_client(api_token="s3cret", read_requires_token=True)
+    login = fresh.post("/login", data={"token": "s3cret", "next": "/"}, follow_redirects=False)
+    assert login.status_code == 303
+    cookie = login.cookies.get("attnfuzz_token")
+    assert cookie and "s3cret" not in cookie  # a signed session, not the raw token
+    assert fresh.get("/buckets").status_code == 200
+    fresh.cookies.clear()
+    fresh.cookies.set("attnfuzz_token", "s3cret")  # the raw token is no session
+    assert fresh.get("/buckets").status_code == 401
+
+
+def test_9_a_stored_javascript_upstream_url_is_not_linked(app_client, sqlite_url) -> None:
+    from fuzzer.results import BuildFingerprint, CaseResult
+    from service.db import make_engine
+    from service.store import SqlStore
+
+    engine = make_engine(sqlite_url)
+    try:
+        store = SqlStore(engine)
+        build_id = store.register_build(BuildFingerprint(torch="2.13.0"))
+        store.record_case(SMALL.to_json(), "fuzz")
+        update = store.record_result(CaseResult(SMALL.case_id, "standin-gate", "buggy", "fail", signature="out:all_zero"), build_id, None)
+        with engine.begin() as connection:
+            from sqlalchemy import text
+
+            connection.execute(text("UPDATE buckets SET upstream_url = 'javascript:alert(1)'"))
+    finally:
+        engine.dispose()
+    page = app_client().get(f"/buckets/{update.bucket_id}")
+    assert page.status_code == 200
+    assert 'href="javascript:' not in page.text and "javascript:alert(1)" in page.text
+    listing = app_client().get("/buckets")
+    assert 'href="javascript:' not in listing.text
+
+
+# ------------------------------------------------------------------ 4. a bound outside generation
+def test_4_replay_of_a_corpus_case_over_the_oracle_bound_is_refused_before_any_allocation(tmp_path, sqlite_url, monkeypatch) -> None:
+    big = AttentionCase(seqlen_q=256, seqlen_k=256, num_heads=4, head_dim=64, dtype="float32")
+    assert big.oracle_working_set_bytes > 2**20
+    root = tmp_path / "corpus" / "torch-cpu-math"
+    root.mkdir(parents=True)
+    (root / f"bool_mask-{big.case_id}.json").write_text(json.dumps(_entry(big.to_json(), expected={"status": "pass", "signature": None}, verdicts=[])))
+    monkeypatch.setenv("ATTNFUZZ_MAX_ORACLE_BYTES", str(2**20))
+    code, output = _in_process("replay", "--corpus", str(tmp_path / "corpus"), "--backend", "torch-cpu-math",
+                               "--no-db-cases", "--isolation", "none", "--db", sqlite_url)
+    assert code == 2, output[-2000:]  # 0 on 992da02: the oracle ran the case, whatever its size
+    assert "float64 oracle would need" in output and "ATTNFUZZ_MAX_ORACLE_BYTES" in output, output[-2000:]
+    assert counts(sqlite_url)["results"] == 0

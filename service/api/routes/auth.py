@@ -9,6 +9,7 @@ from fastapi import APIRouter, Depends, Request, status
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from service.api.deps import TOKEN_COOKIE, SettingsDep, is_valid_token
+from service.hardening import make_session
 from service.api.routes.buckets import form_fields
 
 page_router = APIRouter(tags=["pages"])
@@ -33,7 +34,18 @@ def login(request: Request, settings: SettingsDep, fields: Annotated[dict[str, s
     """Check the token; on success set the cookie and go to ``next`` (303), else 401 and the form."""
     token = fields.get("token", "")
     target = _safe_next(fields.get("next"))
+    limiter = request.app.state.login_limiter
+    client = request.client.host if request.client else "unknown"
+    wait_s = limiter.retry_after_s(client)
+    if wait_s is not None:
+        return Response(
+            f"too many failed logins from {client}; retry in {wait_s} s",
+            status_code=status.HTTP_429_TOO_MANY_REQUESTS,
+            headers={"Retry-After": str(wait_s)},
+            media_type="text/plain",
+        )
     if settings.api_token is None or not is_valid_token(settings, token):
+        limiter.failed(client)
         return request.app.state.templates.TemplateResponse(
             request,
             "login.html",
@@ -45,8 +57,8 @@ def login(request: Request, settings: SettingsDep, fields: Annotated[dict[str, s
             status_code=status.HTTP_401_UNAUTHORIZED,
         )
     response = RedirectResponse(target, status_code=status.HTTP_303_SEE_OTHER)
-    response.set_cookie(
-        TOKEN_COOKIE, token, httponly=True, samesite="strict", secure=request.url.scheme == "https", path="/"
+    response.set_cookie(  # a signed session, not the token (service.hardening.make_session)
+        TOKEN_COOKIE, make_session(settings.api_token), httponly=True, samesite="strict", secure=request.url.scheme == "https", path="/"
     )
     return response
 
