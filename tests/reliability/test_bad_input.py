@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import json
 import shutil
+from datetime import UTC, datetime
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -159,9 +160,24 @@ def _seeded_app(url: str):
             store.record_result(CaseResult(case.case_id, "standin-gate", "buggy", "fail", signature="out:all_zero",
                                            metrics={"out": {"error_ratio": 9.0}}, error_ratio=9.0), build_id, worker_id)
             store.record_result(CaseResult(case.case_id, "standin-gate", "native", "pass"), build_id, worker_id)
+        with engine.begin() as connection:  # huge cases stored before the bounds (issue 17): pages must stay bounded
+            from service.models import Case
+
+            for case_id, config in HUGE_STORED.items():
+                connection.execute(Case.__table__.insert().values(
+                    id=case_id, config=config, origin="fuzz", created_at=datetime(2026, 12, 1, tzinfo=UTC), dtype="float32",
+                    head_dim=8, head_dim_v=8, seqlen_q=4, seqlen_k=4, batch_size=1, num_heads=1, num_heads_kv=1,
+                    qkv_format="bshd", causal=True, has_window=True, has_softcap=False, backward=True))
     finally:
         engine.dispose()
     return create_app(Settings(database_url=url, api_token=None, read_requires_token=False))
+
+
+HUGE_STORED = {
+    "00000000000000aa": {**GOOD.to_json(), "batch_size": 2**31 - 1, "seqlen_q": 2**31 - 1, "seqlen_k": 2**31 - 1,
+                         "num_heads": 2**31 - 1, "num_heads_kv": 2**31 - 1, "head_dim": 1024, "head_dim_v": 1024},
+    "00000000000000bb": {**GOOD.to_json(), "window_size_left": 10**40},
+}
 
 
 API_EXAMPLES = 50  # per operation and generation mode
@@ -209,6 +225,14 @@ def test_the_api_answers_fuzzed_requests_without_server_errors(api_database_url)
                 fuzz()
             except Exception as exc:  # collect every failing operation, then report them all
                 failures[f"{operation.label} ({mode.value})"] = f"{type(exc).__name__}: {str(exc)[:1500]}"
+        from fastapi.testclient import TestClient
+
+        client = TestClient(app)
+        for case_id in HUGE_STORED:  # the pages no schema lists, and the API, on the huge stored cases
+            for path in (f"/cases/{case_id}", f"/api/cases/{case_id}", f"/api/cases/{case_id}/repro.py"):
+                answer = client.get(path)
+                if answer.status_code >= 500:
+                    failures[f"GET {path}"] = f"{answer.status_code}: {answer.text[:500]}"
     finally:
         app.state.engine.dispose()
     assert failures == {}, "\n\n".join(f"{label}:\n{text}" for label, text in failures.items())
