@@ -342,6 +342,40 @@ def forward_scale_formulas(
     return out_scale, lse_scale
 
 
+def normalisation_error_scale(*, rho: float, delta: torch.Tensor, lse: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """``rho |D_i| L_i`` with ``L_i = 2 |lse_i| + ln n_i + 1`` (0 on rows without a visible key):
+    the error, in units of the case dtype's unit roundoff, that the normalisation of the backward's
+    recomputed probabilities adds to ``D_i = rowsum(dO_i * O_i)``.
+
+    A kernel recomputes ``P~_ij = exp(fl(s_ij) - fl(lse_i))`` from the stored fp32 lse
+    (FlashAttention-2, arXiv:2307.08691, Algorithm 2 line 11). The condition number of ``exp`` at
+    ``z`` is ``|z|``, so the absolute errors of the fp32 values ``fl(s_ij)`` (``u32 |s_ij|``, their
+    rounding) and ``fl(lse_i)`` (``u32 |lse_i|``) become relative errors of ``P~_ij``, and ``sum_j
+    P~_ij = 1 + eps_i`` with ``|eps_i| <~ u32 (sum_j P_ij |s_ij| + |lse_i| + 1) <= u32 L_i``
+    (``s_ij = lse_i + ln P_ij`` and the entropy ``-sum_j P_ij ln P_ij <= ln n_i``; the ``1``: the
+    rounding of ``exp`` itself). This is the error of softmax written as ``exp(x_i - lse)``, whose
+    bound grows with ``|x_i|`` and ``|lse|`` (Blanchard, Higham and Mary, "Accurate computation of
+    the log-sum-exp and softmax functions", IMA J. Numer. Anal. 41 (2021); Higham, "Accuracy and
+    Stability of Numerical Algorithms", 2nd ed., Sec. 1.6 and 2.2). ``D_i`` comes from the
+    normalised ``O``, so ``sum_j dS~_ij = eps_i D_i`` is no longer 0: ``dq_i = c sum_j dS_ij k_j``
+    gets ``c eps_i D_i sum_j P_ij k_j`` (large along a channel every key shares, as with a score
+    offset, `oracle.inputs`, where ``|lse_i|`` reaches ~250 and the true ``dq`` there is 0), and
+    ``dk_j`` gets ``c sum_i eps_i D_i P_ij q_i``. `_dense_backward` adds both with the norms
+    ``||sum_j P_ij k_j||`` and ``(sum_i (P_ij |eps_i D_i| ||q_i||)^2)^(1/2)`` (root-sum-square).
+    Not included: the accumulation error of ``q . k`` (``<~ u32 S_i``), which cancels between
+    forward and backward when both sum in the same order. For bfloat16/float16 ``rho = 2**-16`` /
+    ``2**-13`` makes the term negligible.
+
+    Args:
+        rho: fp32 unit roundoff / the case dtype's unit roundoff.
+        delta: ``D_i``; lse: ``lse_i`` (natural log, ``-inf`` on empty rows); keys: ``n_i``, the
+            keys row ``i`` sees; one layout (``[BHkv, Sq*G]`` here), float64.
+    """
+    visible = torch.isfinite(lse)
+    spread = 2.0 * lse.abs() + keys.clamp(min=1.0).log() + 1.0
+    return torch.where(visible, rho * delta.abs() * torch.where(visible, spread, 0.0), 0.0)
+
+
 def _forward_scales(d: _Dense, out: torch.Tensor, lse: torch.Tensor, p_norm: torch.Tensor) -> dict[str, torch.Tensor]:
     """Error scales of out and lse (`forward_scale_formulas`) from grouped out, lse and ``||P_i||``."""
     score_bound = _score_bound(d)
@@ -374,10 +408,13 @@ def _dense_backward(d: _Dense, fwd: dict[str, torch.Tensor], dout: torch.Tensor,
     if want_scales:
         growth = 1.0 + d.rho * fwd["score_bound"]  # [BHkv, Sq*G]
         dout_norm = _row_norms(dout)
+        renorm = normalisation_error_scale(rho=d.rho, delta=delta, lse=lse, keys=_visible_counts(d)[0])  # eps_i D_i / u
         row_weights = torch.stack(  # weights of the column sums of P^2
-            [(dout_norm * _row_norms(out)) ** 2, (dout_norm * growth) ** 2, dout_norm**2], dim=1
-        )  # [BHkv, 3, Sq*G]
-        col_p = torch.zeros(bh, 3, d.seqlen_k, dtype=torch.float64, device=d.q.device)
+            [(dout_norm * _row_norms(out)) ** 2, (dout_norm * growth) ** 2, dout_norm**2, (renorm * _row_norms(d.q)) ** 2],
+            dim=1,
+        )  # [BHkv, 4, Sq*G]
+        col_p = torch.zeros(bh, 4, d.seqlen_k, dtype=torch.float64, device=d.q.device)
+        pk_norm = torch.zeros_like(lse)  # ||sum_j P_ij k_j||
         col_ds = torch.zeros(bh, 1, d.seqlen_k, dtype=torch.float64, device=d.q.device)
         row_ds = torch.zeros_like(lse)
     for blk in d.blocks:
@@ -400,6 +437,7 @@ def _dense_backward(d: _Dense, fwd: dict[str, torch.Tensor], dout: torch.Tensor,
         dq[:, r0:r1] = torch.bmm(dscores, k_blk)
         dk[:, blk.j0 : blk.j1].baddbmm_(dscores.transpose(1, 2), q_blk)
         if want_scales:
+            pk_norm[:, r0:r1] = _row_norms(torch.bmm(probs, k_blk))
             squared_p = probs.square_()
             col_p[:, :, blk.j0 : blk.j1] += torch.bmm(row_weights[:, :, r0:r1], squared_p)
             squared_ds = dscores.square_()
@@ -415,10 +453,10 @@ def _dense_backward(d: _Dense, fwd: dict[str, torch.Tensor], dout: torch.Tensor,
         keys_per_row, rows_per_key = (count.sqrt() for count in _visible_counts(d))
         dq_base = d.scale * k_max * (
             row_ds.sqrt() * growth + dout_norm * _row_norms(out) + d.rho * fwd["p_norm"] * dout_norm * v_max
-        )
+        ) + d.scale * renorm * pk_norm
         dk_base = d.scale * q_max * (
             col_ds[:, 0].sqrt() + col_p[:, 0].sqrt() + d.rho * _row_norms(d.v) * col_p[:, 2].sqrt()
-        )
+        ) + col_p[:, 3].sqrt()
         dv_base = col_p[:, 1].sqrt()
         result["dq_scale"] = (dq_base + _row_norms(dq)) * (d.rho * keys_per_row) + dq_base
         result["dk_scale"] = (dk_base + _row_norms(dk)) * (d.rho * rows_per_key) + dk_base
