@@ -74,3 +74,31 @@ def test_a_normalisation_error_just_above_the_allowance_is_caught(offset, mode):
     assert 1.0 < caught.error_ratio < 1.6
     _, below = _verdict(case, lse_bias=bias * 0.5)  # half of it is inside the allowance
     assert below.passed, below.to_json()
+
+
+# The cases on which the float32 stand-in of the worker tests failed dq before the normalisation
+# term (tests/fuzzer/test_worker.py, seed 1): 1-2 keys per row, lse up to -190 nats.
+WORKER_CASE = dict(batch_size=1, seqlen_q=4, seqlen_k=2, num_heads=4, num_heads_kv=1, head_dim=8, dtype="float32",
+                   causal=True, causal_alignment="bottom_right", backward=True, seed=106,
+                   score_offset=242.86479112897177, score_offset_mode="row")
+
+
+@pytest.mark.parametrize("distribution", ["normal", "large_logits"])
+def test_the_float32_standin_passes_on_the_worker_cases_and_needs_the_normalisation_term(distribution, monkeypatch):
+    from tests.fuzzer.standins import CorrectBackend
+    import oracle.reference as oracle_reference
+
+    case = AttentionCase(input_distribution=distribution, **WORKER_CASE)
+    inputs = make_inputs(case)
+    got = CorrectBackend().run(case, inputs, "native")
+
+    def judge():
+        ref = reference(case, inputs)
+        return compare_outputs(case, ref, out=got.out, lse=got.lse, dq=got.dq, dk=got.dk, dv=got.dv)
+
+    verdict = judge()
+    assert verdict.passed, verdict.to_json()
+    assert verdict.tensors["dq"].error_ratio < 0.5
+    # without the term the same correct dq fails: the test exercises it
+    monkeypatch.setattr(oracle_reference, "normalisation_error_scale", lambda *, rho, delta, lse, keys: 0 * delta)
+    assert judge().tensors["dq"].error_ratio > 1
