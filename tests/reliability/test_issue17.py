@@ -119,6 +119,13 @@ def _corpus_with(tmp_path: Path, name: str, content: object) -> tuple[Path, Path
     return tmp_path / "corpus", bad
 
 
+def _symlink_outside(path: Path) -> None:
+    """``path`` as a symlink to a valid entry outside the corpus directory."""
+    outside = path.parent.parent.parent / "outside.json"
+    outside.write_text(json.dumps(_entry()))
+    path.symlink_to(outside)
+
+
 def _verdict(**changes: object) -> dict:
     return {**_entry()["verdicts"][0], **changes}
 
@@ -138,8 +145,7 @@ MALFORMED = {
     "bad-signature": (_entry(verdicts=[_verdict(signature="out all zero; DROP")]), "verdicts[0].signature"),
     "fifo": (lambda p: os.mkfifo(p), "not a regular file"),
     # a symlink to a valid entry outside the corpus (on 992da02 one to /dev/zero was read to MemoryError)
-    "symlink-outside": (lambda p: (p.parent.parent.parent / "outside.json").write_text(json.dumps(_entry()))
-                        or p.symlink_to(p.parent.parent.parent / "outside.json"), "outside the corpus directory"),
+    "symlink-outside": (lambda p: _symlink_outside(p), "outside the corpus directory"),
     "too-large": (" " * (2 * 2**20) + "{}", "bytes (allowed: at most"),
 }
 
