@@ -45,6 +45,12 @@ whole tensor and over each tile (``tile_rows`` consecutive rows of one (batch, h
   - ``dk_j``: ``C_j (1 + rho b_j) + rho b_j ||dk_j||`` with ``C_j = c max||q|| (||dS_:j (1 + rho
     S)|| + ||P_:j ||dO|| ||O|| || + rho ||v_j|| ||P_:j ||dO|| ||)``
   - ``dv_j``: ``E_j (1 + rho b_j) + rho b_j ||dv_j||`` with ``E_j = ||P_:j ||dO|| (1 + rho S)||``
+  - plus, in ``B_i`` and ``C_j``, the normalisation error of the ``P`` a kernel recomputes as
+    ``exp(s - lse)`` in fp32 (``sum_j P_ij = 1 + eps_i``, ``|eps_i| <~ u32 L_i``, ``L_i = 2 |lse_i|
+    + ln n_i + 1``), which breaks ``sum_j dS_ij = 0``: ``c rho |D_i| L_i ||sum_j P_ij k_j||`` in
+    ``B_i`` and ``c rho ||P_:j |D| L ||q|| ||`` in ``C_j`` (`oracle.reference.
+    normalisation_error_scale`, with its sources; it matters for float32 score-offset cases,
+    ``|lse|`` ~250, and is ~1e-5 of the rest in bf16/fp16)
 
   where ``S_i = c ||q_i|| max_j||k_j||`` bounds the scores (``c`` = softmax_scale), ``rho`` =
   fp32 unit roundoff / dtype unit roundoff, ``a_i = sqrt(keys row i sees)`` and ``b_j = sqrt(rows
