@@ -229,6 +229,9 @@ class _Dense:
     scale: float
     softcap: float | None
     rho: float  # float32 unit roundoff / unit roundoff of the case dtype
+    # Smallest normal of the case dtype where rounding P and dS to it can underflow (float16,
+    # 2**-14; `underflow_floor`), else 0: the backward's error scales then use max(|x|, tiny).
+    underflow: float = 0.0
 
 
 def _row_norms(x: torch.Tensor) -> torch.Tensor:
@@ -376,6 +379,31 @@ def normalisation_error_scale(*, rho: float, delta: torch.Tensor, lse: torch.Ten
     return torch.where(visible, rho * delta.abs() * torch.where(visible, spread, 0.0), 0.0)
 
 
+UNDERFLOW_SCALE_MIN = 2.0**-64  # smallest normals below this (bf16, fp32: ~1e-38) make the term negligible
+
+
+def underflow_floor(dtype: str) -> float:
+    """The smallest normal ``lambda`` of ``dtype`` (float16: ``2**-14``), or 0 where it is below
+    ``UNDERFLOW_SCALE_MIN`` (bfloat16, float32, float64 share float32's exponent range or more).
+
+    With gradual underflow, rounding ``x`` to the dtype errs by ``|fl(x) - x| <= u max(|x|,
+    lambda)`` (Higham, "Accuracy and Stability of Numerical Algorithms", 2nd ed., Sec. 2.1, the
+    model ``fl(x) = x (1 + delta) + eta`` with ``|eta| <= u lambda``, half the subnormal spacing).
+    A kernel that rounds the probabilities ``P`` and ``dS`` to float16 before its matmuls (the
+    FlashAttention design, PyTorch's CPU flash kernel) therefore has an *absolute* error of up to
+    ``2**-25`` on every entry below ``2**-14`` (a probability of 3e-7 is only ~5 subnormal steps:
+    a relative error of several %), which the relative model ``u |P|`` misses. It appears in
+    ``dv = P^T dO`` times ``|dO|`` (why ``dout_distribution="large"`` exposed it: the gradient is
+    then in the normal range while the ``P`` behind it is subnormal) and in ``dq``/``dk`` through
+    ``dS``. `_dense_backward` therefore uses ``max(|P_ij|, lambda)`` and ``max(|dS_ij|, lambda)``
+    (on entries that are not exactly 0) in the dv, dq and dk error scales. ``out`` needs no such
+    term: its kernels round the unnormalised ``exp(s - m) / l``, ``l >= 1``, and the term is below
+    ``lambda sqrt(n_i) <= 2%`` of the ``||P_i|| max||v||`` term for ``n_i <= 1e5`` keys.
+    """
+    tiny = float(torch.finfo(torch_dtype(dtype)).tiny)
+    return tiny if tiny >= UNDERFLOW_SCALE_MIN else 0.0
+
+
 def _forward_scales(d: _Dense, out: torch.Tensor, lse: torch.Tensor, p_norm: torch.Tensor) -> dict[str, torch.Tensor]:
     """Error scales of out and lse (`forward_scale_formulas`) from grouped out, lse and ``||P_i||``."""
     score_bound = _score_bound(d)
@@ -441,6 +469,11 @@ def _dense_backward(d: _Dense, fwd: dict[str, torch.Tensor], dout: torch.Tensor,
             squared_p = probs.square_()
             col_p[:, :, blk.j0 : blk.j1] += torch.bmm(row_weights[:, :, r0:r1], squared_p)
             squared_ds = dscores.square_()
+            if d.underflow:  # P and dS rounded to float16 err by u max(|x|, tiny) (`underflow_floor`)
+                tiny2 = d.underflow**2
+                lifted_p = (tiny2 - squared_p).clamp_(min=0.0).mul_(squared_p > 0)  # max(P, tiny)^2 - P^2
+                col_p[:, 1:2, blk.j0 : blk.j1] += torch.bmm(row_weights[:, 1:2, r0:r1], lifted_p)
+                squared_ds = torch.where(squared_ds > 0, squared_ds.clamp(min=tiny2), squared_ds)
             row_ds[:, r0:r1] = squared_ds.sum(dim=-1)
             col_ds[:, :, blk.j0 : blk.j1] += torch.bmm(growth[:, None, r0:r1] ** 2, squared_ds)
     dq.mul_(d.scale)  # dS is w.r.t. the scaled scores; k is unscaled. q was pre-scaled for dk.
@@ -605,6 +638,7 @@ def _run(
             scale=case.softmax_scale,
             softcap=case.softcap,
             rho=rho,
+            underflow=underflow_floor(case.dtype),
         )
         fwd = None
         while compiled and fwd is None:
