@@ -142,10 +142,11 @@ def pack_inputs(case: AttentionCase, inputs: Any) -> dict[str, Any]:
     ``dout`` is left out of a forward-only case. Inverse: `unpack_inputs`."""
     import dataclasses
 
-    packed = {f.name: PackedTensor.pack(getattr(inputs, f.name)) for f in dataclasses.fields(inputs)}
-    if not case.backward:
-        dout = inputs.dout
-        packed["dout"] = ("zeros", tuple(dout.shape), str(dout.dtype).removeprefix("torch."))
+    names = [f.name for f in dataclasses.fields(inputs) if case.backward or f.name != "dout"]
+    packed = {name: PackedTensor.pack(getattr(inputs, name)) for name in names}
+    if not case.backward:  # not read: a lazy dout (oracle.inputs.AttentionInputs) stays unbuilt
+        shape, dtype = inputs.dout_meta if hasattr(type(inputs), "dout_meta") else (inputs.dout.shape, inputs.dout.dtype)
+        packed["dout"] = ("zeros", tuple(shape), str(dtype).removeprefix("torch."))
     return packed
 
 

@@ -236,8 +236,11 @@ def hash_normal(
         n = min(block, numel)
         c, t = np.empty((2, n), np.uint32), np.empty((2, n), np.uint32)
         f, x, acc = np.empty((2, n)), np.empty((2, n)), np.empty((2, n))
-        m, r, w = np.empty(n), np.empty(n), np.empty(n)
-        e, flag = np.empty(n, np.int32), np.empty(n, bool)
+        m, r, w, g = np.empty(n), np.empty(n), np.empty(n), np.empty(n)
+        e, flag, bit = np.empty(n, np.int32), np.empty(n, bool), np.empty(n, np.int32)
+        # no masked (``where=``) ufuncs below: they are several times slower than plain ones; each
+        # select is an exact multiplication by 1.0/2.0/-1.0, an integer subtraction of 0/1 or a
+        # minimum, the same bits as the select it replaces
 
         def mix(v):  # _mix32 on uint32: wrap-around products are the int64 products & _M32
             for shift, multiplier in ((16, mult[0]), (15, mult[1]), (15, None)):
@@ -250,7 +253,7 @@ def hash_normal(
             if numel - start < n:
                 n = numel - start
                 c, t, f, x, acc = c[:, :n], t[:, :n], f[:, :n], x[:, :n], acc[:, :n]
-                m, r, w, e, flag = m[:n], r[:n], w[:n], e[:n], flag[:n]
+                m, r, w, g, e, flag, bit = m[:n], r[:n], w[:n], g[:n], e[:n], flag[:n], bit[:n]
             c[0] = np.arange(2 * start, 2 * (start + n), 2, dtype=np.uint32)
             np.add(c[0], np.uint32(1), out=c[1])
             c ^= k1
@@ -263,8 +266,9 @@ def hash_normal(
             u1 *= 2.0**-32  # (0, 1)
             np.frexp(u1, out=(m, e))
             np.less(m, half_sqrt, out=flag)
-            np.multiply(m, 2.0, out=m, where=flag)
-            np.subtract(e, 1, out=e, where=flag)
+            np.add(flag, 1.0, out=g)
+            m *= g  # m * 2 where flag (exact)
+            np.subtract(e, flag, out=e)  # e - 1 where flag
             np.subtract(m, 1.0, out=r)
             m += 1.0
             np.divide(r, m, out=r)  # s = (m - 1) / (m + 1)
@@ -272,7 +276,8 @@ def hash_normal(
             a -= 1.0
             np.abs(a, out=a)  # a = |2 u2 - 1|
             np.greater(a, 0.5, out=flag)
-            np.subtract(1.0, a, out=a, where=flag)  # b
+            np.subtract(1.0, a, out=w)
+            np.minimum(a, w, out=a)  # b: 1 - a where a > 0.5 (then 1 - a < a), else a (<= 1 - a)
             np.multiply(r, r, out=x[0])
             np.multiply(a, a, out=x[1])
             acc[...] = table[0]
@@ -283,19 +288,26 @@ def hash_normal(
             r *= acc[0]
             np.multiply(e, math.log(2.0), out=w)  # int32 -> float64 exactly, then one rounding
             r += w  # log(u1)
-            np.negative(acc[1], out=acc[1], where=~flag)  # cos(2 pi u2)
+            np.multiply(flag, 2.0, out=g)
+            g -= 1.0
+            acc[1] *= g  # cos(2 pi u2): negated where not flag (exact)
             r *= -2.0  # y = -2 log(u1) > 0; sqrt(y) as _sqrt does it
             np.frexp(r, out=(m, e))
-            np.not_equal(e % 2, 0, out=flag)
-            np.multiply(m, 2.0, out=m, where=flag)
-            np.subtract(e, 1, out=e, where=flag)
+            np.bitwise_and(e, 1, out=bit)  # e odd (two's complement: also for e < 0)
+            np.add(bit, 1.0, out=g)
+            m *= g  # m * 2 where e is odd (exact)
+            e -= bit
             np.add(m, 1.0, out=r)
             r *= 0.5
             for _ in range(5):
                 np.divide(m, r, out=w)
                 r += w
                 r *= 0.5
-            w.view(np.int64)[...] = (e.astype(np.int64) // 2 + 1023) << 52  # 2**(e / 2), exactly
+            bits64 = w.view(np.int64)
+            np.copyto(bits64, e)
+            bits64 >>= 1  # e is even: e // 2
+            bits64 += 1023
+            bits64 <<= 52  # 2**(e / 2), exactly
             r *= w
             np.multiply(r, acc[1], out=result[start : start + n])
         return torch.from_numpy(result)
@@ -486,6 +498,10 @@ class AttentionInputs:
             ``[batch_size, seqlen_q, num_heads, head_dim_v]`` (thd: ``[total_q, ...]``).
         cu_seqlens_q: thd only, ``[batch_size + 1] int32`` cumulative query lengths from 0.
         cu_seqlens_k: thd only, ``[batch_size + 1] int32`` cumulative key lengths from 0.
+
+    `make_inputs` of a forward-only case (``backward=False``) builds ``dout`` lazily: on the first
+    read of ``inputs.dout`` (the same bits as an eager build); `dout_built` says whether it exists
+    yet and `dout_meta` gives its ``(shape, dtype)`` without building it.
     """
 
     q: torch.Tensor
@@ -494,6 +510,32 @@ class AttentionInputs:
     dout: torch.Tensor
     cu_seqlens_q: torch.Tensor | None = None
     cu_seqlens_k: torch.Tensor | None = None
+
+    def __getattr__(self, name: str):  # only for a missing attribute: the lazy ``dout``
+        lazy = self.__dict__.get("_lazy_dout")
+        if name != "dout" or lazy is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        value = lazy[2]()
+        self.__dict__["dout"] = value
+        del self.__dict__["_lazy_dout"]
+        return value
+
+    def __getstate__(self) -> dict:  # a pickled or copied AttentionInputs carries a built dout
+        self.dout
+        return self.__dict__
+
+    @property
+    def dout_built(self) -> bool:
+        """Whether ``dout`` exists (False only while a lazy ``dout`` has not been read)."""
+        return "dout" in self.__dict__
+
+    @property
+    def dout_meta(self) -> tuple[tuple[int, ...], torch.dtype]:
+        """``(shape, dtype)`` of ``dout``, without building a lazy one."""
+        if self.dout_built:
+            return tuple(self.dout.shape), self.dout.dtype
+        shape, dtype, _ = self.__dict__["_lazy_dout"]
+        return shape, dtype
 
     def to(self, device: torch.device | str) -> AttentionInputs:
         """A copy with every tensor on ``device`` (values and dtypes unchanged)."""
@@ -550,12 +592,13 @@ def make_inputs(case: AttentionCase, device: torch.device | str = "cpu") -> Atte
             case, q.view(-1, case.num_heads, case.head_dim), k.view(-1, case.num_heads_kv, case.head_dim),
             v.view(-1, case.num_heads_kv, case.head_dim_v), dtype,
         )
-    inputs = AttentionInputs(
-        q=q.to(dtype),
-        k=k.to(dtype),
-        v=v.to(dtype),
-        dout=_dout(case, normal(STREAM_DOUT, shape_out)).to(dtype),
-    )
+    def dout() -> torch.Tensor:
+        return _dout(case, normal(STREAM_DOUT, shape_out)).to(dtype)
+
+    inputs = AttentionInputs(q=q.to(dtype), k=k.to(dtype), v=v.to(dtype), dout=dout() if case.backward else None)
+    if not case.backward:  # forward-only: dout is built on its first read (see AttentionInputs)
+        del inputs.__dict__["dout"]
+        inputs.__dict__["_lazy_dout"] = (tuple(shape_out), dtype, dout)
     if case.is_varlen:
         inputs.cu_seqlens_q = _cu_seqlens(case.seqlens_q_list, device)
         inputs.cu_seqlens_k = _cu_seqlens(case.seqlens_k_list, device)
