@@ -466,13 +466,20 @@ class Worker:
             return attention_cases(capabilities=caps, **common).map(lambda case: (None, case))
         names = [b.name for b in self.usable]
         plan = target_plan(names, self.stats.runnable, self.stats.targeted, max(c.chunk_size, len(names)), chunk)
-        per_target = {
-            name: attention_cases(capabilities=self.backends[name].capabilities, **common).map(
+        per_target = {name: self._target_strategy(name, common) for name in dict.fromkeys(plan)}
+        return st.sampled_from(plan).flatmap(per_target.__getitem__)
+
+    def _target_strategy(self, name: str, common: dict[str, Any]):
+        """``attention_cases`` inside backend ``name``'s capabilities, mapped to ``(name, case)``;
+        kept per ``(name, common)`` so a chunk reuses the strategy objects (and the validation
+        Hypothesis caches on them) of an earlier chunk with the same bounds: the same draws."""
+        cache = self.__dict__.setdefault("_target_strategies", {})
+        key = (name, tuple(sorted(common.items())))
+        if key not in cache:
+            cache[key] = attention_cases(capabilities=self.backends[name].capabilities, **common).map(
                 lambda case, name=name: (name, case)
             )
-            for name in dict.fromkeys(plan)
-        }
-        return st.sampled_from(plan).flatmap(per_target.__getitem__)
+        return cache[key]
 
     def _run_chunk(self, chunk: int) -> None:
         c = self.config
