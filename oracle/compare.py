@@ -51,6 +51,12 @@ whole tensor and over each tile (``tile_rows`` consecutive rows of one (batch, h
     ``B_i`` and ``c rho ||P_:j |D| L ||q|| ||`` in ``C_j`` (`oracle.reference.
     normalisation_error_scale`, with its sources; it matters for float32 score-offset cases,
     ``|lse|`` ~250, and is ~1e-5 of the rest in bf16/fp16)
+  - in float16, ``P`` and ``dS`` in ``E_j``, ``C_j`` and ``B_i`` are taken as ``max(|x|,
+    lambda)`` (``lambda = 2**-14``, the smallest normal; entries exactly 0 stay 0): rounding to
+    float16 errs by ``u max(|x|, lambda)`` with gradual underflow (Higham, ASNA, Sec. 2.1), so a
+    probability of ~1e-7 rounded to float16 is off by several %, times ``|dO|`` in ``dv``
+    (`oracle.reference.underflow_floor`; visible only where the gradient itself is in the normal
+    range, e.g. ``dout_distribution="large"``)
 
   where ``S_i = c ||q_i|| max_j||k_j||`` bounds the scores (``c`` = softmax_scale), ``rho`` =
   fp32 unit roundoff / dtype unit roundoff, ``a_i = sqrt(keys row i sees)`` and ``b_j = sqrt(rows
