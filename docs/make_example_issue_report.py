@@ -1,4 +1,4 @@
-"""Build the STAND-IN database behind ``docs/example-issue-report.md`` (CPU only, no GPU).
+"""Build the STAND-IN database the tests of the issue report use (CPU only, no GPU). docs/example-issue-report.md itself now comes from the H200 campaign database of 2026-12-01 (see its first line).
 
 The seed's bucket, FA4 ``te_style`` ``out:all_zero``, as the real store records it: the build
 fingerprint of the H200 sessions (labelled stand-in in ``device_name``), the first case and the
