@@ -438,7 +438,17 @@ def prepare_tensor(
     ref_finite = torch.isfinite(ref) & ~expect_masked
     ref_v = torch.where(ref_finite, ref, 0.0)
     rounded = ref_v.to(getattr(torch, round_to)).to(torch.float64)
-    base = (rounded - ref_v).nan_to_num(nan=math.inf)  # overflow in the dtype -> unjudgeable (inf)
+    overflowed = torch.isinf(rounded) & ref_finite
+    overflow = torch.where(overflowed, rounded, 0.0)
+    if bool(overflowed.any()):
+        # An entry whose correctly rounded value is +-inf is left out of every check (the kernel's
+        # +-inf there is right, see `judge_tensor`) and of every error sum: its rounding error is
+        # infinite, and one such entry must not make the allowance of its row, tile and tensor
+        # infinite (that switched the whole tensor's error check off).
+        ref_finite = ref_finite & ~overflowed
+        ref_v = torch.where(ref_finite, ref_v, 0.0)
+        rounded = torch.where(ref_finite, rounded, 0.0)
+    base = rounded - ref_v
     base2_rows = base.square().sum(-1)
     ref2_rows = ref_v.square().sum(-1)
     if row_scale is not None:
@@ -468,7 +478,7 @@ def prepare_tensor(
         allowed_global=allowed_global, ref_norm=float(ref2_rows.sum().sqrt()), base2_tiles=base2_tiles,
         scale2_tiles=scale2_tiles,
         allowed_tiles=allowed_for(base2_tiles, scale2_tiles, tile_rows * num_features),
-        overflow=torch.where(torch.isinf(rounded) & ref_finite, rounded, 0.0),
+        overflow=overflow,
     )
 
 

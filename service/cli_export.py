@@ -91,6 +91,10 @@ def register(app: typer.Typer) -> None:
         except AttnFuzzError as exc:
             fail(exc)
         spec = backend if backend is not None and ":" in backend else None
+        if spec:  # ./module.py is found as `fuzz --backend module:attr` finds it
+            from service.cli import _cwd_importable
+
+            _cwd_importable()
         engine = make_engine(url)
         try:
             with Session(engine) as session:

@@ -266,3 +266,22 @@ def test_thd_outputs_are_judged_per_packed_row():
     assert verdict.signatures == ("lse:mismatch", "dk:nan")
     assert verdict.tensors["lse"].worst_index == (1, 95)
     assert verdict.tensors["dk"].worst_index == (85, 0, 3)
+
+
+def test_an_entry_that_overflows_the_dtype_does_not_switch_off_the_check_of_the_rest():
+    """One reference entry beyond float16's range (its correctly rounded value is +inf) is left out,
+    and the other entries are still judged: a wrong finite entry elsewhere fails, the correct
+    result (inf there, the rounded values elsewhere) passes. Found by a new-user trial: the overflowed
+    entry made the whole tensor's allowance infinite (dk of fp16 cases with a large dout)."""
+    torch.manual_seed(0)
+    exact = torch.randn(64, 16, dtype=torch.float64) * 100.0
+    exact[3, 5] = 333_175.0  # beyond float16's largest finite value, 65504
+    correct = exact.to(torch.float16)
+    assert torch.isinf(correct[3, 5])
+    verdict = compare_tensor("dk", correct, exact, "float16", row_dim=0)
+    assert verdict.passed, verdict
+    assert math.isfinite(verdict.err_baseline) and verdict.err_baseline < 1e3, verdict
+    wrong = correct.clone()
+    wrong[40, 2] = wrong[40, 2] + 50.0  # a finite entry far off
+    verdict = compare_tensor("dk", wrong, exact, "float16", row_dim=0)
+    assert not verdict.passed and verdict.error_ratio > 10, verdict
