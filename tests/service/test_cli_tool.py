@@ -53,9 +53,19 @@ def _invoke(*args: str):
     return CliRunner().invoke(app, list(args), env={"COLUMNS": "250"})
 
 
+def _default_sigint() -> None:
+    """In the child before exec: SIGINT handled as a terminal's Ctrl-C is. A test run started in the
+    background (``cmd &``, nohup) inherits SIGINT ignored, and an ignored signal stays ignored across
+    exec, so the child would never see the Ctrl-C the tests send."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _attnfuzz(*args: str, cwd: Path, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "attnfuzz", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, "COLUMNS": "80", **(env or {})})
+                          timeout=timeout, env={**os.environ, "COLUMNS": "80", **(env or {})},
+                          preexec_fn=_default_sigint)
 
 
 # --------------------------------------------------------------------------- version, imports
