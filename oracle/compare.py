@@ -382,6 +382,7 @@ class PreparedTensor:
     scale2_tiles: torch.Tensor
     allowed_tiles: torch.Tensor
     overflow: torch.Tensor | None = None
+    judged: torch.Tensor | None = None  # ref_finite less the overflowed entries (None: ref_finite)
 
     def to_grid(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` (shaped like the reference) as ``[G, R, F]``."""
@@ -440,14 +441,15 @@ def prepare_tensor(
     rounded = ref_v.to(getattr(torch, round_to)).to(torch.float64)
     overflowed = torch.isinf(rounded) & ref_finite
     overflow = torch.where(overflowed, rounded, 0.0)
+    judged = None
     if bool(overflowed.any()):
-        # An entry whose correctly rounded value is +-inf is left out of every check (the kernel's
-        # +-inf there is right, see `judge_tensor`) and of every error sum: its rounding error is
-        # infinite, and one such entry must not make the allowance of its row, tile and tensor
-        # infinite (that switched the whole tensor's error check off).
-        ref_finite = ref_finite & ~overflowed
-        ref_v = torch.where(ref_finite, ref_v, 0.0)
-        rounded = torch.where(ref_finite, rounded, 0.0)
+        # An entry whose correctly rounded value is +-inf is left out of the error sums (the
+        # kernel's infinity of that sign there is right, see `judge_tensor`; the other sign or NaN
+        # is still flagged): its rounding error is infinite, and one such entry must not make the
+        # allowance of its row, tile and tensor infinite (that switched the tensor's check off).
+        judged = ref_finite & ~overflowed
+        ref_v = torch.where(judged, ref_v, 0.0)
+        rounded = torch.where(judged, rounded, 0.0)
     base = rounded - ref_v
     base2_rows = base.square().sum(-1)
     ref2_rows = ref_v.square().sum(-1)
@@ -479,6 +481,7 @@ def prepare_tensor(
         scale2_tiles=scale2_tiles,
         allowed_tiles=allowed_for(base2_tiles, scale2_tiles, tile_rows * num_features),
         overflow=overflow,
+        judged=judged,
     )
 
 
@@ -502,7 +505,7 @@ def judge_tensor(prepared: PreparedTensor, actual: torch.Tensor) -> TensorVerdic
     if bool(act_finite.all()):  # the usual case: no NaN or infinity to look for (same figures, fewer ops)
         unexpected = expect_masked  # a finite value on a row that sees no key
         counts = {"nan": 0, "posinf": 0, "neginf": 0, "finite_on_masked": int(expect_masked.sum())}
-        valid = ref_finite
+        valid = ref_finite if p.judged is None else p.judged
         any_unexpected = counts["finite_on_masked"] > 0
     else:
         nan_mask = torch.isnan(act)
@@ -518,7 +521,7 @@ def judge_tensor(prepared: PreparedTensor, actual: torch.Tensor) -> TensorVerdic
             "nan": int(nan_mask.sum()), "posinf": int(posinf_mask.sum()),
             "neginf": int(neginf_mask.sum()), "finite_on_masked": int(finite_masked.sum()),
         }
-        valid = ref_finite & act_finite
+        valid = (ref_finite if p.judged is None else p.judged) & act_finite
         any_unexpected = any(counts.values())
     diff = torch.where(valid, act - ref_v, 0.0)
     err2_rows = diff.square().sum(-1)
