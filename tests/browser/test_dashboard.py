@@ -60,6 +60,20 @@ class Dashboard:
     case: AttentionCase
 
 
+def _judged_metrics(case: AttentionCase) -> dict:
+    """Metrics as a worker stores them (`oracle.compare` verdicts, allowances included, which the
+    repro download needs), with the output made to fail: a ``out:mismatch`` at 2.5x its allowance."""
+    from oracle.compare import compare_outputs
+    from oracle.inputs import make_inputs
+    from oracle.reference import reference
+
+    ref = reference(case, make_inputs(case, device="cpu"), backward=case.backward, engine="torch")
+    verdict = compare_outputs(case, ref, out=ref.out, lse=ref.lse, dq=ref.dq, dk=ref.dk, dv=ref.dv)
+    metrics = {name: tv.to_json() for name, tv in verdict.tensors.items()}
+    metrics["out"].update(error_ratio=2.5, worst_index=[0, 3, 1, 5], signatures=["out:mismatch"], passed=False)
+    return metrics
+
+
 def _seed(url: str) -> tuple[int, AttentionCase]:
     """Builds, workers and results in five buckets, spread over the last 24 hours."""
     engine = make_engine(url)
@@ -96,9 +110,7 @@ def _seed(url: str) -> tuple[int, AttentionCase]:
                                            error_ratio=3.2), build, worker)
     update_ = store.record_result(
         CaseResult(exportable.case_id, "torch-cpu-math", "bool_mask", "fail", signature="out:mismatch",
-                   signatures=("out:mismatch",), error_ratio=2.5,
-                   metrics={"out": {"error_ratio": 2.5, "worst_index": [0, 3, 1, 5], "signatures": ["out:mismatch"],
-                                    "passed": False}}),
+                   signatures=("out:mismatch",), error_ratio=2.5, metrics=_judged_metrics(exportable)),
         cpu, workers[2],
     )
     bucket_id = update_.bucket_id
@@ -213,7 +225,10 @@ def test_filters_narrow_the_bucket_list(browser, dashboard: Dashboard) -> None:
 
     browser.get(f"{dashboard.url}/buckets?backend=fa4")
     rows = browser.find_elements(By.CSS_SELECTOR, "#bucket-table tbody tr[data-bucket-id]")
-    assert [r.find_elements(By.TAG_NAME, "td")[1].text for r in rows] == ["fa4"]
+    # Columns: id, severity, backend, ... (tests/browser reads the backend by its header's position).
+    headers = [h.text for h in browser.find_elements(By.CSS_SELECTOR, "#bucket-table thead th")]
+    backend_col = headers.index("backend")
+    assert [r.find_elements(By.TAG_NAME, "td")[backend_col].text for r in rows] == ["fa4"]
 
 
 def is_meaningful_change(old: Path, new_png: bytes, *, pixel_delta: int = 48, max_fraction: float = 0.02) -> bool:
