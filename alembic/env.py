@@ -1,15 +1,15 @@
-"""Alembic environment for attnfuzz: targets `service.db.Base.metadata`.
+"""Alembic environment for attnfuzz: targets `service.db.engine.Base.metadata`.
 
-Configured by `service.migrations` (there is no alembic.ini). The database comes from, in order:
+Configured by `service.db.migrations` (there is no alembic.ini). The database comes from, in order:
 
 1. ``config.attributes["connection"]``: an open SQLAlchemy Connection, used as is. If it is
    inside a transaction the migrations join it and the caller commits or rolls back (tests run
    migrations inside their own transaction this way).
 2. ``config.attributes["url"]``, else the ``sqlalchemy.url`` main option, else
    ``$ATTNFUZZ_DATABASE_URL``, else ``sqlite:///attnfuzz.db``: an engine from
-   `service.db.make_engine` (same SQLite pragmas as the application).
+   `service.db.engine.make_engine` (same SQLite pragmas as the application).
 
-SQLite runs in batch mode (``render_as_batch``) and, since `service.db` emits BEGIN itself,
+SQLite runs in batch mode (``render_as_batch``) and, since `service.db.engine` emits BEGIN itself,
 with transactional DDL: an upgrade is all or nothing on both databases. When env.py opens the
 SQLite connection itself it turns foreign keys off for the run (batch mode rebuilds tables by
 copy-and-drop, which foreign keys would block or cascade) and checks them afterwards.
@@ -26,8 +26,8 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy.engine import Connection
 
-import service.models  # noqa: F401  (registers the tables on Base.metadata)
-from service.db import SQLITE_BEGIN_OPTION, Base, default_database_url, make_engine
+import service.db.models  # noqa: F401  (registers the tables on Base.metadata)
+from service.db.engine import SQLITE_BEGIN_OPTION, Base, default_database_url, make_engine
 
 config = context.config
 target_metadata = Base.metadata

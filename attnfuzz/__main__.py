@@ -1,4 +1,4 @@
-"""``python -m attnfuzz``: the ``attnfuzz`` command line (`service.cli`)."""
+"""``python -m attnfuzz``: the ``attnfuzz`` command line (`service.cli.main`)."""
 
 from attnfuzz.cli import main
 

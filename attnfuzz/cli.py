@@ -1,4 +1,4 @@
-"""The ``attnfuzz`` console entry point: `main()` runs the typer app of `service.cli`.
+"""The ``attnfuzz`` console entry point: `main()` runs the typer app of `service.cli.main`.
 
 Kept apart so the entry point and ``python -m attnfuzz`` name a module of attnfuzz's own (a
 project with its own ``service`` package on ``sys.path`` cannot shadow it when child processes
@@ -18,6 +18,6 @@ def main() -> None:
 
         print(f"attnfuzz {__version__}")
         return
-    from service.cli import app
+    from service.cli.main import app
 
     app(prog_name="attnfuzz")

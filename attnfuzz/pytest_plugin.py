@@ -5,7 +5,7 @@ Usage::
     pytest --attnfuzz-corpus corpus/                      # every corpus/**/*.json is one test
     pytest --attnfuzz-corpus corpus/ --attnfuzz-backend mypkg.backend:MyBackend
 
-Each corpus entry (`fuzzer.corpus.CorpusEntry`) becomes one test item named
+Each corpus entry (`fuzzer.builds.corpus.CorpusEntry`) becomes one test item named
 ``<backend>/<variant>[<case_id>]``. The item runs the entry's case on its backend variant the way
 a fuzz worker does (`fuzzer.evaluate.Evaluator`: deterministic inputs, the float64 oracle,
 the same comparison) and checks the entry's ``expected`` block:
@@ -89,7 +89,7 @@ class CorpusFile(pytest.File):
     """One corpus JSON file: one test item."""
 
     def collect(self):
-        from fuzzer.corpus import CorpusEntry, CorpusError
+        from fuzzer.builds.corpus import CorpusEntry, CorpusError
 
         try:
             entry = CorpusEntry.from_json(json.loads(self.path.read_text()), origin=str(self.path))

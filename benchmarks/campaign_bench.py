@@ -61,7 +61,7 @@ FIGURES = {
     "shrink": re.compile(r"shrinking ([\d.]+) s"),
     "own": re.compile(r"own work \([^)]*\) ([\d.]+) s"),
 }
-RUNNER = "import sys; from service.cli import app; sys.argv[0] = 'attnfuzz'; app(prog_name='attnfuzz')"
+RUNNER = "import sys; from service.cli.main import app; sys.argv[0] = 'attnfuzz'; app(prog_name='attnfuzz')"
 
 
 class BenchError(RuntimeError):

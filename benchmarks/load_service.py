@@ -2,7 +2,7 @@
 
 Measures, on a database of its own (``attnfuzz_load_<pid>``, created here and dropped at the end):
 
-1. ingestion rate through the store (`service.store.SqlStore.record_result`, one transaction per
+1. ingestion rate through the store (`service.db.store.SqlStore.record_result`, one transaction per
    result, as a fuzz worker writes);
 2. ingestion rate through the API (``POST /api/results`` to uvicorn on a free loopback port, one
    result per request and 100 per request);
@@ -15,7 +15,7 @@ Measures, on a database of its own (``attnfuzz_load_<pid>``, created here and dr
 The dataset has a build line the way workers record it: 26 flash-attn-4 builds 4.0.0b11..4.0.0b36
 on H200 and the last 4 also on B200 (30 builds, each registered by `SqlStore.register_build` with
 its fingerprint, its package versions and a ``worker`` replay run stored by
-`service.matrix.SqlBuildHistory.record_replay`), fuzz results spread over the builds in version
+`service.builds.matrix.SqlBuildHistory.record_replay`), fuzz results spread over the builds in version
 order, and on every build a replay (phase ``replay``) of each bucket's minimised case and of 100
 corpus tasks, with regressions, fixes, a new signature and skips (TE cannot run with the oldest
 flash-attn-4 builds), plus one stored bisection.
@@ -60,14 +60,14 @@ from sqlalchemy.engine import make_url
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from fuzzer.replay import Skip  # noqa: E402
+from fuzzer.builds.replay import Skip  # noqa: E402
 from fuzzer.results import BuildFingerprint, CaseResult  # noqa: E402
 from oracle.config import AttentionCase  # noqa: E402
-from service import migrations  # noqa: E402
-from service.db import Base, json_dumps, make_engine  # noqa: E402
-from service.matrix import SqlBuildHistory  # noqa: E402
-from service.models import BisectRun, BisectStep, Bucket, Case, Result, case_filter_columns  # noqa: E402
-from service.store import SqlStore  # noqa: E402
+from service.db import migrations  # noqa: E402
+from service.db.engine import Base, json_dumps, make_engine  # noqa: E402
+from service.builds.matrix import SqlBuildHistory  # noqa: E402
+from service.db.models import BisectRun, BisectStep, Bucket, Case, Result, case_filter_columns  # noqa: E402
+from service.db.store import SqlStore  # noqa: E402
 
 DEFAULT_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 # Five backend variants per case. Causal cases fail on fa4/te_style and te-fa4/mask_type with the
@@ -143,7 +143,7 @@ def _cutlass(version: str) -> str:
 
 
 def _fingerprint(version: str, device: str) -> BuildFingerprint:
-    """What `fuzzer.environment` reports on a GPU host with this flash-attn-4 build."""
+    """What `fuzzer.builds.environment` reports on a GPU host with this flash-attn-4 build."""
     return BuildFingerprint(torch="2.11.0+cu130", cuda="13.0", cudnn="91300", flash_attn_4=version,
                             transformer_engine="2.9.0", nvidia_cutlass_dsl=_cutlass(version), triton="3.6.0",
                             python="3.12.3", device_name=device, compute_capability=DEVICES[device],
@@ -318,7 +318,7 @@ def fill(url: str, n_results: int, seed: int = 0) -> dict[str, Any]:
             .values(minimised_case_id=bindparam("b_case"), minimise_note="shrunk by the worker"),
             [{"b_backend": b, "b_variant": v, "b_signature": s, "b_case": c} for (b, v, s), c in minimised.items()],
         )
-    # As a worker records its first replay on a build (fuzzer.replay.replay_corpus_on_new_build).
+    # As a worker records its first replay on a build (fuzzer.builds.replay.replay_corpus_on_new_build).
     case_json = {c.case_id: c.to_json() for c, _ in replay_cases}
     replayed = defaultdict(int)
     for row in replay_rows:
@@ -406,7 +406,7 @@ def server(url: str):
     env = {**os.environ, "ATTNFUZZ_DATABASE_URL": url, "PYTHONPATH": str(ROOT)}
     env.pop("ATTNFUZZ_API_TOKEN", None)
     process = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "--factory", "service.app:create_app", "--host", "127.0.0.1",
+        [sys.executable, "-m", "uvicorn", "--factory", "service.api.app:create_app", "--host", "127.0.0.1",
          "--port", str(port), "--log-level", "warning", "--no-access-log"],
         env=env, cwd=ROOT,
     )

@@ -38,9 +38,9 @@ from oracle.compare import compare_outputs  # noqa: E402
 from oracle.config import AttentionCase  # noqa: E402
 from oracle.inputs import make_inputs  # noqa: E402
 from oracle.reference import reference  # noqa: E402
-from service import migrations  # noqa: E402
-from service.db import make_engine  # noqa: E402
-from service.store import SqlStore  # noqa: E402
+from service.db import migrations  # noqa: E402
+from service.db.engine import make_engine  # noqa: E402
+from service.db.store import SqlStore  # noqa: E402
 
 BUILD = BuildFingerprint(
     torch="2.11.0+cu130", cuda="13.0", cudnn="9.13.0", flash_attn_4="4.0.0b36", flash_attn="2.8.3",

@@ -2,7 +2,7 @@
 
 Every caller that runs a case and judges it goes through here: the fuzz worker
 (`fuzzer.worker.Worker`, which adds the loop, the sink, the journal and the leases), replay
-(`fuzzer.replay.run_replay`), the pytest corpus plugin and the CP campaign (`fuzzer.cp_campaign`).
+(`fuzzer.builds.replay.run_replay`), the pytest corpus plugin and the CP campaign (`fuzzer.cp.campaign`).
 
 `Evaluator.evaluate` does, for one `AttentionCase`:
 
@@ -13,7 +13,7 @@ Every caller that runs a case and judges it goes through here: the fuzz worker
    on the evaluator's device, and the reference-only parts of the comparison once
    (`oracle.compare.PreparedReference`);
 3. every runnable task through the executor (child processes, or in process for tests);
-4. each outcome judged by `judge` (a CP outcome and its non-CP twin through `fuzzer.cp.judge_cp`).
+4. each outcome judged by `judge` (a CP outcome and its non-CP twin through `fuzzer.cp.sharding.judge_cp`).
 
 It stores nothing: the `Evaluation` it returns holds the results (and, for a CP case, the twin
 case and its results) for the caller to record.
@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fuzzer.backends.base import Backend
-from fuzzer.cp import cp_twin, is_cp_backend, judge_cp
+from fuzzer.cp.sharding import cp_twin, is_cp_backend, judge_cp
 from fuzzer.executor import ChildProcessExecutor, InProcessExecutor, TaskOutcome, configure_torch_threads
 from fuzzer.results import CaseResult
 from oracle.config import AttentionCase
@@ -160,7 +160,7 @@ class Evaluation:
         results: one `CaseResult` per (backend, variant) considered: the unsupported ones first,
             then the runnable ones in task order. For a CP case these are the CP results (with
             ``metrics["cp"]``).
-        twin_case: for a CP case whose outcomes carried non-CP runs, `fuzzer.cp.cp_twin` of it;
+        twin_case: for a CP case whose outcomes carried non-CP runs, `fuzzer.cp.sharding.cp_twin` of it;
             else None.
         twin_results: the twin's results (same inputs and oracle), to be recorded with
             ``twin_case``.
@@ -192,7 +192,7 @@ def make_executor(
     memory_limit_bytes: int | None = None,
 ) -> Any:
     """The executor for ``backends``: child processes (``"process"``) or in process (``"none"``),
-    with a `fuzzer.cp_executor.RoutingExecutor` in front when a CP backend is among them.
+    with a `fuzzer.cp.executor.RoutingExecutor` in front when a CP backend is among them.
 
     Raises:
         ValueError: ``isolation`` is unknown.
@@ -204,7 +204,7 @@ def make_executor(
     else:
         executor = InProcessExecutor(backends)
     if any(is_cp_backend(b) for b, _ in backends):
-        from fuzzer.cp_executor import CPExecutor, RoutingExecutor
+        from fuzzer.cp.executor import CPExecutor, RoutingExecutor
 
         executor = RoutingExecutor(executor, CPExecutor(backends))
     return executor
@@ -425,7 +425,7 @@ def oracle_time_bound(seconds: float | None) -> Iterator[None]:
 
 
 def _non_cp_outcome(outcome: TaskOutcome) -> TaskOutcome | None:
-    from fuzzer.cp import non_cp_outcome
+    from fuzzer.cp.sharding import non_cp_outcome
 
     return non_cp_outcome(outcome)
 

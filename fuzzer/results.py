@@ -251,7 +251,7 @@ class BucketUpdate:
 
 
 class ResultSink(Protocol):
-    """Where a worker puts what it finds. `service.store.SqlStore` is the SQL implementation;
+    """Where a worker puts what it finds. `service.db.store.SqlStore` is the SQL implementation;
     tests use an in-memory one. Implementations must be idempotent per
     ``(case_id, build, backend, variant, phase)``.
 
@@ -295,7 +295,7 @@ class ResultSink(Protocol):
     ) -> Any:
         """Point the bucket at its minimised case, in the root-cause group of ``(backend, that
         case)``; attach the ``(variant, signature)`` buckets of ``attach`` that fail on it; end
-        ``worker_id``'s sibling leases (see `service.store.SqlStore.record_minimised`)."""
+        ``worker_id``'s sibling leases (see `service.db.store.SqlStore.record_minimised`)."""
         ...
 
     def known_bucket_keys(self) -> set[tuple[str, str, str]]: ...

@@ -147,7 +147,7 @@ class MemorySink:
         return [self.record_result(r, build_id, worker_id) for r in results]
 
     def _siblings(self, primary: MemoryBucket) -> list[MemoryBucket]:
-        """Buckets claimed with ``primary`` (`service.store.SqlStore._siblings`)."""
+        """Buckets claimed with ``primary`` (`service.db.store.SqlStore._siblings`)."""
         return [
             b for b in self.buckets.values()
             if b is not primary and b.key[0] == primary.key[0] and b.key[2] == primary.key[2]
@@ -164,7 +164,7 @@ class MemorySink:
         worker_id: int | None = None,
         attach: Any = (),
     ) -> list[int]:
-        """As `service.store.SqlStore.record_minimised`: the bucket, its defect, the attached
+        """As `service.db.store.SqlStore.record_minimised`: the bucket, its defect, the attached
         buckets (ids returned) and the end of ``worker_id``'s sibling leases."""
         from oracle.config import AttentionCase
 

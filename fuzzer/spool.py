@@ -1,7 +1,7 @@
 """A worker's local spool: its unsaved writes and its in-flight case, on local disk.
 
 Fuzz workers run for days while the database restarts, is locked by another writer or is
-unreachable for a while. `SpoolingSink` wraps the real `ResultSink` (``service.store.SqlStore``):
+unreachable for a while. `SpoolingSink` wraps the real `ResultSink` (``service.db.store.SqlStore``):
 
 * a write (``record_case``, ``record_result``, ``record_case_results``, ``record_minimised``, ``release_minimisation``, a
   final heartbeat) that fails with `SinkUnavailableError` is appended to the `Spool` instead, and

@@ -24,7 +24,7 @@ Context parallelism: only when a selected backend declares ``capabilities.cp`` *
 allows ``max_cp_size >= 2`` (the executor knows how many ranks it can start) is ``cp_size`` drawn:
 1 half of the time (first, so shrinking leaves CP), else a power of two up to ``max_cp_size``, with a
 ``cp_comm_type`` (``a2a+p2p`` only for ``cp_size >= 4``). CP cases are drawn so that they can be
-laid out (`fuzzer.cp.cp_unsupported_reasons`): bshd/sbhd lengths are ``2 * cp_size`` times a
+laid out (`fuzzer.cp.sharding.cp_unsupported_reasons`): bshd/sbhd lengths are ``2 * cp_size`` times a
 drawn chunk length (so chunk lengths, not totals, sit on tile edges), thd lengths are either such
 multiples (no padding: what TE's FlashAttention needs) or anything (padded), and ``a2a``
 (``a2a+p2p``) cases get head counts divisible by ``cp_size`` (by 2). Without CP no extra choice is

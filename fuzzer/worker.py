@@ -14,11 +14,11 @@ dead worker left) the worker claims buckets of its backends that have no minimis
 shrinks a bucket and a dead worker's bucket is taken up again), shrinks the bucket's first case
 with `fuzzer.minimise.minimise` and stores the minimised case with the bucket.
 
-Context parallelism: when a selected backend is a CP backend (`fuzzer.cp.is_cp_backend`),
-`open` puts a `fuzzer.cp_executor.CPExecutor` beside the usual executor (`RoutingExecutor`:
+Context parallelism: when a selected backend is a CP backend (`fuzzer.cp.sharding.is_cp_backend`),
+`open` puts a `fuzzer.cp.executor.CPExecutor` beside the usual executor (`RoutingExecutor`:
 cases with ``cp_size > 1`` go to it), generation draws ``cp_size`` up to what that executor can
-start, and each CP result is judged with `fuzzer.cp.judge_cp`: against the float64 oracle, with
-the same backend's non-CP run of the *twin* case (`fuzzer.cp.cp_twin`) judged too and the
+start, and each CP result is judged with `fuzzer.cp.sharding.judge_cp`: against the float64 oracle, with
+the same backend's non-CP run of the *twin* case (`fuzzer.cp.sharding.cp_twin`) judged too and the
 CP-vs-non-CP agreement in ``metrics["cp"]``. The twin case and its results are recorded as well
 (see docs/cp.md).
 
@@ -26,7 +26,7 @@ Crash safety: with a ``journal`` (`fuzzer.spool.Spool`), each recorded evaluatio
 before it runs and forgotten once its results are stored; a worker that starts on the journal
 of a killed one redoes that evaluation first (writes are idempotent, so nothing is stored twice).
 
-The worker never touches a database itself: storage is the injected sink (``service.store.SqlStore``
+The worker never touches a database itself: storage is the injected sink (``service.db.store.SqlStore``
 in production), the Hypothesis example database is injected too.
 
 ``--seed`` makes generation reproducible (Hypothesis ``@seed``); Hypothesis then skips its
@@ -49,7 +49,7 @@ from hypothesis import strategies as st
 from hypothesis.database import ExampleDatabase
 
 from fuzzer.backends.base import Backend
-from fuzzer.cp import cp_unsupported_reasons
+from fuzzer.cp.sharding import cp_unsupported_reasons
 from fuzzer.evaluate import Evaluation, Evaluator, _finite_or_none, judge, with_phase
 from fuzzer.evaluate import normalise_masked_lse as _normalise_masked_lse
 from fuzzer.executor import TaskOutcome
@@ -119,7 +119,7 @@ class WorkerConfig:
         child_memory_limit_bytes: a backend child whose resident memory passes this many bytes
             is killed and the call recorded as ``oom`` (None: no limit).
         corpus_dir: the corpus replayed the first time this worker's build is seen (with a
-            ``build_history``; see `fuzzer.replay.replay_on_new_build`). None: no corpus replay.
+            ``build_history``; see `fuzzer.builds.replay.replay_on_new_build`). None: no corpus replay.
     """
 
     backends: list[tuple[Backend, str]]
@@ -236,8 +236,8 @@ class Worker:
         fingerprint: the build to register (default: this machine's).
         journal: where in-flight evaluations are written down (`fuzzer.spool.Spool`); None
             keeps no journal.
-        build_history: storage of per-build replays (`fuzzer.replay.BuildHistory`, e.g.
-            `service.matrix.SqlBuildHistory`); with ``config.corpus_dir`` the worker replays the
+        build_history: storage of per-build replays (`fuzzer.builds.replay.BuildHistory`, e.g.
+            `service.builds.matrix.SqlBuildHistory`); with ``config.corpus_dir`` the worker replays the
             corpus before fuzzing on a build it has not replayed yet.
         clock: monotonic seconds for the time budget and the shrink share (tests pass a fake).
     """
@@ -291,13 +291,13 @@ class Worker:
         """Start the executor, check availability, register the build and this worker.
 
         With a CP backend among the selected ones the executor is a
-        `fuzzer.cp_executor.RoutingExecutor` over the usual one and a `CPExecutor` (which starts
+        `fuzzer.cp.executor.RoutingExecutor` over the usual one and a `CPExecutor` (which starts
         its rank processes at the first CP case).
 
         Raises:
             WorkerError: no selected backend is available on this machine.
         """
-        from fuzzer.environment import current_fingerprint
+        from fuzzer.builds.environment import current_fingerprint
 
         self._evaluator = Evaluator(
             self.config.backends,
@@ -347,7 +347,7 @@ class Worker:
         try:
             self.redo_interrupted()
             if self.build_history is not None and self.config.corpus_dir is not None:
-                from fuzzer.replay import replay_on_new_build
+                from fuzzer.builds.replay import replay_on_new_build
 
                 replay_on_new_build(self, self.config.corpus_dir, self.build_history)
             if self.config.replay_known:
@@ -606,7 +606,7 @@ class Worker:
         (at most once per ``heartbeat_s``); once another worker has it, ``predicate.lease_lost``
         is set and every later call answers False at once, so the shrink ends quickly (an
         exception would be taken by Hypothesis for a failure of the case). A CP case that cannot be
-        laid out (`fuzzer.cp.cp_unsupported_reasons`) answers False without running: the
+        laid out (`fuzzer.cp.sharding.cp_unsupported_reasons`) answers False without running: the
         shrinker steps in valid multiples, this only guards against a backend that does not
         declare the layout limits.
 

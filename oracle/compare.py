@@ -223,7 +223,7 @@ class TensorVerdict:
         `compare_outputs` on failing verdicts of at most ``MAX_STORED_TILES`` tiles)
         ``tile_allowed`` holds the allowed error of every tile as ``[group][tile]`` (groups in the
         order of the tensor's non-row dims, see `compare_tensor`). Both depend on the reference
-        only, so an exported repro can apply the same judgement (``service/export.py``)."""
+        only, so an exported repro can apply the same judgement (``service/export/repro.py``)."""
         extra: dict[str, Any] = {"allowed_global": _json_float(self.allowed_global)}
         if self.keep_tiles and self.allowed_tiles is not None:
             extra["tile_allowed"] = [[_json_float(x) for x in row] for row in self.allowed_tiles.tolist()]

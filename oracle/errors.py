@@ -1,7 +1,7 @@
 """The root of every exception attnfuzz raises on purpose.
 
 `oracle` imports nothing of ours, so the root lives here and the other packages subclass it.
-The CLI turns each subclass into an exit code (see `service/cli.py`).
+The CLI turns each subclass into an exit code (see `service/cli/main.py`).
 """
 
 from __future__ import annotations

@@ -322,7 +322,7 @@ def _hash_keys(seed: int, stream: int) -> tuple[int, int]:
 
 def hash_normal_torch(seed: int, stream: int, numel: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """`hash_normal` in torch operations only (its ``engine="torch"``; every device; the exported
-    repros copy this one, ``service/export.py``)."""
+    repros copy this one, ``service/export/repro.py``)."""
     key1, key2 = _hash_keys(seed, stream)
     counter = torch.arange(2 * numel, dtype=torch.int64, device=device)
     counter ^= key1

@@ -1,6 +1,6 @@
 """Settings of the web service, read from ``ATTNFUZZ_*`` environment variables.
 
-Built by `service.app.create_app()` (or passed to it), never at import time.
+Built by `service.api.app.create_app()` (or passed to it), never at import time.
 """
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ from __future__ import annotations
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from service.db import DEFAULT_DATABASE_URL
+from service.db.engine import DEFAULT_DATABASE_URL
 
 
 class Settings(BaseSettings):
-    """Configuration of `service.app.create_app`.
+    """Configuration of `service.api.app.create_app`.
 
     Attributes:
         database_url: SQLAlchemy URL (``ATTNFUZZ_DATABASE_URL``).

@@ -92,7 +92,7 @@ def test_the_wheel_installs_and_version_db_upgrade_fuzz_serve_work_from_another_
     installed: Path, tmp_path: Path
 ) -> None:
     where = _run(installed / "python", "-c",
-                 "import attnfuzz, service, service.migrations as m; print(service.__file__); print(m.SCRIPT_LOCATION)",
+                 "import attnfuzz, service, service.db.migrations as m; print(service.__file__); print(m.SCRIPT_LOCATION)",
                  cwd=tmp_path).stdout.split()
     assert all(str(installed.parent) in line for line in where), where  # the wheel's copy, not this tree
     from attnfuzz import __version__

@@ -58,7 +58,7 @@ SMOKE = textwrap.dedent("""
     assert report["cases"] >= 1
 
     from fastapi.testclient import TestClient
-    from service.app import create_app
+    from service.api.app import create_app
     from service.settings import Settings
 
     with TestClient(create_app(Settings(database_url=f"sqlite:///{work / 'low.db'}"))) as client:

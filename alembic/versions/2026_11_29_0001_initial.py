@@ -4,8 +4,8 @@ Revision ID: 0001
 Revises:
 Create Date: 2026-11-29
 
-Hand-checked against service/models.py (tests/service/test_migrations.py compares the migrated
-schema with the models). Types are spelled out here rather than imported from service.models so
+Hand-checked against service/db/models.py (tests/service/test_migrations.py compares the migrated
+schema with the models). Types are spelled out here rather than imported from service.db.models so
 that later model changes cannot change what this revision creates: ``UTCDateTime`` is
 ``DateTime(timezone=True)`` underneath, JSON columns are JSONB on PostgreSQL.
 """

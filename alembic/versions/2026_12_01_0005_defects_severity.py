@@ -104,7 +104,7 @@ def upgrade() -> None:
     ).all()
     defect_ids: dict[tuple[str, str], int] = {}
     now = datetime.now(UTC)
-    if bind.dialect.name == "sqlite":  # stored naive, as UTC (service.models.UTCDateTime)
+    if bind.dialect.name == "sqlite":  # stored naive, as UTC (service.db.models.UTCDateTime)
         now = now.replace(tzinfo=None)
     for row in rows:
         ratio = ratios.get((row.backend, row.variant, row.signature))

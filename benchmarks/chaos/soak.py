@@ -7,7 +7,7 @@ What runs (all on this machine, loopback only):
 
 * a private PostgreSQL server (``tests/reliability/pgcluster.py``: own data directory and port)
   and a SQLite file;
-* ``--pg-workers`` + ``--sqlite-workers`` worker processes (``python -m service.cli fuzz``) on
+* ``--pg-workers`` + ``--sqlite-workers`` worker processes (``python -m service.cli.main fuzz``) on
   torch-cpu-math, torch-cpu-flash, a crashing stand-in (a real SIGSEGV on one case in 16) and a
   stand-in with planted bugs (buckets to shrink, so minimisation leases are contended), each with a ledger (every result it handed to storage, written or spooled), restarted when they
   end (each run has a random time budget, so clean stops happen too);
@@ -133,7 +133,7 @@ class Soak:
     # ------------------------------------------------------------------ workers
     def _command(self, slot: Slot, budget_s: float | None, drain: bool = False) -> list[str]:
         ledger = self.out / "ledgers" / f"{slot.name}-{slot.runs}{'-drain' if drain else ''}.jsonl"
-        command = [sys.executable, "-m", "service.cli", "fuzz", "--db", slot.url, "--quiet",
+        command = [sys.executable, "-m", "service.cli.main", "fuzz", "--db", slot.url, "--quiet",
                    "--isolation", "process", "--spool-dir", str(self.out / "spool"), "--ledger", str(ledger),
                    "--max-seqlen", "48", "--case-timeout", "30", "--shrink-deadline", "30",
                    "--heartbeat", "2", "--db-wait", "600", "--db-timeout", "2" if slot.database == "sqlite" else "5"]
@@ -147,8 +147,7 @@ class Soak:
 
     def start(self, slot: Slot, drain: bool = False) -> None:
         if slot.database == "vanish" and not (self.vanish_dir / "soak.db").exists():
-            from service import migrations
-
+            from service.db import migrations
             self.vanish_dir.mkdir(parents=True, exist_ok=True)  # a new, empty database in its place
             migrations.upgrade(self.vanish_url)
         budget = self.rng.uniform(self.args.min_run_s, self.args.max_run_s)
@@ -221,7 +220,7 @@ class Soak:
             content = POISON_FILES[kind]()
             path.write_bytes(content if isinstance(content, bytes) else content.encode("utf-8", "surrogatepass"))
         url = self.sqlite_url if self.pg_down_until or self.rng.random() < 0.5 else self.pg_url
-        run = subprocess.run([sys.executable, "-m", "service.cli", "corpus", "import", str(root.parent), "--db", url],
+        run = subprocess.run([sys.executable, "-m", "service.cli.main", "corpus", "import", str(root.parent), "--db", url],
                              cwd=REPO, capture_output=True, text=True, timeout=300)
         self.poison_exits[f"exit {run.returncode}"] += 1
         self.faults[f"poison corpus file ({kind})"] += 1
@@ -240,7 +239,7 @@ class Soak:
         finally:
             admin.dispose()
         url = self.pg_url.rsplit("/", 1)[0] + f"/{name}"
-        runs = [subprocess.Popen([sys.executable, "-m", "service.cli", "db", "upgrade", "--db", url], cwd=REPO,
+        runs = [subprocess.Popen([sys.executable, "-m", "service.cli.main", "db", "upgrade", "--db", url], cwd=REPO,
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(4)]
         codes = [run.wait(timeout=300) for run in runs]
         outputs = [run.stdout.read()[-300:] for run in runs]
@@ -261,8 +260,7 @@ class Soak:
 
     # ------------------------------------------------------------------ run
     def run(self) -> dict:
-        from service import migrations
-
+        from service.db import migrations
         migrations.upgrade(self.pg_url)
         migrations.upgrade(self.sqlite_url)
         started = time.monotonic()

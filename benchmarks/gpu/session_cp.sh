@@ -43,12 +43,12 @@ PY
     ;;
 setup)
     nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv
-    python3 -m service.cli backends 2>&1 | tee $W/backends.txt | tail -30
+    python3 -m service.cli.main backends 2>&1 | tee $W/backends.txt | tail -30
     ;;
 start)
     T=${2:-605}
     rm -f $W/*.db*
-    ATTNFUZZ_SPOOL_DIR=$W/spool setsid nohup python3 -m service.cli fuzz \
+    ATTNFUZZ_SPOOL_DIR=$W/spool setsid nohup python3 -m service.cli.main fuzz \
         --db sqlite:///$W/cp.db --device cuda --time-budget "$T" --quiet --corpus '' \
         --max-seqlen 2048 --max-work 268435456 --shrink-deadline 90 --case-timeout 300 \
         --backend te-fa4 --backend te-fused > $W/cp.log 2>&1 < /dev/null &
@@ -56,15 +56,15 @@ start)
     ;;
 wait)
     for _ in $(seq 1 "${2:-540}"); do
-        pgrep -f "service.cli fuzz" > /dev/null || break; sleep 1
+        pgrep -f "service.cli.main fuzz" > /dev/null || break; sleep 1
     done
-    date +%T; pgrep -af "service.cli" | cut -c1-150 | head -5
+    date +%T; pgrep -af "service.cli.main" | cut -c1-150 | head -5
     tail -n 5 $W/cp.log
     nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv
     ;;
 finish)
-    python3 -m service.cli report --db sqlite:///$W/cp.db --json > $OUT/cp_report.json 2>&1
-    python3 -m service.cli report --db sqlite:///$W/cp.db > $OUT/cp_report.txt 2>&1
+    python3 -m service.cli.main report --db sqlite:///$W/cp.db --json > $OUT/cp_report.json 2>&1
+    python3 -m service.cli.main report --db sqlite:///$W/cp.db > $OUT/cp_report.txt 2>&1
     gzip -c $W/cp.db > $OUT/cp.db.gz
     tar -czf $OUT/logs.tar.gz -C $W --exclude='*.db' --exclude='spool*' --exclude=oracle .
     tail -40 $OUT/cp_report.txt

@@ -109,7 +109,7 @@ class ReproUnavailable(BackendError):
 
 @dataclass(frozen=True)
 class ReproCall:
-    """How an exported repro (``attnfuzz export``, ``service/export.py``) calls a backend.
+    """How an exported repro (``attnfuzz export``, ``service/export/repro.py``) calls a backend.
 
     The repro is a standalone pytest file (torch and pytest only, never attnfuzz); ``source`` is
     pasted into it and must define
@@ -199,7 +199,7 @@ class Backend(abc.ABC):
     def quick_availability(self) -> str | None:
         """The part of `availability` that imports no backend library (packages installed, a
         CUDA device, its architecture): what the worker process may ask itself, since importing
-        e.g. TransformerEngine there could load a second cuDNN (`fuzzer.environment`). The full
+        e.g. TransformerEngine there could load a second cuDNN (`fuzzer.builds.environment`). The full
         answer comes from the backend's child. Default: `availability` for CPU backends, the CUDA
         device check for CUDA ones."""
         if self.device != "cuda":
@@ -234,7 +234,7 @@ class Backend(abc.ABC):
         """Versions of the runtime libraries this backend's library reports it loaded, asked in
         the backend's own process after ``availability`` (e.g. TE's ``get_cudnn_version`` for the
         TE adapters, torch's for cuDNN SDPA, the imported flash-attn-4 build for FA4). Keys as in
-        `fuzzer.environment.runtime_report` (``cudnn``, ``flash_attn_4``, ...); strings only. The
+        `fuzzer.builds.environment.runtime_report` (``cudnn``, ``flash_attn_4``, ...); strings only. The
         default reports nothing; it must never raise."""
         return {}
 

@@ -58,7 +58,7 @@ from typing import Any, ClassVar
 import torch
 
 from fuzzer.backends.base import Backend, BackendOutput, Capabilities
-from fuzzer.cp import (
+from fuzzer.cp.sharding import (
     CPProcessGroups,
     CPShardInputs,
     ShardLayout,
@@ -141,7 +141,7 @@ class RingAttentionCPUBackend(Backend):
     capabilities: ClassVar[Capabilities] = CAPABILITIES
 
     def unsupported_reasons(self, case: AttentionCase, variant: str) -> list[str]:
-        """Base checks plus the CP layout limits (`fuzzer.cp.cp_unsupported_reasons`)."""
+        """Base checks plus the CP layout limits (`fuzzer.cp.sharding.cp_unsupported_reasons`)."""
         return super().unsupported_reasons(case, variant) + cp_unsupported_reasons(case)
 
     # ------------------------------------------------------------------ overridable policies

@@ -76,9 +76,9 @@ Variants (TE's own encodings of one mask):
 Non-causal top-left windows add ``bottom_right_diagonal=False``; softcap is passed only when set.
 
 Context parallelism (``case.cp_size > 1``; `TEBackend.run_cp`, run on every rank by
-`fuzzer.cp_executor.CPExecutor`):
+`fuzzer.cp.executor.CPExecutor`):
 
-* each rank gets its dual-chunk-swap shard (`fuzzer.cp`), calls
+* each rank gets its dual-chunk-swap shard (`fuzzer.cp.sharding`), calls
   ``DotProductAttention.set_context_parallel_group(cp_group, cp_global_ranks, cp_stream,
   cp_comm_type)`` once per module (`te_cp_group_args`; for ``a2a+p2p`` ``cp_group`` is the list
   ``[a2a pair group, p2p ring group]``) and runs forward and backward on its shard; TE returns the
@@ -133,7 +133,7 @@ from fuzzer.backends.fa4 import (
     fit_to_signature,
     is_one_sided_window,
 )
-from fuzzer.cp import CPProcessGroups, CPSeqlens, CPShardInputs, cp_unsupported_reasons
+from fuzzer.cp.sharding import CPProcessGroups, CPSeqlens, CPShardInputs, cp_unsupported_reasons
 from oracle.config import AttentionCase
 
 TE_MODULE = "transformer_engine.pytorch"
@@ -297,7 +297,7 @@ def te_cp_unsupported_reasons(case: AttentionCase, sub_backend: str) -> list[str
         sub_backend: ``"flash4"``, ``"flash2"``, ``"fused"`` or ``"unfused"``.
 
     Returns:
-        The layout limits (`fuzzer.cp.cp_unsupported_reasons`) and TE's own (module docstring).
+        The layout limits (`fuzzer.cp.sharding.cp_unsupported_reasons`) and TE's own (module docstring).
     """
     if case.cp_size == 1:
         return []
@@ -625,8 +625,8 @@ class TEBackend(Backend):
 
         Args:
             case: a case with ``cp_size > 1``.
-            inputs: this rank's `fuzzer.cp.CPShardInputs` (on ``groups.device``).
-            groups: the process groups (`fuzzer.cp.CPProcessGroups`).
+            inputs: this rank's `fuzzer.cp.sharding.CPShardInputs` (on ``groups.device``).
+            groups: the process groups (`fuzzer.cp.sharding.CPProcessGroups`).
             variant: one of ``TE_VARIANTS``.
 
         Raises:
@@ -717,7 +717,7 @@ class TEBackend(Backend):
 
         if TE_MODULE not in sys.modules:
             return {}
-        from fuzzer.environment import format_cudnn_version
+        from fuzzer.builds.environment import format_cudnn_version
 
         report: dict[str, str] = {}
         for module_name in ("transformer_engine.pytorch.utils", "transformer_engine_torch"):

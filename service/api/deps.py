@@ -4,7 +4,7 @@ Tests replace `get_session` and `get_write_session` through ``app.dependency_ove
 a request inside their rolled-back transaction.
 
 Tokens: API clients send ``Authorization: Bearer <api_token>``. Browsers log in once at
-``/login``, which stores a signed session (never the token itself, `service.hardening`) in the
+``/login``, which stores a signed session (never the token itself, `service.api.hardening`) in the
 ``attnfuzz_token`` cookie (HttpOnly, SameSite=Strict,
 so other sites' pages never send it); the pages and their forms accept that cookie too. JSON
 writes accept only the header.
@@ -29,7 +29,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
-from service.models import MAX_SQL_INTEGER
+from service.db.models import MAX_SQL_INTEGER
 from service.settings import Settings
 
 _bearer = HTTPBearer(auto_error=False, description="ATTNFUZZ_API_TOKEN")
@@ -175,8 +175,8 @@ def is_valid_token(settings: Settings, token: str | None) -> bool:
 
 def is_valid_session(settings: Settings, cookie: str | None) -> bool:
     """True when no token is configured, or ``cookie`` is a session cookie `/login` signed with
-    the token (`service.hardening.session_is_valid`; the raw token is not a session)."""
-    from service.hardening import session_is_valid
+    the token (`service.api.hardening.session_is_valid`; the raw token is not a session)."""
+    from service.api.hardening import session_is_valid
 
     if settings.api_token is None:
         return True

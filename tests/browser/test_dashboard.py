@@ -30,12 +30,12 @@ from sqlalchemy import update
 
 from fuzzer.results import BuildFingerprint, CaseResult
 from oracle.config import AttentionCase
-from service import migrations
-from service.app import create_app
-from service.db import make_engine
-from service.models import Result, Worker, utcnow
+from service.db import migrations
+from service.api.app import create_app
+from service.db.engine import make_engine
+from service.db.models import Result, Worker, utcnow
 from service.settings import Settings
-from service.store import SqlStore
+from service.db.store import SqlStore
 
 ROOT = Path(__file__).resolve().parents[2]
 SCREENSHOT = ROOT / "docs" / "dashboard-overview.png"

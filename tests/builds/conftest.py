@@ -42,10 +42,9 @@ def fake_rules(fake_wheelhouse: Path) -> Path:
 
 @pytest.fixture
 def cli() -> Callable[..., object]:
-    """``cli(*args)``: invoke the build-matrix commands on a local typer app (as `service.cli`
-    will once it calls `service.cli_builds.register`)."""
-    from service import cli_builds
-
+    """``cli(*args)``: invoke the build-matrix commands on a local typer app (as `service.cli.main`
+    will once it calls `service.builds.cli.register`)."""
+    from service.builds import cli as cli_builds
     app = typer.Typer()
 
     @app.callback()

@@ -13,7 +13,7 @@ Versions (`KERNEL_BEHAVIOUR`):
 ``attnfuzz-fakedep`` plays nvidia-cutlass-dsl: fakekernel 2.0 declares ``Requires-Dist:
 attnfuzz-fakedep>=2`` (it needs ``API == 2``), 1.2rc1 to 1.4 declare ``attnfuzz-fakedep<2``; the
 versions before 1.2rc1 need ``attnfuzz-fakedep<2`` too but do not say so, so a rules file says it
-(`RULES_TOML`), as ``fuzzer/build_rules.toml`` does for old flash-attn-4 builds. Every fakekernel imports it, so a
+(`RULES_TOML`), as ``fuzzer/builds/build_rules.toml`` does for old flash-attn-4 builds. Every fakekernel imports it, so a
 build whose extras were not installed cannot import.
 
 Wheels are written directly as zip files (no build backend): a few milliseconds each.

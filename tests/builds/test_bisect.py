@@ -1,4 +1,4 @@
-"""fuzzer/bisect.py: the first bad build in O(log n) replays, skips like ``git bisect skip``."""
+"""fuzzer/builds/bisect.py: the first bad build in O(log n) replays, skips like ``git bisect skip``."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fuzzer.bisect import BisectError, bisect_builds, classify, max_replays
-from fuzzer.replay import Verdict
+from fuzzer.builds.bisect import BisectError, bisect_builds, classify, max_replays
+from fuzzer.builds.replay import Verdict
 
 NINE = ["1.0", "1.0.1", "1.1", "1.1.1", "1.1.2", "1.2rc1", "1.2", "1.3", "1.4"]
 

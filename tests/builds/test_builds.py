@@ -1,4 +1,4 @@
-"""fuzzer/builds.py: version order, wheelhouse scanning, extras from Requires-Dist and rules,
+"""fuzzer/builds/envs.py: version order, wheelhouse scanning, extras from Requires-Dist and rules,
 preparing and adopting build environments, build identity."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import zipfile
 import pytest
 from packaging.requirements import Requirement
 
-from fuzzer.builds import (
+from fuzzer.builds.envs import (
     BuildEnvironment,
     BuildError,
     BuildPrepareError,

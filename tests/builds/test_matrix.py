@@ -1,4 +1,4 @@
-"""service/matrix.py on a database built by the migrations (SQLite, and PostgreSQL when
+"""service/builds/matrix.py on a database built by the migrations (SQLite, and PostgreSQL when
 reachable): builds with package versions, line order, replays and skips, the matrix, regressions
 and fixes per device, bisections, corpus export and import; and the /matrix pages and API."""
 
@@ -11,20 +11,21 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from fuzzer.bisect import bisect_builds
-from fuzzer.builds import build_packages
-from fuzzer.replay import ReplayOutcome, ReplayTask, Skip, Verdict
+from fuzzer.builds.bisect import bisect_builds
+from fuzzer.builds.envs import build_packages
+from fuzzer.builds.replay import ReplayOutcome, ReplayTask, Skip, Verdict
 from fuzzer.results import BuildFingerprint, CaseResult
 from oracle.config import AttentionCase
-from service import matrix, migrations
+from service.builds import matrix
+from service.db import migrations
 from service.api.deps import get_session
-from service.api.routes import matrix as matrix_routes
-from service.app import create_app
-from service.db import make_engine
+from service.builds import routes as matrix_routes
+from service.api.app import create_app
+from service.db.engine import make_engine
 from service.errors import FieldValidationError, NotFoundError
-from service.models import BuildPackage, ReplayRun, Result
+from service.db.models import BuildPackage, ReplayRun, Result
 from service.settings import Settings
-from service.store import SqlStore
+from service.db.store import SqlStore
 
 CASE = AttentionCase(batch_size=2, seqlen_q=1024, seqlen_k=1024, num_heads=8, head_dim=128, causal=True)
 TE_STYLE = ReplayTask(CASE, "fa4", "te_style", "corpus:fa4/te_style-x.json", "fail", "out:all_zero")

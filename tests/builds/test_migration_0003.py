@@ -7,8 +7,8 @@ import pytest
 from sqlalchemy import inspect, text
 from sqlalchemy.exc import IntegrityError
 
-from service import migrations
-from service.db import make_engine
+from service.db import migrations
+from service.db.engine import make_engine
 
 NEW_TABLES = {"build_packages", "replay_runs", "replay_skips", "bisect_runs", "bisect_steps"}
 OLD_TABLES = {"builds", "workers", "cases", "results", "buckets", "hypothesis_examples"}

@@ -1,10 +1,10 @@
-"""fuzzer/regressions.py: regressions, new signatures and fixes along ordered verdicts."""
+"""fuzzer/builds/regressions.py: regressions, new signatures and fixes along ordered verdicts."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
-from fuzzer.regressions import LineVerdict, pick_result, transitions
+from fuzzer.builds.regressions import LineVerdict, pick_result, transitions
 
 
 def verdicts(*cells):

@@ -1,4 +1,4 @@
-"""fuzzer/replay.py: replays here and in a child, what a dying or hanging child leaves, the
+"""fuzzer/builds/replay.py: replays here and in a child, what a dying or hanging child leaves, the
 worker's first-build hook, and the ``attnfuzz replay`` command (CPU backends, no GPU)."""
 
 from __future__ import annotations
@@ -12,17 +12,17 @@ import pytest
 from sqlalchemy import select
 
 from fuzzer import registry
-from fuzzer.builds import BuildEnvironment
-from fuzzer.corpus import CorpusEntry, load_corpus, save_entry
-from fuzzer.replay import ReplayTask, replay_here, replay_in_build, replay_on_new_build
+from fuzzer.builds.envs import BuildEnvironment
+from fuzzer.builds.corpus import CorpusEntry, load_corpus, save_entry
+from fuzzer.builds.replay import ReplayTask, replay_here, replay_in_build, replay_on_new_build
 from fuzzer.results import BuildFingerprint, CaseResult, SinkUnavailableError
 from fuzzer.worker import Worker, WorkerConfig
 from oracle.config import AttentionCase
-from service import migrations
-from service.db import make_engine
-from service.matrix import SqlBuildHistory
-from service.models import ReplaySkip, Result
-from service.store import SqlStore
+from service.db import migrations
+from service.db.engine import make_engine
+from service.builds.matrix import SqlBuildHistory
+from service.db.models import ReplaySkip, Result
+from service.db.store import SqlStore
 
 SDPA_SPEC = "fuzzer.backends.sdpa:builtin_backends"
 CASE = AttentionCase(seqlen_q=5, seqlen_k=7, num_heads=2, head_dim=16, dtype="float32", causal=True, backward=False)

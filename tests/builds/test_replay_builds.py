@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from fuzzer.bisect import max_replays
-from fuzzer.builds import version_key
-from fuzzer.corpus import CorpusEntry, save_entry
+from fuzzer.builds.bisect import max_replays
+from fuzzer.builds.envs import version_key
+from fuzzer.builds.corpus import CorpusEntry, save_entry
 from oracle.config import AttentionCase
-from service.db import make_engine
-from service.models import BisectRun, BisectStep, BuildPackage, Result
+from service.db.engine import make_engine
+from service.db.models import BisectRun, BisectStep, BuildPackage, Result
 from tests.builds.conftest import BROKEN_VERSION, FAKE_BACKEND_SPEC
 from tests.builds.fakebuilds import DEP, KERNEL
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from fuzzer.builds import BuildError, load_rules, prepare_from_wheelhouse, resolve_installer, uv_command
+from fuzzer.builds.envs import BuildError, load_rules, prepare_from_wheelhouse, resolve_installer, uv_command
 from tests.builds.fakebuilds import DEP, KERNEL
 
 FAKE_UV = '''#!{python}

@@ -1,6 +1,6 @@
 """Every saved corpus case keeps its recorded verdict where its backend is available.
 
-Parametrised over ``corpus/**/*.json``: each entry is replayed on this machine (`fuzzer.replay.
+Parametrised over ``corpus/**/*.json``: each entry is replayed on this machine (`fuzzer.builds.replay.
 replay_here`) and must find what its ``expected`` says (``pass``, or a failure with the same
 primary signature). An entry whose backend is not available here (the seed's entries are all GPU
 backends) or that the backend declares unsupported here (head_dim 512 on SM90) is skipped with
@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from fuzzer import registry
-from fuzzer.corpus import CorpusEntry, load_corpus, save_entry
-from fuzzer.replay import matches_expectation, replay_here, tasks_from_corpus
+from fuzzer.builds.corpus import CorpusEntry, load_corpus, save_entry
+from fuzzer.builds.replay import matches_expectation, replay_here, tasks_from_corpus
 from oracle.config import AttentionCase
 
 ROOT = Path(__file__).resolve().parents[2]

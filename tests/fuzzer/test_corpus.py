@@ -1,11 +1,11 @@
-"""Tests of fuzzer/corpus.py: the shipped corpus is valid, entries round-trip, bad files are named."""
+"""Tests of fuzzer/builds/corpus.py: the shipped corpus is valid, entries round-trip, bad files are named."""
 
 import json
 from pathlib import Path
 
 import pytest
 
-from fuzzer.corpus import CorpusEntry, CorpusError, Verdict, load_corpus, save_entry
+from fuzzer.builds.corpus import CorpusEntry, CorpusError, Verdict, load_corpus, save_entry
 from fuzzer.results import BuildFingerprint
 from oracle.config import AttentionCase
 

@@ -1,4 +1,4 @@
-"""fuzzer/cp.py on one process: the dual-chunk-swap layout, its exact inverse, the thd padding, the
+"""fuzzer/cp/sharding.py on one process: the dual-chunk-swap layout, its exact inverse, the thd padding, the
 errors, and the CP-vs-non-CP agreement (acceptance 3 without processes: equal but wrong fails)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from fuzzer.backends.base import BackendOutput
 from fuzzer.backends.cp_cpu import PlantedWindowCPUBackend, RingAttentionCPUBackend
-from fuzzer.cp import (
+from fuzzer.cp.sharding import (
     AGREEMENT_RATIO,
     CP_METRICS_KEY,
     CPShardError,
@@ -288,7 +288,7 @@ def test_outcomes_without_a_twin_are_judged_unchanged():
 
 
 def test_executor_settings_are_checked_and_max_cp_size_follows_the_backends():
-    from fuzzer.cp_executor import CPExecutor
+    from fuzzer.cp.executor import CPExecutor
     from fuzzer.executor import ExecutorError
 
     ring = [(RingAttentionCPUBackend(), "fuzzer.backends.cp_cpu:RingAttentionCPUBackend")]

@@ -1,4 +1,4 @@
-"""fuzzer/cp_campaign.py without processes: the matrix covers the seed's configuration under every
+"""fuzzer/cp/campaign.py without processes: the matrix covers the seed's configuration under every
 comm type and can be laid out; a run writes one judged JSON line per task with its non-CP twin."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 
 from fuzzer.backends.cp_cpu import PlantedWindowCPUBackend, RingAttentionCPUBackend
 from fuzzer.backends.te import TEFA4Backend
-from fuzzer.cp import CPTaskOutcome, cp_twin, cp_unsupported_reasons
-from fuzzer.cp_campaign import cp_matrix, run_campaign, summary
+from fuzzer.cp.sharding import CPTaskOutcome, cp_twin, cp_unsupported_reasons
+from fuzzer.cp.campaign import cp_matrix, run_campaign, summary
 from fuzzer.executor import TaskOutcome
 from oracle.errors import CaseValidationError
 

@@ -1,4 +1,4 @@
-"""The CP plumbing for real: `fuzzer.cp_executor.CPExecutor` starts 2, 4 and 8 gloo ranks on the CPU,
+"""The CP plumbing for real: `fuzzer.cp.executor.CPExecutor` starts 2, 4 and 8 gloo ranks on the CPU,
 `fuzzer.backends.cp_cpu` runs p2p / all_gather / a2a / a2a+p2p attention across them, and every
 gathered out, lse and gradient is judged against the float64 oracle of the full sequence.
 
@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from fuzzer.backends.cp_cpu import PlantedMergeCPUBackend, PlantedWindowCPUBackend, RingAttentionCPUBackend
-from fuzzer.cp import CP_METRICS_KEY, CPTaskOutcome, cp_twin, judge_cp
-from fuzzer.cp_executor import CPExecutor, RoutingExecutor
+from fuzzer.cp.sharding import CP_METRICS_KEY, CPTaskOutcome, cp_twin, judge_cp
+from fuzzer.cp.executor import CPExecutor, RoutingExecutor
 from fuzzer.executor import ExecutorError, InProcessExecutor
 from fuzzer.sinks import MemorySink
 from fuzzer.worker import Worker, WorkerConfig

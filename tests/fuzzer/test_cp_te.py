@@ -21,7 +21,7 @@ from fuzzer.backends.te import (
     te_cp_unsupported_reasons,
     te_forward_kwargs,
 )
-from fuzzer.cp import CPProcessGroups, cp_seqlens, shard_inputs
+from fuzzer.cp.sharding import CPProcessGroups, cp_seqlens, shard_inputs
 from oracle.config import AttentionCase
 from oracle.inputs import make_inputs
 

@@ -270,10 +270,10 @@ def test_reasons_are_split_and_a_fields_own_value_is_not_a_new_reason():
 def test_report_shows_cases_run_and_top_unsupported_reasons_per_backend(tmp_path):
     from typer.testing import CliRunner
 
-    from service import migrations
-    from service.cli import app
-    from service.db import make_engine
-    from service.store import SqlStore
+    from service.db import migrations
+    from service.cli.main import app
+    from service.db.engine import make_engine
+    from service.db.store import SqlStore
 
     url = f"sqlite:///{tmp_path / 'coverage.db'}"
     migrations.upgrade(url)
@@ -306,7 +306,7 @@ def test_report_shows_cases_run_and_top_unsupported_reasons_per_backend(tmp_path
 def test_the_live_display_and_summary_show_runnable_cases_and_reasons():
     from rich.console import Console
 
-    from service.cli import RichReporter, _coverage_data
+    from service.cli.main import RichReporter, _coverage_data
 
     backends = registry.select(["torch-cpu-math"], [NARROW])
     config = WorkerConfig(backends=backends, isolation="none", seed=5, max_cases=6, time_budget_s=None,

@@ -18,9 +18,9 @@ from sqlalchemy import text
 from fuzzer import registry
 from fuzzer.worker import Worker, WorkerConfig
 from oracle.config import AttentionCase
-from service import migrations
-from service.db import make_engine
-from service.store import SqlStore
+from service.db import migrations
+from service.db.engine import make_engine
+from service.db.store import SqlStore
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -1,6 +1,6 @@
 """The fuzz worker with a context-parallel backend, end to end on the CPU: CP cases are drawn, run on
 two gloo ranks, judged against the float64 oracle beside their non-CP twin, stored with the twin in
-a SQL store (a migrated SQLite file), shrunk as CP cases, and read back by `service.cp_view`.
+a SQL store (a migrated SQLite file), shrunk as CP cases, and read back by `service.db.cp_view`.
 
 The planted backend is the seed's blind spot: ``cp-cpu-planted-window`` reads the causal window
 ``(-1, 0)`` as flash-attention after #2490 does, so every causal row sees no key, with and without
@@ -17,14 +17,14 @@ from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
 from fuzzer import registry
-from fuzzer.cp import CP_METRICS_KEY, cp_twin
+from fuzzer.cp.sharding import CP_METRICS_KEY, cp_twin
 from fuzzer.worker import Worker, WorkerConfig, WorkerStats
 from oracle.config import AttentionCase
-from service import migrations
-from service.cp_view import cp_view
-from service.db import make_engine
-from service.models import Bucket, Case, Result
-from service.store import SqlStore
+from service.db import migrations
+from service.db.cp_view import cp_view
+from service.db.engine import make_engine
+from service.db.models import Bucket, Case, Result
+from service.db.store import SqlStore
 
 PLANTED, CORRECT = "cp-cpu-planted-window", "cp-cpu-ring"
 BUCKET = (PLANTED, "default", "out:all_zero")

@@ -1,6 +1,6 @@
 """Fault-injection helpers: run the real CLI as a subprocess, wait for what it does, count rows.
 
-* ``cli(*args)``: start ``python -m service.cli`` in the repository root (a `Cli` handle); the
+* ``cli(*args)``: start ``python -m service.cli.main`` in the repository root (a `Cli` handle); the
   stand-in backends come from ``tests.fuzzer.standins``.
 * `wait_until`: poll a condition (a row appears, a marker file exists) until it holds or a
   deadline passes; the tests never sleep for a fixed time to synchronise.
@@ -25,8 +25,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
-from service import migrations
-from service.db import make_engine
+from service.db import migrations
+from service.db.engine import make_engine
 from tests.reliability.pgcluster import PostgresUnavailable, PrivatePostgres
 from tests.service.conftest import POSTGRES_REQUIRED_ENV, postgres_server  # noqa: F401  (fixture)
 
@@ -98,7 +98,7 @@ def cli(tmp_path: Path) -> Iterator[Callable[..., Cli]]:
         log = tmp_path / f"cli-{len(started)}.log"
         handle = open(log, "w")
         process = subprocess.Popen(
-            [sys.executable, "-m", "service.cli", *args],
+            [sys.executable, "-m", "service.cli.main", *args],
             cwd=REPO,
             stdout=handle,
             stderr=subprocess.STDOUT,

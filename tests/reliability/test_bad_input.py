@@ -21,11 +21,11 @@ from sqlalchemy import text
 
 from fuzzer.results import BuildFingerprint, CaseResult
 from oracle.config import AttentionCase
-from service import migrations
-from service.app import create_app
-from service.db import make_engine
+from service.db import migrations
+from service.api.app import create_app
+from service.db.engine import make_engine
 from service.settings import Settings
-from service.store import SqlStore
+from service.db.store import SqlStore
 from tests.reliability.conftest import REPO, counts
 
 pytestmark = pytest.mark.timeout(300)
@@ -161,7 +161,7 @@ def _seeded_app(url: str):
                                            metrics={"out": {"error_ratio": 9.0}}, error_ratio=9.0), build_id, worker_id)
             store.record_result(CaseResult(case.case_id, "standin-gate", "native", "pass"), build_id, worker_id)
         with engine.begin() as connection:  # huge cases stored before the bounds (issue 17): pages must stay bounded
-            from service.models import Case
+            from service.db.models import Case
 
             for case_id, config in HUGE_STORED.items():
                 connection.execute(Case.__table__.insert().values(

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from service import migrations
+from service.db import migrations
 from tests.reliability.conftest import counts, fuzz_args, query
 
 pytestmark = pytest.mark.timeout(400)

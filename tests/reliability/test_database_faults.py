@@ -136,8 +136,7 @@ def _fill(directory: Path) -> Path:
 
 
 def test_disk_full_stops_the_worker_with_a_clear_error_and_loses_nothing(cli, small_filesystem, tmp_path) -> None:
-    from service import migrations
-
+    from service.db import migrations
     url = f"sqlite:///{small_filesystem / 'attnfuzz.db'}"
     migrations.upgrade(url)
     spool, ledger = tmp_path / "spool", tmp_path / "ledger.jsonl"
@@ -186,8 +185,7 @@ def test_postgresql_turned_read_only_stops_the_worker_and_nothing_is_lost(cli, p
 
 
 def test_a_sqlite_file_on_a_read_only_filesystem_is_refused_at_start(cli, small_filesystem, tmp_path) -> None:
-    from service import migrations
-
+    from service.db import migrations
     url = f"sqlite:///{small_filesystem / 'attnfuzz.db'}"
     migrations.upgrade(url)
     before = counts(url)

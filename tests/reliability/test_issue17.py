@@ -28,8 +28,7 @@ def test_6_four_concurrent_first_upgrades_on_postgresql_all_exit_0(cli, postgres
         runs = [cli("db", "upgrade", "--db", url) for _ in range(4)]
         codes = [run.wait(180) for run in runs]
         assert codes == [0, 0, 0, 0], "\n".join(run.output()[-1500:] for run in runs)
-        from service import migrations
-
+        from service.db import migrations
         assert query(url, "SELECT version_num FROM alembic_version") == [(migrations.head(),)]
         assert counts(url) == dict.fromkeys(counts(url), 0)
     finally:
@@ -43,8 +42,7 @@ HOSTILE = "tests.reliability.hostile:HostileTextBackend"
 @pytest.fixture(params=[pytest.param("sqlite", id="sqlite"), pytest.param("postgresql", id="postgresql", marks=pytest.mark.postgres)])
 def any_url(request: pytest.FixtureRequest, tmp_path: Path):
     """A migrated database: a SQLite file or a fresh schema on the PostgreSQL test server."""
-    from service import migrations
-
+    from service.db import migrations
     if request.param == "sqlite":
         url = f"sqlite:///{tmp_path / 'attnfuzz.db'}"
         migrations.upgrade(url)
@@ -155,7 +153,7 @@ def _in_process(*args: str) -> tuple[int, str]:
     exit code and output."""
     from typer.testing import CliRunner
 
-    from service.cli import app
+    from service.cli.main import app
 
     result = CliRunner().invoke(app, [str(a) for a in args], env={"COLUMNS": "250"})
     return result.exit_code, " ".join(result.output.split()) + ("" if result.exception is None or isinstance(result.exception, SystemExit) else f" EXCEPTION {result.exception!r}")
@@ -190,7 +188,7 @@ def test_5_removing_the_sqlite_database_directory_during_a_run_stops_the_worker_
     import shutil
     import sqlite3
 
-    from service import migrations
+    from service.db import migrations
     from tests.reliability.conftest import GATE, fuzz_args, wait_until
 
     directory = tmp_path / "db"
@@ -222,10 +220,10 @@ def test_5_removing_the_sqlite_database_directory_during_a_run_stops_the_worker_
 def test_8_register_worker_whose_commit_answer_was_lost_leaves_one_row(tmp_path, monkeypatch) -> None:
     from fuzzer.results import BuildFingerprint
     from fuzzer.spool import Spool, SpoolingSink
-    from service import migrations
-    from service import store as store_module
-    from service.db import make_engine
-    from service.store import SqlStore, StoreUnavailableError
+    from service.db import migrations
+    from service.db import store as store_module
+    from service.db.engine import make_engine
+    from service.db.store import SqlStore, StoreUnavailableError
 
     url = f"sqlite:///{tmp_path / 'w.db'}"
     migrations.upgrade(url)
@@ -257,7 +255,7 @@ def test_8_register_worker_whose_commit_answer_was_lost_leaves_one_row(tmp_path,
 def test_8_a_worker_that_stops_with_exit_6_ends_failed_not_lost(cli, tmp_path) -> None:
     import shutil
 
-    from service import migrations
+    from service.db import migrations
     from tests.reliability.conftest import GATE, fuzz_args, wait_until
 
     directory = tmp_path / "db"
@@ -286,10 +284,10 @@ def test_8_a_shrink_abandoned_after_three_claims_says_so_in_its_note(tmp_path) -
     from datetime import timedelta
 
     from fuzzer.results import BuildFingerprint, CaseResult
-    from service import migrations
-    from service.db import make_engine
-    from service.models import utcnow
-    from service.store import SqlStore
+    from service.db import migrations
+    from service.db.engine import make_engine
+    from service.db.models import utcnow
+    from service.db.store import SqlStore
 
     url = f"sqlite:///{tmp_path / 'm.db'}"
     migrations.upgrade(url)
@@ -409,7 +407,7 @@ HUGE_CASE = {**SMALL.to_json(), "batch_size": 2**31 - 1, "seqlen_q": 2**31 - 1, 
 
 def _store_raw_case(url: str, case_id: str, config: dict) -> None:
     """Write a case row as an older version (or another tool) would have, without validating."""
-    from service.db import make_engine
+    from service.db.engine import make_engine
 
     engine = make_engine(url)
     try:
@@ -439,7 +437,7 @@ def _store_raw_case(url: str, case_id: str, config: dict) -> None:
 def app_client(sqlite_url):
     from fastapi.testclient import TestClient
 
-    from service.app import create_app
+    from service.api.app import create_app
     from service.settings import Settings
 
     def make(**settings):
@@ -505,8 +503,8 @@ def test_9_security_headers_hosts_body_limit_login_rate_limit_and_signed_session
 
 def test_9_a_stored_javascript_upstream_url_is_not_linked(app_client, sqlite_url) -> None:
     from fuzzer.results import BuildFingerprint, CaseResult
-    from service.db import make_engine
-    from service.store import SqlStore
+    from service.db.engine import make_engine
+    from service.db.store import SqlStore
 
     engine = make_engine(sqlite_url)
     try:

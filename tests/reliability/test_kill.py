@@ -17,9 +17,9 @@ from sqlalchemy import select
 
 from fuzzer.results import BuildFingerprint, CaseResult
 from oracle.config import AttentionCase
-from service.db import make_engine
-from service.models import Case
-from service.store import SqlStore, heartbeat_gaps
+from service.db.engine import make_engine
+from service.db.models import Case
+from service.db.store import SqlStore, heartbeat_gaps
 from tests.reliability.conftest import counts, fuzz_args, query, wait_until
 
 pytestmark = pytest.mark.timeout(300)

@@ -30,12 +30,12 @@ from sqlalchemy.orm import Session
 
 from fuzzer.results import BuildFingerprint, CaseResult
 from oracle.config import AttentionCase
-from service import migrations
+from service.db import migrations
 from service.api.deps import get_session, get_write_session
-from service.app import create_app
-from service.db import make_engine
+from service.api.app import create_app
+from service.db.engine import make_engine
 from service.settings import Settings
-from service.store import SqlStore
+from service.db.store import SqlStore
 
 POSTGRES_URL_ENV = "ATTNFUZZ_TEST_POSTGRES_URL"
 POSTGRES_REQUIRED_ENV = "ATTNFUZZ_TEST_POSTGRES_REQUIRED"

@@ -8,7 +8,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
-from service.models import Bucket, TriageState
+from service.db.models import Bucket, TriageState
 from tests.service.conftest import NAN_METRICS, Seeded
 
 TOKEN = "s3cret-token"

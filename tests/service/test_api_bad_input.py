@@ -13,9 +13,9 @@ from sqlalchemy.orm import Session
 
 from fuzzer.results import ResultValidationError
 from oracle.config import AttentionCase
-from service.app import create_app
-from service.models import MAX_SQL_BIGINT, MAX_SQL_INTEGER, Bucket, Build, Case, Result, Worker
-from service.schemas import MAX_METRICS_DEPTH
+from service.api.app import create_app
+from service.db.models import MAX_SQL_BIGINT, MAX_SQL_INTEGER, Bucket, Build, Case, Result, Worker
+from service.api.schemas import MAX_METRICS_DEPTH
 from service.settings import Settings
 from tests.service.conftest import Seeded
 

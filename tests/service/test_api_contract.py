@@ -12,11 +12,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fuzzer.results import BuildFingerprint, CaseResult
 from oracle.config import DTYPES, AttentionCase
-from service import migrations
-from service.app import create_app
-from service.db import make_engine
+from service.db import migrations
+from service.api.app import create_app
+from service.db.engine import make_engine
 from service.settings import Settings
-from service.store import SqlStore
+from service.db.store import SqlStore
 
 TOKEN = "s3cret"
 FAILING = AttentionCase(seqlen_q=5, seqlen_k=5, num_heads=1, head_dim=8, causal=True, dtype="float32")

@@ -13,8 +13,8 @@ from sqlalchemy.orm import Session
 
 from fuzzer.results import BuildFingerprint, CaseResult
 from oracle.config import AttentionCase
-from service.models import Bucket, Build, Case, Result, Worker, case_filter_columns
-from service.store import SqlStore
+from service.db.models import Bucket, Build, Case, Result, Worker, case_filter_columns
+from service.db.store import SqlStore
 from tests.service.conftest import Seeded
 
 TOKEN = "s3cret-token"
@@ -36,7 +36,7 @@ def _counts(session: Session) -> tuple[int, ...]:
 def _stored_allowances(case: AttentionCase) -> dict:
     """Metrics carrying the allowances a worker stores with a failing verdict (the repro
     endpoints use stored figures only)."""
-    from service.export import computed_allowance
+    from service.export.repro import computed_allowance
 
     return {name: {"allowed_global": a.whole, "tile_allowed": a.tiles} for name, a in computed_allowance(case).items()}
 
@@ -398,8 +398,7 @@ def test_a_bad_triage_form_shows_the_error_and_changes_nothing(client: TestClien
 def test_a_transient_database_conflict_is_503_with_retry_after(client: TestClient, monkeypatch, seeded: Seeded) -> None:
     from sqlalchemy.exc import OperationalError
 
-    from service import repository
-
+    from service.db import repository
     def busy(*args, **kwargs):
         raise OperationalError("UPDATE buckets ...", {}, Exception("database is locked"))
 
@@ -409,8 +408,8 @@ def test_a_transient_database_conflict_is_503_with_retry_after(client: TestClien
 
 
 def test_an_unavailable_store_is_503_with_retry_after(client: TestClient, monkeypatch, seeded: Seeded) -> None:
-    from service import repository, store
-
+    from service.db import repository
+    from service.db import store
     if not hasattr(store, "StoreUnavailableError"):
         pytest.skip("this store has no StoreUnavailableError")
 

@@ -1,4 +1,4 @@
-"""``attnfuzz cases list`` / ``cases show`` (service/cli.py) through typer's CliRunner."""
+"""``attnfuzz cases list`` / ``cases show`` (service/cli/main.py) through typer's CliRunner."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from typer.testing import CliRunner
 
 from fuzzer.results import BuildFingerprint, CaseResult
 from oracle.config import AttentionCase
-from service import migrations
-from service.cli import app
-from service.db import make_engine
-from service.store import SqlStore
+from service.db import migrations
+from service.cli.main import app
+from service.db.engine import make_engine
+from service.db.store import SqlStore
 
 PASSING = AttentionCase(seqlen_q=3, seqlen_k=3, num_heads=1, head_dim=8, dtype="float32")
 FAILING = AttentionCase(seqlen_q=5, seqlen_k=5, num_heads=1, head_dim=8, causal=True, dtype="float32")

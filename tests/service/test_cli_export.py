@@ -1,4 +1,4 @@
-"""``attnfuzz export`` (service/cli_export.py) through typer's CliRunner."""
+"""``attnfuzz export`` (service/cli/export.py) through typer's CliRunner."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ from typer.testing import CliRunner
 
 from fuzzer.results import BuildFingerprint, CaseResult
 from oracle.config import AttentionCase
-from service import cli_export, migrations
-from service.db import make_engine
-from service.store import SqlStore
+from service.cli import export as cli_export
+from service.db import migrations
+from service.db.engine import make_engine
+from service.db.store import SqlStore
 
 
 @pytest.fixture
@@ -107,7 +108,7 @@ def test_export_migrates_a_database_it_opens_first(cli: typer.Typer, tmp_path: P
 
 
 def test_service_bad_input_errors_share_exit_code_2_with_the_rest_of_the_cli() -> None:
-    from service.cli_common import exit_code
+    from service.cli.common import exit_code
     from service.errors import FieldValidationError, NotFoundError, ServiceError
 
     assert exit_code(FieldValidationError("jobs", "must be at least 1")) == 2

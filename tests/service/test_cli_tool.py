@@ -17,11 +17,12 @@ from typer.testing import CliRunner
 
 from fuzzer.results import BuildFingerprint, CaseResult
 from oracle.config import AttentionCase
-from service import cli_common, migrations
-from service.cli import app
-from service.db import make_engine
+from service.cli import common as cli_common
+from service.db import migrations
+from service.cli.main import app
+from service.db.engine import make_engine
 from service.errors import ServiceError
-from service.store import SqlStore
+from service.db.store import SqlStore
 
 ROOT = Path(__file__).resolve().parents[2]
 PASSING = AttentionCase(seqlen_q=3, seqlen_k=3, num_heads=1, head_dim=8, dtype="float32")

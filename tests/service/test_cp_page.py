@@ -1,6 +1,6 @@
 """The case page and ``GET /api/cases/{id}`` show CP results beside the non-CP results of the same
 case, with a visible mark where CP and non-CP agree but both fail the oracle (the seed's blind
-spot). The results are judged for real (`fuzzer.cp.judge_cp` on the CPU backends' outputs, run in
+spot). The results are judged for real (`fuzzer.cp.sharding.judge_cp` on the CPU backends' outputs, run in
 this process: the planted backend is wrong identically with and without CP) and stored through
 `SqlStore`."""
 
@@ -13,7 +13,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from fuzzer.backends.cp_cpu import PlantedWindowCPUBackend, RingAttentionCPUBackend
-from fuzzer.cp import CP_METRICS_KEY, CPTaskOutcome, cp_twin, judge_cp
+from fuzzer.cp.sharding import CP_METRICS_KEY, CPTaskOutcome, cp_twin, judge_cp
 from fuzzer.executor import TaskOutcome
 from fuzzer.results import BuildFingerprint
 from fuzzer.sinks import MemorySink
@@ -21,7 +21,7 @@ from fuzzer.worker import Worker, WorkerConfig
 from oracle.config import AttentionCase
 from oracle.inputs import make_inputs
 from oracle.reference import reference
-from service.store import SqlStore
+from service.db.store import SqlStore
 
 CP_CASE = AttentionCase(seqlen_q=8, seqlen_k=8, num_heads=2, head_dim=8, dtype="float32", causal=True,
                         backward=False, cp_size=2, cp_comm_type="all_gather")

@@ -1,4 +1,4 @@
-"""`service.cp_view`: CP results beside the non-CP results of the same case, and the cases where CP
+"""`service.db.cp_view`: CP results beside the non-CP results of the same case, and the cases where CP
 and non-CP agree but both fail the oracle, on a database built by the migrations."""
 
 from __future__ import annotations
@@ -8,12 +8,12 @@ from dataclasses import dataclass
 import pytest
 from sqlalchemy.orm import Session
 
-from fuzzer import cp as fuzzer_cp
+from fuzzer.cp import sharding as fuzzer_cp
 from fuzzer.results import BuildFingerprint, CaseResult
 from oracle.config import AttentionCase
-from service import cp_view as view_module
-from service.cp_view import cp_view
-from service.store import SqlStore
+from service.db import cp_view as view_module
+from service.db.cp_view import cp_view
+from service.db.store import SqlStore
 
 BASE = AttentionCase(seqlen_q=16, seqlen_k=16, num_heads=2, causal=True)
 P2P = BASE.replace(cp_size=2, cp_comm_type="p2p")
@@ -121,7 +121,7 @@ def test_unknown_cases_give_none_and_cases_without_cp_siblings_give_an_empty_fam
 
 
 def test_what_judge_cp_writes_is_what_cp_view_reads(session: Session, store: SqlStore) -> None:
-    """The metrics contract end to end: `fuzzer.cp.judge_cp` output stored, then read back."""
+    """The metrics contract end to end: `fuzzer.cp.sharding.judge_cp` output stored, then read back."""
     from fuzzer.backends.cp_cpu import RingAttentionCPUBackend
     from fuzzer.executor import TaskOutcome
     from oracle.inputs import make_inputs

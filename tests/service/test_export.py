@@ -1,4 +1,4 @@
-"""`service.export`: the generated repro regenerates the inputs bit for bit, its inline reference
+"""`service.export.repro`: the generated repro regenerates the inputs bit for bit, its inline reference
 agrees with the oracle, it calls each backend as the adapter does, and only literals get in."""
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from fuzzer.backends.te import TEFA4Backend, te_forward_kwargs, te_module_kwargs
 from oracle.config import AttentionCase
 from oracle.inputs import make_inputs
 from oracle.reference import reference
-from service import export
-from service.export import ExportError, check_only_literals, fill_template, literal, render_repro
+from service.export import repro as export
+from service.export.repro import ExportError, check_only_literals, fill_template, literal, render_repro
 from tests.fuzzer.standins import _resolve_like_fa4_after_2490, attention_with_band
 
 INPUT_CASES = [

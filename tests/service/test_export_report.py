@@ -12,8 +12,8 @@ from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 from typer.testing import CliRunner
 
-from service.app import create_app
-from service.db import make_engine
+from service.api.app import create_app
+from service.db.engine import make_engine
 from service.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,8 +39,7 @@ def no_oracle(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Every way into the float64 oracle raises (and is counted)."""
     import oracle.compare
     import oracle.reference
-    from service import export
-
+    from service.export import repro as export
     calls: list[str] = []
 
     def planted(name):
@@ -58,7 +57,7 @@ def no_oracle(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 def test_the_markdown_report_has_every_section(standin) -> None:
-    from service.cli import app
+    from service.cli.main import app
 
     url, bucket_id, builder = standin
     result = CliRunner().invoke(app, ["report", "--db", url, "--bucket", str(bucket_id), "--format", "markdown"])
@@ -79,8 +78,8 @@ def test_the_markdown_report_has_every_section(standin) -> None:
 
 
 def test_the_report_names_the_first_bad_build_of_a_bisection(standin) -> None:
-    from service.issue_report import bucket_issue
-    from service.models import BisectRun
+    from service.export.issue_report import bucket_issue
+    from service.db.models import BisectRun
 
     url, bucket_id, builder = standin
     engine = make_engine(url)
@@ -105,7 +104,7 @@ def test_the_report_names_the_first_bad_build_of_a_bisection(standin) -> None:
      (["--format", "html"], "allowed: text, markdown")],
 )
 def test_report_errors_exit_2(standin, args: list[str], message: str) -> None:
-    from service.cli import app
+    from service.cli.main import app
 
     result = CliRunner().invoke(app, ["report", "--db", standin[0], *args])
     assert result.exit_code == 2, result.output
@@ -145,8 +144,8 @@ def test_a_case_stored_without_allowances_is_refused_in_the_request_not_computed
 ) -> None:
     from fuzzer.results import BuildFingerprint, CaseResult
     from oracle.config import AttentionCase
-    from service import migrations
-    from service.store import SqlStore
+    from service.db import migrations
+    from service.db.store import SqlStore
 
     migrations.upgrade(fresh_database_url)
     engine = make_engine(fresh_database_url)

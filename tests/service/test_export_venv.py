@@ -41,11 +41,11 @@ from typer.testing import CliRunner
 
 from fuzzer.worker import Worker, WorkerConfig
 from oracle.config import AttentionCase
-from service import migrations
-from service.app import create_app
-from service.db import make_engine
+from service.db import migrations
+from service.api.app import create_app
+from service.db.engine import make_engine
 from service.settings import Settings
-from service.store import SqlStore
+from service.db.store import SqlStore
 
 pytestmark = pytest.mark.slow
 
@@ -266,7 +266,7 @@ def _write_pair(root: Path, name: str, source: str, bug: str, builtin: bool, fil
 def exported(stored: str, kernels: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Every stored failure exported: built-ins through the endpoint, the plugin through
     ``attnfuzz export`` (in a subprocess for one bug, in-process for the others)."""
-    from service.cli import app
+    from service.cli.main import app
 
     root = tmp_path_factory.mktemp("repros")
     with TestClient(create_app(Settings(database_url=stored))) as client:
@@ -331,7 +331,7 @@ def test_every_exported_repro_fails_on_its_planted_kernel_and_passes_on_the_fixe
 def test_a_plugin_named_with_module_attr_exports_the_same_file(stored: str, kernels: dict[str, Path],
                                                                 tmp_path: Path, monkeypatch) -> None:
     """Without the entry point, ``--backend module:attr`` names the plugin; the file is the same."""
-    from service.cli import app
+    from service.cli.main import app
 
     case_id = _case("nan", 0).case_id
     monkeypatch.syspath_prepend(str(kernels["plugin"]))

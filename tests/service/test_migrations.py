@@ -1,4 +1,4 @@
-"""The migrations build exactly the schema of service/models.py, both ways, on both databases."""
+"""The migrations build exactly the schema of service/db/models.py, both ways, on both databases."""
 
 from __future__ import annotations
 
@@ -6,12 +6,13 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect, text
 
-from service import migrations, models  # noqa: F401 - registers every table on Base.metadata
-from service.db import Base, make_engine
+from service.db import migrations  # noqa: F401 - registers every table on Base.metadata
+from service.db import models
+from service.db.engine import Base, make_engine
 from tests.service.conftest import Database, rolled_back
 
 CORE_TABLES = {"builds", "workers", "cases", "results", "buckets", "hypothesis_examples"}
-TABLES = set(Base.metadata.tables)  # every table of service/models.py
+TABLES = set(Base.metadata.tables)  # every table of service/db/models.py
 assert CORE_TABLES <= TABLES
 
 

@@ -7,7 +7,7 @@ import html
 from fastapi.testclient import TestClient
 
 from fuzzer.results import CaseResult
-from service.store import SqlStore
+from service.db.store import SqlStore
 from tests.service.conftest import Seeded
 
 

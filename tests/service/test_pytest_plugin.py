@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fuzzer.corpus import CorpusEntry, save_entry
+from fuzzer.builds.corpus import CorpusEntry, save_entry
 from oracle.config import AttentionCase
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""`service.repository` on its own: validation, overview time buckets, duplicate chains."""
+"""`service.db.repository` on its own: validation, overview time buckets, duplicate chains."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import pytest
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
-from service import repository
+from service.db import repository
 from service.errors import FieldValidationError, NotFoundError
-from service.models import Bucket, Result, TriageState, Worker
+from service.db.models import Bucket, Result, TriageState, Worker
 from tests.service.conftest import Seeded
 
 NOW = datetime(2026, 11, 29, 17, 30, tzinfo=UTC)

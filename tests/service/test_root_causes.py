@@ -14,8 +14,8 @@ from sqlalchemy.orm import Session
 from fuzzer.results import BuildFingerprint, CaseResult
 from fuzzer.severity import severity
 from oracle.config import AttentionCase
-from service.models import Bucket, Defect, Result, UTCDateTime, utcnow
-from service.store import SqlStore
+from service.db.models import Bucket, Defect, Result, UTCDateTime, utcnow
+from service.db.store import SqlStore
 
 CASE = AttentionCase(batch_size=2, seqlen_q=33, seqlen_k=65, num_heads=2, causal=True)
 OTHER = AttentionCase(batch_size=1, seqlen_q=17, seqlen_k=19, num_heads=2, causal=True)
@@ -174,9 +174,9 @@ def test_the_bucket_page_and_api_show_the_other_symptoms_of_its_defect(client: T
 def test_report_lists_buckets_most_severe_first_with_their_groups(tmp_path) -> None:
     from typer.testing import CliRunner
 
-    from service import migrations
-    from service.cli import app
-    from service.db import make_engine
+    from service.db import migrations
+    from service.cli.main import app
+    from service.db.engine import make_engine
 
     url = f"sqlite:///{tmp_path / 'r.db'}"
     migrations.upgrade(url)
@@ -207,8 +207,8 @@ def test_migration_0005_backfills_severity_ratios_and_defects(fresh_database_url
     those with a minimised case their defect (one per backend and minimised case)."""
     import sqlalchemy as sa
 
-    from service import migrations
-    from service.db import make_engine
+    from service.db import migrations
+    from service.db.engine import make_engine
 
     url = fresh_database_url
     migrations.upgrade(url, "0004")

@@ -10,8 +10,8 @@ from sqlalchemy.orm import Session
 from fuzzer.results import BuildFingerprint, CaseResult
 from oracle.config import AttentionCase
 from service.errors import FieldValidationError, NotFoundError
-from service.models import Bucket, Case, Result
-from service.store import SqlStore
+from service.db.models import Bucket, Case, Result
+from service.db.store import SqlStore
 
 CASE = AttentionCase(batch_size=1, seqlen_q=17, seqlen_k=33, num_heads=2, causal=True)
 OTHER = AttentionCase(batch_size=1, seqlen_q=9, seqlen_k=9, num_heads=2)

@@ -15,9 +15,9 @@ case "${1:-}" in
 start)
     rm -rf "$S" && cp -r "$PWD" "$S" && rm -rf "$S/.gpu-wheels" && cd "$S"
     rm -f /tmp/campaign.db* /tmp/campaign.pid; rm -rf /tmp/attnfuzz-children-*
-    timeout 200 python3 -m service.cli backends > /tmp/backends.txt 2>&1; echo "rc $?" >> /tmp/backends.txt
+    timeout 200 python3 -m service.cli.main backends > /tmp/backends.txt 2>&1; echo "rc $?" >> /tmp/backends.txt
     cp /tmp/backends.txt "$O/"
-    setsid nohup python3 -m service.cli fuzz --device cuda --time-budget "${2:-600}" --corpus '' \
+    setsid nohup python3 -m service.cli.main fuzz --device cuda --time-budget "${2:-600}" --corpus '' \
         --shrink-deadline "${SHRINK_DEADLINE:-30}" --db "$DB" --quiet > /tmp/campaign.log 2>&1 < /dev/null &
     echo $! > /tmp/campaign.pid
     sleep 45; tail -5 /tmp/campaign.log; sqlite3 /tmp/campaign.db "select count(*) from results" 2>/dev/null \
@@ -33,8 +33,8 @@ wait)
 finish)
     cd "$S"
     cp /tmp/campaign.log "$O/"
-    timeout 120 python3 -m service.cli report --db "$DB" --json > "$O/campaign_report.json" 2> "$O/report.err"
-    timeout 120 python3 -m service.cli report --db "$DB" > "$O/campaign_report.txt" 2>> "$O/report.err"
+    timeout 120 python3 -m service.cli.main report --db "$DB" --json > "$O/campaign_report.json" 2> "$O/report.err"
+    timeout 120 python3 -m service.cli.main report --db "$DB" > "$O/campaign_report.txt" 2>> "$O/report.err"
     timeout "${CHECK_S:-150}" python3 benchmarks/gpu/session5/check_buckets.py /tmp/campaign.db "$O/bucket_checks.json" > "$O/bucket_checks.log" 2>&1
     gzip -c /tmp/campaign.db > "$O/campaign.db.gz"
     tar czf "$O/children.tgz" /tmp/attnfuzz-children-* 2>/dev/null

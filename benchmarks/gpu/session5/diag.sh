@@ -11,10 +11,10 @@ CUDNN_LIB=$(python3 -c "import glob,os,torch; h=glob.glob(os.path.join(os.path.d
 case "${1:-}" in
 start)
     { echo "torch cudnn dir: $CUDNN_LIB"; ls -la /usr/lib/x86_64-linux-gnu/libcudnn.so* "$CUDNN_LIB" 2>&1; nvidia-smi; } > "$O/env.txt" 2>&1
-    timeout 150 python3 -m service.cli backends > "$O/backends_default.txt" 2>&1; echo "rc $?" >> "$O/backends_default.txt"
-    LD_LIBRARY_PATH=$CUDNN_LIB timeout 150 python3 -m service.cli backends > "$O/backends_ld.txt" 2>&1
+    timeout 150 python3 -m service.cli.main backends > "$O/backends_default.txt" 2>&1; echo "rc $?" >> "$O/backends_default.txt"
+    LD_LIBRARY_PATH=$CUDNN_LIB timeout 150 python3 -m service.cli.main backends > "$O/backends_ld.txt" 2>&1
     rm -f /tmp/diag.db*
-    LD_LIBRARY_PATH=$CUDNN_LIB NVTE_DEBUG=1 NVTE_DEBUG_LEVEL=2 setsid nohup python3 -m service.cli fuzz --device cuda \
+    LD_LIBRARY_PATH=$CUDNN_LIB NVTE_DEBUG=1 NVTE_DEBUG_LEVEL=2 setsid nohup python3 -m service.cli.main fuzz --device cuda \
         --db sqlite:////tmp/diag.db --time-budget "${2:-150}" --no-shrink --quiet --corpus '' \
         > /tmp/diag_fuzz.log 2>&1 < /dev/null &
     LD_LIBRARY_PATH=$CUDNN_LIB timeout 240 python3 benchmarks/gpu/session5/hand_check.py "$O/hand_check.json" > "$O/hand_check.log" 2>&1
@@ -23,8 +23,8 @@ start)
 finish)
     true
     cp /tmp/diag_fuzz.log "$O/"
-    LD_LIBRARY_PATH=$CUDNN_LIB python3 -m service.cli report --db sqlite:////tmp/diag.db --json > "$O/diag_report.json" 2>&1
-    LD_LIBRARY_PATH=$CUDNN_LIB python3 -m service.cli report --db sqlite:////tmp/diag.db > "$O/diag_report.txt" 2>&1
+    LD_LIBRARY_PATH=$CUDNN_LIB python3 -m service.cli.main report --db sqlite:////tmp/diag.db --json > "$O/diag_report.json" 2>&1
+    LD_LIBRARY_PATH=$CUDNN_LIB python3 -m service.cli.main report --db sqlite:////tmp/diag.db > "$O/diag_report.txt" 2>&1
     python3 - "$O" <<'PY'
 import collections, glob, os, re, sqlite3, sys, json
 out = sys.argv[1]

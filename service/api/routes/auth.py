@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, Request, status
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from service.api.deps import TOKEN_COOKIE, SettingsDep, is_valid_token
-from service.hardening import make_session
+from service.api.hardening import make_session
 from service.api.routes.buckets import form_fields
 
 page_router = APIRouter(tags=["pages"])
@@ -57,7 +57,7 @@ def login(request: Request, settings: SettingsDep, fields: Annotated[dict[str, s
             status_code=status.HTTP_401_UNAUTHORIZED,
         )
     response = RedirectResponse(target, status_code=status.HTTP_303_SEE_OTHER)
-    response.set_cookie(  # a signed session, not the token (service.hardening.make_session)
+    response.set_cookie(  # a signed session, not the token (service.api.hardening.make_session)
         TOKEN_COOKIE, make_session(settings.api_token), httponly=True, samesite="strict", secure=request.url.scheme == "https", path="/"
     )
     return response

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request, status
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from pydantic import ValidationError
 
-from service import repository
+from service.db import repository
 from service.api.deps import (
     BucketId,
     SessionDep,
@@ -20,9 +20,9 @@ from service.api.deps import (
 )
 from service.api.routes.cases import repro_response
 from service.errors import FieldValidationError
-from service.export import export_target, exportable_backends
-from service.models import TriageState
-from service.schemas import (
+from service.export.repro import export_target, exportable_backends
+from service.db.models import TriageState
+from service.api.schemas import (
     BucketDetailOut,
     BucketOut,
     BucketRowPageOut,
@@ -82,8 +82,8 @@ def get_bucket_repro(session: SessionDep, bucket_id: BucketId) -> Response:
 )
 def get_bucket_issue(session: SessionDep, bucket_id: BucketId) -> Response:
     """The bucket as an issue for the library's tracker (``attnfuzz report --bucket ID --format
-    markdown``, `service.issue_report`), from stored data only."""
-    from service.issue_report import bucket_issue
+    markdown``, `service.export.issue_report`), from stored data only."""
+    from service.export.issue_report import bucket_issue
 
     return Response(bucket_issue(session, bucket_id).markdown, media_type="text/markdown; charset=utf-8")
 

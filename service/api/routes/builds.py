@@ -7,9 +7,9 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, status
 from fastapi.responses import HTMLResponse
 
-from service import repository
+from service.db import repository
 from service.api.deps import BuildId, SessionDep, WriteSessionDep, require_write_token, write_transaction
-from service.schemas import BuildIn, BuildOut, BuildPageOut, BuildQuery, IdOut
+from service.api.schemas import BuildIn, BuildOut, BuildPageOut, BuildQuery, IdOut
 
 api_router = APIRouter(prefix="/api/builds", tags=["builds"])
 page_router = APIRouter(tags=["pages"])

@@ -2,7 +2,7 @@
 
 A case of a context-parallel family (a CP case, or the non-CP twin of stored CP cases) also shows
 its CP results beside the non-CP results of the same backend variant and build
-(`service.cp_view`), marking the pairs that agree with each other while both fail the float64
+(`service.db.cp_view`), marking the pairs that agree with each other while both fail the float64
 oracle ("agree but both wrong": what a CP-vs-non-CP test cannot see).
 """
 
@@ -16,11 +16,11 @@ from fastapi.responses import HTMLResponse, Response
 from pydantic import BaseModel, Field
 
 from oracle.errors import CaseValidationError
-from service import repository
+from service.db import repository
 from service.api.deps import SessionDep, WriteSessionDep, require_write_token, write_transaction
-from service.cp_view import CP_METRICS_KEY, CPCaseView, CPPair, CPView, cp_view
-from service.export import Repro, exportable_backends, load_export
-from service.schemas import CaseDetailOut, CaseIdOut, CaseIn, ReproQuery, ResultOut
+from service.db.cp_view import CP_METRICS_KEY, CPCaseView, CPPair, CPView, cp_view
+from service.export.repro import Repro, exportable_backends, load_export
+from service.api.schemas import CaseDetailOut, CaseIdOut, CaseIn, ReproQuery, ResultOut
 
 api_router = APIRouter(prefix="/api/cases", tags=["cases"])
 page_router = APIRouter(tags=["pages"])
@@ -198,7 +198,7 @@ def get_case(session: SessionDep, case_id: CaseId) -> CaseWithCPOut:
 def get_repro(session: SessionDep, case_id: CaseId, query: Annotated[ReproQuery, Query()]) -> Response:
     """The case as a standalone pytest file for one backend variant: it needs only torch and the
     backend's package, regenerates the inputs, calls the backend as the variant did and checks
-    the result as the fuzzer judged it (see `service.export`), from stored figures only (no oracle
+    the result as the fuzzer judged it (see `service.export.repro`), from stored figures only (no oracle
     in the request). Without ``backend``/``variant`` the one backend variant the case failed on is
     used; a variant whose results are only ``unsupported`` or passing needs ``force=true`` (422
     naming ``force`` otherwise)."""

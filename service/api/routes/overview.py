@@ -5,9 +5,9 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
 
-from service import repository
+from service.db import repository
 from service.api.deps import SessionDep
-from service.schemas import BucketRowPageOut, OverviewOut
+from service.api.schemas import BucketRowPageOut, OverviewOut
 
 api_router = APIRouter(prefix="/api", tags=["overview"])
 page_router = APIRouter(tags=["pages"])

@@ -7,12 +7,12 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 
-from service import repository
+from service.db import repository
 from service.api.openapi import PAGE_HEADERS, paginate
 from service.api.deps import SessionDep, WriteSessionDep, require_write_token, write_transaction
 from service.errors import FieldValidationError
-from service.export import NAME_PATTERN
-from service.schemas import BucketUpdateOut, KnownFailureOut, ResultBatchIn, ResultBatchOut
+from service.export.repro import NAME_PATTERN
+from service.api.schemas import BucketUpdateOut, KnownFailureOut, ResultBatchIn, ResultBatchOut
 
 api_router = APIRouter(prefix="/api", tags=["ingestion"])
 page_router = APIRouter(tags=["pages"])

@@ -7,9 +7,9 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query, status
 from fastapi.responses import Response
 
-from service import repository
+from service.db import repository
 from service.api.deps import SessionDep, WorkerId, WriteSessionDep, require_write_token, write_transaction
-from service.schemas import HeartbeatIn, IdOut, WorkerIn, WorkerPageOut, WorkerQuery
+from service.api.schemas import HeartbeatIn, IdOut, WorkerIn, WorkerPageOut, WorkerQuery
 
 api_router = APIRouter(prefix="/api/workers", tags=["workers"])
 page_router = APIRouter(tags=["pages"])

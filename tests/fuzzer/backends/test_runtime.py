@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from fuzzer import environment
-from fuzzer.environment import (
+from fuzzer.builds import environment
+from fuzzer.builds.environment import (
     CUDNN_ENV,
     FA4_CACHE_DIR_ENV,
     FA4_CACHE_ENABLED_ENV,
@@ -294,7 +294,7 @@ def test_one_fa4_compile_cache_for_every_child_kept_across_runs(tmp_path):
 
 
 def test_the_summary_names_the_cache_without_creating_it(tmp_path):
-    from fuzzer.environment import jit_cache_description
+    from fuzzer.builds.environment import jit_cache_description
 
     assert jit_cache_description({JIT_CACHE_ENV: "off"}) == "off"
     assert jit_cache_description({JIT_CACHE_ENV: str(tmp_path / "c")}) == str(tmp_path / "c")
@@ -335,7 +335,7 @@ def test_attnfuzz_backends_lists_what_each_child_loaded():
 
     from typer.testing import CliRunner
 
-    from service.cli import app
+    from service.cli.main import app
 
     result = CliRunner().invoke(app, ["backends", "--json"])
     assert result.exit_code == 0, result.output
@@ -361,8 +361,8 @@ def test_a_replay_on_a_cudnn_build_runs_its_children_on_that_cudnn_and_records_i
     """A build of the cuDNN line (an unpacked nvidia-cudnn-cu13 wheel) replayed: the replay's
     children start with its nvidia/cudnn/lib first, and the replay's fingerprint names its
     version, so regressions --package cudnn compare the cuDNN builds that ran."""
-    from fuzzer.builds import prepare_from_wheelhouse
-    from fuzzer.replay import ReplayTask, replay_in_build
+    from fuzzer.builds.envs import prepare_from_wheelhouse
+    from fuzzer.builds.replay import ReplayTask, replay_in_build
     from tests.builds.fakebuilds import write_wheel
 
     monkeypatch.delenv(CUDNN_ENV, raising=False)
@@ -389,7 +389,7 @@ def test_a_replay_on_a_cudnn_build_runs_its_children_on_that_cudnn_and_records_i
 
 
 def test_the_backends_table_shows_the_imported_fa4_build_and_the_loaded_cudnn():
-    from service.cli import _runtime_text
+    from service.cli.main import _runtime_text
 
     text = _runtime_text({
         "flash_attn_4": "4.0.0b30", "flash_attn_4_module": "/b/site/flash_attn/cute",

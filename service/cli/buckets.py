@@ -1,0 +1,267 @@
+"""``attnfuzz buckets``: list, filter, show and triage the failure buckets of a database.
+
+=============================  ==================================================================
+``buckets list``               buckets matching the filters (backend, variant, signature
+                               substring, triage state), sorted, one page
+``buckets show BUCKET_ID``     one bucket: key, counts, builds, triage, its first and minimised
+                               cases and latest results
+``buckets triage BUCKET_ID``   change triage state, notes, upstream URL, duplicate target
+=============================  ==================================================================
+
+Every command takes ``--json``. ``list`` and ``show`` only read (a read-only database works;
+an old schema is an error naming ``attnfuzz db upgrade``); ``triage`` writes through
+`service.db.repository.update_triage`, the same rules as ``PATCH /api/buckets/{id}``. Severity and
+root-cause group (``defect_id``) are shown when the schema has them. Exit codes follow
+`service.cli.main` (2 bad input or unknown bucket, 5 database).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.table import Table
+
+from oracle.errors import AttnFuzzError
+from service.cli.common import (
+    DbOption,
+    check_schema,
+    check_stored_name,
+    db_url,
+    fail,
+    id_column,
+    migrate,
+    out,
+    print_table,
+)
+
+buckets_app = typer.Typer(help="Failure buckets: list, filter, show, triage.", no_args_is_help=True)
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``buckets`` to the main CLI."""
+    app.add_typer(buckets_app, name="buckets")
+
+
+def _bucket_json(bucket: Any) -> dict[str, Any]:
+    """One bucket row as JSON-ready data (relationships are not touched: they load lazily="raise")."""
+    data = {
+        "id": bucket.id,
+        "backend": bucket.backend,
+        "variant": bucket.variant,
+        "signature": bucket.signature,
+        "hit_count": bucket.hit_count,
+        "first_seen": bucket.first_seen.isoformat(),
+        "last_seen": bucket.last_seen.isoformat(),
+        "triage_state": getattr(bucket.triage_state, "value", bucket.triage_state),
+        "first_case_id": bucket.first_case_id,
+        "minimised_case_id": bucket.minimised_case_id,
+        "minimise_note": bucket.minimise_note,
+        "upstream_url": bucket.upstream_url,
+        "notes": bucket.notes,
+        "duplicate_of_id": bucket.duplicate_of_id,
+    }
+    for optional in ("severity", "defect_id"):  # SHRINK's columns, where the schema has them
+        if hasattr(bucket, optional):
+            data[optional] = getattr(bucket, optional)
+    return data
+
+
+def _open(db: str | None, *, write: bool = False):
+    from service.db.engine import make_engine
+
+    url = db_url(db)
+    if write:
+        migrate(url)
+    else:
+        check_schema(url)
+    return url, make_engine(url)
+
+
+@buckets_app.command("list")
+def buckets_list(
+    db: DbOption = None,
+    backend: Annotated[Optional[str], typer.Option(help="Only this backend (exact name).")] = None,
+    variant: Annotated[Optional[str], typer.Option(help="Only this API variant (exact name).")] = None,
+    signature: Annotated[Optional[str], typer.Option(help="Only signatures containing this text.")] = None,
+    state: Annotated[
+        Optional[str],
+        typer.Option("--state", help="Only this triage state: new, confirmed, reported, fixed, wontfix, duplicate."),
+    ] = None,
+    sort: Annotated[str, typer.Option(help="A column (severity, last_seen, first_seen, hit_count, id, ...), '-' first for descending.")] = "-severity",
+    limit: Annotated[int, typer.Option(help="At most this many buckets (1-500).")] = 50,
+    offset: Annotated[int, typer.Option(help="Buckets to skip.")] = 0,
+    as_json: JsonOption = False,
+) -> None:
+    """Buckets matching every filter given: id, key, hits, triage state (and severity/group when
+    stored). A ``--backend``/``--variant`` the database never stored is an error listing the
+    stored names."""
+    from sqlalchemy.orm import Session
+
+    from service.db.repository import list_buckets
+
+    try:
+        url, engine = _open(db)
+        try:
+            with Session(engine) as session:
+                for field, value in (("backend", backend), ("variant", variant)):
+                    if value:
+                        check_stored_name(session, field, value)
+                page = list_buckets(
+                    session, backend=backend, variant=variant, signature=signature, triage_state=state,
+                    sort=sort, limit=limit, offset=offset,
+                )
+                rows = [_bucket_json(b) for b in page.items]
+        finally:
+            engine.dispose()
+    except AttnFuzzError as exc:
+        fail(exc)
+    if as_json:
+        out.print_json(json.dumps({"total": page.total, "limit": limit, "offset": offset, "items": rows}))
+        return
+    table = Table(title=f"{len(rows)} of {page.total} buckets in {url}")
+    id_column(table, "id", [r["id"] for r in rows], justify="right")
+    id_column(table, "backend", [r["backend"] for r in rows])
+    id_column(table, "variant", [r["variant"] for r in rows])
+    table.add_column("signature")
+    table.add_column("hits", justify="right")
+    table.add_column("state", no_wrap=True)
+    extra = [c for c in ("severity", "defect_id") if rows and c in rows[0]]
+    for column in extra:
+        table.add_column("group" if column == "defect_id" else column, no_wrap=True)
+    id_column(table, "case", [r["minimised_case_id"] or r["first_case_id"] for r in rows])
+    for r in rows:
+        table.add_row(
+            str(r["id"]), r["backend"], r["variant"], r["signature"], str(r["hit_count"]), r["triage_state"],
+            *["" if r[c] is None else str(r[c]) for c in extra],
+            r["minimised_case_id"] or r["first_case_id"],
+        )
+    print_table(table)
+
+
+@buckets_app.command("show")
+def buckets_show(
+    bucket_id: Annotated[int, typer.Argument(help="The bucket's id (buckets list).")],
+    db: DbOption = None,
+    results: Annotated[int, typer.Option(help="Latest results to show.")] = 10,
+    as_json: JsonOption = False,
+) -> None:
+    """One bucket: its key and counts, triage fields, first and minimised cases, latest results."""
+    from sqlalchemy.orm import Session
+
+    from oracle.config import AttentionCase
+    from service.errors import NotFoundError
+    from service.db.repository import get_bucket
+
+    try:
+        url, engine = _open(db)
+        try:
+            with Session(engine) as session:
+                detail = get_bucket(session, bucket_id, results_limit=max(results, 1))
+                if detail is None:
+                    raise NotFoundError("bucket", bucket_id)
+                bucket = detail.bucket
+                data = _bucket_json(bucket)
+                data["result_count"] = detail.result_count
+                data["first_build"] = bucket.first_build.fingerprint_id
+                data["last_build"] = bucket.last_build.fingerprint_id
+                for key, case in (("first_case", bucket.first_case), ("minimised_case", bucket.minimised_case)):
+                    if case is None:
+                        data[key] = None
+                        continue
+                    try:
+                        description = AttentionCase.from_json(case.config).describe()
+                    except AttnFuzzError:
+                        description = "(stored config no longer validates)"
+                    data[key] = {"case_id": case.id, "description": description, "config": case.config}
+                data["results"] = [
+                    {
+                        "case_id": r.case_id,
+                        "status": r.status,
+                        "signature": r.signature,
+                        "error_ratio": r.error_ratio,
+                        "phase": r.phase,
+                        "build": r.build.fingerprint_id if r.build is not None else None,
+                        "created_at": r.created_at.isoformat(),
+                    }
+                    for r in detail.results[:results]
+                ]
+        finally:
+            engine.dispose()
+    except AttnFuzzError as exc:
+        fail(exc)
+    if as_json:
+        out.print_json(json.dumps(data, default=str))
+        return
+    out.print(f"[bold]bucket {data['id']}[/]  {data['backend']} / {data['variant']} / {data['signature']}", soft_wrap=True)
+    facts = [f"hits {data['hit_count']} ({data['result_count']} stored results)", f"state {data['triage_state']}"]
+    facts += [f"{k} {data[k]}" for k in ("severity", "defect_id") if data.get(k) is not None]
+    facts += [f"builds {data['first_build']} .. {data['last_build']}"]
+    out.print("  " + "; ".join(facts), soft_wrap=True)
+    for key in ("first_case", "minimised_case"):
+        if data[key] is not None:
+            out.print(f"  {key.replace('_', ' ')}: {data[key]['case_id']}  {data[key]['description']}", soft_wrap=True)
+    if data["minimise_note"]:
+        out.print(f"  shrink: {data['minimise_note']}", soft_wrap=True)
+    if data["upstream_url"] or data["notes"] or data["duplicate_of_id"]:
+        out.print(f"  upstream {data['upstream_url'] or '-'}; duplicate of {data['duplicate_of_id'] or '-'}; notes: {data['notes']}", soft_wrap=True)
+    table = Table(title="latest results")
+    id_column(table, "case_id", [r["case_id"] for r in data["results"]])
+    for column in ("status", "error_ratio", "phase"):
+        table.add_column(column, no_wrap=True)
+    id_column(table, "build", [r["build"] or "" for r in data["results"]])
+    for r in data["results"]:
+        ratio = "" if r["error_ratio"] is None else f"{r['error_ratio']:.3g}"
+        table.add_row(r["case_id"], r["status"], ratio, r["phase"], r["build"] or "")
+    print_table(table)
+
+
+@buckets_app.command("triage")
+def buckets_triage(
+    bucket_id: Annotated[int, typer.Argument(help="The bucket's id (buckets list).")],
+    state: Annotated[
+        Optional[str],
+        typer.Option("--state", help="new, confirmed, reported, fixed, wontfix, or duplicate (needs --duplicate-of)."),
+    ] = None,
+    notes: Annotated[Optional[str], typer.Option(help="Replace the notes ('' clears them).")] = None,
+    upstream_url: Annotated[Optional[str], typer.Option(help="An http(s) URL of the upstream issue ('' clears it).")] = None,
+    duplicate_of: Annotated[Optional[int], typer.Option(help="The bucket this one duplicates (with --state duplicate).")] = None,
+    db: DbOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Change a bucket's triage fields (only the options given), with the rules of the API:
+    ``duplicate`` needs ``--duplicate-of`` another bucket, no cycles."""
+    from sqlalchemy.orm import Session
+
+    from service.errors import FieldValidationError
+    from service.db.repository import UNSET, update_triage
+
+    changes: dict[str, Any] = {}
+    if state is not None:
+        changes["triage_state"] = state
+    if notes is not None:
+        changes["notes"] = notes or None
+    if upstream_url is not None:
+        changes["upstream_url"] = upstream_url or None
+    if duplicate_of is not None:
+        changes["duplicate_of_id"] = duplicate_of
+    try:
+        if not changes:
+            raise FieldValidationError("triage", "nothing to change: give --state, --notes, --upstream-url or --duplicate-of")
+        url, engine = _open(db, write=True)
+        try:
+            with Session(engine) as session:
+                bucket = update_triage(session, bucket_id, **{k: changes.get(k, UNSET) for k in changes})
+                session.commit()
+                data = _bucket_json(bucket)
+        finally:
+            engine.dispose()
+    except AttnFuzzError as exc:
+        fail(exc)
+    if as_json:
+        out.print_json(json.dumps(data))
+        return
+    out.print(f"bucket {data['id']} ({data['backend']} / {data['variant']} / {data['signature']}): "
+              f"state {data['triage_state']}", soft_wrap=True)

@@ -1,0 +1,347 @@
+"""What the ``attnfuzz`` command modules (`service.cli.main`, `service.builds.cli`,
+`service.cli.export`) share: the ``--db`` option and its default, migrating the database (writing
+commands) or checking its schema (reading commands), logging, and turning an `AttnFuzzError` into
+the exit codes listed in `service.cli.main`.
+
+Nothing here imports torch or Hypothesis: ``attnfuzz --help`` and ``--version`` stay fast.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import os
+import time
+from typing import Annotated, NoReturn, Optional
+
+import typer
+from rich.console import Console
+
+from oracle.errors import AttnFuzzError, CaseValidationError
+
+console = Console(stderr=True)
+out = Console()
+log = logging.getLogger("attnfuzz.cli")
+
+DATABASE_URL_ENV = "ATTNFUZZ_DATABASE_URL"  # = service.db.engine.DATABASE_URL_ENV (not imported: SQLAlchemy)
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+class LogLevel(str, enum.Enum):
+    """``--log-level`` choices (typer lists them; anything else is a usage error, exit 2)."""
+
+    debug = "debug"
+    info = "info"
+    warning = "warning"
+    error = "error"
+
+
+class Device(str, enum.Enum):
+    """``fuzz --device`` choices."""
+
+    auto = "auto"
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+class Isolation(str, enum.Enum):
+    """``fuzz --isolation`` choices: backends in child processes, or in the worker itself."""
+
+    process = "process"
+    none = "none"
+
+
+class DrawMode(str, enum.Enum):
+    """``fuzz --draw`` choices (`fuzzer.coverage.DRAW_MODES`): each case for one target backend's
+    capabilities, or for the union of the selected backends'."""
+
+    targeted = "targeted"
+    union = "union"
+
+DbOption = Annotated[
+    Optional[str],
+    typer.Option(
+        "--db",
+        envvar=DATABASE_URL_ENV,
+        show_envvar=True,
+        help="SQLAlchemy URL, or a path to a SQLite file (default sqlite:///attnfuzz.db).",
+    ),
+]
+
+
+def configure_logging(level: str = "warning") -> None:
+    """Send stdlib `logging` to stderr through rich's handler, at ``level`` for attnfuzz's loggers
+    (``attnfuzz.*``) and one level stricter for the libraries it runs (SQLAlchemy, Alembic,
+    uvicorn, Hypothesis), so one ``--log-level``/``$ATTNFUZZ_LOG_LEVEL`` merges all of them.
+
+    Raises:
+        CaseValidationError: ``level`` is not one of `LOG_LEVELS`.
+    """
+    from rich.logging import RichHandler
+
+    if level.lower() not in LOG_LEVELS:
+        raise CaseValidationError("log_level", f"unknown level {level!r}", ", ".join(LOG_LEVELS))
+    value = getattr(logging, level.upper())
+    root = logging.getLogger()
+    if not any(getattr(h, "_attnfuzz", False) for h in root.handlers):
+        handler = RichHandler(console=console, show_path=False, rich_tracebacks=False, markup=False)
+        handler._attnfuzz = True  # type: ignore[attr-defined]
+        handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+        root.addHandler(handler)
+    root.setLevel(min(value, logging.WARNING))
+    logging.getLogger("attnfuzz").setLevel(value)
+    for name in ("sqlalchemy", "alembic", "uvicorn", "hypothesis"):
+        logging.getLogger(name).setLevel(max(value, logging.INFO))
+    logging.captureWarnings(True)
+
+
+def db_url(db: str | None) -> str:
+    """The database URL for ``--db`` (None: ``$ATTNFUZZ_DATABASE_URL``, else the default).
+
+    A value without ``://`` is a SQLite file path (``--db attnfuzz2.db`` = ``sqlite:///attnfuzz2.db``,
+    ``--db /tmp/x.db`` = ``sqlite:////tmp/x.db``).
+
+    Raises:
+        typer.BadParameter: the value is neither a URL SQLAlchemy can parse nor a file path
+            (usage error, exit 2), e.g. ``postgresql:/host/db``.
+    """
+    from service.db.engine import default_database_url
+
+    value = db or default_database_url()
+    if "://" not in value:
+        if ":" in value.split(os.sep)[0] and not os.path.exists(value):
+            raise typer.BadParameter(
+                f"{value!r} is not a database URL; did you mean sqlite:///{value.split(':', 1)[-1].lstrip('/')} "
+                "or postgresql+psycopg://user@host:5432/db?",
+                param_hint="'--db'",
+            )
+        return f"sqlite:///{value}"
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        make_url(value)
+    except ArgumentError as exc:
+        raise typer.BadParameter(f"{value!r} is not a database URL ({exc})", param_hint="'--db'") from None
+    return value
+
+
+def exit_code(exc: AttnFuzzError) -> int:
+    """The exit code of ``exc`` (the table in `service.cli.main`)."""
+    from fuzzer.backends.base import BackendError
+    from fuzzer.builds.corpus import CorpusError
+    from fuzzer.results import SinkFatalError
+    from fuzzer.spool import SpoolError
+    from fuzzer.strategies import StrategyArgumentError
+    from fuzzer.worker import WorkerError
+
+    if isinstance(exc, (CaseValidationError, StrategyArgumentError, CorpusError)):
+        return 2
+    if isinstance(exc, SinkFatalError):
+        return 6
+    if isinstance(exc, SpoolError):
+        return 7
+    if isinstance(exc, BackendError):
+        return 3
+    if isinstance(exc, WorkerError):
+        return 4
+    from service.errors import FieldValidationError, NotFoundError, ServiceError
+
+    if isinstance(exc, (FieldValidationError, NotFoundError)):  # a named row or a value given is wrong
+        return 2
+    if isinstance(exc, ServiceError):
+        return 5
+    return 1
+
+
+def fail(exc: AttnFuzzError, code: int | None = None) -> NoReturn:
+    """Print ``exc`` and exit with ``code`` (default: `exit_code`)."""
+    console.print(f"[bold red]error:[/] {exc}")
+    raise typer.Exit(exit_code(exc) if code is None else code)
+
+
+# Connection failures no wait cures: the server answered, and said no.
+PERMANENT_CONNECT_ERRORS = (
+    "does not exist",  # database "x" / role "x" does not exist
+    "password authentication failed",
+    "no password supplied",
+    "authentication failed",
+    "no pg_hba.conf entry",
+    "permission denied",
+    "invalid dsn",
+    "invalid connection option",
+)
+
+
+def is_permanent_connect_error(exc: Exception) -> bool:
+    """Whether a connection error is one that retrying cannot fix (see `PERMANENT_CONNECT_ERRORS`);
+    "connection refused", "the database system is starting up", timeouts are not."""
+    text = str(getattr(exc, "orig", None) or exc).lower()
+    return any(needle in text for needle in PERMANENT_CONNECT_ERRORS)
+
+
+def migrate(url: str, wait_s: float = 0.0) -> None:
+    """Migrate ``url`` to the newest revision; while the server cannot be reached (connection
+    refused, starting up), retry with backoff for up to ``wait_s`` seconds. A server that answers
+    no (unknown database or role, bad password: `is_permanent_connect_error`) fails at once.
+
+    Raises:
+        ServiceError: the migration failed (the message names the database and the cause).
+    """
+    from sqlalchemy.exc import OperationalError
+
+    from service.errors import ServiceError
+    from service.db.migrations import upgrade
+
+    deadline = time.monotonic() + wait_s
+    delay = 0.5
+    while True:
+        try:
+            upgrade(url)
+            return
+        except OperationalError as exc:
+            unreachable = (not url.startswith("sqlite") and not is_permanent_connect_error(exc)) or "locked" in str(exc)
+            if unreachable and time.monotonic() + delay < deadline:
+                log.warning("database %r unreachable (%s); retrying in %.1f s", url, str(exc.orig).strip()[:200], delay)
+                time.sleep(delay)  # backoff before reconnecting
+                delay = min(delay * 2, 10.0)
+                continue
+            _raise_refused(url, exc)
+            raise ServiceError(f"database {url!r}: cannot migrate: {type(exc).__name__}: {exc}") from exc
+        except Exception as exc:  # SQLAlchemy / Alembic errors: name the database, keep the cause
+            _raise_refused(url, exc)
+            raise ServiceError(f"database {url!r}: cannot migrate: {type(exc).__name__}: {exc}") from exc
+
+
+def _raise_refused(url: str, exc: Exception) -> None:
+    """For a SQLite file: raise `StoreRefusedError` when its directory is read-only or its disk is
+    full (SQLite itself only says "unable to open database file")."""
+    import shutil
+
+    from sqlalchemy.engine import make_url
+
+    from service.db.store import StoreRefusedError
+
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or not parsed.database or parsed.database == ":memory:":
+        return
+    directory = os.path.dirname(os.path.abspath(parsed.database))
+    reason = None
+    if os.path.isdir(directory) and not os.access(directory, os.W_OK):
+        reason = f"read-only database: {directory} is not writable"
+    elif os.path.isdir(directory) and shutil.disk_usage(directory).free == 0:
+        reason = f"disk full: no space left in {directory}"
+    if reason is not None:
+        raise StoreRefusedError(f"database {url!r} refuses writes ({reason}): {type(exc).__name__}: {exc}") from exc
+
+
+def check_schema(url: str) -> None:
+    """For reading commands (``cases``, ``report``, ``serve``, ``buckets``): check, without
+    writing, that ``url`` holds a database at the newest schema revision. Reading commands never
+    migrate, so a read-only database stays readable.
+
+    Raises:
+        ServiceError: no database there, it cannot be opened, or its schema is not the newest one
+            (the message says to run ``attnfuzz db upgrade --db URL``).
+    """
+    from sqlalchemy.engine import make_url
+
+    from service.errors import ServiceError
+    from service.db.migrations import current, head
+
+    parsed = make_url(url)
+    path = parsed.database
+    if path and parsed.query.get("uri") == "true" and path.startswith("file:"):  # sqlite:///file:x.db?mode=ro&uri=true
+        path = path.removeprefix("file:").split("?", 1)[0]
+    if parsed.get_backend_name() == "sqlite" and path not in (None, "", ":memory:"):
+        if not os.path.exists(path):
+            raise ServiceError(f"no database at {url!r} ({os.path.abspath(path)} does not exist); "
+                               f"create it with: attnfuzz db upgrade --db {url}")
+    try:
+        revision = current(url)
+    except Exception as exc:  # SQLAlchemy/driver errors: name the database, keep the cause
+        raise ServiceError(f"database {url!r}: cannot open: {type(exc).__name__}: {str(exc).strip().splitlines()[0]}") from exc
+    newest = head()
+    if revision is not None and revision != newest and not _known_revision(revision):
+        raise ServiceError(f"database {url!r} is at schema revision {revision}, which this attnfuzz does not know "
+                           f"(made by a newer attnfuzz?); its newest is {newest}: upgrade attnfuzz to read it")
+    if revision != newest:
+        state = "has no attnfuzz schema" if revision is None else f"is at schema revision {revision}"
+        raise ServiceError(f"database {url!r} {state}; this attnfuzz reads revision {newest}: "
+                           f"run `attnfuzz db upgrade --db {url}` first")
+
+
+def id_column(table, header: str, values, **kwargs) -> None:
+    """Add a column to a rich ``table`` that never truncates or wraps: ids and names must stay
+    copyable (``torch-cpu-flash``, a 16-hex case id) whatever the terminal width; the other,
+    wrapping columns give way."""
+    width = max([len(header), *(len(str(v)) for v in values)])
+    table.add_column(header, no_wrap=True, min_width=width, overflow="ignore", **kwargs)
+
+
+def resolve_case_id(session, value: str) -> str:
+    """The stored case id that ``value`` is, or is the unique prefix of (as git takes commits).
+
+    Raises:
+        NotFoundError: no stored case id is or starts with ``value`` (exit 2).
+        FieldValidationError: several do (the message lists some of them; exit 2).
+    """
+    from sqlalchemy import select
+
+    from service.errors import FieldValidationError, NotFoundError
+    from service.db.models import Case
+
+    if session.get(Case, value) is not None:
+        return value
+    escaped = value.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    found = session.scalars(select(Case.id).where(Case.id.like(f"{escaped}%", escape="\\")).limit(6)).all()
+    if not found:
+        raise NotFoundError("case", value)
+    if len(found) > 1:
+        shown = ", ".join(found[:5]) + (", ..." if len(found) > 5 else "")
+        raise FieldValidationError("case_id", f"{value!r} is the prefix of several cases ({shown}); give more characters")
+    return found[0]
+
+
+def check_stored_name(session, field: str, value: str) -> None:
+    """A filter naming a ``backend`` (or ``variant``) that the database has never stored is a typo
+    until proven otherwise: say so, with the names it has, instead of showing nothing.
+
+    Raises:
+        FieldValidationError: ``value`` is not among the stored names (exit 2).
+    """
+    from sqlalchemy import select, union
+
+    from service.errors import FieldValidationError
+    from service.db.models import Bucket, Result
+
+    column = {"backend": (Result.backend, Bucket.backend), "variant": (Result.variant, Bucket.variant)}[field]
+    names = sorted(set(session.scalars(union(select(column[0]).distinct(), select(column[1]).distinct())).all()))
+    if value not in names:
+        allowed = ", ".join(names) if names else "none stored yet"
+        raise FieldValidationError(field, f"no stored result names {value!r} (stored: {allowed})")
+
+
+def print_table(table, console: Console | None = None) -> None:
+    """Print a rich table whose `id_column`s do not fit the terminal wider than the terminal
+    (uncropped) rather than cutting an id: the terminal wraps the lines, the ids stay whole."""
+    from rich.measure import Measurement
+
+    target = console or out
+    minimum = Measurement.get(target, target.options.update_width(100_000), table).minimum
+    if minimum > target.width:
+        target.print(table, width=minimum, crop=False)
+    else:
+        target.print(table)
+
+
+def _known_revision(revision: str) -> bool:
+    """Whether ``revision`` is one of this attnfuzz's migrations."""
+    from alembic.script import ScriptDirectory
+
+    from service.db.migrations import make_config
+
+    try:
+        return ScriptDirectory.from_config(make_config()).get_revision(revision) is not None
+    except Exception:  # alembic.util.CommandError and friends: unknown revision
+        return False

@@ -1,0 +1,1004 @@
+"""Every query the pages, the JSON API and the CLI run. Routers never build queries.
+
+Functions take a `Session` and return ORM rows (with exactly the relationships they need loaded;
+all relationships are ``lazy="raise"``) or small frozen records. Writes (`update_triage`) flush
+but do not commit: the caller owns the transaction.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+import dataclasses
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from urllib.parse import urlsplit
+
+from sqlalchemy import ColumnElement, Select, func, literal_column, select, tuple_
+from sqlalchemy import case as sql_case
+from sqlalchemy.engine import Connection
+from sqlalchemy.orm import Session, joinedload, selectinload
+
+from fuzzer.results import FAILING_STATUSES, BucketUpdate, BuildFingerprint, CaseResult
+from fuzzer.severity import SEVERITY_RANK
+from service.errors import FieldValidationError, NotFoundError
+from service.db.models import Bucket, Build, Case, Result, TriageState, Worker, utcnow
+
+SEVERITY_ORDER = sql_case(SEVERITY_RANK, value=Bucket.severity, else_=0)
+"""A bucket's `fuzzer.severity.SEVERITY_RANK` in SQL: larger is more severe."""
+BUCKET_SORT_COLUMNS = {
+    "severity": SEVERITY_ORDER,
+    "last_seen": Bucket.last_seen,
+    "first_seen": Bucket.first_seen,
+    "hit_count": Bucket.hit_count,
+    "id": Bucket.id,
+    "backend": Bucket.backend,
+    "signature": Bucket.signature,
+    "triage_state": Bucket.triage_state,
+}
+MASKS = ("none", "causal", "window", "causal_window")
+"""Mask kinds to filter on: no mask, causal only, a sliding window only, causal plus a window."""
+BUCKET_SORTS = tuple(f"{prefix}{name}" for name in BUCKET_SORT_COLUMNS for prefix in ("-", ""))
+DEFAULT_BUCKET_SORT = "-severity"
+"""Most severe first (`fuzzer.severity`); buckets of one severity newest first."""
+MAX_PAGE_SIZE = 500
+MAX_URL_LENGTH = 2000
+MAX_NOTES_LENGTH = 100_000
+LIVE_WORKER_S = 300.0
+# A worker is live while it says it runs and was heard from recently; one that stopped cleanly is
+# not, however recent its last heartbeat.
+LIVE_WORKER_STATUSES = ("running", "stopping")
+
+
+def _live(now: datetime, live_within_s: float) -> Any:
+    return (Worker.last_heartbeat >= now - timedelta(seconds=live_within_s)) & Worker.status.in_(LIVE_WORKER_STATUSES)
+
+
+class _Unset:
+    def __repr__(self) -> str:
+        return "UNSET"
+
+
+UNSET: Any = _Unset()
+"""Marks an `update_triage` argument that was not given (None means "clear")."""
+
+
+# ---------------------------------------------------------------------------------- buckets
+@dataclass(frozen=True)
+class BucketPage:
+    """One page of buckets and the number of buckets matching the filters."""
+
+    items: list[Bucket]
+    total: int
+    limit: int
+    offset: int
+
+
+def _bucket_filters(
+    backend: str | None,
+    variant: str | None,
+    signature: str | None,
+    triage_state: TriageState | str | None,
+    dtype: str | None = None,
+    head_dim: int | None = None,
+    mask: str | None = None,
+    build_id: int | None = None,
+    defect_id: int | None = None,
+) -> list[ColumnElement[bool]]:
+    conditions: list[ColumnElement[bool]] = []
+    if defect_id is not None:
+        conditions.append(Bucket.defect_id == defect_id)
+    if backend:
+        conditions.append(Bucket.backend == backend)
+    if variant:
+        conditions.append(Bucket.variant == variant)
+    if signature:
+        conditions.append(Bucket.signature.contains(signature, autoescape=True))
+    if triage_state:
+        conditions.append(Bucket.triage_state == _triage_state(triage_state))
+    if build_id is not None:
+        conditions.append(_has_result(Result.build_id == build_id))
+    case_conditions: list[ColumnElement[bool]] = []
+    if dtype:
+        case_conditions.append(Case.dtype == dtype)
+    if head_dim is not None:
+        case_conditions.append(Case.head_dim == head_dim)
+    if mask:
+        if mask not in MASKS:
+            raise FieldValidationError("mask", f"unknown value {mask!r} (allowed: {', '.join(MASKS)})")
+        case_conditions.append(Case.causal == (mask in ("causal", "causal_window")))
+        case_conditions.append(Case.has_window == (mask in ("window", "causal_window")))
+    if case_conditions:
+        conditions.append(_has_result(*case_conditions, with_case=True))
+    return conditions
+
+
+def _has_result(*conditions: ColumnElement[bool], with_case: bool = False) -> ColumnElement[bool]:
+    """The bucket's key is among the keys of failing results meeting ``conditions`` (a semi-join
+    the planner may drive from either side: from the few matching cases through the results'
+    ``(case_id, ...)`` unique index, or from the results)."""
+    query = select(Result.backend, Result.variant, Result.signature).where(Result.signature.is_not(None), *conditions)
+    if with_case:
+        query = query.join(Case, Case.id == Result.case_id)
+    return tuple_(Bucket.backend, Bucket.variant, Bucket.signature).in_(query)
+
+
+def _triage_state(value: Any) -> TriageState:
+    try:
+        return TriageState(value)
+    except ValueError:
+        allowed = ", ".join(s.value for s in TriageState)
+        raise FieldValidationError("triage_state", f"unknown value {value!r} (allowed: {allowed})") from None
+
+
+def list_buckets(
+    session: Session,
+    *,
+    backend: str | None = None,
+    variant: str | None = None,
+    signature: str | None = None,
+    triage_state: TriageState | str | None = None,
+    dtype: str | None = None,
+    head_dim: int | None = None,
+    mask: str | None = None,
+    build_id: int | None = None,
+    defect_id: int | None = None,
+    sort: str = DEFAULT_BUCKET_SORT,
+    limit: int = 50,
+    offset: int = 0,
+) -> BucketPage:
+    """Buckets matching every filter given, sorted, one page; ``first_build`` and ``last_build``
+    are loaded.
+
+    Args:
+        backend, variant: exact matches.
+        signature: a substring of the signature.
+        triage_state: one of `TriageState`.
+        dtype, head_dim, mask: the bucket has a failing result on a case with this dtype, this
+            head_dim, this mask kind (one of ``MASKS``).
+        build_id: the bucket has a failing result on this build.
+        defect_id: the bucket is in this root-cause group (`service.db.models.Defect`).
+        sort: a column of ``BUCKET_SORT_COLUMNS``, prefixed with ``-`` for descending; ties are
+            broken by id so pages never overlap (``severity``: by ``last_seen`` first, newest
+            first, then id). ``severity`` sorts by rank: ``-severity`` puts ``wrong`` first.
+        limit: page size, 1 to ``MAX_PAGE_SIZE``.
+        offset: buckets to skip, >= 0.
+
+    Raises:
+        FieldValidationError: a bad ``sort``, ``limit``, ``offset``, ``triage_state`` or ``mask``.
+    """
+    if sort not in BUCKET_SORTS:
+        raise FieldValidationError("sort", f"unknown value {sort!r} (allowed: {', '.join(BUCKET_SORTS)})")
+    if not 1 <= limit <= MAX_PAGE_SIZE:
+        raise FieldValidationError("limit", f"must be between 1 and {MAX_PAGE_SIZE}, got {limit}")
+    if offset < 0:
+        raise FieldValidationError("offset", f"must be >= 0, got {offset}")
+    conditions = _bucket_filters(backend, variant, signature, triage_state, dtype, head_dim, mask, build_id, defect_id)
+    column = BUCKET_SORT_COLUMNS[sort.lstrip("-")]
+    descending = sort.startswith("-")
+    order = [column.desc(), Bucket.id.desc()] if descending else [column.asc(), Bucket.id.asc()]
+    if sort.lstrip("-") == "severity":
+        order.insert(1, Bucket.last_seen.desc())
+    items = session.scalars(
+        select(Bucket)
+        .where(*conditions)
+        .options(selectinload(Bucket.first_build), selectinload(Bucket.last_build))
+        .order_by(*order)
+        .limit(limit)
+        .offset(offset)
+    ).all()
+    total = session.scalar(select(func.count()).select_from(Bucket).where(*conditions)) or 0
+    return BucketPage(items=list(items), total=total, limit=limit, offset=offset)
+
+
+@dataclass(frozen=True)
+class BucketDetail:
+    """A bucket with its cases, the result to show its metrics from, and its latest results.
+
+    ``failing_result`` is this bucket's result for the minimised case if there is one, else for
+    the first case, else the latest. ``results`` have ``build`` loaded.
+    """
+
+    bucket: Bucket
+    failing_result: Result | None
+    results: list[Result]
+    result_count: int
+    group: list[Bucket] = dataclasses.field(default_factory=list)
+    """The other buckets of its root-cause group (`service.db.models.Defect`): the other symptoms
+    of the same defect, most severe first."""
+
+
+def _bucket_results(bucket: Bucket) -> Select[tuple[Result]]:
+    return select(Result).where(
+        Result.backend == bucket.backend, Result.variant == bucket.variant, Result.signature == bucket.signature
+    )
+
+
+def get_bucket(session: Session, bucket_id: int, *, results_limit: int = 50) -> BucketDetail | None:
+    """The bucket with ``first_case``, ``minimised_case``, builds and ``duplicate_of`` loaded; None
+    if there is no such bucket."""
+    bucket = session.scalar(
+        select(Bucket)
+        .where(Bucket.id == bucket_id)
+        .options(
+            selectinload(Bucket.first_case),
+            selectinload(Bucket.minimised_case),
+            selectinload(Bucket.first_build),
+            selectinload(Bucket.last_build),
+            selectinload(Bucket.duplicate_of),
+        )
+    )
+    if bucket is None:
+        return None
+    newest_first = (Result.created_at.desc(), Result.id.desc())
+    results = session.scalars(
+        _bucket_results(bucket).options(joinedload(Result.build)).order_by(*newest_first).limit(results_limit)
+    ).all()
+    count = session.scalar(select(func.count()).select_from(_bucket_results(bucket).subquery())) or 0
+    failing = None
+    for case_id in (bucket.minimised_case_id, bucket.first_case_id):
+        if case_id is not None and failing is None:
+            failing = session.scalar(
+                _bucket_results(bucket)
+                .where(Result.case_id == case_id)
+                .options(joinedload(Result.build))
+                .order_by(*newest_first)
+                .limit(1)
+            )
+    if failing is None and results:
+        failing = results[0]
+    return BucketDetail(
+        bucket=bucket, failing_result=failing, results=list(results), result_count=count, group=defect_group(session, bucket)
+    )
+
+
+def defect_group(session: Session, bucket: Bucket) -> list[Bucket]:
+    """The other buckets of ``bucket``'s root-cause group, most severe first, then by id; empty
+    when it has none."""
+    if bucket.defect_id is None:
+        return []
+    return list(
+        session.scalars(
+            select(Bucket)
+            .where(Bucket.defect_id == bucket.defect_id, Bucket.id != bucket.id)
+            .order_by(SEVERITY_ORDER.desc(), Bucket.id)
+        )
+    )
+
+
+def update_triage(
+    session: Session,
+    bucket_id: int,
+    *,
+    triage_state: TriageState | str = UNSET,
+    notes: str | None = UNSET,
+    upstream_url: str | None = UNSET,
+    duplicate_of_id: int | None = UNSET,
+) -> Bucket:
+    """Change a bucket's triage fields; arguments left `UNSET` keep their value.
+
+    Rules: ``duplicate`` needs ``duplicate_of_id`` (another existing bucket, no cycles), and
+    ``duplicate_of_id`` is only allowed with ``duplicate``; leaving ``duplicate`` for another
+    state clears ``duplicate_of_id``. ``upstream_url`` is an http(s) URL or None. ``notes`` None
+    means empty.
+
+    Raises:
+        NotFoundError: there is no bucket ``bucket_id``.
+        FieldValidationError: a value breaks the rules; ``field`` names it.
+    """
+    bucket = session.get(Bucket, bucket_id)
+    if bucket is None:
+        raise NotFoundError("bucket", bucket_id)
+
+    state = bucket.triage_state if triage_state is UNSET else _triage_state(triage_state)
+    duplicate_of = bucket.duplicate_of_id if duplicate_of_id is UNSET else duplicate_of_id
+    if triage_state is not UNSET and state is not TriageState.duplicate and duplicate_of_id is UNSET:
+        duplicate_of = None
+    if state is TriageState.duplicate:
+        if duplicate_of is None:
+            raise FieldValidationError("duplicate_of_id", "required when triage_state is 'duplicate'")
+        _check_duplicate_target(session, bucket_id, duplicate_of)
+    elif duplicate_of is not None:
+        raise FieldValidationError("duplicate_of_id", "only allowed when triage_state is 'duplicate'")
+
+    if upstream_url is not UNSET:
+        bucket.upstream_url = _check_url(upstream_url)
+    if notes is not UNSET:
+        if notes is not None and len(notes) > MAX_NOTES_LENGTH:
+            raise FieldValidationError("notes", f"longer than {MAX_NOTES_LENGTH} characters")
+        bucket.notes = notes or ""
+    bucket.triage_state = state
+    bucket.duplicate_of_id = duplicate_of
+    session.flush()
+    return bucket
+
+
+def _check_duplicate_target(session: Session, bucket_id: int, target_id: Any) -> None:
+    if isinstance(target_id, bool) or not isinstance(target_id, int):
+        raise FieldValidationError("duplicate_of_id", f"must be a bucket id, got {target_id!r}")
+    if target_id == bucket_id:
+        raise FieldValidationError("duplicate_of_id", "a bucket cannot duplicate itself")
+    seen = {bucket_id}
+    current: int | None = target_id
+    while current is not None:
+        if current in seen:
+            raise FieldValidationError("duplicate_of_id", f"bucket {target_id} leads back to bucket {bucket_id}")
+        seen.add(current)
+        row = session.execute(select(Bucket.id, Bucket.duplicate_of_id).where(Bucket.id == current)).first()
+        if row is None:
+            raise FieldValidationError("duplicate_of_id", f"bucket {current} does not exist")
+        current = row.duplicate_of_id
+
+
+def _check_url(url: str | None) -> str | None:
+    if url is None or url == "":
+        return None
+    message = f"must be an http(s) URL of at most {MAX_URL_LENGTH} characters"
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:  # e.g. "Invalid IPv6 URL" for "http://[::1"
+        raise FieldValidationError("upstream_url", f"{message} ({exc})") from None
+    if parts.scheme not in ("http", "https") or not parts.netloc or len(url) > MAX_URL_LENGTH:
+        raise FieldValidationError("upstream_url", message)
+    return url
+
+
+# ------------------------------------------------------------------------------------ cases
+@dataclass(frozen=True)
+class CaseDetail:
+    """A case, its results (``build`` loaded; oldest first) and the bucket of each failure."""
+
+    case: Case
+    results: list[Result]
+    bucket_ids: dict[tuple[str, str, str], int]
+
+    def bucket_id_for(self, result: Result) -> int | None:
+        """The bucket ``result`` was counted in, None for a non-failure."""
+        if result.signature is None:
+            return None
+        return self.bucket_ids.get((result.backend, result.variant, result.signature))
+
+
+def get_case(session: Session, case_id: str) -> CaseDetail | None:
+    """The case with all its results, or None if no case has this id."""
+    case = session.get(Case, case_id)
+    if case is None:
+        return None
+    results = session.scalars(
+        select(Result)
+        .where(Result.case_id == case_id)
+        .options(joinedload(Result.build))
+        .order_by(Result.created_at, Result.id)
+    ).all()
+    keys = {(r.backend, r.variant, r.signature) for r in results if r.signature is not None}
+    bucket_ids: dict[tuple[str, str, str], int] = {}
+    for backend, variant, signature in keys:
+        bucket_id = session.scalar(
+            select(Bucket.id).where(Bucket.backend == backend, Bucket.variant == variant, Bucket.signature == signature)
+        )
+        if bucket_id is not None:
+            bucket_ids[(backend, variant, signature)] = bucket_id
+    return CaseDetail(case=case, results=list(results), bucket_ids=bucket_ids)
+
+
+# --------------------------------------------------------------------------------- overview
+@dataclass(frozen=True)
+class LiveWorker:
+    """A worker whose last heartbeat is recent, and how long ago it was (seconds)."""
+
+    worker: Worker
+    heartbeat_age_s: float
+
+
+@dataclass(frozen=True)
+class HourCount:
+    """Distinct cases run, and results stored, in the hour starting at ``hour`` (UTC)."""
+
+    hour: datetime
+    cases: int
+    results: int
+
+
+@dataclass(frozen=True)
+class Overview:
+    """Counts for the front page.
+
+    ``results_by_backend`` maps backend -> status -> count. ``cases_per_hour`` covers the last
+    ``hours`` hours, oldest first, zero-filled.
+    """
+
+    case_count: int
+    result_count: int
+    results_by_status: dict[str, int]
+    results_by_backend: dict[str, dict[str, int]]
+    buckets_by_backend: dict[str, int]
+    buckets_by_triage_state: dict[str, int]
+    live_workers: list[LiveWorker]
+    cases_per_hour: list[HourCount]
+    failures_by_backend: dict[str, int] = dataclasses.field(default_factory=dict)
+    failures_by_signature: dict[str, int] = dataclasses.field(default_factory=dict)
+
+
+def _hour_of(session: Session, column: Any) -> Any:
+    if session.get_bind().dialect.name == "postgresql":
+        # Literals, not bound parameters: PostgreSQL must see the same expression in SELECT and
+        # GROUP BY, and two placeholders ($1, $3) are two different expressions to it.
+        return func.date_trunc(literal_column("'hour'"), func.timezone(literal_column("'UTC'"), column))
+    return func.strftime("%Y-%m-%d %H:00:00", column)
+
+
+def _as_utc_hour(value: datetime | str) -> datetime:
+    if isinstance(value, str):
+        value = datetime.strptime(value, "%Y-%m-%d %H:%M:%S")
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def overview(
+    session: Session, *, now: datetime | None = None, live_within_s: float = LIVE_WORKER_S, hours: int = 24
+) -> Overview:
+    """Counts of cases, results and buckets, the live workers and the hourly activity.
+
+    Args:
+        now: the reference time (default: the current time), timezone-aware.
+        live_within_s: a worker is live if its status is running or stopping and its last
+            heartbeat is at most this many seconds old.
+        hours: how many hours of activity ``cases_per_hour`` covers (1 to 24 * 31).
+
+    Raises:
+        FieldValidationError: ``hours`` out of range.
+    """
+    if not 1 <= hours <= 24 * 31:
+        raise FieldValidationError("hours", f"must be between 1 and {24 * 31}, got {hours}")
+    now = now or utcnow()
+
+    results_by_backend: dict[str, dict[str, int]] = defaultdict(dict)
+    results_by_status: dict[str, int] = defaultdict(int)
+    for backend, status, n in session.execute(
+        select(Result.backend, Result.status, func.count()).group_by(Result.backend, Result.status)
+    ):
+        results_by_backend[backend][status] = n
+        results_by_status[status] += n
+
+    buckets_by_backend = {
+        backend: n
+        for backend, n in session.execute(
+            select(Bucket.backend, func.count()).group_by(Bucket.backend).order_by(Bucket.backend)
+        )
+    }
+    buckets_by_triage_state = {
+        state.value: n
+        for state, n in session.execute(select(Bucket.triage_state, func.count()).group_by(Bucket.triage_state))
+    }
+
+    workers = session.scalars(
+        select(Worker)
+        .where(_live(now, live_within_s))
+        .options(joinedload(Worker.build))
+        .order_by(Worker.last_heartbeat.desc(), Worker.id)
+    ).all()
+    live = [LiveWorker(w, max(0.0, (now - w.last_heartbeat).total_seconds())) for w in workers]
+
+    start = now.astimezone(UTC).replace(minute=0, second=0, microsecond=0) - timedelta(hours=hours - 1)
+    hour = _hour_of(session, Result.created_at).label("hour")
+    counts = {
+        _as_utc_hour(row.hour): (row.cases, row.results)
+        for row in session.execute(
+            select(hour, func.count(func.distinct(Result.case_id)).label("cases"), func.count().label("results"))
+            .where(Result.created_at >= start)
+            .group_by(hour)
+        )
+    }
+    per_hour = [HourCount(h, *counts.get(h, (0, 0))) for h in (start + timedelta(hours=i) for i in range(hours))]
+
+    return Overview(
+        case_count=session.scalar(select(func.count()).select_from(Case)) or 0,
+        result_count=sum(results_by_status.values()),
+        results_by_status=dict(sorted(results_by_status.items())),
+        results_by_backend={b: dict(sorted(s.items())) for b, s in sorted(results_by_backend.items())},
+        buckets_by_backend=buckets_by_backend,
+        buckets_by_triage_state=buckets_by_triage_state,
+        live_workers=live,
+        cases_per_hour=per_hour,
+        failures_by_backend=_failures_by(session, Bucket.backend),
+        failures_by_signature=_failures_by(session, Bucket.signature, limit=TOP_SIGNATURES),
+    )
+
+
+TOP_SIGNATURES = 12
+
+
+def _failures_by(session: Session, column: Any, limit: int | None = None) -> dict[str, int]:
+    """Failing results per value of a bucket column (from the buckets' hit counts), largest first."""
+    total = func.sum(Bucket.hit_count)
+    query = select(column, total).group_by(column).order_by(total.desc(), column)
+    if limit is not None:
+        query = query.limit(limit)
+    return {key: int(n) for key, n in session.execute(query)}
+
+
+# --------------------------------------------------------------------------------- campaign report
+@dataclass(frozen=True)
+class BackendTiming:
+    """Time spent per backend over all stored results, milliseconds."""
+
+    backend: str
+    results: int
+    run_ms: float
+    compile_ms: float
+
+
+@dataclass(frozen=True)
+class CampaignReport:
+    """What a campaign found: counts, times and every bucket with its minimised case.
+
+    ``oracle_ms`` counts each case's float64 reference once (results of one case share it).
+    """
+
+    overview: Overview
+    timings: list[BackendTiming]
+    oracle_ms: float
+    buckets: list[Bucket]
+
+
+def campaign_report(session: Session) -> CampaignReport:
+    """Counts, per-backend kernel and JIT times, the oracle's time and all buckets (with their
+    first and minimised cases loaded), for ``attnfuzz report``."""
+    timings = [
+        BackendTiming(backend, n, float(run or 0.0), float(comp or 0.0))
+        for backend, n, run, comp in session.execute(
+            select(Result.backend, func.count(), func.sum(Result.run_ms), func.sum(Result.compile_ms))
+            .where(Result.status != "unsupported")
+            .group_by(Result.backend)
+            .order_by(Result.backend)
+        )
+    ]
+    per_case = (
+        select(func.max(Result.oracle_ms).label("oracle_ms")).group_by(Result.case_id, Result.phase).subquery()
+    )
+    oracle_ms = float(session.scalar(select(func.sum(per_case.c.oracle_ms))) or 0.0)
+    buckets = session.scalars(
+        select(Bucket)
+        .options(joinedload(Bucket.first_case), joinedload(Bucket.minimised_case))
+        .order_by(SEVERITY_ORDER.desc(), Bucket.backend, Bucket.variant, Bucket.signature)
+    ).all()
+    return CampaignReport(overview(session), timings, oracle_ms, list(buckets))
+
+
+@dataclass(frozen=True)
+class BackendCoverage:
+    """How much of the drawn case space one backend ran, from the stored results.
+
+    Attributes:
+        backend: the backend name.
+        cases: distinct cases with a result of this backend (any status, any phase).
+        cases_run: distinct cases with at least one result of this backend that is not
+            ``unsupported`` (it ran at least one variant).
+        top_unsupported: ``(reason, results)`` pairs, most frequent first: the reasons of its
+            ``unsupported`` results (`fuzzer.coverage.reason_keys`: a field's own value replaced
+            by ``N``), each counted once per result.
+    """
+
+    backend: str
+    cases: int
+    cases_run: int
+    top_unsupported: list[tuple[str, int]]
+
+
+def backend_coverage(session: Session, top: int = 3) -> list[BackendCoverage]:
+    """Per backend (by name): cases seen, cases run and the ``top`` unsupported reasons, for
+    ``attnfuzz report``. Reads the ``results`` table in three grouped queries; reasons are split
+    and counted in Python over the distinct (backend, detail) pairs."""
+    from fuzzer.coverage import reason_keys
+
+    seen = dict(
+        session.execute(select(Result.backend, func.count(func.distinct(Result.case_id))).group_by(Result.backend)).all()
+    )
+    ran = dict(
+        session.execute(
+            select(Result.backend, func.count(func.distinct(Result.case_id)))
+            .where(Result.status != "unsupported")
+            .group_by(Result.backend)
+        ).all()
+    )
+    reasons: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for backend, detail, n in session.execute(
+        select(Result.backend, Result.detail, func.count())
+        .where(Result.status == "unsupported")
+        .group_by(Result.backend, Result.detail)
+    ):
+        for reason in reason_keys(detail or ""):
+            reasons[backend][reason] += int(n)
+    rows = []
+    for backend in sorted(seen):
+        ranked = sorted(reasons.get(backend, {}).items(), key=lambda rc: (-rc[1], rc[0]))[:top]
+        rows.append(BackendCoverage(backend, int(seen[backend]), int(ran.get(backend, 0)), ranked))
+    return rows
+
+
+# ------------------------------------------------------------------------------ bucket results
+@dataclass(frozen=True)
+class ResultPage:
+    """One page of results (``build`` loaded) and the number matching."""
+
+    items: list[Result]
+    total: int
+    limit: int
+    offset: int
+
+
+def _check_page(limit: int, offset: int) -> None:
+    if not 1 <= limit <= MAX_PAGE_SIZE:
+        raise FieldValidationError("limit", f"must be between 1 and {MAX_PAGE_SIZE}, got {limit}")
+    if offset < 0:
+        raise FieldValidationError("offset", f"must be >= 0, got {offset}")
+
+
+def bucket_results(session: Session, bucket_id: int, *, limit: int = 50, offset: int = 0) -> ResultPage:
+    """The results counted in a bucket, newest first, one page.
+
+    Raises:
+        NotFoundError: no bucket ``bucket_id``.
+        FieldValidationError: a bad ``limit`` or ``offset``.
+    """
+    _check_page(limit, offset)
+    bucket = session.get(Bucket, bucket_id)
+    if bucket is None:
+        raise NotFoundError("bucket", bucket_id)
+    query = _bucket_results(bucket)
+    items = session.scalars(
+        query.options(joinedload(Result.build))
+        .order_by(Result.created_at.desc(), Result.id.desc())
+        .limit(limit)
+        .offset(offset)
+    ).all()
+    total = session.scalar(select(func.count()).select_from(query.subquery())) or 0
+    return ResultPage(items=list(items), total=total, limit=limit, offset=offset)
+
+
+# ------------------------------------------------------------------------------------ repros
+@dataclass(frozen=True)
+class ReproTarget:
+    """What to export: the stored case row, the backend variant, and the recorded signature
+    (None when the case did not fail there)."""
+
+    case: Case
+    backend: str
+    variant: str
+    signature: str | None
+
+
+def repro_target(session: Session, case_id: str, *, backend: str | None = None, variant: str | None = None) -> ReproTarget:
+    """The case and the backend variant to export it for.
+
+    Without ``backend``/``variant`` the case's failing results decide: exactly one failing
+    (backend, variant) is required. The signature is that of the newest failing result of the
+    chosen backend variant.
+
+    Raises:
+        NotFoundError: no case ``case_id``.
+        FieldValidationError: ``backend``/``variant`` needed but not given or ambiguous.
+    """
+    case = session.get(Case, case_id)
+    if case is None:
+        raise NotFoundError("case", case_id)
+    query = select(Result.backend, Result.variant, Result.signature).where(
+        Result.case_id == case_id, Result.signature.is_not(None)
+    )
+    if backend:
+        query = query.where(Result.backend == backend)
+    if variant:
+        query = query.where(Result.variant == variant)
+    rows = session.execute(query.order_by(Result.created_at.desc(), Result.id.desc())).all()
+    pairs = list(dict.fromkeys((r.backend, r.variant) for r in rows))
+    if backend and variant:
+        return ReproTarget(case, backend, variant, rows[0].signature if rows else None)
+    if not pairs:
+        field = "backend" if not backend else "variant"
+        raise FieldValidationError(field, "required: the case has no failing result to take it from")
+    if len(pairs) > 1:
+        field = "backend" if not backend else "variant"
+        listed = ", ".join(f"{b}/{v}" for b, v in pairs)
+        raise FieldValidationError(field, f"required: the case failed on several backend variants ({listed})")
+    chosen = pairs[0]
+    return ReproTarget(case, chosen[0], chosen[1], rows[0].signature)
+
+
+def bucket_repro_target(session: Session, bucket_id: int) -> ReproTarget:
+    """The bucket's minimised case (its first case if not minimised) on its backend variant.
+
+    Raises:
+        NotFoundError: no bucket ``bucket_id``.
+    """
+    bucket = session.scalar(
+        select(Bucket)
+        .where(Bucket.id == bucket_id)
+        .options(selectinload(Bucket.first_case), selectinload(Bucket.minimised_case))
+    )
+    if bucket is None:
+        raise NotFoundError("bucket", bucket_id)
+    case = bucket.minimised_case or bucket.first_case
+    return ReproTarget(case, bucket.backend, bucket.variant, bucket.signature)
+
+
+# ------------------------------------------------------------------------------------ builds
+@dataclass(frozen=True)
+class BuildPage:
+    """One page of builds (newest first) and the number of builds."""
+
+    items: list[Build]
+    total: int
+    limit: int
+    offset: int
+
+
+def list_builds(session: Session, *, device_name: str | None = None, limit: int = 50, offset: int = 0) -> BuildPage:
+    """Builds, newest first, optionally of one ``device_name``.
+
+    Raises:
+        FieldValidationError: a bad ``limit`` or ``offset``.
+    """
+    _check_page(limit, offset)
+    conditions = [Build.device_name == device_name] if device_name else []
+    items = session.scalars(
+        select(Build).where(*conditions).order_by(Build.first_seen.desc(), Build.id.desc()).limit(limit).offset(offset)
+    ).all()
+    total = session.scalar(select(func.count()).select_from(Build).where(*conditions)) or 0
+    return BuildPage(items=list(items), total=total, limit=limit, offset=offset)
+
+
+@dataclass(frozen=True)
+class CaseSummary:
+    """A stored case with how many of its results ended in each status."""
+
+    case: Case
+    statuses: dict[str, int]
+
+
+@dataclass(frozen=True)
+class CasePage:
+    """One page of cases (newest first) and the number matching."""
+
+    items: list[CaseSummary]
+    total: int
+    limit: int
+    offset: int
+
+
+def list_cases(
+    session: Session, *, failing: bool = False, backend: str | None = None, limit: int = 50, offset: int = 0
+) -> CasePage:
+    """Stored cases, newest first, each with its result counts per status; with ``failing`` only
+    cases that have a failing result (``fuzzer.results.FAILING_STATUSES``), with ``backend`` only
+    cases that backend ran.
+
+    Raises:
+        FieldValidationError: a bad ``limit`` or ``offset``.
+    """
+    _check_page(limit, offset)
+    conditions = []
+    if failing or backend:
+        result_conditions = [Result.case_id == Case.id]
+        if failing:
+            result_conditions.append(Result.status.in_(FAILING_STATUSES))
+        if backend:
+            result_conditions.append(Result.backend == backend)
+        conditions.append(select(Result.id).where(*result_conditions).exists())
+    cases = session.scalars(
+        select(Case).where(*conditions).order_by(Case.created_at.desc(), Case.id).limit(limit).offset(offset)
+    ).all()
+    total = session.scalar(select(func.count()).select_from(Case).where(*conditions)) or 0
+    counts: dict[str, dict[str, int]] = defaultdict(dict)
+    if cases:
+        for case_id, status, n in session.execute(
+            select(Result.case_id, Result.status, func.count())
+            .where(Result.case_id.in_([c.id for c in cases]))
+            .group_by(Result.case_id, Result.status)
+        ):
+            counts[case_id][status] = n
+    return CasePage([CaseSummary(c, dict(counts[c.id])) for c in cases], total, limit, offset)
+
+
+def get_build(session: Session, build_id: int) -> Build | None:
+    """The build with id ``build_id``, or None."""
+    return session.get(Build, build_id)
+
+
+# ----------------------------------------------------------------------------------- workers
+@dataclass(frozen=True)
+class WorkerPage:
+    """One page of workers (``build`` loaded) with each one's heartbeat age, newest heartbeat first."""
+
+    items: list[LiveWorker]
+    total: int
+    limit: int
+    offset: int
+
+
+def list_workers(
+    session: Session,
+    *,
+    live_only: bool = False,
+    now: datetime | None = None,
+    live_within_s: float = LIVE_WORKER_S,
+    limit: int = 50,
+    offset: int = 0,
+) -> WorkerPage:
+    """Workers, newest heartbeat first; with ``live_only`` only the live ones (running or stopping,
+    heard from within ``live_within_s`` seconds of ``now``).
+
+    Raises:
+        FieldValidationError: a bad ``limit`` or ``offset``.
+    """
+    _check_page(limit, offset)
+    now = now or utcnow()
+    conditions = [_live(now, live_within_s)] if live_only else []
+    workers = session.scalars(
+        select(Worker)
+        .where(*conditions)
+        .options(joinedload(Worker.build))
+        .order_by(Worker.last_heartbeat.desc(), Worker.id)
+        .limit(limit)
+        .offset(offset)
+    ).all()
+    total = session.scalar(select(func.count()).select_from(Worker).where(*conditions)) or 0
+    items = [LiveWorker(w, max(0.0, (now - w.last_heartbeat).total_seconds())) for w in workers]
+    return WorkerPage(items=items, total=total, limit=limit, offset=offset)
+
+
+# ----------------------------------------------------------------------------------- metrics
+@dataclass(frozen=True)
+class MetricsSnapshot:
+    """What ``/metrics`` exports, read in one go.
+
+    ``results`` maps (backend, status) -> count; ``buckets`` (backend, triage_state) -> count;
+    ``bucket_hits`` (backend, variant, signature) -> failing results; ``workers`` every worker
+    heard from within ``window_s`` with its heartbeat age.
+    """
+
+    cases: int
+    results: dict[tuple[str, str], int]
+    buckets: dict[tuple[str, str], int]
+    bucket_hits: dict[tuple[str, str, str], int]
+    workers: list[LiveWorker]
+    live_workers: int
+
+
+def metrics_snapshot(
+    session: Session, *, now: datetime | None = None, live_within_s: float = LIVE_WORKER_S, window_s: float = 86_400.0
+) -> MetricsSnapshot:
+    """Counts for Prometheus (see `MetricsSnapshot`)."""
+    now = now or utcnow()
+    results = {
+        (backend, status): n
+        for backend, status, n in session.execute(
+            select(Result.backend, Result.status, func.count()).group_by(Result.backend, Result.status)
+        )
+    }
+    buckets = {
+        (backend, state.value): n
+        for backend, state, n in session.execute(
+            select(Bucket.backend, Bucket.triage_state, func.count()).group_by(Bucket.backend, Bucket.triage_state)
+        )
+    }
+    hits = {
+        (b.backend, b.variant, b.signature): b.hit_count
+        for b in session.execute(select(Bucket.backend, Bucket.variant, Bucket.signature, Bucket.hit_count))
+    }
+    now = now or utcnow()
+    recent = [
+        LiveWorker(w, max(0.0, (now - w.last_heartbeat).total_seconds()))
+        for w in session.scalars(
+            select(Worker)
+            .where(Worker.last_heartbeat >= now - timedelta(seconds=window_s))
+            .order_by(Worker.last_heartbeat.desc(), Worker.id)
+            .limit(MAX_PAGE_SIZE)
+        )
+    ]
+    return MetricsSnapshot(
+        cases=session.scalar(select(func.count()).select_from(Case)) or 0,
+        results=results,
+        buckets=buckets,
+        bucket_hits=hits,
+        workers=recent,
+        live_workers=sum(
+            1 for w in recent if w.heartbeat_age_s <= live_within_s and w.worker.status in LIVE_WORKER_STATUSES
+        ),
+    )
+
+
+# --------------------------------------------------------------------------------- ingestion
+def ingest_results(
+    connection: Connection, build_id: int, worker_id: int | None, results: list[CaseResult]
+) -> list[BucketUpdate | None]:
+    """Store ``results`` through `service.db.store.SqlStore` on ``connection`` (each in a savepoint of
+    the caller's transaction), in a stable order (by bucket key) so that concurrent batches take
+    bucket locks in the same order. The caller commits, or rolls back to store none of them.
+
+    Returns:
+        One entry per result, in the order given: the bucket update for a failure, else None.
+
+    Raises:
+        NotFoundError: a case, the build or the worker does not exist.
+    """
+    from service.db.store import SqlStore
+
+    store = SqlStore(connection)
+    order = sorted(range(len(results)), key=lambda i: (results[i].bucket_key or ("", "", ""), i))
+    updates: list[BucketUpdate | None] = [None] * len(results)
+    for i in order:
+        try:
+            updates[i] = store.record_result(results[i], build_id, worker_id)
+        except NotFoundError as exc:
+            field = {"case": f"results.{i}.case_id", "build": "build_id", "worker": "worker_id"}.get(exc.kind, exc.kind)
+            raise FieldValidationError(field, f"{exc.kind} {exc.key!r} does not exist") from None
+    return updates
+
+
+def ingest_build(connection: Connection, fingerprint: BuildFingerprint) -> int:
+    """`SqlStore.register_build` in the caller's transaction."""
+    from service.db.store import SqlStore
+
+    return SqlStore(connection).register_build(fingerprint)
+
+
+def ingest_worker(connection: Connection, build_id: int, hostname: str, pid: int, device: str) -> int:
+    """`SqlStore.register_worker` in the caller's transaction.
+
+    Raises:
+        NotFoundError: ``build_id`` is unknown.
+    """
+    from service.db.store import SqlStore
+
+    try:
+        return SqlStore(connection).register_worker(build_id, hostname, pid, device)
+    except NotFoundError:
+        raise FieldValidationError("build_id", f"build {build_id} does not exist") from None
+
+
+def ingest_heartbeat(connection: Connection, worker_id: int, cases_run: int, status: str) -> None:
+    """`SqlStore.heartbeat` in the caller's transaction.
+
+    Raises:
+        NotFoundError: ``worker_id`` is unknown.
+    """
+    from service.db.store import SqlStore
+
+    SqlStore(connection).heartbeat(worker_id, cases_run, status)
+
+
+def ingest_case(connection: Connection, case_json: dict[str, Any], origin: str) -> str:
+    """`SqlStore.record_case` in the caller's transaction; the case id.
+
+    Raises:
+        oracle.errors.CaseValidationError: the case is invalid.
+        FieldValidationError: unknown ``origin``.
+    """
+    from service.db.store import SqlStore
+
+    return SqlStore(connection).record_case(case_json, origin)
+
+
+def ingest_minimised(
+    connection: Connection, bucket_id: int, case_json: dict[str, Any], original_case_id: str, note: str
+) -> None:
+    """`SqlStore.record_minimised` in the caller's transaction.
+
+    Raises:
+        oracle.errors.CaseValidationError: the case is invalid.
+        NotFoundError: the bucket or the original case does not exist.
+    """
+    from service.db.store import SqlStore
+
+    if connection.scalar(select(Bucket.id).where(Bucket.id == bucket_id)) is None:
+        raise NotFoundError("bucket", bucket_id)
+    try:
+        SqlStore(connection).record_minimised(bucket_id, case_json, original_case_id, note)
+    except NotFoundError as exc:
+        raise FieldValidationError("original_case_id", f"case {exc.key!r} does not exist") from None
+
+
+def known_failures(connection: Connection, backends: list[str]) -> list[tuple[tuple[str, str, str], dict[str, Any]]]:
+    """`SqlStore.known_failures`: each bucket of ``backends`` with its minimised (else first) case."""
+    from service.db.store import SqlStore
+
+    return SqlStore(connection).known_failures(backends)

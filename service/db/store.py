@@ -1,0 +1,1073 @@
+"""SQL storage for fuzz workers: `SqlStore` (the `fuzzer.results.ResultSink`) and
+`SqlExampleDatabase` (Hypothesis's example database in the ``hypothesis_examples`` table).
+
+Both work on an `Engine` (one short transaction per call) or on an open `Connection` (each call
+in a SAVEPOINT of the caller's transaction; the tests use this).
+
+Concurrency: several worker processes may write one SQLite file or one PostgreSQL database at
+once. Every write is a single statement-level get-or-create (``INSERT ... ON CONFLICT DO
+NOTHING ... RETURNING``, then a SELECT or an UPDATE when the row already existed), so a unique
+key raced by two workers never raises. On SQLite the write transactions begin with
+``BEGIN IMMEDIATE`` (see `service.db.engine`), so they queue on the busy timeout instead of failing
+when a reader upgrades to a writer. A transaction that still fails transiently (SQLite "database
+is locked" after the busy timeout, PostgreSQL serialization failure or deadlock) is retried a
+few times with a short backoff.
+
+Faults: an error that means "the database cannot be reached now" (connection refused or lost,
+PostgreSQL shutting down or starting, SQLite still locked after the retries) is raised as
+`StoreUnavailableError` (a `fuzzer.results.SinkUnavailableError`: try again later); one that means
+"the database refuses writes" (disk full, read-only file or transaction) as `StoreRefusedError`
+(a `fuzzer.results.SinkFatalError`: stop). Every call is one transaction, so after either error
+nothing of the call is stored.
+
+Minimisation leases (`claim_minimisation`): a bucket without a minimised case is claimed by one
+worker at a time with a compare-and-set UPDATE (``... WHERE minimise_owner_id IS NULL OR
+minimise_lease_expires_at < now``), which PostgreSQL re-checks after taking the row lock and
+SQLite runs under ``BEGIN IMMEDIATE``, so two workers never both win.
+
+Create a store in the process that uses it (an Engine must not cross a fork).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
+
+from hypothesis.database import ExampleDatabase
+from sqlalchemy import func, Engine, Table, case, delete, or_, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import DBAPIError, OperationalError
+
+from fuzzer.results import (
+    BucketUpdate,
+    BuildFingerprint,
+    CaseResult,
+    MinimiseClaim,
+    SinkFatalError,
+    SinkUnavailableError,
+)
+from fuzzer.severity import severity
+from fuzzer.text import MAX_DETAIL, MAX_PACKAGE, storable_text
+from oracle.config import AttentionCase
+from service.db.engine import SQLITE_BEGIN_OPTION
+from service.errors import FieldValidationError, NotFoundError, ServiceError
+from service.db.models import (
+    ORIGINS,
+    Bucket,
+    Build,
+    Case,
+    Defect,
+    HypothesisExample,
+    Result,
+    TriageState,
+    Worker,
+    case_filter_columns,
+    utcnow,
+)
+
+T = TypeVar("T")
+
+TRANSIENT_SQLSTATES = frozenset({"40001", "40P01"})  # serialization_failure, deadlock_detected
+# admin_shutdown, crash_shutdown, cannot_connect_now, too_many_connections
+UNAVAILABLE_SQLSTATES = frozenset({"57P01", "57P02", "57P03", "53300"})
+# disk_full, read_only_sql_transaction, insufficient_resources' out_of_memory is left out (transient)
+REFUSED_SQLSTATES = {"53100": "disk full", "25006": "read-only database"}
+SQLITE_REFUSED_MESSAGES = {
+    "database or disk is full": "disk full",
+    "readonly database": "read-only database",
+    "disk i/o error": "disk I/O error",
+}
+DEFAULT_RETRIES = 5
+RESULT_KEY = ["case_id", "build_id", "backend", "variant", "phase"]  # a result is stored once per key
+WORKER_STATUSES = ("running", "stopping", "stopped", "failed", "lost")
+
+
+class StoreUnavailableError(SinkUnavailableError, ServiceError):
+    """The database cannot be reached now; nothing of the call was stored. Try again later."""
+
+
+class StoreRefusedError(SinkFatalError, ServiceError):
+    """The database refuses writes (disk full, read-only); nothing of the call was stored."""
+
+
+def is_transient(exc: DBAPIError) -> bool:
+    """A conflict that a retry may resolve: serialization failure, deadlock, SQLite locked/busy."""
+    sqlstate = getattr(exc.orig, "sqlstate", None)
+    if sqlstate in TRANSIENT_SQLSTATES:
+        return True
+    text = str(exc.orig).lower()
+    return "database is locked" in text or "database is busy" in text
+
+
+def _translate(exc: DBAPIError, dialect: str) -> Exception | None:
+    """The `StoreUnavailableError`/`StoreRefusedError` that ``exc`` means, or None (a bug: re-raise)."""
+    sqlstate = getattr(exc.orig, "sqlstate", None)
+    text = str(exc.orig).lower()
+    first_line = str(exc.orig).strip().splitlines()[0] if str(exc.orig).strip() else type(exc.orig).__name__
+    if sqlstate in REFUSED_SQLSTATES:
+        return StoreRefusedError(f"database refuses writes ({REFUSED_SQLSTATES[sqlstate]}): {first_line}")
+    if dialect == "sqlite":
+        for needle, what in SQLITE_REFUSED_MESSAGES.items():
+            if needle in text:
+                return StoreRefusedError(f"database refuses writes ({what}): {first_line}")
+    if exc.connection_invalidated or is_transient(exc) or sqlstate in UNAVAILABLE_SQLSTATES:
+        return StoreUnavailableError(f"database unavailable: {first_line}")
+    if sqlstate is not None and sqlstate.startswith("08"):  # connection_exception class
+        return StoreUnavailableError(f"database unavailable: {first_line}")
+    if dialect == "postgresql" and isinstance(exc, OperationalError):  # refused, reset, closed
+        return StoreUnavailableError(f"database unavailable: {first_line}")
+    return None
+
+
+def _sqlite_file(bind: Engine | Connection) -> str | None:
+    """The absolute path of a SQLite database file (None for ``:memory:``, a temporary database,
+    or a Connection: the tests' rolled-back transactions need no check)."""
+    if not isinstance(bind, Engine):
+        return None
+    database = bind.url.database
+    if not database or database == ":memory:" or database.startswith("file:"):
+        return None
+    return os.path.abspath(database)
+
+
+def _identity(path: str) -> tuple[int, int] | None:
+    """``(st_dev, st_ino)`` of ``path``, None when it does not exist."""
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        return None
+    except OSError:  # a directory we may not enter, ...: the write itself will say more
+        return None
+    return (info.st_dev, info.st_ino)
+
+
+class _Transactor:
+    """Runs a function in a short write transaction (or a savepoint), retrying transient errors."""
+
+    def __init__(self, bind: Engine | Connection, retries: int = DEFAULT_RETRIES):
+        if not isinstance(bind, (Engine, Connection)):
+            raise TypeError(f"bind must be an Engine or a Connection, got {type(bind).__name__}")
+        self.bind = bind
+        self.retries = retries
+        self.dialect = bind.dialect.name
+        if self.dialect not in ("sqlite", "postgresql"):
+            raise NotImplementedError(f"unsupported database {self.dialect!r} (SQLite and PostgreSQL are)")
+        self._write_engine = (
+            bind.execution_options(**{SQLITE_BEGIN_OPTION: "IMMEDIATE"})
+            if isinstance(bind, Engine) and self.dialect == "sqlite"
+            else bind
+        )
+        self._file = _sqlite_file(bind) if self.dialect == "sqlite" else None
+        self._identity = _identity(self._file) if self._file is not None else None
+
+    def _check_file(self) -> None:
+        """Loud on loss: the SQLite file must still be the one this store opened (same device and
+        inode). After ``rm -rf`` of its directory, or a file put in its place, SQLite would go on
+        writing to the unlinked file and every result would vanish with it.
+
+        Raises:
+            StoreRefusedError: the file is gone or replaced (the worker stops, its spool keeps
+                the write).
+        """
+        if self._file is None:
+            return
+        now = _identity(self._file)
+        if self._identity is None:
+            self._identity = now
+            return
+        if now != self._identity:
+            what = "removed" if now is None else "replaced by another file"
+            raise StoreRefusedError(
+                f"database refuses writes (the SQLite file {self._file} was {what} while in use): "
+                "results after this point are kept in the spool"
+            )
+
+    @contextmanager
+    def _begin(self) -> Iterator[Connection]:
+        if isinstance(self.bind, Connection):
+            with self.bind.begin_nested():
+                yield self.bind
+        else:
+            with self._write_engine.begin() as connection:
+                yield connection
+
+    def write(self, fn: Callable[[Connection], T]) -> T:
+        """Run ``fn`` in a write transaction.
+
+        Raises:
+            StoreUnavailableError: the database cannot be reached (after the retries for locks).
+            StoreRefusedError: the database refuses writes (disk full, read-only).
+        """
+        for attempt in range(self.retries + 1):
+            try:
+                self._check_file()
+                with self._begin() as connection:
+                    value = fn(connection)
+                self._check_file()  # removed while this write ran: it went to the unlinked file
+                return value
+            except DBAPIError as exc:
+                if attempt < self.retries and is_transient(exc) and not exc.connection_invalidated:
+                    time.sleep(min(0.05 * 2**attempt, 1.0))  # backoff between retries, not a test sync
+                    continue
+                translated = _translate(exc, self.dialect)
+                if translated is None:
+                    raise
+                raise translated from exc
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def read(self, fn: Callable[[Connection], T]) -> T:
+        """Run ``fn`` on a connection (no write lock).
+
+        Raises:
+            StoreUnavailableError: the database cannot be reached.
+            StoreRefusedError: the database cannot be read (I/O error).
+        """
+        try:
+            if isinstance(self.bind, Connection):
+                return fn(self.bind)
+            with self.bind.connect() as connection:
+                return fn(connection)
+        except DBAPIError as exc:
+            translated = _translate(exc, self.dialect)
+            if translated is None:
+                raise
+            raise translated from exc
+
+
+def write_transaction(bind: Engine | Connection, fn: Callable[[Connection], T], *, retries: int = DEFAULT_RETRIES) -> T:
+    """Run ``fn`` in a short write transaction on an Engine (``BEGIN IMMEDIATE`` on SQLite), or a
+    savepoint of the caller's transaction on a Connection, retrying lock conflicts: what every
+    `SqlStore` write does, for the other modules that write (`service.builds.matrix`).
+
+    Raises:
+        StoreUnavailableError: the database cannot be reached (after the retries for locks).
+        StoreRefusedError: the database refuses writes (disk full, read-only).
+    """
+    return _Transactor(bind, retries).write(fn)
+
+
+def _insert_ignore(connection: Connection, table: Table, values: dict[str, Any], conflict: list[str]) -> Any | None:
+    """``INSERT ... ON CONFLICT (conflict) DO NOTHING RETURNING id``: the new id, or None."""
+    insert = postgresql.insert if connection.dialect.name == "postgresql" else sqlite.insert
+    statement = insert(table).values(**values).on_conflict_do_nothing(index_elements=conflict)
+    return connection.execute(statement.returning(table.c.id)).scalar_one_or_none()
+
+
+def _bucket_severity_values(result: CaseResult) -> dict[str, Any]:
+    """``severity`` and ``max_error_ratio`` of a new bucket whose first result is ``result``."""
+    return {"severity": severity(result.signature, result.error_ratio), "max_error_ratio": result.error_ratio}
+
+
+def _bucket_severity_bump(result: CaseResult) -> dict[str, Any]:
+    """The UPDATE values that count ``result`` in its existing bucket's ``max_error_ratio`` and
+    severity. For one signature the severity only moves from ``imprecise`` to ``wrong`` as the
+    ratio grows (`fuzzer.severity`), so a result that is ``wrong`` on its own makes the bucket so."""
+    values: dict[str, Any] = {}
+    if result.error_ratio is not None:
+        ratio = result.error_ratio
+        values["max_error_ratio"] = case(
+            (Bucket.max_error_ratio.is_(None) | (Bucket.max_error_ratio < ratio), ratio), else_=Bucket.max_error_ratio
+        )
+    if severity(result.signature, result.error_ratio) == "wrong":
+        values["severity"] = "wrong"
+    return values
+
+
+def _bucket_key(backend: str, variant: str, signature: str) -> Any:
+    return (Bucket.backend == backend) & (Bucket.variant == variant) & (Bucket.signature == signature)
+
+
+class SqlStore:
+    """`fuzzer.results.ResultSink` on SQL: idempotent, safe for concurrent worker processes.
+
+    Args:
+        bind: an Engine (one transaction per call) or an open Connection (a savepoint per call).
+        retries: how many times a transiently failing transaction is retried.
+    """
+
+    def __init__(self, bind: Engine | Connection, *, retries: int = DEFAULT_RETRIES):
+        self._tx = _Transactor(bind, retries)
+        self._registering: dict[tuple, datetime] = {}  # register_worker's first attempt per key
+
+    def register_build(self, fingerprint: BuildFingerprint) -> int:
+        """The id of the ``builds`` row for ``fingerprint``, created on first sight."""
+        fingerprint_id = fingerprint.fingerprint_id
+
+        def run(connection: Connection) -> int:
+            values = {"fingerprint_id": fingerprint_id, "first_seen": utcnow(), **fingerprint.to_json()}
+            build_id = _insert_ignore(connection, Build.__table__, values, ["fingerprint_id"])
+            if build_id is None:
+                build_id = connection.scalar(select(Build.id).where(Build.fingerprint_id == fingerprint_id))
+            return build_id
+
+        return self._tx.write(run)
+
+    def register_worker(self, build_id: int, hostname: str, pid: int, device: str, slot: str | None = None) -> int:
+        """A new ``workers`` row (status ``"running"``); its id.
+
+        Args:
+            build_id: the worker's build.
+            hostname, pid, device: where it runs.
+            slot: its local spool slot (`fuzzer.spool`), None without a spool.
+
+        Raises:
+            NotFoundError: ``build_id`` is unknown.
+        """
+
+        key = (build_id, hostname, pid, device, slot)
+        since = self._registering.setdefault(key, utcnow())
+
+        def run(connection: Connection) -> int:
+            if connection.scalar(select(Build.id).where(Build.id == build_id)) is None:
+                raise NotFoundError("build", build_id)
+            # Idempotent: a first attempt whose COMMIT succeeded but whose answer was lost left
+            # this process's row; find it instead of adding a phantom "running" worker.
+            existing = connection.scalar(
+                select(Worker.id)
+                .where(
+                    Worker.build_id == build_id,
+                    Worker.hostname == storable_text(hostname, MAX_PACKAGE),
+                    Worker.pid == pid,
+                    Worker.device == storable_text(device, MAX_PACKAGE),
+                    Worker.slot.is_(None) if slot is None else Worker.slot == slot,
+                    Worker.status == "running",
+                    Worker.started_at >= since,
+                )
+                .order_by(Worker.id)
+                .limit(1)
+            )
+            if existing is not None:
+                return existing
+            now = utcnow()
+            statement = (
+                Worker.__table__.insert()
+                .values(
+                    build_id=build_id,
+                    hostname=storable_text(hostname, MAX_PACKAGE),
+                    pid=pid,
+                    device=storable_text(device, MAX_PACKAGE),
+                    started_at=now,
+                    last_heartbeat=now,
+                    cases_run=0,
+                    status="running",
+                    slot=slot,
+                )
+                .returning(Worker.id)
+            )
+            return connection.execute(statement).scalar_one()
+
+        return self._tx.write(run)
+
+    def heartbeat(self, worker_id: int, cases_run: int, status: str = "running") -> None:
+        """Set the worker's ``last_heartbeat`` to now with its ``cases_run`` and ``status``.
+
+        A status other than ``"running"`` also ends the worker's minimisation leases.
+
+        Raises:
+            NotFoundError: ``worker_id`` is unknown.
+            FieldValidationError: ``status`` is not one of ``WORKER_STATUSES``.
+        """
+        if status not in WORKER_STATUSES:
+            raise FieldValidationError("status", f"unknown value {status!r} (allowed: {', '.join(WORKER_STATUSES)})")
+
+        def run(connection: Connection) -> None:
+            statement = (
+                update(Worker)
+                .where(Worker.id == worker_id)
+                .values(last_heartbeat=utcnow(), cases_run=cases_run, status=status)
+            )
+            if connection.execute(statement).rowcount == 0:
+                raise NotFoundError("worker", worker_id)
+            if status != "running":
+                self._end_leases_of(connection, worker_id)
+
+        self._tx.write(run)
+
+    @staticmethod
+    def _end_leases_of(connection: Connection, worker_id: int) -> None:
+        connection.execute(
+            update(Bucket)
+            .where(Bucket.minimise_owner_id == worker_id)
+            .values(minimise_owner_id=None, minimise_lease_expires_at=None)
+        )
+
+    def mark_worker_lost(self, worker_id: int) -> bool:
+        """The worker is known to be dead (its spool slot was taken over): status ``"lost"`` if it
+        was ``"running"``, ``last_heartbeat`` kept (the gap stays visible), its leases ended.
+        False, and nothing changed, when there is no such worker in this database."""
+
+        def run(connection: Connection) -> bool:
+            if connection.scalar(select(Worker.id).where(Worker.id == worker_id)) is None:
+                return False
+            connection.execute(
+                update(Worker).where(Worker.id == worker_id, Worker.status == "running").values(status="lost")
+            )
+            self._end_leases_of(connection, worker_id)
+            return True
+
+        return self._tx.write(run)
+
+    def worker_sessions(self, hostname: str | None = None) -> list[WorkerSession]:
+        """Every worker (of ``hostname``, if given), oldest first: what `heartbeat_gaps` reads."""
+
+        def run(connection: Connection) -> list[WorkerSession]:
+            statement = select(Worker).order_by(Worker.started_at, Worker.id)
+            if hostname is not None:
+                statement = statement.where(Worker.hostname == hostname)
+            rows = connection.execute(statement.with_only_columns(*Worker.__table__.c)).all()
+            return [
+                WorkerSession(
+                    worker_id=r.id,
+                    hostname=r.hostname,
+                    slot=r.slot,
+                    pid=r.pid,
+                    started_at=r.started_at,
+                    last_heartbeat=r.last_heartbeat,
+                    status=r.status,
+                    cases_run=r.cases_run,
+                )
+                for r in rows
+            ]
+
+        return self._tx.read(run)
+
+    def record_case(self, case_json: dict[str, Any], origin: str = "fuzz") -> str:
+        """Store the case if it is new (the first origin recorded is kept); its ``case_id``.
+
+        Args:
+            case_json: ``AttentionCase.to_json()`` output; validated, then stored normalised.
+            origin: one of ``"fuzz"``, ``"minimised"``, ``"corpus"``, ``"replay"``.
+
+        Raises:
+            oracle.errors.CaseValidationError: ``case_json`` is not a valid case.
+            FieldValidationError: ``origin`` is unknown.
+        """
+        attention_case = AttentionCase.from_json(case_json)
+        if origin not in ORIGINS:
+            raise FieldValidationError("origin", f"unknown value {origin!r} (allowed: {', '.join(ORIGINS)})")
+        self._tx.write(lambda connection: self._insert_case(connection, attention_case, origin))
+        return attention_case.case_id
+
+    @staticmethod
+    def _insert_case(connection: Connection, attention_case: AttentionCase, origin: str) -> None:
+        values = {
+            "id": attention_case.case_id,
+            "config": attention_case.to_json(),
+            "origin": origin,
+            "created_at": utcnow(),
+            **case_filter_columns(attention_case),
+        }
+        _insert_ignore(connection, Case.__table__, values, ["id"])
+
+    def record_result(self, result: CaseResult, build_id: int, worker_id: int | None) -> BucketUpdate | None:
+        """Store ``result`` once per ``(case_id, build_id, backend, variant, phase)`` (one
+        transaction; see `_result_writer`).
+
+        Raises:
+            NotFoundError: ``result.case_id`` was never recorded (call `record_case` first), or
+                ``build_id`` or ``worker_id`` is unknown.
+        """
+        return self._tx.write(self._result_writer(result, build_id, worker_id))
+
+    def record_case_results(
+        self, case_json: dict[str, Any], origin: str, results: list[CaseResult], build_id: int, worker_id: int | None
+    ) -> list[BucketUpdate | None]:
+        """`record_case` and `record_result` of every result of that case, in one transaction: all
+        of it is stored, or (on an error) none of it. The build and the worker are checked once,
+        the case not at all (it is written in the same transaction).
+
+        Returns:
+            One `record_result` answer per result, in order.
+
+        Raises:
+            oracle.errors.CaseValidationError: ``case_json`` is not a valid case.
+            FieldValidationError: ``origin`` is unknown, or a result belongs to another case.
+            NotFoundError: ``build_id`` or ``worker_id`` is unknown.
+        """
+        attention_case = AttentionCase.from_json(case_json)
+        if origin not in ORIGINS:
+            raise FieldValidationError("origin", f"unknown value {origin!r} (allowed: {', '.join(ORIGINS)})")
+        for r in results:
+            if r.case_id != attention_case.case_id:
+                raise FieldValidationError(
+                    "case_id", f"result of {r.backend}/{r.variant} has case_id {r.case_id!r}, not {attention_case.case_id!r}"
+                )
+
+        def run(connection: Connection) -> list[BucketUpdate | None]:
+            self._insert_case(connection, attention_case, origin)
+            self._check_build_worker(connection, build_id, worker_id)
+            # every result row in one INSERT ... ON CONFLICT DO NOTHING RETURNING (the
+            # first of a key repeated within the call is the one inserted); then, per failure, its
+            # bucket, and per already-stored key the stored row's bucket, as `record_result` does
+            now = utcnow()
+            first: dict[tuple[str, str, str], int] = {}
+            rows = []
+            for i, r in enumerate(results):
+                if (r.backend, r.variant, r.phase) not in first:
+                    first[(r.backend, r.variant, r.phase)] = i
+                    rows.append(self._result_values(r, build_id, worker_id, now))
+            insert = postgresql.insert if connection.dialect.name == "postgresql" else sqlite.insert
+            statement = (
+                insert(Result.__table__)
+                .on_conflict_do_nothing(index_elements=RESULT_KEY)
+                .returning(Result.backend, Result.variant, Result.phase)
+            )
+            # executemany: SQLAlchemy sends it as multi-row INSERTs ("insertmanyvalues", batches
+            # of its own size) from one cached compiled statement
+            inserted = {tuple(row) for row in connection.execute(statement, rows)} if rows else set()
+            updates: list[BucketUpdate | None] = []
+            for i, r in enumerate(results):
+                fresh = first[(r.backend, r.variant, r.phase)] == i and (r.backend, r.variant, r.phase) in inserted
+                if fresh and not r.is_failure:
+                    updates.append(None)
+                else:
+                    updates.append(self._result_writer(r, build_id, worker_id, check=False, inserted=fresh)(connection))
+            return updates
+
+        return self._tx.write(run)
+
+    @staticmethod
+    def _result_values(result: CaseResult, build_id: int, worker_id: int | None, now: datetime) -> dict[str, Any]:
+        """The ``results`` row of ``result``."""
+        return {
+            "case_id": result.case_id,
+            "build_id": build_id,
+            "worker_id": worker_id,
+            "backend": result.backend,
+            "variant": result.variant,
+            "status": result.status,
+            "signature": result.signature,
+            "signatures": list(result.signatures),
+            "metrics": result.metrics,
+            "error_ratio": result.error_ratio,
+            "run_ms": result.run_ms,
+            "compile_ms": result.compile_ms,
+            "oracle_ms": result.oracle_ms,
+            "detail": result.detail,
+            "backend_version": result.backend_version,
+            "selected_kernel": result.selected_kernel,
+            "phase": result.phase,
+            "created_at": now,
+        }
+
+    def _result_writer(
+        self, result: CaseResult, build_id: int, worker_id: int | None, check: bool = True, inserted: bool | None = None
+    ) -> Callable[[Connection], BucketUpdate | None]:
+        """The write of `record_result` as a function of a connection (``check``: verify that the
+        case, build and worker exist first; ``inserted``: the result row was already written by
+        the caller, True, or was there before, False). Stores ``result`` once per
+        ``(case_id, build_id, backend, variant, phase)``.
+
+        A failing result is counted in its bucket ``(backend, variant, signature)``, created on
+        first sight. Writing the same key again changes nothing and reports the stored row.
+
+        Returns:
+            For a failure: the bucket and whether this call created it. None for a non-failure.
+
+        Raises:
+            NotFoundError: ``result.case_id`` was never recorded (call `record_case` first), or
+                ``build_id`` or ``worker_id`` is unknown.
+        """
+
+        def run(connection: Connection) -> BucketUpdate | None:
+            now = utcnow()
+            if check:
+                self._check_references(connection, result.case_id, build_id, worker_id)
+            if inserted is None:
+                values = self._result_values(result, build_id, worker_id, now)
+                result_id = _insert_ignore(connection, Result.__table__, values, RESULT_KEY)
+            else:
+                result_id = 1 if inserted else None
+            if result_id is None:
+                return self._stored_bucket(connection, result, build_id)
+            if not result.is_failure:
+                return None
+            bucket_values = {
+                "backend": result.backend,
+                "variant": result.variant,
+                "signature": result.signature,
+                "first_seen": now,
+                "last_seen": now,
+                "hit_count": 1,
+                "first_case_id": result.case_id,
+                "minimise_note": "",
+                "first_build_id": build_id,
+                "last_build_id": build_id,
+                "triage_state": TriageState.new,
+                "notes": "",
+                **_bucket_severity_values(result),
+            }
+            bucket_id = _insert_ignore(connection, Bucket.__table__, bucket_values, ["backend", "variant", "signature"])
+            if bucket_id is not None:
+                return BucketUpdate(bucket_id=bucket_id, is_new=True)
+            bump = (
+                update(Bucket)
+                .where(_bucket_key(result.backend, result.variant, result.signature))
+                .values(
+                    hit_count=Bucket.hit_count + 1,
+                    last_seen=case((Bucket.last_seen < now, now), else_=Bucket.last_seen),
+                    last_build_id=build_id,
+                    **_bucket_severity_bump(result),
+                )
+                .returning(Bucket.id)
+            )
+            return BucketUpdate(bucket_id=connection.execute(bump).scalar_one(), is_new=False)
+
+        return run
+
+    @staticmethod
+    def _check_references(connection: Connection, case_id: str, build_id: int, worker_id: int | None) -> None:
+        if connection.scalar(select(Case.id).where(Case.id == case_id)) is None:
+            raise NotFoundError("case", case_id)
+        SqlStore._check_build_worker(connection, build_id, worker_id)
+
+    @staticmethod
+    def _check_build_worker(connection: Connection, build_id: int, worker_id: int | None) -> None:
+        if connection.scalar(select(Build.id).where(Build.id == build_id)) is None:
+            raise NotFoundError("build", build_id)
+        if worker_id is not None and connection.scalar(select(Worker.id).where(Worker.id == worker_id)) is None:
+            raise NotFoundError("worker", worker_id)
+
+    @staticmethod
+    def _stored_bucket(connection: Connection, result: CaseResult, build_id: int) -> BucketUpdate | None:
+        stored = connection.execute(
+            select(Result.status, Result.signature).where(
+                Result.case_id == result.case_id,
+                Result.build_id == build_id,
+                Result.backend == result.backend,
+                Result.variant == result.variant,
+                Result.phase == result.phase,
+            )
+        ).one()
+        if stored.signature is None:
+            return None
+        bucket_id = connection.scalar(
+            select(Bucket.id).where(_bucket_key(result.backend, result.variant, stored.signature))
+        )
+        return BucketUpdate(bucket_id=bucket_id, is_new=False)
+
+    def record_minimised(
+        self,
+        bucket_id: int,
+        minimised_case_json: dict[str, Any],
+        original_case_id: str,
+        note: str,
+        *,
+        worker_id: int | None = None,
+        attach: Iterable[tuple[str, str]] = (),
+        now: datetime | None = None,
+    ) -> list[int]:
+        """Store the minimised case (origin ``"minimised"``), point the bucket at it, put it in
+        its root-cause group and attach the other symptoms, in one transaction.
+
+        The group is the ``defects`` row of ``(backend, minimised case)``, created on first sight:
+        every bucket of the backend whose minimised case this is belongs to it. Each
+        ``(variant, signature)`` of ``attach`` names a bucket of the same backend that fails that
+        way on the minimised case (the worker re-checked it there); if it has no minimised case
+        and no live lease of another worker, it gets this minimised case, the group, and a note
+        naming this bucket, and its lease ends: it is not shrunk on its own. With ``worker_id``,
+        that worker's leases on the sibling buckets claimed with this one
+        (`MinimiseClaim.siblings`) end too.
+
+        Args:
+            bucket_id: the bucket whose failure was minimised.
+            minimised_case_json: ``AttentionCase.to_json()`` of the smallest case still failing.
+            original_case_id: the case minimisation started from; it must be stored.
+            note: how minimisation ended (kept verbatim in ``buckets.minimise_note``).
+            worker_id: the worker that shrank it (ends its sibling leases).
+            attach: ``(variant, signature)`` of the buckets to attach (see above).
+            now: the current time (tests).
+
+        Returns:
+            The ids of the buckets attached.
+
+        Raises:
+            oracle.errors.CaseValidationError: the minimised case is invalid.
+            NotFoundError: the bucket or the original case does not exist.
+        """
+        attention_case = AttentionCase.from_json(minimised_case_json)
+        attach = [(str(variant), str(signature)) for variant, signature in attach]
+
+        def run(connection: Connection) -> list[int]:
+            at = now or utcnow()
+            if connection.scalar(select(Case.id).where(Case.id == original_case_id)) is None:
+                raise NotFoundError("case", original_case_id)
+            primary = connection.execute(
+                select(Bucket.backend, Bucket.variant, Bucket.signature).where(Bucket.id == bucket_id)
+            ).one_or_none()
+            if primary is None:
+                raise NotFoundError("bucket", bucket_id)
+            self._insert_case(connection, attention_case, "minimised")
+            defect_id = self._defect_id(connection, primary.backend, attention_case.case_id, at)
+            siblings = self._siblings(connection, bucket_id) if worker_id is not None else None
+            connection.execute(
+                update(Bucket)
+                .where(Bucket.id == bucket_id)
+                .values(
+                    minimised_case_id=attention_case.case_id,
+                    minimise_note=storable_text(note, MAX_DETAIL),
+                    minimise_owner_id=None,
+                    minimise_lease_expires_at=None,
+                    defect_id=defect_id,
+                )
+            )
+            attached = []
+            free = or_(
+                Bucket.minimise_owner_id.is_(None),
+                Bucket.minimise_lease_expires_at < at,
+                *([Bucket.minimise_owner_id == worker_id] if worker_id is not None else []),
+            )
+            for variant, signature in attach:
+                if (variant, signature) == (primary.variant, primary.signature):
+                    continue
+                attach_note = (
+                    f"attached: fails as {signature} on the minimised case of bucket {bucket_id} "
+                    f"({primary.variant} / {primary.signature}), one root cause; not shrunk on its own"
+                )
+                won = connection.execute(
+                    update(Bucket)
+                    .where(_bucket_key(primary.backend, variant, signature), Bucket.minimised_case_id.is_(None), free)
+                    .values(
+                        minimised_case_id=attention_case.case_id,
+                        minimise_note=storable_text(attach_note, MAX_DETAIL),
+                        minimise_owner_id=None,
+                        minimise_lease_expires_at=None,
+                        defect_id=defect_id,
+                    )
+                    .returning(Bucket.id)
+                ).scalar_one_or_none()
+                if won is not None:
+                    attached.append(won)
+            if siblings is not None:  # the ones not attached go back to the queue
+                connection.execute(
+                    update(Bucket)
+                    .where(siblings, Bucket.minimise_owner_id == worker_id)
+                    .values(minimise_owner_id=None, minimise_lease_expires_at=None)
+                )
+            return attached
+
+        return self._tx.write(run)
+
+    @staticmethod
+    def _defect_id(connection: Connection, backend: str, case_id: str, at: datetime) -> int:
+        """The id of the ``defects`` row ``(backend, case_id)``, created on first sight."""
+        values = {"backend": backend, "case_id": case_id, "created_at": at}
+        defect_id = _insert_ignore(connection, Defect.__table__, values, ["backend", "case_id"])
+        if defect_id is None:
+            defect_id = connection.scalar(select(Defect.id).where(Defect.backend == backend, Defect.case_id == case_id))
+        return defect_id
+
+    @staticmethod
+    def _siblings(connection: Connection, bucket_id: int) -> Any:
+        """The condition "a bucket claimed together with ``bucket_id``": the same backend, the
+        same signature and the same first case (one case failing the same way through several API
+        variants), without a minimised case; ``bucket_id`` itself excluded."""
+        row = connection.execute(
+            select(Bucket.backend, Bucket.signature, Bucket.first_case_id).where(Bucket.id == bucket_id)
+        ).one_or_none()
+        if row is None:
+            return Bucket.id.is_(None)  # matches nothing
+        return (
+            (Bucket.id != bucket_id)
+            & (Bucket.backend == row.backend)
+            & (Bucket.signature == row.signature)
+            & (Bucket.first_case_id == row.first_case_id)
+            & Bucket.minimised_case_id.is_(None)
+        )
+
+    # ------------------------------------------------------------------ minimisation leases
+    def claim_minimisation(
+        self,
+        worker_id: int,
+        backends: list[str],
+        lease_s: float,
+        max_attempts: int = 3,
+        *,
+        now: datetime | None = None,
+    ) -> MinimiseClaim | None:
+        """Take the oldest bucket of ``backends`` with no minimised case, no live lease and
+        fewer than ``max_attempts`` claims, for ``lease_s`` seconds; None when there is none.
+
+        Args:
+            worker_id: the claiming worker.
+            backends: backend names the worker can run.
+            lease_s: lease length, seconds (renew with `renew_minimisation`).
+            max_attempts: a bucket claimed this many times is left alone (its shrinking keeps
+                killing workers or never ends).
+            now: the current time (tests pass a later one instead of waiting).
+
+        Raises:
+            FieldValidationError: ``lease_s`` is not positive.
+            NotFoundError: ``worker_id`` is unknown.
+        """
+        if not lease_s > 0:
+            raise FieldValidationError("lease_s", f"must be positive, got {lease_s!r}")
+
+        def run(connection: Connection) -> MinimiseClaim | None:
+            at = now or utcnow()
+            if connection.scalar(select(Worker.id).where(Worker.id == worker_id)) is None:
+                raise NotFoundError("worker", worker_id)
+            # a bucket left alone after its last claim (each shrink died with its worker or ran
+            # out of lease) says so in its note instead of keeping an empty one
+            connection.execute(
+                update(Bucket)
+                .where(
+                    Bucket.minimised_case_id.is_(None),
+                    Bucket.minimise_attempts >= max_attempts,
+                    or_(Bucket.minimise_owner_id.is_(None), Bucket.minimise_lease_expires_at < at),
+                    Bucket.minimise_note == "",
+                )
+                .values(
+                    minimise_note=f"abandoned: not minimised after {max_attempts} claims (each shrink ended "
+                    "without a result: its worker died or its lease ran out)",
+                    minimise_owner_id=None,
+                    minimise_lease_expires_at=None,
+                )
+            )
+            claimable = (
+                Bucket.minimised_case_id.is_(None)
+                & (Bucket.minimise_attempts < max_attempts)
+                & or_(Bucket.minimise_owner_id.is_(None), Bucket.minimise_lease_expires_at < at)
+            )
+            candidates = connection.scalars(
+                select(Bucket.id).where(claimable, Bucket.backend.in_(list(backends))).order_by(Bucket.id).limit(8)
+            ).all()
+            for bucket_id in candidates:
+                won = connection.execute(
+                    update(Bucket)
+                    .where(Bucket.id == bucket_id, claimable)
+                    .values(
+                        minimise_owner_id=worker_id,
+                        minimise_lease_expires_at=at + timedelta(seconds=lease_s),
+                        minimise_attempts=Bucket.minimise_attempts + 1,
+                    )
+                    .returning(Bucket.backend, Bucket.variant, Bucket.signature, Bucket.first_case_id, Bucket.minimise_attempts)
+                ).one_or_none()
+                if won is None:  # another worker took it between the SELECT and the UPDATE
+                    continue
+                config = connection.scalar(select(Case.config).where(Case.id == won.first_case_id))
+                # the same failure of the same case through the backend's other variants: one
+                # lease for all, so no other worker shrinks what one minimisation will settle
+                siblings = connection.execute(
+                    update(Bucket)
+                    .where(self._siblings(connection, bucket_id), claimable)
+                    .values(
+                        minimise_owner_id=worker_id,
+                        minimise_lease_expires_at=at + timedelta(seconds=lease_s),
+                        minimise_attempts=Bucket.minimise_attempts + 1,
+                    )
+                    .returning(Bucket.id, Bucket.backend, Bucket.variant, Bucket.signature)
+                ).all()
+                return MinimiseClaim(
+                    bucket_id=bucket_id,
+                    key=(won.backend, won.variant, won.signature),
+                    case_json=config,
+                    attempt=won.minimise_attempts,
+                    siblings=tuple(sorted((r.id, (r.backend, r.variant, r.signature)) for r in siblings)),
+                )
+            return None
+
+        return self._tx.write(run)
+
+    def renew_minimisation(self, bucket_id: int, worker_id: int, lease_s: float, *, now: datetime | None = None) -> bool:
+        """Extend ``worker_id``'s lease on the bucket (and on the siblings it claimed with it and
+        still holds) to ``lease_s`` seconds from now.
+
+        Returns:
+            False when the worker no longer holds the bucket itself (expired and taken, or released).
+        """
+
+        def run(connection: Connection) -> bool:
+            at = now or utcnow()
+            statement = (
+                update(Bucket)
+                .where(Bucket.id == bucket_id, Bucket.minimise_owner_id == worker_id, Bucket.minimised_case_id.is_(None))
+                .values(minimise_lease_expires_at=at + timedelta(seconds=lease_s))
+            )
+            held = connection.execute(statement).rowcount > 0
+            if held:
+                connection.execute(
+                    update(Bucket)
+                    .where(self._siblings(connection, bucket_id), Bucket.minimise_owner_id == worker_id)
+                    .values(minimise_lease_expires_at=at + timedelta(seconds=lease_s))
+                )
+            return held
+
+        return self._tx.write(run)
+
+    def release_minimisation(self, bucket_id: int, worker_id: int, outcome: str) -> None:
+        """End ``worker_id``'s lease without a minimised case; ``outcome`` goes to the bucket's
+        ``minimise_note``. Its leases on the siblings claimed with it end too (their notes are
+        kept). Nothing happens if the worker no longer holds the lease."""
+
+        def run(connection: Connection) -> None:
+            connection.execute(
+                update(Bucket)
+                .where(self._siblings(connection, bucket_id), Bucket.minimise_owner_id == worker_id)
+                .values(minimise_owner_id=None, minimise_lease_expires_at=None)
+            )
+            connection.execute(
+                update(Bucket)
+                .where(Bucket.id == bucket_id, Bucket.minimise_owner_id == worker_id)
+                .values(minimise_owner_id=None, minimise_lease_expires_at=None, minimise_note=storable_text(outcome, MAX_DETAIL))
+            )
+
+        self._tx.write(run)
+
+    def known_bucket_keys(self) -> set[tuple[str, str, str]]:
+        """Every ``(backend, variant, signature)`` that has a bucket."""
+
+        def run(connection: Connection) -> set[tuple[str, str, str]]:
+            rows = connection.execute(select(Bucket.backend, Bucket.variant, Bucket.signature))
+            return {(row.backend, row.variant, row.signature) for row in rows}
+
+        return self._tx.read(run)
+
+    def known_failures(self, backends: list[str]) -> list[tuple[tuple[str, str, str], dict[str, Any]]]:
+        """Each bucket of ``backends`` with its minimised case (its first case if not minimised),
+        as ``((backend, variant, signature), case_json)``, oldest bucket first."""
+
+        def run(connection: Connection) -> list[tuple[tuple[str, str, str], dict[str, Any]]]:
+            rows = bucket_cases(connection, backends)
+            return [((r.backend, r.variant, r.signature), r.config) for r in rows]
+
+        return self._tx.read(run)
+
+
+def bucket_cases(connection: Any, backends: Iterable[str] | None = None) -> list[Any]:
+    """Each bucket (of ``backends`` if given, else all) with the case that stands for it: its
+    minimised case, else its first case. Rows ``(id, backend, variant, signature, config)``, oldest
+    bucket first, read on ``connection`` (a Connection or a Session). Shared by
+    `SqlStore.known_failures` and `service.builds.matrix.replay_tasks_from_buckets`."""
+    case_id = func.coalesce(Bucket.minimised_case_id, Bucket.first_case_id)
+    statement = (
+        select(Bucket.id, Bucket.backend, Bucket.variant, Bucket.signature, Case.config)
+        .join(Case, Case.id == case_id)
+        .order_by(Bucket.id)
+    )
+    if backends is not None:
+        statement = statement.where(Bucket.backend.in_(list(backends)))
+    return list(connection.execute(statement).all())
+
+
+@dataclass(frozen=True)
+class WorkerSession:
+    """One ``workers`` row: a worker process from start to its last heartbeat (times UTC)."""
+
+    worker_id: int
+    hostname: str
+    slot: str | None
+    pid: int
+    started_at: datetime
+    last_heartbeat: datetime
+    status: str
+    cases_run: int
+
+
+@dataclass(frozen=True)
+class HeartbeatGap:
+    """The time between a worker's last heartbeat and the start of the next worker of its host
+    and slot (its restart), in seconds; ``clean`` when the first one stopped normally."""
+
+    before: WorkerSession
+    after: WorkerSession
+    gap_s: float
+    clean: bool
+
+
+def heartbeat_gaps(sessions: Iterable[WorkerSession]) -> list[HeartbeatGap]:
+    """Consecutive sessions of each (hostname, slot), in start order; sessions without a slot are
+    left out (nothing says which one restarted which)."""
+    by_slot: dict[tuple[str, str], list[WorkerSession]] = {}
+    for session in sessions:
+        if session.slot is not None:
+            by_slot.setdefault((session.hostname, session.slot), []).append(session)
+    gaps = []
+    for runs in by_slot.values():
+        runs.sort(key=lambda r: (r.started_at, r.worker_id))
+        for before, after in zip(runs, runs[1:]):
+            gap_s = (after.started_at - before.last_heartbeat).total_seconds()
+            gaps.append(HeartbeatGap(before, after, gap_s, clean=before.status == "stopped"))
+    return gaps
+
+
+class SqlExampleDatabase(ExampleDatabase):
+    """Hypothesis's example database in the ``hypothesis_examples`` table.
+
+    ``save`` and ``delete`` are idempotent and ``move`` is one transaction. Change listeners
+    hear this instance's own saves, deletes and moves (a move is a delete then a save), not
+    writes by other processes.
+
+    Args:
+        bind: an Engine or an open Connection (see the module docstring).
+    """
+
+    def __init__(self, bind: Engine | Connection, *, retries: int = DEFAULT_RETRIES):
+        super().__init__()
+        self._tx = _Transactor(bind, retries)
+
+    def __repr__(self) -> str:
+        return f"SqlExampleDatabase({self._tx.bind!r})"
+
+    @staticmethod
+    def _save(connection: Connection, key: bytes, value: bytes) -> bool:
+        values = {"key": key, "value": value, "value_sha256": hashlib.sha256(value).digest()}
+        table = HypothesisExample.__table__
+        return _insert_ignore(connection, table, values, ["key", "value_sha256"]) is not None
+
+    @staticmethod
+    def _delete(connection: Connection, key: bytes, value: bytes) -> bool:
+        statement = delete(HypothesisExample).where(
+            HypothesisExample.key == key,
+            HypothesisExample.value_sha256 == hashlib.sha256(value).digest(),
+            HypothesisExample.value == value,
+        )
+        return connection.execute(statement).rowcount > 0
+
+    def save(self, key: bytes, value: bytes) -> None:
+        """Save ``value`` under ``key``; nothing happens if it is already there."""
+        key, value = bytes(key), bytes(value)
+        if self._tx.write(lambda connection: self._save(connection, key, value)):
+            self._broadcast_change(("save", (key, value)))
+
+    def fetch(self, key: bytes) -> Iterable[bytes]:
+        """Every value under ``key``, oldest first (read in one query, then yielded)."""
+        key = bytes(key)
+        statement = select(HypothesisExample.value).where(HypothesisExample.key == key).order_by(HypothesisExample.id)
+        values = self._tx.read(lambda connection: list(connection.scalars(statement)))
+        yield from values
+
+    def delete(self, key: bytes, value: bytes) -> None:
+        """Remove ``value`` from ``key``; nothing happens if it is not there."""
+        key, value = bytes(key), bytes(value)
+        if self._tx.write(lambda connection: self._delete(connection, key, value)):
+            self._broadcast_change(("delete", (key, value)))
+
+    def move(self, src: bytes, dest: bytes, value: bytes) -> None:
+        """Move ``value`` from ``src`` to ``dest`` in one transaction (saved at ``dest`` even when
+        absent from ``src``)."""
+        src, dest, value = bytes(src), bytes(dest), bytes(value)
+        if src == dest:
+            self.save(src, value)
+            return
+        deleted, saved = self._tx.write(
+            lambda connection: (self._delete(connection, src, value), self._save(connection, dest, value))
+        )
+        if deleted:
+            self._broadcast_change(("delete", (src, value)))
+        if saved:
+            self._broadcast_change(("save", (dest, value)))
+
+    def _start_listening(self) -> None:
+        # Changes are broadcast from save/delete/move above; nothing to start.
+        pass
+
+    def _stop_listening(self) -> None:
+        pass

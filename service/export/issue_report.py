@@ -1,0 +1,272 @@
+"""An issue-ready Markdown report of one bucket (``attnfuzz report --bucket ID --format markdown``,
+``GET /api/buckets/{id}/issue.md``, the bucket page's "copy as issue").
+
+Everything comes from the store, nothing is recomputed (no oracle, no kernel): the bucket, its
+minimised case (else its first case), the stored result of the bucket's backend variant on that
+case (signatures and figures), every other stored result on the same case (the differential
+evidence: what passed), the first and last builds the bucket was seen on, a finished bisection of
+the case if there is one, and the repro file (`service.export.repro.export_target` from the stored
+allowances). Sections:
+
+1. title in the library's terms: the package (``flash-attn-4``), the library call the variant makes
+   (from the adapter's `fuzzer.backends.base.Backend.repro` values) and what is wrong;
+2. build fingerprint: every package version of the build (``Build`` row and the result's
+   ``backend_version``), device, compute capability, driver;
+3. the minimised case as JSON and as the library call;
+4. signature and error figures per tensor (error ratio, error, allowed, worst index, worst tile);
+5. what else ran on the same case, with status and signature;
+6. first and last seen builds, first bad build if bisected;
+7. the repro file and the command to run it.
+
+Text from the store is written inside code blocks or table cells escaped by `_cell`, never as
+Markdown markup of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from oracle.compare import TILE_ROWS
+
+_MEANING = {
+    "all_zero": "returns an all-zero {tensor}",
+    "nan": "returns NaN in {tensor}",
+    "posinf": "returns +inf in {tensor} where the result is finite",
+    "neginf": "returns -inf in {tensor} where the result is finite",
+    "finite_on_masked": "returns a finite lse on rows that see no key",
+    "mismatch": "returns a wrong {tensor}",
+    "tile_mismatch": "returns a wrong {tensor} in a tile of {tile_rows} rows",
+    "shape": "returns {tensor} of the wrong shape",
+}
+_BUILD_FIELDS = (
+    "torch", "cuda", "cudnn", "flash_attn_4", "flash_attn", "transformer_engine", "nvidia_cutlass_dsl", "triton",
+    "python", "device_name", "compute_capability", "driver",
+)
+
+
+@dataclass(frozen=True)
+class IssueReport:
+    """A bucket written up for the library's issue tracker.
+
+    Attributes:
+        bucket_id: the bucket.
+        title: one line, in the library's terms.
+        markdown: the whole report (starts with ``# title``).
+    """
+
+    bucket_id: int
+    title: str
+    markdown: str
+
+
+def signature_meaning(signature: str | None) -> str:
+    """``out:all_zero`` -> ``returns an all-zero out``; crashes and errors as such."""
+    if not signature:
+        return "passes"
+    tensor, _, kind = signature.partition(":")
+    if tensor == "error":
+        return f"raises {kind or 'an error'}"
+    if not kind:
+        return {"crash": "crashes the process", "timeout": "hangs (timeout)", "oom": "runs out of memory"}.get(
+            tensor, tensor
+        )
+    text = _MEANING.get(kind)
+    return text.format(tensor=tensor, tile_rows=TILE_ROWS) if text else signature
+
+
+def _cell(value: Any) -> str:
+    """A stored value as table-cell text: no pipes, backticks or newlines, at most 300 chars."""
+    text = " ".join(str(value).split())[:300]
+    return text.replace("|", "/").replace("`", "'").replace("<", "&lt;")
+
+
+def _num(value: Any) -> str:
+    if isinstance(value, bool) or value is None:
+        return "-"
+    if isinstance(value, (int, float)):
+        return f"{float(value):.4g}" if math.isfinite(float(value)) else str(value)
+    return _cell(value)
+
+
+def _fence(text: str, language: str = "") -> str:
+    fence = "```"
+    while fence in text:
+        fence += "`"
+    return f"{fence}{language}\n{text.rstrip()}\n{fence}"
+
+
+def _worst_tile(case: Any, name: str, index: Any) -> str:
+    """The tile holding ``worst_index`` of tensor ``name`` (canonical layout), as text."""
+    if not isinstance(index, list) or not all(type(i) is int for i in index):
+        return "-"
+    if case.is_varlen:
+        row_dim = 1 if name == "lse" else 0
+        head = index[0] if name == "lse" else (index[1] if len(index) > 1 else 0)
+        where = f"head {head}"
+    else:
+        row_dim = 2 if name == "lse" else 1
+        head = index[1] if name == "lse" else (index[2] if len(index) > 2 else 0)
+        where = f"batch {index[0]}, {'kv head' if name in ('dk', 'dv') else 'head'} {head}"
+    if len(index) <= row_dim:
+        return "-"
+    tile = index[row_dim] // TILE_ROWS
+    return f"{where}, rows {tile * TILE_ROWS}..{(tile + 1) * TILE_ROWS - 1}"
+
+
+def _build_line(build: Any) -> str:
+    if build is None:
+        return "-"
+    parts = [f"{field}={getattr(build, field)}" for field in _BUILD_FIELDS if getattr(build, field, "")]
+    return f"build {build.id} (`{build.fingerprint_id}`): " + _cell(", ".join(parts) or "no versions recorded")
+
+
+def _library_call(case: Any, backend: Any, variant: str) -> tuple[str, str]:
+    """(short call text for the title, the call as code) from the adapter's repro call, its slots
+    filled with their literals (`service.export.repro.fill_template`)."""
+    import textwrap
+
+    from service.export.repro import ExportError, fill_template, literal, repro_call
+
+    try:
+        call = repro_call(backend, case, variant)
+        code = fill_template(textwrap.dedent(call.source), call.values)
+    except ExportError as exc:
+        return variant, f"# no repro call: {exc}"
+    import ast
+
+    tree = ast.parse(code)  # the constants and call_backend only (helpers are in the repro file)
+    keep = [n for n in tree.body if isinstance(n, ast.Assign) or (isinstance(n, ast.FunctionDef) and n.name == "call_backend")]
+    code = "\n\n".join(ast.get_source_segment(code, n) for n in keep) or code
+    kwargs = next((v for v in call.values.values() if isinstance(v, dict) and v), None)
+    if kwargs:
+        short = ", ".join(f"{k}={literal(v)}" for k, v in kwargs.items() if k != "softmax_scale")
+        return f"{variant} ({short})", code.strip()
+    return variant, code.strip()
+
+
+def bucket_issue(session: Any, bucket_id: int, *, compute_missing: bool = False) -> IssueReport:
+    """The issue report of bucket ``bucket_id`` from stored data only.
+
+    ``compute_missing``: for results stored without allowances (an older attnfuzz), compute the
+    repro's allowances with the CPU oracle (the CLI; never in a web request).
+
+    Raises:
+        NotFoundError: no such bucket.
+    """
+    from sqlalchemy import select
+    from sqlalchemy.orm import selectinload
+
+    from service.db import repository
+    from service.errors import NotFoundError
+    from service.export.repro import ExportError, export_target, repro_filename, resolve_backend, validated_case
+    from service.db.models import BisectRun, Bucket, Build, Result
+
+    bucket = session.scalar(
+        select(Bucket).where(Bucket.id == bucket_id).options(
+            selectinload(Bucket.first_case), selectinload(Bucket.minimised_case),
+            selectinload(Bucket.first_build), selectinload(Bucket.last_build),
+        )
+    )
+    if bucket is None:
+        raise NotFoundError("bucket", bucket_id)
+    target = repository.bucket_repro_target(session, bucket_id)
+    case_row = target.case
+    case = validated_case(case_row.config)
+    results = session.execute(
+        select(Result, Build).join(Build, Build.id == Result.build_id).where(Result.case_id == case_row.id)
+        .order_by(Result.created_at.desc(), Result.id.desc())
+    ).all()
+    mine = next(
+        (r for r, _ in results if r.backend == bucket.backend and r.variant == bucket.variant and r.signature == bucket.signature),
+        None,
+    ) or next((r for r, _ in results if r.backend == bucket.backend and r.variant == bucket.variant), None)
+    build = next((b for r, b in results if mine is not None and r.id == mine.id), None) or bucket.last_build
+    try:
+        adapter = resolve_backend(bucket.backend)
+        package = adapter.packages[0] if adapter.packages else bucket.backend
+        short_call, call_code = _library_call(case, adapter, bucket.variant)
+    except ExportError as exc:
+        package, short_call, call_code = bucket.backend, bucket.variant, f"# {exc}"
+    meaning = signature_meaning(bucket.signature)
+    title = f"{package}, {short_call}: {meaning} ({case.describe()})"
+    minimised = bucket.minimised_case_id is not None
+    out: list[str] = [f"# {title}", ""]
+    out.append(
+        f"attnfuzz bucket {bucket.id}: **{_cell(bucket.backend)} / {_cell(bucket.variant)} / "
+        f"{_cell(bucket.signature)}**, seen {bucket.hit_count} times, triage `{bucket.triage_state.value}`. "
+        f"The case below is {'the minimised case' if minimised else 'the first failing case (not minimised)'}"
+        f" (`{case_row.id}`); {_cell(bucket.minimise_note) if bucket.minimise_note else ''}"
+    )
+    out += ["", "## Build", ""]
+    out.append(f"- {_build_line(build)}")
+    if mine is not None and mine.backend_version:
+        out.append(f"- versions the backend reported: `{_cell(mine.backend_version)}`")
+    if mine is not None and mine.selected_kernel:
+        out.append(f"- kernel the library selected: `{_cell(mine.selected_kernel)}`")
+    out += ["", "## Case", "", _cell(case.describe()), "", _fence(json.dumps(case.to_json(), indent=2), "json"), ""]
+    out += ["The library call of the variant (values as the exported repro passes them):", "",
+            _fence(call_code, "python"), ""]
+    out += ["## What is wrong", ""]
+    if mine is None:
+        out.append("No stored result of this backend variant on the case (figures unavailable).")
+    else:
+        out.append(f"Status `{mine.status}`, signatures: {_cell(', '.join(mine.signatures or []) or '-')}."
+                   + (f" Detail: `{_cell(mine.detail)}`" if mine.detail else ""))
+        out += ["", "| tensor | signatures | error ratio | L2 error | allowed | worst index | worst tile |",
+                "|---|---|---|---|---|---|---|"]
+        for name in ("out", "lse", "dq", "dk", "dv"):
+            figures = (mine.metrics or {}).get(name)
+            if not isinstance(figures, dict):
+                continue
+            out.append(
+                f"| {name} | {_cell(', '.join(figures.get('signatures') or []) or 'passed')} | "
+                f"{_num(figures.get('error_ratio'))} | {_num(figures.get('err_backend'))} | "
+                f"{_num(figures.get('allowed'))} | {_cell(figures.get('worst_index'))} | "
+                f"{_worst_tile(case, name, figures.get('worst_index'))} |"
+            )
+        out += ["", "Error ratio = L2 error / allowed error of attnfuzz's float64 oracle (> 1 fails), at the worst "
+                f"place (whole tensor or a tile of {TILE_ROWS} rows of one batch and head)."]
+    out += ["", "## Same case, other backends and variants", ""]
+    others = [(r, b) for r, b in results if mine is None or r.id != mine.id]
+    if not others:
+        out.append("Nothing else ran on this case.")
+    else:
+        out += ["| backend | variant | status | signature | build |", "|---|---|---|---|---|"]
+        for r, b in others[:60]:
+            out.append(f"| {_cell(r.backend)} | {_cell(r.variant)} | {_cell(r.status)} | {_cell(r.signature or '-')} | {b.id} |")
+    out += ["", "## Builds", ""]
+    out.append(f"- first seen: {bucket.first_seen:%Y-%m-%d %H:%M} UTC on {_build_line(bucket.first_build)}")
+    out.append(f"- last seen: {bucket.last_seen:%Y-%m-%d %H:%M} UTC on {_build_line(bucket.last_build)}")
+    bisect = session.scalar(
+        select(BisectRun).where(BisectRun.case_id == case_row.id, BisectRun.backend == bucket.backend,
+                                BisectRun.variant == bucket.variant, BisectRun.first_bad_version.is_not(None))
+        .order_by(BisectRun.started_at.desc()).limit(1)
+    )
+    if bisect is not None:
+        first_bad = session.get(Build, bisect.first_bad_build_id) if bisect.first_bad_build_id else None
+        out.append(f"- bisected ({_cell(bisect.package)}, {bisect.replays} replays): last good "
+                   f"{_cell(bisect.last_good_version)}, **first bad {_cell(bisect.first_bad_version)}**"
+                   + (f" on {_build_line(first_bad)}" if first_bad is not None else ""))
+    else:
+        out.append("- not bisected")
+    out += ["", "## Repro", ""]
+    filename = repro_filename(bucket.backend, bucket.variant, case_row.id)
+    try:
+        repro = export_target(session, target, force=True, compute_missing=compute_missing)
+        filename = repro.filename
+        out += [f"A standalone pytest file (torch and pytest only, plus the library); it fails while the kernel "
+                f"still shows `{_cell(bucket.signature)}`:", "",
+                f"    attnfuzz export {case_row.id} --backend {bucket.backend} --variant {bucket.variant} -o {filename}",
+                f"    pytest {filename}", "", f"<details><summary>{filename}</summary>", "",
+                _fence(repro.source, "python"), "", "</details>"]
+    except ExportError as exc:
+        out += [f"    attnfuzz export {case_row.id} --backend {bucket.backend} --variant {bucket.variant} -o {filename}",
+                f"    pytest {filename}", "", f"(The file is not inlined here: {_cell(exc)})"]
+    out.append("")
+    return IssueReport(bucket_id=bucket.id, title=title, markdown="\n".join(out))
+
+
+__all__ = ["IssueReport", "bucket_issue", "signature_meaning"]
