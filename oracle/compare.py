@@ -167,7 +167,8 @@ def tolerance_factor(dtype: str, name: str) -> float:
     return TOLERANCE_FACTORS[dtype][name]
 
 
-def _json_float(x: float) -> float | str:
+def json_float(x: float) -> float | str:
+    """``x`` as a JSON value: the float itself when finite, else ``"nan"``, ``"inf"`` or ``"-inf"``."""
     if math.isfinite(x):
         return float(x)
     return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
@@ -224,20 +225,20 @@ class TensorVerdict:
         ``tile_allowed`` holds the allowed error of every tile as ``[group][tile]`` (groups in the
         order of the tensor's non-row dims, see `compare_tensor`). Both depend on the reference
         only, so an exported repro can apply the same judgement (``service/export/repro.py``)."""
-        extra: dict[str, Any] = {"allowed_global": _json_float(self.allowed_global)}
+        extra: dict[str, Any] = {"allowed_global": json_float(self.allowed_global)}
         if self.keep_tiles and self.allowed_tiles is not None:
-            extra["tile_allowed"] = [[_json_float(x) for x in row] for row in self.allowed_tiles.tolist()]
+            extra["tile_allowed"] = [[json_float(x) for x in row] for row in self.allowed_tiles.tolist()]
         return extra | {
             "name": self.name,
             "passed": self.passed,
             "signatures": list(self.signatures),
-            "rel_l2": _json_float(self.rel_l2),
-            "max_abs": _json_float(self.max_abs),
-            "worst_tile_ratio": _json_float(self.worst_tile_ratio),
-            "error_ratio": _json_float(self.error_ratio),
-            "err_backend": _json_float(self.err_backend),
-            "err_baseline": _json_float(self.err_baseline),
-            "allowed": _json_float(self.allowed),
+            "rel_l2": json_float(self.rel_l2),
+            "max_abs": json_float(self.max_abs),
+            "worst_tile_ratio": json_float(self.worst_tile_ratio),
+            "error_ratio": json_float(self.error_ratio),
+            "err_backend": json_float(self.err_backend),
+            "err_baseline": json_float(self.err_baseline),
+            "allowed": json_float(self.allowed),
             "worst_index": None if self.worst_index is None else list(self.worst_index),
             "nan_count": self.nan_count,
             "posinf_count": self.posinf_count,
@@ -270,7 +271,7 @@ class Verdict:
             "passed": self.passed,
             "signatures": list(self.signatures),
             "primary_signature": self.primary_signature,
-            "error_ratio": _json_float(self.error_ratio),
+            "error_ratio": json_float(self.error_ratio),
             "tensors": {name: verdict.to_json() for name, verdict in self.tensors.items()},
         }
 
@@ -717,6 +718,7 @@ __all__ = [
     "Verdict",
     "compare_outputs",
     "compare_tensor",
+    "json_float",
     "judge_tensor",
     "prepare_tensor",
     "rounding_dtype",
