@@ -1,1 +1,1 @@
-"""The ``attnfuzz`` command line (typer): `service.cli.main.main` holds the app and the fuzz/serve/db commands."""
+"""The ``attnfuzz`` command line (typer): `service.cli.main` holds the app and lists the commands, one module each."""

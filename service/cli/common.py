@@ -1,7 +1,8 @@
-"""What the ``attnfuzz`` command modules (`service.cli.main`, `service.builds.cli`,
-`service.cli.export`) share: the ``--db`` option and its default, migrating the database (writing
-commands) or checking its schema (reading commands), logging, and turning an `AttnFuzzError` into
-the exit codes listed in `service.cli.main`.
+"""What the ``attnfuzz`` command modules (``service/cli/*.py``, `service.builds.cli`) share: the
+``--db`` option and its default, migrating the database (writing commands) or checking its schema
+(reading commands), logging, the exit codes (`EXIT_CODES`) and turning an `AttnFuzzError` into
+one (`exit_code`), table printing, resolving stored names, and importing ``module:attr`` plugins
+from the current directory (`cwd_importable`).
 
 Nothing here imports torch or Hypothesis: ``attnfuzz --help`` and ``--version`` stay fast.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 import enum
 import logging
 import os
+import sys
 import time
 from typing import Annotated, NoReturn, Optional
 
@@ -22,6 +24,21 @@ from oracle.errors import AttnFuzzError, CaseValidationError
 console = Console(stderr=True)
 out = Console()
 log = logging.getLogger("attnfuzz.cli")
+
+EXIT_CODES = {
+    0: "success",
+    1: "any other attnfuzz error",
+    2: "bad input or usage: a case, corpus file or option violates a constraint, or names a stored row that does not exist",
+    3: "a backend cannot be loaded (bad plugin spec or entry point)",
+    4: "the worker cannot run (no usable backend on this machine)",
+    5: "the database cannot be opened or migrated, stayed unreachable, or its schema is old (run attnfuzz db upgrade)",
+    6: "the database refuses writes (disk full, read-only); unsaved results stay in the spool",
+    7: "the local spool is full or unusable (nothing was dropped)",
+    8: "a build environment cannot be prepared (builds, bisect)",
+    9: "a replay contradicts the corpus (--check), or a bisection's endpoints do not bracket the failure",
+    130: "interrupted (Ctrl-C); what was stored is printed first",
+}
+EXIT_CODES_HELP = "Exit codes: " + "; ".join(f"{code} {what}" for code, what in EXIT_CODES.items()) + "."
 
 DATABASE_URL_ENV = "ATTNFUZZ_DATABASE_URL"  # = service.db.engine.DATABASE_URL_ENV (not imported: SQLAlchemy)
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -127,7 +144,7 @@ def db_url(db: str | None) -> str:
 
 
 def exit_code(exc: AttnFuzzError) -> int:
-    """The exit code of ``exc`` (the table in `service.cli.main`)."""
+    """The exit code of ``exc`` (one of `EXIT_CODES`)."""
     from fuzzer.backends.base import BackendError
     from fuzzer.builds.corpus import CorpusError
     from fuzzer.results import SinkFatalError
@@ -345,3 +362,13 @@ def _known_revision(revision: str) -> bool:
         return ScriptDirectory.from_config(make_config()).get_revision(revision) is not None
     except Exception:  # alembic.util.CommandError and friends: unknown revision
         return False
+
+
+def cwd_importable() -> None:
+    """Put the current directory at the end of ``sys.path`` so a ``module:attr`` plugin spec finds
+    ``./module.py``; at the end, so a local file never shadows an installed package. The backend
+    child processes (multiprocessing "spawn") start with this ``sys.path``."""
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.append(cwd)
+

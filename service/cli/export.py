@@ -92,9 +92,9 @@ def register(app: typer.Typer) -> None:
             fail(exc)
         spec = backend if backend is not None and ":" in backend else None
         if spec:  # ./module.py is found as `fuzz --backend module:attr` finds it
-            from service.cli.main import _cwd_importable
+            from service.cli.common import cwd_importable
 
-            _cwd_importable()
+            cwd_importable()
         engine = make_engine(url)
         try:
             with Session(engine) as session:

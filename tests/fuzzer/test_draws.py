@@ -306,7 +306,7 @@ def test_report_shows_cases_run_and_top_unsupported_reasons_per_backend(tmp_path
 def test_the_live_display_and_summary_show_runnable_cases_and_reasons():
     from rich.console import Console
 
-    from service.cli.main import RichReporter, _coverage_data
+    from service.cli.fuzz_display import RichReporter, _coverage_data
 
     backends = registry.select(["torch-cpu-math"], [NARROW])
     config = WorkerConfig(backends=backends, isolation="none", seed=5, max_cases=6, time_budget_s=None,

@@ -1,4 +1,4 @@
-"""``attnfuzz cases list`` / ``cases show`` (service/cli/main.py) through typer's CliRunner."""
+"""``attnfuzz cases list`` / ``cases show`` (service/cli/cases.py) through typer's CliRunner."""
 
 from __future__ import annotations
 

@@ -389,7 +389,7 @@ def test_a_replay_on_a_cudnn_build_runs_its_children_on_that_cudnn_and_records_i
 
 
 def test_the_backends_table_shows_the_imported_fa4_build_and_the_loaded_cudnn():
-    from service.cli.main import _runtime_text
+    from service.cli.backends import _runtime_text
 
     text = _runtime_text({
         "flash_attn_4": "4.0.0b30", "flash_attn_4_module": "/b/site/flash_attn/cute",

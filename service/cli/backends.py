@@ -1,0 +1,83 @@
+"""``attnfuzz backends``: every known backend (built-ins, entry points, ``--backend module:attr``)
+with its device, variants, versions, what its child process loaded, and why it is unavailable here.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from oracle.errors import AttnFuzzError
+from service.cli.common import fail, out
+
+
+def backends(
+    backend: Annotated[Optional[list[str]], typer.Option("--backend", help="Extra plugin module:attr.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+) -> None:
+    """List every known backend: device, variants, versions, and why it is unavailable here."""
+    from fuzzer import registry
+
+    try:
+        found = registry.discover([b for b in (backend or []) if ":" in b])
+    except AttnFuzzError as exc:
+        fail(exc)
+    from fuzzer.executor import probe_backends
+
+    rows = []
+    # CUDA backends are loaded in their own children, as a worker loads them: what is listed is
+    # what runs (the cuDNN each child loaded, the flash-attn-4 build flash_attn.cute came from)
+    availability, runtime = probe_backends([found[name] for name in sorted(found)])
+    for name, (b, spec) in sorted(found.items()):
+        reason = availability.get(name)
+        rows.append(
+            {
+                "name": name,
+                "device": b.device,
+                "variants": list(b.variants),
+                "versions": b.versions(),
+                "available": reason is None,
+                "reason": reason or "",
+                "spec": spec,
+                "runtime": runtime.get(name, {}),
+            }
+        )
+    if as_json:
+        out.print_json(json.dumps(rows))
+        return
+    table = Table(title="attnfuzz backends")
+    for col in ("backend", "device", "variants", "versions", "status"):
+        table.add_column(col)
+    for row in rows:
+        status = "[green]available[/]" if row["available"] else f"[yellow]unavailable:[/] {row['reason']}"
+        versions = " ".join(f"{k}={v}" for k, v in row["versions"].items())
+        versions += _runtime_text(row["runtime"])
+        table.add_row(row["name"], row["device"], ", ".join(row["variants"]), versions, status)
+    out.print(table)
+
+
+
+def _runtime_text(runtime: dict[str, str]) -> str:
+    """What a backend's child loaded, for the backends table: the imported FA4 build (module
+    path and version), FA2, and the cuDNN/cuBLASLt/NCCL versions with cuDNN's file."""
+    parts = []
+    if runtime.get("flash_attn_4_module"):
+        parts.append(f"flash_attn.cute={runtime['flash_attn_4_module']} ({runtime.get('flash_attn_4', 'unknown')})")
+    if runtime.get("flash_attn"):
+        parts.append(f"flash_attn(FA2)={runtime['flash_attn']}")
+    if runtime.get("cudnn"):
+        parts.append(f"cuDNN={runtime['cudnn']} ({runtime.get('cudnn_library', '?')})")
+    for key, label in (("cublaslt", "cuBLASLt"), ("nccl", "NCCL")):
+        if runtime.get(key):
+            parts.append(f"{label}={runtime[key]}")
+    if runtime.get("cudnn_conflict"):
+        parts.append(runtime["cudnn_conflict"])
+    return ("\nloaded: " + "; ".join(parts)) if parts else ""
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``backends`` to ``app`` (the ``attnfuzz`` typer application)."""
+    app.command()(backends)

@@ -1,0 +1,181 @@
+"""``attnfuzz cases list`` / ``cases show`` / ``cases add``: read stored cases (never migrating)
+and store cases from JSON files. Exit 2 for bad input or an unknown case, 5 for the database."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from oracle.errors import AttnFuzzError, CaseValidationError
+from service.cli.common import (
+    DbOption,
+    check_schema,
+    check_stored_name,
+    console,
+    db_url,
+    fail,
+    id_column,
+    migrate,
+    out,
+    print_table,
+    resolve_case_id,
+)
+
+cases_app = typer.Typer(help="Inspect stored cases.", no_args_is_help=True)
+
+
+@cases_app.command("list")
+def cases_list(
+    db: DbOption = None,
+    failing: Annotated[bool, typer.Option("--failing", help="Only cases with a failing result.")] = False,
+    backend: Annotated[Optional[str], typer.Option(help="Only cases this backend ran.")] = None,
+    limit: Annotated[int, typer.Option(help="At most this many cases (1-500).")] = 20,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """List stored cases, newest first: id, description and result counts per status (the ids
+    that `cases show` and `export` take)."""
+    from sqlalchemy.orm import Session
+
+    from oracle.config import AttentionCase
+    from oracle.errors import AttnFuzzError
+    from service.db.engine import make_engine
+    from service.db.repository import list_cases
+
+    url = db_url(db)
+    try:
+        check_schema(url)
+        engine = make_engine(url)
+        with Session(engine) as session:
+            if backend:
+                check_stored_name(session, "backend", backend)
+            page = list_cases(session, failing=failing, backend=backend, limit=limit)
+            rows = []
+            for item in page.items:
+                try:
+                    description = AttentionCase.from_json(item.case.config).describe()
+                except AttnFuzzError:
+                    description = "(stored config no longer validates)"
+                rows.append({"case_id": item.case.id, "origin": item.case.origin, "description": description,
+                             "statuses": item.statuses})
+    except AttnFuzzError as exc:
+        fail(exc)
+    if as_json:
+        out.print_json(json.dumps({"total": page.total, "items": rows}))
+        return
+    table = Table(title=f"{len(rows)} of {page.total} cases")
+    id_column(table, "case_id", [r["case_id"] for r in rows])
+    table.add_column("origin", no_wrap=True)
+    table.add_column("results")
+    table.add_column("case")
+    for row in rows:
+        results = ", ".join(f"{n} {status}" for status, n in sorted(row["statuses"].items()))
+        table.add_row(row["case_id"], row["origin"], results, row["description"])
+    print_table(table)
+
+
+@cases_app.command("show")
+def cases_show(
+    case_id: Annotated[str, typer.Argument(help="A stored case id, or a unique prefix of one.")],
+    db: DbOption = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Show one case: its description, JSON and every stored result."""
+    from sqlalchemy.orm import Session
+
+    from oracle.config import AttentionCase
+    from service.db.engine import make_engine
+    from service.db.repository import get_case
+
+    url = db_url(db)
+    try:
+        check_schema(url)
+    except AttnFuzzError as exc:
+        fail(exc)
+    engine = make_engine(url)
+    with Session(engine) as session:
+        try:
+            case_id = resolve_case_id(session, case_id)
+        except AttnFuzzError as exc:
+            fail(exc)
+        detail = get_case(session, case_id)
+        if detail is None:
+            console.print(f"[red]error:[/] case_id: no case {case_id!r} in {url}")
+            raise typer.Exit(2)
+        try:
+            case = AttentionCase.from_json(detail.case.config)
+        except (CaseValidationError, TypeError, ValueError) as exc:  # stored before a bound it now breaks
+            console.print(f"[bold red]error:[/] case {case_id} is stored but no longer validates: {exc}")
+            out.print_json(json.dumps(detail.case.config, default=str))
+            raise typer.Exit(2) from None
+        results = [
+            {
+                "backend": r.backend,
+                "variant": r.variant,
+                "status": r.status,
+                "signature": r.signature,
+                "error_ratio": r.error_ratio,
+                "phase": r.phase,
+                "detail": r.detail,
+            }
+            for r in detail.results
+        ]
+    if as_json:
+        out.print_json(json.dumps({"case": case.to_json(), "results": results}))
+        return
+    out.print(f"[bold]{case.case_id}[/]  {case.describe()}")
+    out.print_json(json.dumps(case.to_json()))
+    table = Table()
+    id_column(table, "backend", [r["backend"] for r in results])
+    id_column(table, "variant", [r["variant"] for r in results])
+    for column in ("status", "signature", "error_ratio", "phase"):
+        table.add_column(column)
+    counts = Counter()
+    for r in results:
+        counts[r["status"]] += 1
+        ratio = "" if r["error_ratio"] is None else f"{r['error_ratio']:.3g}"
+        table.add_row(r["backend"], r["variant"], r["status"], r["signature"] or "", ratio, r["phase"])
+    print_table(table)
+
+
+@cases_app.command("add")
+def cases_add(
+    paths: Annotated[list[str], typer.Argument(help="JSON files, each one AttentionCase.to_json() object.")],
+    db: DbOption = None,
+) -> None:
+    """Store cases from JSON files (origin ``corpus``). Every file is checked first: one bad file
+    (not JSON, an unknown field, a constraint violated) stores nothing and names the file and field."""
+    from oracle.config import AttentionCase
+    from service.db.engine import make_engine
+    from service.db.store import SqlStore
+
+    url = db_url(db)
+    try:
+        cases = []
+        for path in paths:
+            try:
+                data = json.loads(open(path, encoding="utf-8").read())
+            except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+                raise CaseValidationError("case", f"{path}: not readable JSON: {exc}") from exc
+            try:
+                cases.append(AttentionCase.from_json(data))
+            except CaseValidationError as exc:
+                raise CaseValidationError(exc.field, f"{path}: {exc}") from exc
+            except TypeError as exc:  # a value of the wrong type for a field
+                raise CaseValidationError("case", f"{path}: {exc}") from exc
+        migrate(url)
+        engine = make_engine(url)
+        try:
+            store = SqlStore(engine)
+            for case in cases:
+                store.record_case(case.to_json(), "corpus")
+        finally:
+            engine.dispose()
+    except AttnFuzzError as exc:
+        fail(exc)
+    for case in cases:
+        out.print(f"{case.case_id}  {case.describe()}")
+

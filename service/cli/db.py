@@ -1,0 +1,54 @@
+"""``attnfuzz db upgrade`` / ``db current``: migrate the schema (Alembic) or print its revision.
+Exit 5 when the database cannot be opened or migrated."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+
+from oracle.errors import AttnFuzzError
+from service.cli.common import DbOption, db_url, fail, migrate, out
+
+db_app = typer.Typer(help="Database schema management (Alembic migrations).", no_args_is_help=True)
+
+
+@db_app.command("upgrade")
+def db_upgrade(
+    db: DbOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print {database, revision, head} as JSON.")] = False,
+) -> None:
+    """Create or migrate the schema to the newest revision."""
+    url = db_url(db)
+    try:
+        migrate(url)
+    except AttnFuzzError as exc:
+        fail(exc)
+    _print_revision(url, as_json)
+
+
+@db_app.command("current")
+def db_current(
+    db: DbOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print {database, revision, head} as JSON.")] = False,
+) -> None:
+    """Print the schema revision of the database (never writes; exit 5 if it cannot be opened)."""
+    _print_revision(db_url(db), as_json)
+
+
+def _print_revision(url: str, as_json: bool) -> None:
+    from service.errors import ServiceError
+    from service.db.migrations import current, head
+
+    try:
+        revision = current(url)
+    except Exception as exc:  # SQLAlchemy/driver errors: name the database
+        fail(ServiceError(f"database {url!r}: cannot open: {type(exc).__name__}: {str(exc).strip().splitlines()[0]}"))
+    newest = head()
+    if as_json:
+        out.print_json(json.dumps({"database": url, "revision": revision, "head": newest, "up_to_date": revision == newest}))
+    else:
+        note = "" if revision == newest else f" (newest is {newest}: attnfuzz db upgrade --db {url})"
+        out.print(f"{url}: at revision {revision}{note}", soft_wrap=True, highlight=False)
+

@@ -1,0 +1,325 @@
+"""``attnfuzz fuzz``: select the backends, run a `fuzzer.worker.Worker` whose results go to the
+SQL store through the local spool (`fuzzer.spool.SpoolingSink`), and print what it found
+(`service.cli.fuzz_display`); ``--gpus`` starts one such process per GPU instead.
+
+Exit codes (`service.cli.common.EXIT_CODES`): 0 done, 2 bad option, 3 a backend cannot be
+loaded, 4 no usable backend, 5 database, 6 the database refuses writes, 7 spool, 130 Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Annotated, Optional
+
+import typer
+
+from oracle.errors import AttnFuzzError, CaseValidationError
+from service.cli.common import (
+    DbOption,
+    Device,
+    DrawMode,
+    Isolation,
+    cwd_importable,
+    db_url,
+    fail,
+    log,
+    migrate,
+    out,
+)
+from service.cli.fuzz_display import RichReporter, print_summary, summary_data
+
+
+def fuzz(
+    time_budget: Annotated[Optional[float], typer.Option("--time-budget", help="Seconds to fuzz (default 60).")] = None,
+    max_cases: Annotated[Optional[int], typer.Option("--max-cases", help="Stop after N generated cases.")] = None,
+    backend: Annotated[
+        Optional[list[str]],
+        typer.Option("--backend", help="Backend name, or module:attr of a plugin; repeatable (default: all available)."),
+    ] = None,
+    db: DbOption = None,
+    seed: Annotated[Optional[int], typer.Option("--seed", help="Make generation reproducible.")] = None,
+    device: Annotated[Device, typer.Option(help="Where inputs and the oracle live.")] = Device.auto,
+    gpus: Annotated[Optional[str], typer.Option("--gpus", help="'all' or a list like 0,1: one worker process per GPU.")] = None,
+    shrink: Annotated[bool, typer.Option("--shrink/--no-shrink", help="Minimise new buckets.")] = True,
+    shrink_deadline: Annotated[float, typer.Option(help="Seconds per minimisation.")] = 120.0,
+    shrink_share: Annotated[
+        float,
+        typer.Option(help="Largest share of wall time spent shrinking, served between cases (1 = no bound)."),
+    ] = 0.25,
+    case_timeout: Annotated[float, typer.Option(help="Seconds per backend call before its child is killed.")] = 120.0,
+    isolation: Annotated[
+        Isolation,
+        typer.Option(
+            help="Run backends in child processes (a crash or hang becomes a result) or in this process.",
+        ),
+    ] = Isolation.process,
+    max_seqlen: Annotated[
+        Optional[int],
+        typer.Option(help="Largest seqlen_q/seqlen_k drawn (default: each backend's declared cap on cpu, 8192 on cuda)."),
+    ] = None,
+    max_batch_size: Annotated[int, typer.Option(help="Largest batch_size drawn.")] = 2,
+    max_heads_kv: Annotated[int, typer.Option(help="Largest num_heads_kv drawn.")] = 4,
+    max_work: Annotated[
+        Optional[int],
+        typer.Option(help="Bound on batch*heads*seqlen_q*seqlen_k*head_dim (default 2**23 on cpu, 2**32 on cuda)."),
+    ] = None,
+    max_elements: Annotated[
+        Optional[int],
+        typer.Option(help="Bound on the elements of each of q, k, v (default 2**18 on cpu, 2**25 on cuda)."),
+    ] = None,
+    draw: Annotated[
+        DrawMode,
+        typer.Option(
+            "--draw",
+            help="targeted: each case drawn for one backend's capabilities (the least-covered first); "
+            "union: for the union of the selected backends'.",
+        ),
+    ] = DrawMode.targeted,
+    forward_only: Annotated[bool, typer.Option("--forward-only", help="Do not fuzz gradients.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", help="No live display.")] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="No live display; print the summary as one JSON object on stdout.")
+    ] = False,
+    metrics_port: Annotated[
+        Optional[int],
+        typer.Option(
+            envvar="ATTNFUZZ_METRICS_PORT",
+            show_envvar=True,
+            help="Serve this worker's own Prometheus metrics (time split, spool, outages, child restarts) on "
+            "127.0.0.1:PORT/metrics while it runs.",
+        ),
+    ] = None,
+    replay: Annotated[bool, typer.Option("--replay/--no-replay", help="Re-run known buckets first.")] = True,
+    spool_dir: Annotated[
+        Optional[str],
+        typer.Option(
+            envvar="ATTNFUZZ_SPOOL_DIR", show_envvar=True, help="Root of the local spool slots (default ~/.cache/attnfuzz/spool)."
+        ),
+    ] = None,
+    spool_max_bytes: Annotated[int, typer.Option(help="Bound on one worker's spool, bytes.")] = 256 * 2**20,
+    ledger: Annotated[
+        Optional[str], typer.Option(help="Append every result handed to storage to this JSON-lines file.")
+    ] = None,
+    db_timeout: Annotated[
+        Optional[float],
+        typer.Option(help="Seconds: SQLite busy timeout / PostgreSQL connect timeout (default 30 s / libpq's)."),
+    ] = None,
+    db_wait: Annotated[float, typer.Option(help="Seconds to wait for an unreachable database at start.")] = 300.0,
+    heartbeat: Annotated[float, typer.Option(help="Seconds between heartbeats.")] = 10.0,
+    minimise_lease: Annotated[
+        Optional[float], typer.Option(help="Seconds a minimisation claim lasts without renewal.")
+    ] = None,
+    child_memory_limit_bytes: Annotated[
+        Optional[int], typer.Option(help="Kill a backend child past this resident memory, bytes (outcome oom).")
+    ] = None,
+    corpus: Annotated[
+        str,
+        typer.Option(help="Corpus directory replayed first on a build not replayed yet ('' = none)."),
+    ] = "corpus",
+) -> None:
+    """Fuzz the selected backends, store every result, shrink new failures.
+
+    Results that cannot be stored (database stopped, restarting or locked) wait in a local spool
+    and are written, in order, when the database is back; a worker started after one was killed
+    takes over its spool slot, stores what it left and redoes its interrupted case.
+
+    Ctrl-C stops the run: what was stored so far is summarised (and where), unsaved results stay
+    in the spool for the next run, and the exit code is 130.
+
+    A plugin given as ``--backend module:attr`` is imported with the current directory at the end
+    of ``sys.path`` (so ``--backend localk:LocalBackend`` finds ``./localk.py``, as ``python -m``
+    would), after the installed packages.
+    """
+    from fuzzer import registry
+    from fuzzer.worker import Reporter, Worker, WorkerConfig
+
+    device, isolation = Device(device).value, Isolation(isolation).value
+    url = db_url(db)
+    budget = time_budget if time_budget is not None else (None if max_cases is not None else 60.0)
+    try:
+        if gpus is not None:
+            _fuzz_on_gpus(gpus, url)
+            return
+        names = [b for b in (backend or []) if ":" not in b]
+        specs = [b for b in (backend or []) if ":" in b]
+        if specs:
+            cwd_importable()
+        if names or specs:
+            selected = registry.select(names, specs)
+        else:
+            selected = list(registry.discover().values())
+        resolved_device = device
+        if device == "auto":
+            import torch
+
+            # quick_availability imports no backend library: TE imported here could load a second
+            # cuDNN into the worker (fuzzer.builds.environment); the children give the full answer
+            wants_cuda = any(b.device == "cuda" and not b.quick_availability() for b, _ in selected)
+            resolved_device = "cuda" if wants_cuda and torch.cuda.is_available() else "cpu"
+        if not names and not specs:  # default: what can run here
+            selected = [(b, s) for b, s in selected if b.device == resolved_device and not b.quick_availability()]
+        migrate(url, wait_s=db_wait)
+        from fuzzer.spool import Ledger, Spool, SpoolingSink, TolerantExampleDatabase, default_spool_root
+        from service.db.engine import make_engine
+        from service.builds.matrix import SqlBuildHistory
+        from service.db.store import SqlExampleDatabase, SqlStore
+
+        engine = make_engine(url, timeout_s=db_timeout)
+        config = WorkerConfig(
+            backends=selected,
+            device=resolved_device,
+            time_budget_s=budget,
+            max_cases=max_cases,
+            seed=seed,
+            shrink=shrink,
+            shrink_deadline_s=shrink_deadline,
+            shrink_share=shrink_share,
+            case_timeout_s=case_timeout,
+            isolation=isolation,
+            max_seqlen=max_seqlen,
+            max_batch_size=max_batch_size,
+            max_heads_kv=max_heads_kv,
+            max_work=max_work,
+            max_elements=max_elements,
+            draw=DrawMode(draw).value,
+            allow_backward=not forward_only,
+            replay_known=replay,
+            heartbeat_s=heartbeat,
+            minimise_lease_s=minimise_lease,
+            child_memory_limit_bytes=child_memory_limit_bytes,
+            corpus_dir=corpus or None,
+        )
+        reporter = Reporter() if quiet or as_json else RichReporter(budget, max_cases)
+        spool = Spool.acquire(spool_dir or default_spool_root(), url, max_bytes=spool_max_bytes)
+        journal = Ledger(ledger) if ledger else None
+        sink = SpoolingSink(
+            SqlStore(engine), spool, ledger=journal, startup_timeout_s=db_wait, log=lambda line: log.warning("%s", line)
+        )
+        worker = None
+        interrupted = False
+        collector = server = None
+        if metrics_port is not None:
+            from service.worker_metrics import serve_worker_metrics
+
+            try:
+                collector, server = serve_worker_metrics(metrics_port, sink, device=resolved_device, database=url)
+            except OSError as exc:
+                raise CaseValidationError("metrics_port", f"cannot serve metrics on 127.0.0.1:{metrics_port}: {exc}") from exc
+            log.warning("worker metrics on http://127.0.0.1:%s/metrics", server.server_port)
+        try:
+            worker = Worker(
+                config,
+                sink,
+                example_db=TolerantExampleDatabase(SqlExampleDatabase(engine)),
+                reporter=reporter,
+                journal=spool,
+                build_history=SqlBuildHistory(engine),
+            )
+            if collector is not None:
+                collector.worker = worker
+            try:
+                stats = worker.run()
+            except KeyboardInterrupt:
+                interrupted = True
+                stats = worker.stats
+            left = sink.close()
+        except KeyboardInterrupt:  # while the worker was being built: nothing ran yet
+            interrupted = True
+            left = sink.close()
+            from fuzzer.worker import WorkerStats
+
+            stats = worker.stats if worker is not None else WorkerStats()
+        except AttnFuzzError as exc:
+            left = sink.close()
+            if left and _reraisable(exc):
+                raise type(exc)(f"{exc}; {left} unsaved writes kept in spool {spool.path} (stored by the next run)") from exc
+            raise
+        finally:
+            if server is not None:
+                server.shutdown()
+            spool.close()
+            if journal is not None:
+                journal.close()
+            engine.dispose()
+        spooled = {"outages": sink.outages, "spooled": sink.spooled, "flushed": sink.flushed, "left": left,
+                   "path": str(spool.path)}
+        if as_json:
+            out.print_json(json.dumps(summary_data(stats, url, interrupted=interrupted, spool=spooled), default=str))
+        else:
+            print_summary(stats, url, interrupted=interrupted)
+            if sink.outages or left:
+                out.print(
+                    f"database outages: {sink.outages}; writes spooled {sink.spooled}, flushed {sink.flushed}, "
+                    f"left in {spool.path}: {left} (stored by the next run on this database)",
+                    soft_wrap=True,
+                )
+        if interrupted:
+            raise typer.Exit(130)
+    except AttnFuzzError as exc:
+        fail(exc)
+
+
+
+def _reraisable(exc: AttnFuzzError) -> bool:
+    """Whether ``type(exc)(message)`` rebuilds ``exc`` with a longer message."""
+    from fuzzer.results import SinkFatalError, SinkUnavailableError
+    from fuzzer.spool import SpoolError
+
+    return isinstance(exc, (SinkFatalError, SinkUnavailableError, SpoolError))
+
+
+def _fuzz_on_gpus(gpus: str, url: str) -> None:
+    """Start one ``attnfuzz fuzz`` process per GPU (``CUDA_VISIBLE_DEVICES``) and wait for all."""
+    import torch
+
+    from fuzzer.worker import WorkerError
+
+    if gpus == "all":
+        indices = list(range(torch.cuda.device_count()))
+    else:
+        try:
+            indices = [int(x) for x in gpus.split(",") if x.strip()]
+        except ValueError as exc:
+            raise CaseValidationError("gpus", f"not a list of integers: {gpus!r}", "all, or e.g. 0,1") from exc
+    if not indices:
+        raise WorkerError("gpus: no CUDA device visible")
+    migrate(url)
+    argv = [a for a in sys.argv[1:]]
+    cleaned, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        if a == "--gpus":
+            skip = True
+            continue
+        if a.startswith("--gpus="):
+            continue
+        cleaned.append(a)
+    if "--db" not in cleaned:
+        cleaned += ["--db", url]
+    processes = []
+    for index in indices:
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(index)}
+        log_file = open(f"attnfuzz-gpu{index}.log", "w")
+        cmd = [sys.executable, "-m", "attnfuzz", *cleaned, "--quiet", "--device", "cuda"]
+        processes.append((index, subprocess.Popen(cmd, env=env, stdout=log_file, stderr=subprocess.STDOUT), log_file))
+        log.warning("worker on GPU %s: pid %s, log attnfuzz-gpu%s.log", index, processes[-1][1].pid, index)
+    failed = 0
+    for index, process, log_file in processes:
+        code = process.wait()
+        log_file.close()
+        if code:
+            failed += 1
+            log.error("worker on GPU %s exited with %s", index, code)
+    if failed:
+        raise WorkerError(f"{failed} of {len(processes)} GPU workers failed (see attnfuzz-gpu*.log)")
+
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``fuzz`` to ``app`` (the ``attnfuzz`` typer application)."""
+    app.command()(fuzz)

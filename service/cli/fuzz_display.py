@@ -1,0 +1,214 @@
+"""What ``attnfuzz fuzz`` shows: the live progress display while it runs (`RichReporter`) and the
+summary after it stops, as a table (`print_summary`) or as one JSON object (`summary_data`,
+``--json``). Counts are of this run's evaluations (`COUNTS_NOTE`); times are in seconds.
+
+Imports neither the worker nor torch: `fuzzer.worker.WorkerStats` is only a type here.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from rich.console import Group
+from rich.live import Live
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from service.cli.common import console, id_column, log, out
+
+if TYPE_CHECKING:
+    from fuzzer.results import CaseResult
+    from fuzzer.worker import Worker, WorkerStats
+
+
+class RichReporter:
+    """Live progress: a time/case bar, cases/s, per-backend counts and new buckets (implements
+    `fuzzer.worker.Reporter`'s callbacks; not a subclass, so importing this module does not
+    import the worker)."""
+
+    def __init__(self, budget_s: float | None, max_cases: int | None):
+        self.progress = Progress(
+            TextColumn("[bold]fuzzing"), BarColumn(), TextColumn("{task.description}"), TimeElapsedColumn()
+        )
+        total = budget_s if budget_s is not None else (max_cases or 1)
+        self.by_time = budget_s is not None
+        self.task = self.progress.add_task("", total=total)
+        self.buckets: list[str] = []
+        self.live: Live | None = None
+        self.started = time.monotonic()
+
+    def _render(self, stats: WorkerStats | None) -> Group:
+        table = Table(title=None, expand=False)
+        id_column(table, "backend", [b for b, _ in (stats.per_backend if stats is not None else ())])
+        for status in ("pass", "fail", "unsupported", "error", "crash", "timeout", "oom"):
+            table.add_column(status, justify="right")
+        # per backend: fuzz cases it ran (at least one variant), cases drawn for it (targeted
+        # draws), and its most frequent unsupported reasons (fuzzer.coverage)
+        table.add_column("cases run", justify="right")
+        table.add_column("drawn for", justify="right")
+        table.add_column("top unsupported reasons")
+        if stats is not None:
+            from fuzzer.coverage import format_reasons, top_reasons
+
+            names = sorted({b for b, _ in stats.per_backend})
+            for name in names:
+                table.add_row(
+                    name,
+                    *[
+                        str(stats.per_backend.get((name, s), 0))
+                        for s in ("pass", "fail", "unsupported", "error", "crash", "timeout", "oom")
+                    ],
+                    str(stats.runnable.get(name, 0)),
+                    str(stats.targeted.get(name, 0)),
+                    format_reasons(top_reasons(stats.unsupported, name, 2)),
+                )
+        lines = [self.progress, table]
+        if self.buckets:
+            bucket_table = Table("new buckets (backend / variant / signature)")
+            for line in self.buckets[-8:]:
+                bucket_table.add_row(line)
+            lines.append(bucket_table)
+        return Group(*lines)
+
+    def on_start(self, worker: Worker) -> None:
+        self.live = Live(self._render(None), console=console, refresh_per_second=4, transient=False)
+        self.live.start()
+        if worker.unavailable:
+            for name, reason in worker.unavailable.items():
+                log.warning("skipping %s: %s", name, reason)
+
+    def on_case(self, case, results: list[CaseResult], stats: WorkerStats) -> None:
+        elapsed = time.monotonic() - self.started
+        rate = stats.cases / elapsed if elapsed > 0 else 0.0
+        self.progress.update(
+            self.task,
+            completed=elapsed if self.by_time else stats.cases,
+            description=f"{stats.cases} cases, {rate:.2f} cases/s, {len(self.buckets)} new buckets",
+        )
+        if self.live is not None:
+            self.live.update(self._render(stats))
+
+    def on_new_bucket(self, key, case) -> None:
+        self.buckets.append(" / ".join(key) + f"  (case {case.case_id})")
+
+    def on_minimised(self, key, outcome) -> None:
+        console.print(f"[cyan]shrunk[/] {' / '.join(key)}: {outcome.status}: {outcome.case.describe()}")
+
+    def on_stop(self, stats: WorkerStats) -> None:
+        if self.live is not None:
+            self.live.update(self._render(stats))
+            self.live.stop()
+
+
+COUNTS_NOTE = (
+    "These counts are of evaluations this run made: a case Hypothesis draws again, a replayed known "
+    "bucket and a redone case count every time. The database keeps each case once (by case_id) and "
+    "one result per case, backend, variant and build, so its counts (attnfuzz report) can be lower."
+)
+
+
+def _coverage_data(stats: WorkerStats, top: int = 3) -> dict:
+    """Per backend: fuzz cases it ran (``cases_run``: at least one variant not unsupported), cases
+    drawn for it (``drawn_for``, targeted draws) and its ``top`` unsupported reasons with counts of
+    results (`fuzzer.coverage.reason_keys`)."""
+    from fuzzer.coverage import top_reasons
+
+    names = sorted({b for b, _ in stats.per_backend} | set(stats.runnable) | set(stats.targeted))
+    return {
+        name: {
+            "cases_run": stats.runnable.get(name, 0),
+            "drawn_for": stats.targeted.get(name, 0),
+            "top_unsupported": [{"reason": r, "results": n} for r, n in top_reasons(stats.unsupported, name, top)],
+        }
+        for name in names
+    }
+
+
+def summary_data(stats: WorkerStats, url: str, *, interrupted: bool = False, spool: dict | None = None) -> dict:
+    """The fuzz summary as JSON-ready data (``attnfuzz fuzz --json``); times in seconds."""
+    shrunk = dict(stats.minimised)
+    buckets = []
+    for key in stats.new_buckets:
+        outcome = shrunk.get(key)
+        buckets.append(
+            {
+                "backend": key[0],
+                "variant": key[1],
+                "signature": key[2],
+                "minimised": None
+                if outcome is None
+                else {"status": outcome.status, "case_id": outcome.case.case_id, "case": outcome.case.describe()},
+            }
+        )
+    return {
+        "database": url,
+        "interrupted": interrupted,
+        "cases": stats.cases,
+        "wall_s": stats.wall_s,
+        "cases_per_s": stats.cases_per_s,
+        "evaluations_by_status": dict(sorted(stats.results.items())),
+        "evaluations_by_backend": {
+            name: {status: n for (b, status), n in sorted(stats.per_backend.items()) if b == name}
+            for name in sorted({b for b, _ in stats.per_backend})
+        },
+        "counts_note": COUNTS_NOTE,
+        "coverage": _coverage_data(stats),
+        "time_s": {
+            "oracle": stats.oracle_s,
+            "kernels": stats.kernel_s,
+            "jit": stats.compile_s,
+            "shrinking": stats.shrink_s,
+        },
+        "new_buckets": buckets,
+        "spool": spool or {},
+    }
+
+
+
+def print_summary(stats: WorkerStats, url: str, *, interrupted: bool = False) -> None:
+    if interrupted:
+        out.print("[bold yellow]interrupted (Ctrl-C):[/] what this run stored before it stopped:")
+    table = Table(title="evaluations this run, by status")
+    table.add_column("status", no_wrap=True)
+    table.add_column("count", justify="right")
+    for status, count in sorted(stats.results.items()):
+        table.add_row(status, str(count))
+    out.print(table)
+    coverage = Table(title="per backend: cases run, cases drawn for it, top unsupported reasons (results)")
+    for column in ("backend", "cases run", "drawn for", "top unsupported reasons"):
+        coverage.add_column(column, justify="right" if column in ("cases run", "drawn for") else "left")
+    for name, row in _coverage_data(stats).items():
+        reasons = "; ".join(f"{r['reason']} ({r['results']})" for r in row["top_unsupported"])
+        coverage.add_row(name, str(row["cases_run"]), str(row["drawn_for"]), reasons)
+    out.print(coverage)
+    out.print(COUNTS_NOTE, style="dim")
+    from fuzzer.builds.environment import jit_cache_description
+
+    other = max(stats.wall_s - stats.oracle_s - stats.kernel_s - stats.compile_s - stats.shrink_s, 0.0)
+    out.print(
+        f"{stats.cases} cases in {stats.wall_s:.1f} s ({stats.cases_per_s:.2f} cases/s); "
+        f"oracle {stats.oracle_s:.1f} s, kernels {stats.kernel_s:.1f} s, JIT {stats.compile_s:.1f} s "
+        f"({_share(stats.compile_s, stats.wall_s)} of wall; FA4 compile cache: {jit_cache_description()}), "
+        f"shrinking {stats.shrink_s:.1f} s, attnfuzz's own work (inputs, comparison, storage, "
+        f"processes) {other:.1f} s"
+    )
+    if stats.new_buckets:
+        out.print(f"[bold red]{len(stats.new_buckets)} new bucket(s):[/]")
+        shrunk = dict(stats.minimised)
+        for key in stats.new_buckets:
+            outcome = shrunk.get(key)
+            line = f"  {' / '.join(key)}"
+            if outcome is not None:
+                line += f"\n      {outcome.status}: {outcome.case.describe()}  [case {outcome.case.case_id}]"
+            out.print(line)
+    else:
+        out.print("[green]no failures found[/]")
+    out.print(f"stored in {url}; see them with: attnfuzz serve --db {url}", soft_wrap=True)
+
+
+
+def _share(part_s: float, wall_s: float) -> str:
+    """``part_s`` as a percentage of ``wall_s`` (``"12%"``; ``"-"`` for an empty run)."""
+    return f"{100.0 * part_s / wall_s:.0f}%" if wall_s > 0 else "-"
+

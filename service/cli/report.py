@@ -1,0 +1,156 @@
+"""``attnfuzz report``: summarise a database (results per backend and status, times, coverage,
+every bucket with its minimised case, root-cause groups), as text or JSON; with ``--bucket ID
+--format markdown`` one bucket as an issue (`service.cli.export.print_issue_report`). Reads only:
+never migrates. Exit 2 for bad options or an unknown bucket, 5 for the database."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from oracle.errors import AttnFuzzError
+from service.cli.common import DbOption, check_schema, db_url, fail, id_column, out
+
+
+def report(
+    db: DbOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    bucket: Annotated[Optional[int], typer.Option("--bucket", help="Report one bucket (with --format markdown: as an issue).")] = None,
+    format_: Annotated[str, typer.Option("--format", help="text or markdown (markdown needs --bucket).")] = "text",
+) -> None:
+    """Summarise a database: results per backend and status, times, and every bucket with its
+    minimised case. With ``--bucket ID --format markdown``: that bucket as an issue for the
+    library's tracker (service/export/issue_report.py), from stored data only."""
+    from service.errors import FieldValidationError
+
+    if format_ not in ("text", "markdown"):
+        fail(FieldValidationError("format", f"{format_!r}; allowed: text, markdown"))
+    if format_ == "markdown" or bucket is not None:
+        from service.cli.export import print_issue_report
+
+        if bucket is None:
+            fail(FieldValidationError("bucket", "--format markdown reports one bucket: give --bucket ID"))
+        print_issue_report(db, bucket)
+        return
+    from sqlalchemy.orm import Session
+
+    from oracle.config import AttentionCase
+    from service.db.engine import make_engine
+    from service.db.repository import backend_coverage, campaign_report
+
+    url = db_url(db)
+    try:
+        check_schema(url)
+    except AttnFuzzError as exc:
+        fail(exc)
+    engine = make_engine(url)
+    with Session(engine) as session:
+        rep = campaign_report(session)
+        buckets = []
+        for b in rep.buckets:
+            case = b.minimised_case or b.first_case
+            buckets.append(
+                {
+                    "id": b.id,
+                    "backend": b.backend,
+                    "variant": b.variant,
+                    "signature": b.signature,
+                    "hit_count": b.hit_count,
+                    "severity": b.severity,
+                    "max_error_ratio": b.max_error_ratio,
+                    "defect_id": b.defect_id,
+                    "triage_state": b.triage_state.value,
+                    "minimise_note": b.minimise_note,
+                    "case_id": case.id,
+                    "case": AttentionCase.from_json(case.config).describe(),
+                    "case_json": case.config,
+                }
+            )
+        data = {
+            "database": url,
+            "cases": rep.overview.case_count,
+            "results": rep.overview.result_count,
+            "results_by_status": rep.overview.results_by_status,
+            "results_by_backend": rep.overview.results_by_backend,
+            "oracle_s": rep.oracle_ms / 1000.0,
+            "timings": [
+                {"backend": t.backend, "results": t.results, "run_s": t.run_ms / 1000.0, "compile_s": t.compile_ms / 1000.0}
+                for t in rep.timings
+            ],
+            # per backend: distinct cases seen and run (>= 1 variant not unsupported), top
+            # unsupported reasons counted per result (fuzzer.coverage.reason_keys)
+            "coverage": [
+                {
+                    "backend": c.backend,
+                    "cases": c.cases,
+                    "cases_run": c.cases_run,
+                    "top_unsupported": [{"reason": r, "results": n} for r, n in c.top_unsupported],
+                }
+                for c in backend_coverage(session)
+            ],
+            "buckets": buckets,  # most severe first (fuzzer.severity)
+            "defects": _defects(buckets),
+        }
+    engine.dispose()
+    if as_json:
+        out.print_json(json.dumps(data, default=str))
+        return
+    table = Table(title=f"{data['cases']} cases")
+    id_column(table, "backend", list(data["results_by_backend"]))  # names never cut
+    for column in (*sorted(data["results_by_status"]), "run s", "JIT s"):
+        table.add_column(column, justify="right")
+    timing = {t["backend"]: t for t in data["timings"]}
+    for backend, counts in data["results_by_backend"].items():
+        t = timing.get(backend, {"run_s": 0.0, "compile_s": 0.0})
+        table.add_row(
+            backend,
+            *[str(counts.get(s, 0)) for s in sorted(data["results_by_status"])],
+            f"{t['run_s']:.1f}",
+            f"{t['compile_s']:.1f}",
+        )
+    out.print(table)
+    coverage = Table(title="coverage per backend")
+    for column in ("backend", "cases", "cases run", "top unsupported reasons (results)"):
+        coverage.add_column(column, justify="right" if column.startswith("cases") else "left")
+    for c in data["coverage"]:
+        reasons = "; ".join(f"{r['reason']} ({r['results']})" for r in c["top_unsupported"])
+        coverage.add_row(c["backend"], str(c["cases"]), str(c["cases_run"]), reasons)
+    out.print(coverage)
+    out.print(f"oracle: {data['oracle_s']:.1f} s")
+    for b in buckets:
+        group = f"  defect {b['defect_id']}" if b["defect_id"] is not None else ""
+        out.print(
+            f"[bold]{b['severity']:<9}[/] [bold]{b['backend']} / {b['variant']} / {b['signature']}[/] "
+            f"x{b['hit_count']}{group}  {b['minimise_note']}"
+        )
+        out.print(f"    {b['case']}  [case {b['case_id']}]")
+    for d in data["defects"]:
+        if len(d["symptoms"]) > 1:
+            symptoms = ", ".join(f"{v} / {sig}" for v, sig in d["symptoms"])
+            out.print(f"defect {d['id']} ({d['severity']}, {d['backend']}, case {d['case_id']}): {symptoms}")
+
+
+def _defects(buckets: list[dict]) -> list[dict]:
+    """Root-cause groups of ``report``'s buckets (already most severe first): per defect its
+    backend, minimised case, severity (its most severe bucket's) and symptoms ``(variant,
+    signature)``, the most severe defect first."""
+    groups: dict[int, dict] = {}
+    for b in buckets:
+        if b["defect_id"] is None:
+            continue
+        group = groups.setdefault(
+            b["defect_id"],
+            {"id": b["defect_id"], "backend": b["backend"], "case_id": b["case_id"], "severity": b["severity"],
+             "bucket_ids": [], "symptoms": []},
+        )
+        group["bucket_ids"].append(b["id"])
+        group["symptoms"].append((b["variant"], b["signature"]))
+    return list(groups.values())
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``report`` to ``app`` (the ``attnfuzz`` typer application)."""
+    app.command()(report)

@@ -1,0 +1,48 @@
+"""``attnfuzz serve``: the dashboard and JSON API (`service.api.app.create_app`) under uvicorn.
+Reads only: an old schema is exit 5 naming ``attnfuzz db upgrade``."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from oracle.errors import AttnFuzzError
+from service.cli.common import DbOption, check_schema, db_url, fail, out
+
+
+def serve(
+    db: DbOption = None,
+    host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port.")] = 8000,
+    api_token: Annotated[
+        Optional[str],
+        typer.Option(
+            envvar="ATTNFUZZ_API_TOKEN",
+            show_envvar=True,
+            show_default=False,
+            help="Bearer token that writes (triage) require; unset leaves writes open.",
+        ),
+    ] = None,
+) -> None:
+    """Serve the dashboard and JSON API (FastAPI + uvicorn). Reads the database and never
+    migrates it (a read-only database can be served); an old schema is an error naming
+    ``attnfuzz db upgrade``."""
+    import uvicorn
+
+    from service.api.app import create_app
+    from service.settings import Settings
+
+    url = db_url(db)
+    try:
+        check_schema(url)
+    except AttnFuzzError as exc:
+        fail(exc)
+    settings = Settings(database_url=url, api_token=api_token) if api_token else Settings(database_url=url)
+    out.print(f"serving {url} on http://{host}:{port}/ (API docs: /docs, metrics: /metrics)", soft_wrap=True, highlight=False)
+    uvicorn.run(create_app(settings), host=host, port=port, log_config=None)  # logs through our handler
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``serve`` to ``app`` (the ``attnfuzz`` typer application)."""
+    app.command()(serve)
