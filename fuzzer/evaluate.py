@@ -13,7 +13,7 @@ Every caller that runs a case and judges it goes through here: the fuzz worker
    on the evaluator's device, and the reference-only parts of the comparison once
    (`oracle.compare.PreparedReference`);
 3. every runnable task through the executor (child processes, or in process for tests);
-4. each outcome judged by `judge` (a CP outcome and its non-CP twin through `fuzzer.cp.sharding.judge_cp`).
+4. each outcome judged by `judge` (a CP outcome and its non-CP twin through `fuzzer.cp.judge.judge_cp`).
 
 It stores nothing: the `Evaluation` it returns holds the results (and, for a CP case, the twin
 case and its results) for the caller to record.
@@ -35,8 +35,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from fuzzer.backends.base import Backend
-from fuzzer.cp.sharding import cp_twin, is_cp_backend, judge_cp
+from fuzzer.backends.base import Backend, is_cp_backend
+from fuzzer.cp.judge import judge_cp
+from fuzzer.cp.sharding import cp_twin
 from fuzzer.executor import ChildProcessExecutor, InProcessExecutor, TaskOutcome, configure_torch_threads
 from fuzzer.results import CaseResult
 from oracle.config import AttentionCase
@@ -425,7 +426,7 @@ def oracle_time_bound(seconds: float | None) -> Iterator[None]:
 
 
 def _non_cp_outcome(outcome: TaskOutcome) -> TaskOutcome | None:
-    from fuzzer.cp.sharding import non_cp_outcome
+    from fuzzer.cp.judge import non_cp_outcome
 
     return non_cp_outcome(outcome)
 

@@ -6,7 +6,7 @@ fails *with the same signature*) and asks Hypothesis's shrinker for the smallest
 
 * categorical fields stay fixed (dtype, qkv_format, causal, causal_alignment, whether a window
   exists, ``cp_size`` and ``cp_comm_type``): they define the bug class;
-* a CP case stays one that can be laid out (`fuzzer.cp.sharding.cp_unsupported_reasons`): bshd/sbhd
+* a CP case stays one that can be laid out (`fuzzer.backends.cp_layout.cp_unsupported_reasons`): bshd/sbhd
   ``seqlen_q``/``seqlen_k`` step in multiples of ``2 * cp_size``, and under ``a2a`` (``a2a+p2p``)
   ``num_heads_kv`` in multiples of ``cp_size`` (2), so ``num_heads`` stays one too; thd lengths
   shrink freely (the CP layout pads them);

@@ -14,10 +14,10 @@ dead worker left) the worker claims buckets of its backends that have no minimis
 shrinks a bucket and a dead worker's bucket is taken up again), shrinks the bucket's first case
 with `fuzzer.minimise.minimise` and stores the minimised case with the bucket.
 
-Context parallelism: when a selected backend is a CP backend (`fuzzer.cp.sharding.is_cp_backend`),
+Context parallelism: when a selected backend is a CP backend (`fuzzer.backends.base.is_cp_backend`),
 `open` puts a `fuzzer.cp.executor.CPExecutor` beside the usual executor (`RoutingExecutor`:
 cases with ``cp_size > 1`` go to it), generation draws ``cp_size`` up to what that executor can
-start, and each CP result is judged with `fuzzer.cp.sharding.judge_cp`: against the float64 oracle, with
+start, and each CP result is judged with `fuzzer.cp.judge.judge_cp`: against the float64 oracle, with
 the same backend's non-CP run of the *twin* case (`fuzzer.cp.sharding.cp_twin`) judged too and the
 CP-vs-non-CP agreement in ``metrics["cp"]``. The twin case and its results are recorded as well
 (see docs/cp.md).
@@ -49,7 +49,7 @@ from hypothesis import strategies as st
 from hypothesis.database import ExampleDatabase
 
 from fuzzer.backends.base import Backend
-from fuzzer.cp.sharding import cp_unsupported_reasons
+from fuzzer.backends.cp_layout import cp_unsupported_reasons
 from fuzzer.evaluate import Evaluation, Evaluator, _finite_or_none, judge, with_phase
 from fuzzer.evaluate import normalise_masked_lse as _normalise_masked_lse
 from fuzzer.executor import TaskOutcome
@@ -606,7 +606,7 @@ class Worker:
         (at most once per ``heartbeat_s``); once another worker has it, ``predicate.lease_lost``
         is set and every later call answers False at once, so the shrink ends quickly (an
         exception would be taken by Hypothesis for a failure of the case). A CP case that cannot be
-        laid out (`fuzzer.cp.sharding.cp_unsupported_reasons`) answers False without running: the
+        laid out (`fuzzer.backends.cp_layout.cp_unsupported_reasons`) answers False without running: the
         shrinker steps in valid multiples, this only guards against a backend that does not
         declare the layout limits.
 

@@ -20,17 +20,31 @@ Canonical tensors (what ``run`` receives and must return), per `oracle.config`:
   ``[batch_size + 1]``; lse ``[num_heads, total_q]``.
 
 An adapter transposes to and from its library's layout (``sbhd`` included) itself.
+
+CP backend contract (`is_cp_backend`): a backend with ``capabilities.cp`` implements
+``run_cp(case, inputs: CPShardInputs, groups: CPProcessGroups, variant) -> BackendOutput`` and is
+called on every rank with that rank's shard (the dual-chunk-swap layout of
+`fuzzer.backends.cp_layout`) and the process group(s); it returns its *local* out/lse/dq/dk/dv
+(canonical layout, local length); `fuzzer.cp.executor.CPExecutor` gathers them
+(`fuzzer.cp.sharding.gather_outputs`). ``cp_group`` etc. are created by the executor, never by the
+backend.
 """
 
 from __future__ import annotations
 
 import abc
+import dataclasses
 import importlib.metadata
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 from oracle.config import AttentionCase
 from oracle.errors import AttnFuzzError
+
+if TYPE_CHECKING:
+    import torch
+
+    from fuzzer.backends.cp_layout import CPSeqlens
 
 
 #: Runtime report keys written into `Backend.version_string` (and so into each result).
@@ -388,3 +402,80 @@ def alignment_irrelevant(case: AttentionCase) -> bool:
     if case.is_varlen:
         return tuple(case.seqlens_q) == tuple(case.seqlens_k)
     return case.seqlen_q == case.seqlen_k
+
+
+# ------------------------------------------------------------------ CP backend contract
+@dataclass
+class CPShardInputs:
+    """One rank's inputs under CP: its shards of q, k, v, dout and the global varlen metadata.
+
+    Attributes:
+        q: ``[batch_size, local_len_q, num_heads, head_dim]`` (thd ``[local_len_q, num_heads,
+            head_dim]``), case dtype; padding tokens are 0.
+        k: ``[batch_size, local_len_k, num_heads_kv, head_dim]`` (thd ``[local_len_k, ...]``).
+        v: like k with ``head_dim_v``.
+        dout: like q with ``head_dim_v``.
+        rank: this rank, ``0 <= rank < cp_size``.
+        cp_size: number of ranks.
+        seqlens: the global `CPSeqlens` (TE passes the global ``cu_seqlens`` on every rank).
+    """
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    dout: torch.Tensor
+    rank: int
+    cp_size: int
+    seqlens: CPSeqlens
+
+    def to(self, device: torch.device | str) -> CPShardInputs:
+        """A copy with the four tensors on ``device`` (the int32 metadata stays on the CPU)."""
+        return dataclasses.replace(self, **{n: getattr(self, n).to(device, copy=True) for n in ("q", "k", "v", "dout")})
+
+
+@dataclass
+class CPProcessGroups:
+    """The process groups a CP backend runs with on one rank (made by the executor).
+
+    Attributes:
+        rank: this rank in the CP group.
+        cp_size: size of the CP group.
+        group: the CP process group (``torch.distributed.ProcessGroup``) of all ``cp_size`` ranks.
+        global_ranks: global ranks of the CP group, in CP-rank order (TE's ``cp_global_ranks``).
+        device: this rank's ``torch.device`` (``cuda:<gpu>`` with NCCL, ``cpu`` with gloo).
+        stream: a ``torch.cuda.Stream`` for CP communication on CUDA (TE's ``cp_stream``), None on CPU.
+        a2a_group: for ``a2a+p2p``: the pair ``{2i, 2i+1}`` this rank belongs to (heads are split
+            over it); None when ``cp_size`` is odd or < 4.
+        p2p_group: for ``a2a+p2p``: the ranks of this rank's parity ``{p, p+2, ...}`` (the ring
+            runs over it); None when ``a2a_group`` is None.
+    """
+
+    rank: int
+    cp_size: int
+    group: Any
+    global_ranks: list[int]
+    device: torch.device
+    stream: Any = None
+    a2a_group: Any = None
+    p2p_group: Any = None
+
+    def hierarchical_ranks(self) -> tuple[list[int], list[int]]:
+        """The global ranks of this rank's ``(a2a_group, p2p_group)`` (see the attributes)."""
+        from fuzzer.backends.cp_layout import hierarchical_ranks
+
+        return hierarchical_ranks(self.cp_size, self.rank)
+
+
+@runtime_checkable
+class CPBackend(Protocol):
+    """What a CP-capable backend adds to `fuzzer.backends.base.Backend` (see module docstring)."""
+
+    def run_cp(self, case: AttentionCase, inputs: CPShardInputs, groups: CPProcessGroups, variant: str) -> BackendOutput:
+        """Run this rank's part of ``case`` under CP; return the local outputs (canonical
+        layout, local length; gradients when ``case.backward``). Raise as `Backend.run`."""
+        ...
+
+
+def is_cp_backend(backend: Backend) -> bool:
+    """True when ``backend`` declares ``capabilities.cp`` and implements ``run_cp``."""
+    return bool(backend.capabilities.cp) and callable(getattr(backend, "run_cp", None))

@@ -57,15 +57,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from fuzzer.backends.base import Backend, BackendOutput, Capabilities
-from fuzzer.cp.sharding import (
-    CPProcessGroups,
-    CPShardInputs,
-    ShardLayout,
-    cp_unsupported_reasons,
-    hierarchical_ranks,
-    shard_layout,
-)
+from fuzzer.backends.base import Backend, BackendOutput, Capabilities, CPProcessGroups, CPShardInputs
+from fuzzer.backends.cp_layout import ShardLayout, cp_unsupported_reasons, hierarchical_ranks, shard_layout
 from oracle.config import AttentionCase, torch_dtype
 from oracle.masks import key_bounds
 
@@ -141,7 +134,7 @@ class RingAttentionCPUBackend(Backend):
     capabilities: ClassVar[Capabilities] = CAPABILITIES
 
     def unsupported_reasons(self, case: AttentionCase, variant: str) -> list[str]:
-        """Base checks plus the CP layout limits (`fuzzer.cp.sharding.cp_unsupported_reasons`)."""
+        """Base checks plus the CP layout limits (`fuzzer.backends.cp_layout.cp_unsupported_reasons`)."""
         return super().unsupported_reasons(case, variant) + cp_unsupported_reasons(case)
 
     # ------------------------------------------------------------------ overridable policies

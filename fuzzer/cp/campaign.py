@@ -6,7 +6,7 @@ head_dim 128, bf16, causal: TE normalises it to the window ``(-1, 0)``) and adds
 supports around it: no mask, a causal sliding window, GQA, MLA head dims, sbhd, thd with and
 without padding, and backward always. Each case goes to every backend variant that declares
 support (`fuzzer.backends.base.Backend.unsupported_reasons`), through
-`fuzzer.cp.executor.CPExecutor`; `fuzzer.cp.sharding.judge_cp` adds ``metrics["cp"]``.
+`fuzzer.cp.executor.CPExecutor`; `fuzzer.cp.judge.judge_cp` adds ``metrics["cp"]``.
 
 Usage (from the project root, with TE and its FlashAttention builds importable)::
 

@@ -10,9 +10,9 @@ Groups. One *group* per (backend environment, ``cp_size``): ``cp_size`` processe
 or on the CPU with gloo. They rendezvous through a ``TCPStore`` the executor opens on a free port
 of 127.0.0.1 (port 0, so no race for a port), create the CP group of all ranks and, for an even
 ``cp_size >= 4``, the two-level groups of ``a2a+p2p`` (pairs ``{2i, 2i+1}``, rings of one parity;
-`fuzzer.cp.sharding.hierarchical_ranks`), load the backends of the environment, and serve cases until
+`fuzzer.backends.cp_layout.hierarchical_ranks`), load the backends of the environment, and serve cases until
 told to stop. The ranks' environment has ``NCCL_NVLS_ENABLE=0``,
-``TORCH_SYMM_MEM_DISABLE_MULTICAST=1`` and ``NVSHMEM_DISABLE_NVLS=1`` (`fuzzer.cp.sharding.CP_RANK_ENV`)
+``TORCH_SYMM_MEM_DISABLE_MULTICAST=1`` and ``NVSHMEM_DISABLE_NVLS=1`` (`CP_RANK_ENV`)
 besides the backends' own ``env_vars``. Groups stay alive between cases; at most
 ``max_live_groups`` at once (the least recently used one is stopped first: on GPUs each group holds
 a CUDA context and NCCL communicators on every GPU it uses).
@@ -27,7 +27,7 @@ Per task, on every rank, in order: (rank 0 only, with ``run_non_cp_twin``) the s
 variant on the non-CP twin of the case (`fuzzer.cp.sharding.cp_twin`) with the full inputs; then
 ``backend.run_cp(case, shard, groups, variant)``. Each rank reports its outcome with its local
 outputs on the CPU; when every rank is ``ok`` the executor gathers out, lse and the gradients
-into the full canonical layout (`fuzzer.cp.sharding.gather_outputs`) and returns a `fuzzer.cp.sharding.CPTaskOutcome`
+into the full canonical layout (`fuzzer.cp.sharding.gather_outputs`) and returns a `CPTaskOutcome`
 (its ``non_cp`` is the twin's outcome).
 
 Isolation, per task (``timeout_s`` covers the twin and the CP run):
@@ -61,23 +61,32 @@ from dataclasses import dataclass, field
 from multiprocessing import connection as mp_connection
 from typing import Any
 
-from fuzzer.backends.base import Backend, BackendOutput
-from fuzzer.cp.sharding import (
-    CP_RANK_ENV,
-    CPProcessGroups,
-    CPShardError,
-    CPTaskOutcome,
-    cp_twin,
-    gather_outputs,
-    is_cp_backend,
-    shard_inputs,
-)
+from fuzzer.backends.base import Backend, BackendOutput, CPProcessGroups, is_cp_backend
+from fuzzer.backends.cp_layout import CPShardError
+from fuzzer.cp.sharding import cp_twin, gather_outputs, shard_inputs
 from fuzzer.executor import ExecutorError, TaskOutcome, run_task
 from oracle.config import AttentionCase
+
+#: Environment of every CP rank: NVLink SHARP / multicast stay off (see docs/cp.md).
+CP_RANK_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 _STDERR_TAIL_LINES = 30
 _SEVERITY = ("crash", "oom", "error", "timeout", "unsupported", "ok")
 _START_ATTEMPTS = 2
+
+
+@dataclass
+class CPTaskOutcome(TaskOutcome):
+    """A `fuzzer.executor.TaskOutcome` of a CP run, with the same backend's non-CP run beside it.
+
+    Attributes:
+        non_cp: the outcome of the non-CP twin (`fuzzer.cp.sharding.cp_twin`) of the case on the
+            same backend and variant, with the full inputs, on rank 0 (None when not run).
+        rank_status: each rank's status, rank order (``"missing"`` for a rank that did not answer).
+    """
+
+    non_cp: TaskOutcome | None = None
+    rank_status: list[str] = field(default_factory=list)
 
 
 def _tail(path: str, lines: int = _STDERR_TAIL_LINES) -> str:
@@ -258,7 +267,7 @@ class CPExecutor:
 
     Args:
         backends: ``(backend, spec)`` pairs, as for `fuzzer.executor.ChildProcessExecutor`; only
-            CP-capable ones (`fuzzer.cp.sharding.is_cp_backend`) are run, others get ``unsupported``.
+            CP-capable ones (`fuzzer.backends.base.is_cp_backend`) are run, others get ``unsupported``.
         max_cp_size: the largest ``cp_size`` to offer (`max_cp_size` property); default: the CUDA
             device count for CUDA backends, 2 for CPU (gloo) backends.
         gpu_ids: GPU of each rank (``gpu_ids[rank]``); default ``0 .. device_count - 1``.
@@ -500,7 +509,7 @@ class CPExecutor:
             timeout_s: per-task wall-clock limit in seconds (twin included).
 
         Returns:
-            One `fuzzer.cp.sharding.CPTaskOutcome` per task; outputs gathered into the full canonical
+            One `CPTaskOutcome` per task; outputs gathered into the full canonical
             layout on the inputs' device.
 
         Raises:
@@ -755,4 +764,4 @@ class RoutingExecutor:
         self.close()
 
 
-__all__ = ["CPExecutor", "RoutingExecutor"]
+__all__ = ["CP_RANK_ENV", "CPExecutor", "CPTaskOutcome", "RoutingExecutor"]

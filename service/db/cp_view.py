@@ -9,7 +9,7 @@ JSON is scanned) and pairs their results by ``(backend, variant, build)``.
 Each pair is marked ``agree_but_both_wrong`` when CP and non-CP agree with each other and both
 fail the float64 oracle: the seed's blind spot, where a CP-vs-non-CP test passes on a kernel that
 is wrong with and without CP. Agreement is read from the CP result's ``metrics["cp"]``
-(``agrees_with_non_cp``, measured by the worker on the tensors, `fuzzer.cp.sharding.judge_cp`; basis
+(``agrees_with_non_cp``, measured by the worker on the tensors, `fuzzer.cp.judge.judge_cp`; basis
 ``"tensors"``); results stored without it fall back to "both fail with the same primary
 signature" (basis ``"signatures"``, weaker: equal signatures need not mean equal outputs).
 """
@@ -25,7 +25,7 @@ from fuzzer.results import FAILING_STATUSES
 from oracle.config import CP_COMM_TYPES, AttentionCase
 from service.db.models import Case, Result
 
-#: The key of the CP block in ``Result.metrics``: `fuzzer.cp.sharding.CP_METRICS_KEY` (service imports only
+#: The key of the CP block in ``Result.metrics``: `fuzzer.cp.judge.CP_METRICS_KEY` (service imports only
 #: oracle.config and fuzzer.results; tests/service/test_cp_view.py checks the two agree).
 CP_METRICS_KEY = "cp"
 MAX_CP_SIZE = 64  # AttentionCase allows 1 <= cp_size <= 64

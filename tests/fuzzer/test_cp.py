@@ -1,5 +1,6 @@
-"""fuzzer/cp/sharding.py on one process: the dual-chunk-swap layout, its exact inverse, the thd padding, the
-errors, and the CP-vs-non-CP agreement (acceptance 3 without processes: equal but wrong fails)."""
+"""fuzzer/backends/cp_layout.py, fuzzer/cp/sharding.py and fuzzer/cp/judge.py on one process: the
+dual-chunk-swap layout, its exact inverse, the thd padding, the errors, and the CP-vs-non-CP agreement
+(acceptance 3 without processes: equal but wrong fails)."""
 
 from __future__ import annotations
 
@@ -12,25 +13,18 @@ from hypothesis import strategies as st
 
 from fuzzer.backends.base import BackendOutput
 from fuzzer.backends.cp_cpu import PlantedWindowCPUBackend, RingAttentionCPUBackend
-from fuzzer.cp.sharding import (
-    AGREEMENT_RATIO,
-    CP_METRICS_KEY,
+from fuzzer.backends.cp_layout import (
     CPShardError,
-    CPTaskOutcome,
     chunk_ids,
-    cp_agreement,
     cp_seqlens,
-    cp_twin,
     cp_unsupported_reasons,
-    gather,
-    gather_outputs,
     hierarchical_ranks,
-    judge_cp,
-    shard,
     shard_indices,
-    shard_inputs,
     shard_layout,
 )
+from fuzzer.cp.executor import CPTaskOutcome
+from fuzzer.cp.judge import AGREEMENT_RATIO, CP_METRICS_KEY, cp_agreement, judge_cp
+from fuzzer.cp.sharding import cp_twin, gather, gather_outputs, shard, shard_inputs
 from fuzzer.executor import TaskOutcome
 from fuzzer.sinks import MemorySink
 from fuzzer.worker import Worker, WorkerConfig

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import find, given
 
 from fuzzer.backends.base import Capabilities
-from fuzzer.cp.sharding import cp_unsupported_reasons
+from fuzzer.backends.cp_layout import cp_unsupported_reasons
 from fuzzer.strategies import StrategyArgumentError, attention_cases, cp_configs, merge_capabilities
 
 CAPS = Capabilities(dtypes=("bfloat16",), qkv_formats=("bshd", "sbhd", "thd"), max_head_dim=64, windows=True,

@@ -10,6 +10,8 @@ import pytest
 import torch
 
 from fuzzer.backends import te
+from fuzzer.backends.base import CPProcessGroups
+from fuzzer.backends.cp_layout import cp_seqlens
 from fuzzer.backends.te import (
     TEFA2Backend,
     TEFA4Backend,
@@ -21,7 +23,7 @@ from fuzzer.backends.te import (
     te_cp_unsupported_reasons,
     te_forward_kwargs,
 )
-from fuzzer.cp.sharding import CPProcessGroups, cp_seqlens, shard_inputs
+from fuzzer.cp.sharding import shard_inputs
 from oracle.config import AttentionCase
 from oracle.inputs import make_inputs
 

@@ -1,6 +1,6 @@
 """Shrinking a context-parallel case keeps ``cp_size``/``cp_comm_type`` and a case that can be laid
 out: bshd/sbhd lengths step in multiples of ``2 * cp_size``, ``a2a``/``a2a+p2p`` head counts in
-multiples of the ranks the heads are split over (`fuzzer.cp.sharding.cp_unsupported_reasons`)."""
+multiples of the ranks the heads are split over (`fuzzer.backends.cp_layout.cp_unsupported_reasons`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fuzzer.cp.sharding import cp_unsupported_reasons
+from fuzzer.backends.cp_layout import cp_unsupported_reasons
 from fuzzer.minimise import minimise, neighbourhood
 from oracle.config import AttentionCase
 

@@ -1,6 +1,6 @@
 """The case page and ``GET /api/cases/{id}`` show CP results beside the non-CP results of the same
 case, with a visible mark where CP and non-CP agree but both fail the oracle (the seed's blind
-spot). The results are judged for real (`fuzzer.cp.sharding.judge_cp` on the CPU backends' outputs, run in
+spot). The results are judged for real (`fuzzer.cp.judge.judge_cp` on the CPU backends' outputs, run in
 this process: the planted backend is wrong identically with and without CP) and stored through
 `SqlStore`."""
 
@@ -13,7 +13,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from fuzzer.backends.cp_cpu import PlantedWindowCPUBackend, RingAttentionCPUBackend
-from fuzzer.cp.sharding import CP_METRICS_KEY, CPTaskOutcome, cp_twin, judge_cp
+from fuzzer.cp.executor import CPTaskOutcome
+from fuzzer.cp.judge import CP_METRICS_KEY, judge_cp
+from fuzzer.cp.sharding import cp_twin
 from fuzzer.executor import TaskOutcome
 from fuzzer.results import BuildFingerprint
 from fuzzer.sinks import MemorySink

@@ -8,7 +8,9 @@ from dataclasses import dataclass
 import pytest
 from sqlalchemy.orm import Session
 
-from fuzzer.cp import sharding as fuzzer_cp
+from fuzzer.cp import executor as cp_executor
+from fuzzer.cp import judge as cp_judge
+from fuzzer.cp.sharding import cp_twin
 from fuzzer.results import BuildFingerprint, CaseResult
 from oracle.config import AttentionCase
 from service.db import cp_view as view_module
@@ -23,7 +25,7 @@ ORPHAN = AttentionCase(seqlen_q=8, seqlen_k=8, cp_size=2, cp_comm_type="a2a")  #
 
 
 def cp_block(agrees: bool | None, non_cp_status: str) -> dict:
-    return {fuzzer_cp.CP_METRICS_KEY: {"agrees_with_non_cp": agrees, "non_cp_status": non_cp_status, "cp_size": 2}}
+    return {cp_judge.CP_METRICS_KEY: {"agrees_with_non_cp": agrees, "non_cp_status": non_cp_status, "cp_size": 2}}
 
 
 @dataclass(frozen=True)
@@ -121,25 +123,25 @@ def test_unknown_cases_give_none_and_cases_without_cp_siblings_give_an_empty_fam
 
 
 def test_what_judge_cp_writes_is_what_cp_view_reads(session: Session, store: SqlStore) -> None:
-    """The metrics contract end to end: `fuzzer.cp.sharding.judge_cp` output stored, then read back."""
+    """The metrics contract end to end: `fuzzer.cp.judge.judge_cp` output stored, then read back."""
     from fuzzer.backends.cp_cpu import RingAttentionCPUBackend
     from fuzzer.executor import TaskOutcome
     from oracle.inputs import make_inputs
     from oracle.reference import reference
 
-    assert view_module.CP_METRICS_KEY == fuzzer_cp.CP_METRICS_KEY
+    assert view_module.CP_METRICS_KEY == cp_judge.CP_METRICS_KEY
     case = AttentionCase(seqlen_q=4, seqlen_k=4, head_dim=8, dtype="float32", cp_size=2, cp_comm_type="all_gather")
-    twin = fuzzer_cp.cp_twin(case)
+    twin = cp_twin(case)
     inputs = make_inputs(case)
     output = RingAttentionCPUBackend().run(twin, inputs, "default")
-    outcome = fuzzer_cp.CPTaskOutcome("te-fa4", "mask_type", "ok", output=output,
+    outcome = cp_executor.CPTaskOutcome("te-fa4", "mask_type", "ok", output=output,
                                       non_cp=TaskOutcome("te-fa4", "mask_type", "ok", output=output))
 
     def judge(c: AttentionCase, o: TaskOutcome) -> CaseResult:  # both "wrong" by decree
         return CaseResult(case_id=c.case_id, backend=o.backend, variant=o.variant, status="fail",
                           signature="out:all_zero", signatures=("out:all_zero",))
 
-    result, twin_result = fuzzer_cp.judge_cp(case, reference(case, inputs), outcome, judge)
+    result, twin_result = cp_judge.judge_cp(case, reference(case, inputs), outcome, judge)
     build_id = store.register_build(BuildFingerprint(torch="2.13.0"))
     for c, r in ((case, result), (twin, twin_result)):
         store.record_case(c.to_json(), "fuzz")

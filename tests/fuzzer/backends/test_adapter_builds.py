@@ -48,7 +48,7 @@ from fuzzer.backends.te import (
     te_module_kwargs,
     te_variant_reasons,
 )
-from fuzzer.cp.sharding import cp_seqlens
+from fuzzer.backends.cp_layout import cp_seqlens
 from oracle.config import AttentionCase
 
 from tests.fuzzer.backends.test_gpu_adapters import dense_attention, dense_varlen, make_inputs
