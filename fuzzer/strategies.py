@@ -24,7 +24,7 @@ Context parallelism: only when a selected backend declares ``capabilities.cp`` *
 allows ``max_cp_size >= 2`` (the executor knows how many ranks it can start) is ``cp_size`` drawn:
 1 half of the time (first, so shrinking leaves CP), else a power of two up to ``max_cp_size``, with a
 ``cp_comm_type`` (``a2a+p2p`` only for ``cp_size >= 4``). CP cases are drawn so that they can be
-laid out (`fuzzer.cp.sharding.cp_unsupported_reasons`): bshd/sbhd lengths are ``2 * cp_size`` times a
+laid out (`fuzzer.backends.cp_layout.cp_unsupported_reasons`): bshd/sbhd lengths are ``2 * cp_size`` times a
 drawn chunk length (so chunk lengths, not totals, sit on tile edges), thd lengths are either such
 multiples (no padding: what TE's FlashAttention needs) or anything (padded), and ``a2a``
 (``a2a+p2p``) cases get head counts divisible by ``cp_size`` (by 2). Without CP no extra choice is
@@ -35,9 +35,12 @@ Source (lengths): flash-attention ``tests/cute/test_flash_attn.py`` seqlen param
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Sequence
+import typing
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from hypothesis import strategies as st
 
@@ -111,34 +114,71 @@ class StrategyArgumentError(AttnFuzzError, ValueError):
     """A strategy was called with bounds that cannot produce a case (checked before drawing)."""
 
 
+MERGE_VOCABULARIES: dict[str, tuple[str, ...]] = {
+    "dtypes": DTYPES,
+    "qkv_formats": QKV_FORMATS,
+    "causal_alignments": CAUSAL_ALIGNMENTS,
+}
+"""Tuple fields of `Capabilities` whose union keeps only (and is ordered by) the values attnfuzz
+knows (`oracle.config`); other tuple fields keep every value, in order of first appearance."""
+SMALLER_IS_MORE = frozenset({"head_dim_multiple"})
+"""Integer fields of `Capabilities` where the smaller value grants more (the union takes the
+minimum); `LARGER_IS_MORE` are those where the larger grants more (the maximum)."""
+LARGER_IS_MORE = frozenset({"max_head_dim", "max_seqlen"})
+
+
+def _union_of_tuples(attr: str, values: Sequence[tuple]) -> tuple:
+    seen = tuple(dict.fromkeys(v for value in values for v in value))
+    order = MERGE_VOCABULARIES.get(attr)
+    return seen if order is None else tuple(v for v in order if v in seen)
+
+
+def merge_rules(capabilities_type: type = Capabilities) -> dict[str, Callable[[str, Sequence[Any]], Any]]:
+    """The union rule of every field of ``capabilities_type`` (a `Capabilities` dataclass), by
+    the field's kind: ``bool`` -> any; ``tuple[...]`` -> union (`MERGE_VOCABULARIES`); ``int`` ->
+    maximum (`LARGER_IS_MORE`) or minimum (`SMALLER_IS_MORE`), which must be said per field.
+
+    Raises:
+        TypeError: a field has no rule (an ``int`` in neither set, or another kind): a new field
+            must say how it merges before any union is drawn from.
+    """
+    hints = typing.get_type_hints(capabilities_type)
+    rules: dict[str, Callable[[str, Sequence[Any]], Any]] = {}
+    for f in dataclasses.fields(capabilities_type):
+        kind = hints[f.name]
+        if kind is bool:
+            rules[f.name] = lambda attr, values: any(values)
+        elif typing.get_origin(kind) is tuple:
+            rules[f.name] = _union_of_tuples
+        elif kind is int and f.name in LARGER_IS_MORE:
+            rules[f.name] = lambda attr, values: max(values)
+        elif kind is int and f.name in SMALLER_IS_MORE:
+            rules[f.name] = lambda attr, values: min(values)
+        else:
+            raise TypeError(
+                f"{capabilities_type.__name__}.{f.name} ({kind}): no union rule; bool and tuple fields merge by kind, "
+                "an int field must be named in fuzzer.strategies.LARGER_IS_MORE or SMALLER_IS_MORE"
+            )
+    return rules
+
+
+_MERGE_RULES = merge_rules()  # at import: a Capabilities field without a rule fails here, not in a draw
+
+
 def merge_capabilities(caps: Sequence[Capabilities]) -> Capabilities:
-    """The union of several backends' capabilities (what at least one of them can run).
+    """The union of several backends' capabilities (what at least one of them can run), field by
+    field with `merge_rules` (derived from the dataclass fields, so a new field is never left at
+    its default). The result has the type of ``caps[0]``.
 
     Raises:
         StrategyArgumentError: ``caps`` is empty.
+        TypeError: a field has no union rule (`merge_rules`).
     """
     if not caps:
         raise StrategyArgumentError("capabilities: need at least one backend")
-
-    def union(attr: str, order: Sequence[str]) -> tuple[str, ...]:
-        values = {v for c in caps for v in getattr(c, attr)}
-        return tuple(v for v in order if v in values)
-
-    return Capabilities(
-        dtypes=union("dtypes", DTYPES),
-        qkv_formats=union("qkv_formats", QKV_FORMATS),
-        max_head_dim=max(c.max_head_dim for c in caps),
-        head_dim_multiple=min(c.head_dim_multiple for c in caps),
-        head_dim_v_differs=any(c.head_dim_v_differs for c in caps),
-        gqa=any(c.gqa for c in caps),
-        causal_alignments=union("causal_alignments", CAUSAL_ALIGNMENTS),
-        windows=any(c.windows for c in caps),
-        softcap=any(c.softcap for c in caps),
-        backward=any(c.backward for c in caps),
-        lse=any(c.lse for c in caps),
-        max_seqlen=max(c.max_seqlen for c in caps),
-        cp=any(c.cp for c in caps),
-    )
+    cls = type(caps[0])
+    rules = _MERGE_RULES if cls is Capabilities else merge_rules(cls)
+    return cls(**{name: rule(name, [getattr(c, name) for c in caps]) for name, rule in rules.items()})
 
 
 def seqlens(max_seqlen: int) -> st.SearchStrategy[int]:

@@ -78,7 +78,7 @@ Non-causal top-left windows add ``bottom_right_diagonal=False``; softcap is pass
 Context parallelism (``case.cp_size > 1``; `TEBackend.run_cp`, run on every rank by
 `fuzzer.cp.executor.CPExecutor`):
 
-* each rank gets its dual-chunk-swap shard (`fuzzer.cp.sharding`), calls
+* each rank gets its dual-chunk-swap shard (`fuzzer.backends.cp_layout`), calls
   ``DotProductAttention.set_context_parallel_group(cp_group, cp_global_ranks, cp_stream,
   cp_comm_type)`` once per module (`te_cp_group_args`; for ``a2a+p2p`` ``cp_group`` is the list
   ``[a2a pair group, p2p ring group]``) and runs forward and backward on its shard; TE returns the
@@ -107,6 +107,7 @@ constants.py`` (transformer-engine 2.20.2 wheel).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import os
 from collections.abc import Iterator, Mapping, MutableMapping
@@ -116,6 +117,8 @@ from fuzzer.backends.base import (
     Backend,
     BackendOutput,
     Capabilities,
+    CPProcessGroups,
+    CPShardInputs,
     DeclarationGapError,
     ReproCall,
     UnsupportedCaseError,
@@ -133,7 +136,7 @@ from fuzzer.backends.fa4 import (
     fit_to_signature,
     is_one_sided_window,
 )
-from fuzzer.cp.sharding import CPProcessGroups, CPSeqlens, CPShardInputs, cp_unsupported_reasons
+from fuzzer.backends.cp_layout import CPSeqlens, cp_unsupported_reasons
 from oracle.config import AttentionCase
 
 TE_MODULE = "transformer_engine.pytorch"
@@ -297,7 +300,7 @@ def te_cp_unsupported_reasons(case: AttentionCase, sub_backend: str) -> list[str
         sub_backend: ``"flash4"``, ``"flash2"``, ``"fused"`` or ``"unfused"``.
 
     Returns:
-        The layout limits (`fuzzer.cp.sharding.cp_unsupported_reasons`) and TE's own (module docstring).
+        The layout limits (`fuzzer.backends.cp_layout.cp_unsupported_reasons`) and TE's own (module docstring).
     """
     if case.cp_size == 1:
         return []
@@ -625,8 +628,8 @@ class TEBackend(Backend):
 
         Args:
             case: a case with ``cp_size > 1``.
-            inputs: this rank's `fuzzer.cp.sharding.CPShardInputs` (on ``groups.device``).
-            groups: the process groups (`fuzzer.cp.sharding.CPProcessGroups`).
+            inputs: this rank's `fuzzer.backends.base.CPShardInputs` (on ``groups.device``).
+            groups: the process groups (`fuzzer.backends.base.CPProcessGroups`).
             variant: one of ``TE_VARIANTS``.
 
         Raises:
@@ -837,6 +840,22 @@ def call_backend(q, k, v, cu_seqlens_q, cu_seqlens_k):
 ``te_forward_kwargs``, ``min_arch_major``, ``required_modules``)."""
 
 _FLASH_OFF = {"NVTE_FLASH_ATTN": "0"}
+TE_CAPABILITIES = Capabilities(
+    dtypes=("bfloat16", "float16"),
+    qkv_formats=("bshd", "sbhd", "thd"),
+    max_head_dim=256,
+    head_dim_multiple=8,
+    head_dim_v_differs=True,
+    gqa=True,
+    causal_alignments=("top_left", "bottom_right"),
+    windows=True,
+    softcap=False,
+    backward=True,
+    lse=False,
+    cp=True,
+)
+"""What every TE sub-backend shares (`DotProductAttention` takes these for all of them); each
+sub-backend's block is this one with its own differences (`dataclasses.replace`)."""
 
 
 class TEFA4Backend(TEBackend):
@@ -858,20 +877,7 @@ class TEFA4Backend(TEBackend):
         "NVTE_UNFUSED_ATTN": "0",
     }
     packages: ClassVar[tuple[str, ...]] = TE_PACKAGES + ("flash-attn-4", "nvidia-cutlass-dsl")
-    capabilities: ClassVar[Capabilities] = Capabilities(
-        dtypes=("bfloat16", "float16"),
-        qkv_formats=("bshd", "sbhd", "thd"),
-        max_head_dim=256,
-        head_dim_multiple=8,
-        head_dim_v_differs=True,
-        gqa=True,
-        causal_alignments=("top_left", "bottom_right"),
-        windows=True,
-        softcap=False,  # "Disabling FlashAttention 4 as TE does not pass it softcap"
-        backward=True,
-        lse=False,
-        cp=True,
-    )
+    capabilities: ClassVar[Capabilities] = TE_CAPABILITIES  # softcap: "Disabling FlashAttention 4 as TE does not pass it softcap"
 
     def unsupported_reasons(self, case: AttentionCase, variant: str) -> list[str]:
         """Adds FA4's SM90 backward limit (GQA/MQA needs head_dim == head_dim_v), which TE 2.20.2
@@ -899,20 +905,7 @@ class TEFA2Backend(TEBackend):
         "NVTE_UNFUSED_ATTN": "0",
     }
     packages: ClassVar[tuple[str, ...]] = TE_PACKAGES + ("flash-attn",)
-    capabilities: ClassVar[Capabilities] = Capabilities(
-        dtypes=("bfloat16", "float16"),
-        qkv_formats=("bshd", "sbhd", "thd"),
-        max_head_dim=256,
-        head_dim_multiple=8,
-        head_dim_v_differs=True,
-        gqa=True,
-        causal_alignments=("top_left", "bottom_right"),
-        windows=True,
-        softcap=True,  # flash-attn >= 2.6
-        backward=True,
-        lse=False,
-        cp=True,
-    )
+    capabilities: ClassVar[Capabilities] = dataclasses.replace(TE_CAPABILITIES, softcap=True)  # flash-attn >= 2.6
 
 
 class TEFusedBackend(TEBackend):
@@ -924,20 +917,7 @@ class TEFusedBackend(TEBackend):
     jit_compiled: ClassVar[bool] = True  # cuDNN graphs are built at first use
     env_vars: ClassVar[dict[str, str]] = {**_FLASH_OFF, "NVTE_FUSED_ATTN": "1", "NVTE_UNFUSED_ATTN": "0"}
     packages: ClassVar[tuple[str, ...]] = TE_PACKAGES + ("nvidia-cudnn-cu12", "nvidia-cudnn-cu13")
-    capabilities: ClassVar[Capabilities] = Capabilities(
-        dtypes=("bfloat16", "float16"),
-        qkv_formats=("bshd", "sbhd", "thd"),
-        max_head_dim=256,
-        head_dim_multiple=8,
-        head_dim_v_differs=True,
-        gqa=True,
-        causal_alignments=("top_left", "bottom_right"),
-        windows=True,
-        softcap=False,  # "Disabling FusedAttention as it does not support softcap"
-        backward=True,
-        lse=False,
-        cp=True,
-    )
+    capabilities: ClassVar[Capabilities] = TE_CAPABILITIES  # softcap: "Disabling FusedAttention as it does not support softcap"
 
     def unsupported_reasons(self, case: AttentionCase, variant: str) -> list[str]:
         """Adds cuDNN's refusal of sliding windows with seqlen_q > seqlen_k."""
@@ -955,18 +935,12 @@ class TEUnfusedBackend(TEBackend):
     sub_backend: ClassVar[str] = "unfused"
     env_vars: ClassVar[dict[str, str]] = {**_FLASH_OFF, "NVTE_FUSED_ATTN": "0", "NVTE_UNFUSED_ATTN": "1"}
     packages: ClassVar[tuple[str, ...]] = TE_PACKAGES
-    capabilities: ClassVar[Capabilities] = Capabilities(
+    capabilities: ClassVar[Capabilities] = dataclasses.replace(
+        TE_CAPABILITIES,
         dtypes=("bfloat16", "float16", "float32"),
-        qkv_formats=("bshd", "sbhd", "thd"),
         max_head_dim=512,
         head_dim_multiple=1,
-        head_dim_v_differs=True,
-        gqa=True,
-        causal_alignments=("top_left", "bottom_right"),
-        windows=True,
         softcap=True,
-        backward=True,
-        lse=False,
         cp=False,  # "Disabling UnfusedDotProductAttention as it does not support context parallelism"
     )
 

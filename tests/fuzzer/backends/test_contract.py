@@ -38,10 +38,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from fuzzer import registry
-from fuzzer.backends.base import Backend, ReproCall
+from fuzzer.backends.base import Backend, Capabilities, ReproCall
 from fuzzer.evaluate import Evaluator
 from fuzzer.executor import InProcessExecutor
-from fuzzer.strategies import attention_cases
+from fuzzer.strategies import attention_cases, merge_capabilities, merge_rules
 from oracle.config import CAUSAL_ALIGNMENTS, DTYPES, QKV_FORMATS, AttentionCase
 
 SAMPLE_SPEC = "tests.fuzzer.backends.sample_adapter:SampleBackend"
@@ -304,3 +304,32 @@ def test_a_declaration_that_claims_too_much_is_caught():
     with Evaluator(specs, InProcessExecutor(specs), device="cpu") as evaluator:
         statuses = {r.variant: r.status for r in evaluator.evaluate(case).results}
     assert statuses == {"bool_mask": "fail", "additive_bias": "fail"}, statuses
+
+
+# ----------------------------------------------------------------------------- the union of declarations
+def test_every_capability_field_has_a_union_rule():
+    assert set(merge_rules()) == {f.name for f in dataclasses.fields(Capabilities)}
+
+
+def test_a_new_int_field_without_a_union_rule_is_refused():
+    wider = dataclasses.make_dataclass("Wider", [("max_batch_size", int, 8)], bases=(Capabilities,), frozen=True)
+    with pytest.raises(TypeError, match="max_batch_size"):
+        merge_rules(wider)
+
+
+def test_a_new_bool_or_tuple_field_is_merged_not_left_at_its_default():
+    wider = dataclasses.make_dataclass(
+        "Wider", [("fp8", bool, False), ("mask_kinds", tuple[str, ...], ())], bases=(Capabilities,), frozen=True
+    )
+    merged = merge_capabilities([wider(fp8=True, mask_kinds=("block",)), wider(mask_kinds=("paged", "block"))])
+    assert type(merged) is wider and merged.fp8 is True and merged.mask_kinds == ("block", "paged"), merged
+
+
+def test_the_union_of_the_sample_plugin_and_te_unfused_takes_the_wider_of_each_field():
+    sample, unfused = registered()["sample-plugin"].capabilities, registered()["te-unfused"].capabilities
+    merged = merge_capabilities([sample, unfused])
+    assert merged == dataclasses.replace(
+        unfused, max_seqlen=max(sample.max_seqlen, unfused.max_seqlen), lse=True, cp=False
+    ), merged
+    narrow = merge_capabilities([sample, dataclasses.replace(sample, head_dim_multiple=8, dtypes=("float16", "bfloat16"))])
+    assert narrow.head_dim_multiple == 1 and narrow.dtypes == ("bfloat16", "float16"), narrow
