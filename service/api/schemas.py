@@ -18,7 +18,7 @@ from oracle.errors import CaseValidationError
 from service.db import repository
 from service.api.openapi import CaseJson
 from service.errors import FieldValidationError
-from service.export.repro import NAME_PATTERN, SIGNATURE_PATTERN
+from service.export.safety import NAME_PATTERN, SIGNATURE_PATTERN
 from service.db.models import MAX_SQL_BIGINT, MAX_SQL_INTEGER, ORIGINS, Bucket, Build, Case, Result, TriageState, Worker
 
 

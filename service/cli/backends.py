@@ -59,7 +59,6 @@ def backends(
     out.print(table)
 
 
-
 def _runtime_text(runtime: dict[str, str]) -> str:
     """What a backend's child loaded, for the backends table: the imported FA4 build (module
     path and version), FA2, and the cuDNN/cuBLASLt/NCCL versions with cuDNN's file."""

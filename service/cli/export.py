@@ -83,7 +83,7 @@ def register(app: typer.Typer) -> None:
 
         from service.db.engine import make_engine
         from service.errors import NotFoundError, ServiceError
-        from service.export.repro import load_export
+        from service.export.target import load_export
 
         url = db_url(db)
         try:

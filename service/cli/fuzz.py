@@ -262,7 +262,6 @@ def fuzz(
         fail(exc)
 
 
-
 def _reraisable(exc: AttnFuzzError) -> bool:
     """Whether ``type(exc)(message)`` rebuilds ``exc`` with a longer message."""
     from fuzzer.results import SinkFatalError, SinkUnavailableError
@@ -317,7 +316,6 @@ def _fuzz_on_gpus(gpus: str, url: str) -> None:
             log.error("worker on GPU %s exited with %s", index, code)
     if failed:
         raise WorkerError(f"{failed} of {len(processes)} GPU workers failed (see attnfuzz-gpu*.log)")
-
 
 
 def register(app: typer.Typer) -> None:

@@ -165,7 +165,6 @@ def summary_data(stats: WorkerStats, url: str, *, interrupted: bool = False, spo
     }
 
 
-
 def print_summary(stats: WorkerStats, url: str, *, interrupted: bool = False) -> None:
     if interrupted:
         out.print("[bold yellow]interrupted (Ctrl-C):[/] what this run stored before it stopped:")
@@ -205,7 +204,6 @@ def print_summary(stats: WorkerStats, url: str, *, interrupted: bool = False) ->
     else:
         out.print("[green]no failures found[/]")
     out.print(f"stored in {url}; see them with: attnfuzz serve --db {url}", soft_wrap=True)
-
 
 
 def _share(part_s: float, wall_s: float) -> str:

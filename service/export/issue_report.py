@@ -5,7 +5,7 @@ Everything comes from the store, nothing is recomputed (no oracle, no kernel): t
 minimised case (else its first case), the stored result of the bucket's backend variant on that
 case (signatures and figures), every other stored result on the same case (the differential
 evidence: what passed), the first and last builds the bucket was seen on, a finished bisection of
-the case if there is one, and the repro file (`service.export.repro.export_target` from the stored
+the case if there is one, and the repro file (`service.export.target.export_target` from the stored
 allowances). Sections:
 
 1. title in the library's terms: the package (``flash-attn-4``), the library call the variant makes
@@ -125,10 +125,11 @@ def _build_line(build: Any) -> str:
 
 def _library_call(case: Any, backend: Any, variant: str) -> tuple[str, str]:
     """(short call text for the title, the call as code) from the adapter's repro call, its slots
-    filled with their literals (`service.export.repro.fill_template`)."""
+    filled with their literals (`service.export.safety.fill_template`)."""
     import textwrap
 
-    from service.export.repro import ExportError, fill_template, literal, repro_call
+    from service.export.backend import repro_call
+    from service.export.safety import ExportError, fill_template, literal
 
     try:
         call = repro_call(backend, case, variant)
@@ -161,7 +162,10 @@ def bucket_issue(session: Any, bucket_id: int, *, compute_missing: bool = False)
 
     from service.db import repository
     from service.errors import NotFoundError
-    from service.export.repro import ExportError, export_target, repro_filename, resolve_backend, validated_case
+    from service.export.backend import resolve_backend
+    from service.export.repro import repro_filename
+    from service.export.safety import ExportError, validated_case
+    from service.export.target import export_target
     from service.db.models import BisectRun, Bucket, Build, Result
 
     bucket = session.scalar(

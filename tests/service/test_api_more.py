@@ -36,7 +36,7 @@ def _counts(session: Session) -> tuple[int, ...]:
 def _stored_allowances(case: AttentionCase) -> dict:
     """Metrics carrying the allowances a worker stores with a failing verdict (the repro
     endpoints use stored figures only)."""
-    from service.export.repro import computed_allowance
+    from service.export.allowance import computed_allowance
 
     return {name: {"allowed_global": a.whole, "tile_allowed": a.tiles} for name, a in computed_allowance(case).items()}
 

@@ -1,4 +1,4 @@
-"""`service.export.repro`: the generated repro regenerates the inputs bit for bit, its inline reference
+"""`service.export`: the generated repro regenerates the inputs bit for bit, its inline reference
 agrees with the oracle, it calls each backend as the adapter does, and only literals get in."""
 
 from __future__ import annotations
@@ -21,8 +21,10 @@ from fuzzer.backends.te import TEFA4Backend, te_forward_kwargs, te_module_kwargs
 from oracle.config import AttentionCase
 from oracle.inputs import make_inputs
 from oracle.reference import reference
-from service.export import repro as export
-from service.export.repro import ExportError, check_only_literals, fill_template, literal, render_repro
+from service.export.allowance import allowed_errors
+from service.export.backend import exportable_backends
+from service.export.repro import render_repro
+from service.export.safety import ExportError, check_only_literals, fill_template, literal, validated_case
 from tests.fuzzer.standins import _resolve_like_fa4_after_2490, attention_with_band
 
 INPUT_CASES = [
@@ -101,7 +103,7 @@ def test_inline_reference_agrees_with_the_oracle(case: AttentionCase, tmp_path: 
 
 def test_allowed_errors_are_the_oracles_global_allowance() -> None:
     case = REFERENCE_CASES[0]
-    allowed = export.allowed_errors(case)
+    allowed = allowed_errors(case)
     assert set(allowed) == {"out", "lse", "dq", "dk", "dv"}
     assert all(0 < a < 1e-3 for a in allowed.values()), allowed  # float32: tight, but not zero
 
@@ -305,7 +307,7 @@ def test_a_backend_without_a_repro_method_gets_told_what_to_add() -> None:
     with pytest.raises(ExportError, match=r"backend 'torch-flex' .* defines no repro call: add a method `repro") as raised:
         render_repro(FA4_CASE, "torch-flex", "mask_mod", None, allowed=dict.fromkeys(("out", "lse", "dq", "dk", "dv"), 1.0))
     assert raised.value.field == "backend"
-    assert "torch-flex" not in export.exportable_backends() and "fa4" in export.exportable_backends()
+    assert "torch-flex" not in exportable_backends() and "fa4" in exportable_backends()
 
 
 class _EvilBackend(Backend):
@@ -344,11 +346,11 @@ def test_a_plugin_repro_that_raises_is_an_export_error_naming_the_backend() -> N
 def test_validated_case_names_the_hostile_field() -> None:
     config = {**FA4_CASE.to_json(), "dtype": "bfloat16'); import os; os.system('x'); ('"}
     with pytest.raises(ExportError) as raised:
-        export.validated_case(config)
+        validated_case(config)
     assert raised.value.field == "case.dtype"
     config = {**FA4_CASE.to_json(), "seqlen_q": "1); __import__('os').system('x'"}
     with pytest.raises(ExportError) as raised:
-        export.validated_case(config)
+        validated_case(config)
     assert raised.value.field == "case.seqlen_q"
 
 

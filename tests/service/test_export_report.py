@@ -39,7 +39,7 @@ def no_oracle(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Every way into the float64 oracle raises (and is counted)."""
     import oracle.compare
     import oracle.reference
-    from service.export import repro as export
+    from service.export import repro, target
     calls: list[str] = []
 
     def planted(name):
@@ -51,7 +51,7 @@ def no_oracle(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
     for module, name in ((oracle.reference, "reference"), (oracle.reference, "attention_forward"),
                          (oracle.compare, "compare_outputs"), (oracle.compare, "compare_tensor"),
-                         (export, "computed_allowance")):
+                         (target, "computed_allowance"), (repro, "computed_allowance")):
         monkeypatch.setattr(module, name, planted(name))
     return calls
 

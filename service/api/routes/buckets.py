@@ -20,7 +20,8 @@ from service.api.deps import (
 )
 from service.api.routes.cases import repro_response
 from service.errors import FieldValidationError
-from service.export.repro import export_target, exportable_backends
+from service.export.backend import exportable_backends
+from service.export.target import export_target
 from service.db.models import TriageState
 from service.api.schemas import (
     BucketDetailOut,

@@ -19,7 +19,9 @@ from oracle.errors import CaseValidationError
 from service.db import repository
 from service.api.deps import SessionDep, WriteSessionDep, require_write_token, write_transaction
 from service.db.cp_view import CP_METRICS_KEY, CPCaseView, CPPair, CPView, cp_view
-from service.export.repro import Repro, exportable_backends, load_export
+from service.export.backend import exportable_backends
+from service.export.repro import Repro
+from service.export.target import load_export
 from service.api.schemas import CaseDetailOut, CaseIdOut, CaseIn, ReproQuery, ResultOut
 
 api_router = APIRouter(prefix="/api/cases", tags=["cases"])

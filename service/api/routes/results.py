@@ -11,7 +11,7 @@ from service.db import repository
 from service.api.openapi import PAGE_HEADERS, paginate
 from service.api.deps import SessionDep, WriteSessionDep, require_write_token, write_transaction
 from service.errors import FieldValidationError
-from service.export.repro import NAME_PATTERN
+from service.export.safety import NAME_PATTERN
 from service.api.schemas import BucketUpdateOut, KnownFailureOut, ResultBatchIn, ResultBatchOut
 
 api_router = APIRouter(prefix="/api", tags=["ingestion"])

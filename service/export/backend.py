@@ -1,0 +1,98 @@
+"""The adapter that writes a repro's backend call: found like every backend (built-ins, the
+``attnfuzz.backends`` entry points, or ``module:attr``; `resolve_backend`), asked through its own
+`fuzzer.backends.base.Backend.repro` (`repro_call`). Every failure is an `ExportError` naming
+``backend`` or ``variant``.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from fuzzer.backends.base import Backend, ReproCall
+from oracle.config import AttentionCase
+from service.export.safety import ExportError
+
+
+def _discovered(extra_specs: tuple[str, ...] = ()) -> dict[str, Backend]:
+    from fuzzer.backends.base import BackendError
+    from fuzzer.registry import discover
+
+    try:
+        return {name: backend for name, (backend, _) in discover(extra_specs, opt_in=True).items()}
+    except BackendError as exc:
+        raise ExportError("backend", str(exc)) from None
+
+
+def resolve_backend(name: str, spec: str | None = None) -> Backend:
+    """The backend object that writes the repro call of ``name``.
+
+    Args:
+        name: the stored backend name (``"fa4"``, a plugin's name).
+        spec: ``"module:attr"`` naming the plugin (``attnfuzz export --backend module:attr``);
+            default: the built-ins and the ``attnfuzz.backends`` entry points (`fuzzer.registry`).
+
+    Raises:
+        ExportError: ``backend``: the spec cannot be loaded, or no known backend is called ``name``
+            (the message lists the known ones and says how to make a plugin known).
+    """
+    from fuzzer.backends.base import BackendError
+    from fuzzer.registry import load_spec
+
+    if spec is not None:
+        try:
+            loaded = load_spec(spec)
+        except BackendError as exc:
+            raise ExportError("backend", str(exc)) from None
+        for backend in loaded:
+            if backend.name == name:
+                return backend
+        names = ", ".join(b.name for b in loaded)
+        raise ExportError("backend", f"{spec} defines {names}, not the backend {name!r} the result was recorded for")
+    known = _discovered()
+    if name not in known:
+        raise ExportError(
+            "backend",
+            f"no export for backend {name!r}: no installed backend has that name (known: {', '.join(sorted(known))}); "
+            "install its package (entry-point group attnfuzz.backends) or name it with --backend module:attr",
+        )
+    return known[name]
+
+
+def has_repro(backend: Backend) -> bool:
+    """The backend's class overrides `Backend.repro`."""
+    return getattr(type(backend), "repro", None) is not Backend.repro
+
+
+@functools.lru_cache(maxsize=1)
+def exportable_backends() -> tuple[str, ...]:
+    """Names of the known backends (built-ins and entry points) that declare a repro call, sorted;
+    read once per process (pages use it to offer the download)."""
+    try:
+        return tuple(sorted(name for name, backend in _discovered().items() if has_repro(backend)))
+    except ExportError:
+        return ()
+
+
+def repro_call(backend: Backend, case: AttentionCase, variant: str) -> ReproCall:
+    """``backend.repro(case, variant)``, its errors as `ExportError`.
+
+    Raises:
+        ExportError: ``backend``: the backend declares no repro (the message says what to add) or
+            its ``repro`` failed or returned something else than a `ReproCall`; ``variant``: the
+            variant cannot encode the case (a ``ValueError`` of the adapter).
+    """
+    from fuzzer.backends.base import ReproUnavailable
+
+    try:
+        call = backend.repro(case, variant)
+    except ReproUnavailable as exc:
+        raise ExportError("backend", str(exc)) from None
+    except ValueError as exc:
+        raise ExportError("variant", str(exc)) from None
+    except Exception as exc:  # noqa: BLE001 - a plugin's bug must not crash the service
+        raise ExportError("backend", f"{backend.name}.repro raised {type(exc).__name__}: {exc}") from None
+    if not isinstance(call, ReproCall):
+        raise ExportError("backend", f"{backend.name}.repro returned {type(call).__name__}, not a ReproCall")
+    if call.device not in ("cpu", "cuda"):
+        raise ExportError("backend", f"{backend.name}.repro: device {call.device!r} (allowed: cpu, cuda)")
+    return call

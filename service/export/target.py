@@ -1,0 +1,160 @@
+"""Which stored case, backend and variant a repro is made of, read from the store
+(`load_export`, `export_target`), and refusing, without ``force``, an export that would mislead:
+a variant whose stored results are only ``unsupported`` or passing (`misleading_reason`). Reads
+stored figures only; the oracle runs only when the caller asks (``compute_missing``, the CLI).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fuzzer.backends.base import Backend
+from service.export.allowance import computed_allowance, required_tensors, stored_allowance
+from service.export.backend import repro_call, resolve_backend
+from service.export.repro import Repro, render_repro
+from service.export.safety import ExportError, check_names, validated_case
+
+
+def stored_statuses(session: Any, case_id: str, backend: str, variant: str) -> list[tuple[str, str]]:
+    """``(status, detail)`` of the stored results of ``case_id`` on ``backend``/``variant``,
+    newest first."""
+    from sqlalchemy import select
+
+    from service.db.models import Result
+
+    rows = session.execute(
+        select(Result.status, Result.detail)
+        .where(Result.case_id == case_id, Result.backend == backend, Result.variant == variant)
+        .order_by(Result.created_at.desc(), Result.id.desc())
+    ).all()
+    return [(r.status, r.detail or "") for r in rows]
+
+
+def misleading_reason(statuses: list[tuple[str, str]], backend: str, variant: str) -> str | None:
+    """Why a repro of this backend variant would mislead (None when a failure is stored): its
+    results are all ``unsupported`` or passing, or there is none."""
+    if any(status not in ("pass", "unsupported") for status, _ in statuses):
+        return None
+    if not statuses:
+        return f"{backend}/{variant} has no stored result on this case, so nothing shows it fails"
+    if all(status == "unsupported" for status, _ in statuses):
+        detail = next((d for _, d in statuses if d), "")
+        return f"{backend}/{variant} was recorded as unsupported on this case ({detail[:200] or 'no reason stored'}): the file would call it anyway"
+    return f"{backend}/{variant} passed on this case on every stored build: the file would pass (a regression test, not a repro)"
+
+
+def load_export(
+    session: Any,
+    case_id: str,
+    *,
+    backend: str | None = None,
+    variant: str | None = None,
+    backend_spec: str | None = None,
+    force: bool = False,
+    compute_missing: bool = False,
+) -> tuple[Repro, Any]:
+    """The repro of a stored case from stored figures: `repository.repro_target` picks the backend
+    variant, `stored_allowance` the allowances, `resolve_backend` the adapter.
+
+    Args:
+        session: a SQLAlchemy session on the store.
+        case_id, backend, variant: as `service.db.repository.repro_target`.
+        backend_spec: ``"module:attr"`` of a plugin (its backend name is read from it).
+        force: export a variant whose results are only ``unsupported`` or passing.
+        compute_missing: compute allowances the store lacks with the oracle (the CLI; never in a
+            web request).
+
+    Returns:
+        ``(Repro, ReproTarget)``.
+
+    Raises:
+        NotFoundError: no such case.
+        ExportError: ``force`` (misleading export without ``force``), ``allowance`` (no stored
+            allowance and ``compute_missing`` off), or anything `render_repro` raises.
+    """
+    from service.db import repository
+    adapter = None
+    if backend_spec is not None:
+        from fuzzer.backends.base import BackendError
+        from fuzzer.registry import load_spec
+
+        try:
+            loaded = load_spec(backend_spec)
+        except BackendError as exc:
+            raise ExportError("backend", str(exc)) from None
+        failing = {name for name, _ in _failing_backends(session, case_id)}
+        wanted = [b for b in loaded if b.name == backend] if backend else [b for b in loaded if b.name in failing]
+        if not wanted and len(loaded) == 1 and not backend:
+            wanted = loaded
+        if len(wanted) != 1:
+            raise ExportError(
+                "backend", f"{backend_spec} defines {', '.join(b.name for b in loaded)}: none (or several) of them "
+                f"{'is ' + repr(backend) if backend else 'failed on this case'}"
+            )
+        adapter = wanted[0]
+        backend = adapter.name
+    target = repository.repro_target(session, case_id, backend=backend, variant=variant)
+    return export_target(session, target, adapter=adapter, force=force, compute_missing=compute_missing), target
+
+
+def export_target(
+    session: Any, target: Any, *, adapter: Backend | None = None, force: bool = False, compute_missing: bool = False
+) -> Repro:
+    """The repro of a `service.db.repository.ReproTarget` (a case, backend, variant and recorded
+    signature) from stored figures; arguments and errors as `load_export`."""
+    case_id = target.case.id
+    case = validated_case(target.case.config)
+    check_names(target.backend, target.variant, target.signature)
+    adapter = adapter or resolve_backend(target.backend)
+    repro_call(adapter, case, target.variant)  # the backend's and the variant's errors before the store's
+    if not force:
+        reason = misleading_reason(stored_statuses(session, case_id, target.backend, target.variant), target.backend, target.variant)
+        if reason is not None:
+            raise ExportError("force", reason + "; pass --force (API: force=true) to export it anyway")
+    allowance = stored_allowance(case, _case_metrics(session, case_id))
+    missing = [name for name in required_tensors(case) if name not in allowance]
+    if missing or any(a.tiles is None for a in allowance.values()):
+        if compute_missing:
+            allowance = computed_allowance(case)
+        elif missing:
+            raise ExportError(
+                "allowance",
+                f"the stored results of case {case_id} carry no allowed error for {', '.join(missing)} "
+                "(recorded by an older attnfuzz); `attnfuzz export` computes it with the oracle",
+            )
+    recorded = _recorded_figures(session, case_id, target.backend, target.variant)
+    return render_repro(case, adapter, target.variant, target.signature, allowance=allowance, recorded=recorded)
+
+
+def _failing_backends(session: Any, case_id: str) -> list[tuple[str, str]]:
+    from sqlalchemy import select
+
+    from service.db.models import Result
+
+    return list(session.execute(
+        select(Result.backend, Result.variant).where(Result.case_id == case_id, Result.signature.is_not(None))
+    ).all())
+
+
+def _case_metrics(session: Any, case_id: str) -> list[dict[str, Any]]:
+    from sqlalchemy import select
+
+    from service.db.models import Result
+
+    query = select(Result.metrics).where(Result.case_id == case_id).order_by(Result.created_at.desc(), Result.id.desc())
+    return [m for m in session.scalars(query) if m]  # newest first: the current error model's figures
+
+
+def _recorded_figures(session: Any, case_id: str, backend: str, variant: str) -> dict[str, Any]:
+    """The newest stored metrics of the backend variant on the case ({} if none)."""
+    from sqlalchemy import select
+
+    from service.db.models import Result
+
+    metrics = session.scalar(
+        select(Result.metrics)
+        .where(Result.case_id == case_id, Result.backend == backend, Result.variant == variant)
+        .order_by(Result.created_at.desc(), Result.id.desc())
+        .limit(1)
+    )
+    return metrics if isinstance(metrics, dict) else {}
