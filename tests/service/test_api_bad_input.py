@@ -15,7 +15,7 @@ from fuzzer.results import ResultValidationError
 from oracle.config import AttentionCase
 from service.api.app import create_app
 from service.db.models import MAX_SQL_BIGINT, MAX_SQL_INTEGER, Bucket, Build, Case, Result, Worker
-from service.api.schemas import MAX_METRICS_DEPTH
+from service.api.requests import MAX_METRICS_DEPTH
 from service.settings import Settings
 from tests.service.conftest import Seeded
 

@@ -23,16 +23,8 @@ from service.errors import FieldValidationError
 from service.export.backend import exportable_backends
 from service.export.target import export_target
 from service.db.models import TriageState
-from service.api.schemas import (
-    BucketDetailOut,
-    BucketOut,
-    BucketRowPageOut,
-    BucketQuery,
-    MinimisedIn,
-    PageQuery,
-    ResultPageOut,
-    TriageUpdate,
-)
+from service.api.requests import BucketQuery, MinimisedIn, PageQuery, TriageUpdate
+from service.api.schemas import BucketDetailOut, BucketOut, BucketRowPageOut, ResultPageOut
 
 api_router = APIRouter(prefix="/api/buckets", tags=["buckets"])
 page_router = APIRouter(tags=["pages"])

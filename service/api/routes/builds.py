@@ -9,7 +9,8 @@ from fastapi.responses import HTMLResponse
 
 from service.db import repository
 from service.api.deps import BuildId, SessionDep, WriteSessionDep, require_write_token, write_transaction
-from service.api.schemas import BuildIn, BuildOut, BuildPageOut, BuildQuery, IdOut
+from service.api.requests import BuildIn, BuildQuery
+from service.api.schemas import BuildOut, BuildPageOut, IdOut
 
 api_router = APIRouter(prefix="/api/builds", tags=["builds"])
 page_router = APIRouter(tags=["pages"])

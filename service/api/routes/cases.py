@@ -8,108 +8,25 @@ oracle ("agree but both wrong": what a CP-vs-non-CP test cannot see).
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, status
 from fastapi.responses import HTMLResponse, Response
-from pydantic import BaseModel, Field
 
 from oracle.errors import CaseValidationError
-from service.db import repository
 from service.api.deps import SessionDep, WriteSessionDep, require_write_token, write_transaction
-from service.db.cp_view import CP_METRICS_KEY, CPCaseView, CPPair, CPView, cp_view
+from service.api.requests import CaseIn, ReproQuery
+from service.api.schemas import CaseDetailOut, CaseIdOut, CasePageOut, CaseWithCPOut, CPFamilyOut
+from service.db import repository
+from service.db.cp_view import CP_METRICS_KEY, cp_view
 from service.export.backend import exportable_backends
 from service.export.repro import Repro
 from service.export.target import load_export
-from service.api.schemas import CaseDetailOut, CaseIdOut, CaseIn, ReproQuery, ResultOut
 
 api_router = APIRouter(prefix="/api/cases", tags=["cases"])
 page_router = APIRouter(tags=["pages"])
 
 CaseId = Annotated[str, Path(pattern=r"^[0-9a-f]{16}$", description="AttentionCase.case_id: 16 hex digits")]
-
-
-class CPPairOut(BaseModel):
-    """One backend variant on one build: its result on a CP case beside its result on the twin."""
-
-    backend: str
-    variant: str
-    build_id: int
-    cp_result: ResultOut
-    non_cp_result: ResultOut | None = Field(description="the twin's latest result for this key; null if none is stored")
-    agrees_with_non_cp: bool | None = Field(description="CP and non-CP outputs agree (measured by the worker); null if not measured")
-    both_fail: bool | None = Field(description="both fail the float64 oracle; null when the twin's status is unknown")
-    agree_but_both_wrong: bool = Field(description="they agree and both fail: the blind spot of CP-vs-non-CP tests")
-    basis: str | None = Field(description='"tensors" (measured), "signatures" (same failure signature) or null')
-    diff_ratio_vs_non_cp: float | str | None = Field(
-        description="largest ||cp - non_cp|| / allowed over the tensors (\"inf\"/\"nan\" as strings); null if not measured"
-    )
-
-    @classmethod
-    def from_pair(cls, pair: CPPair) -> CPPairOut:
-        block = pair.cp_result.metrics.get(CP_METRICS_KEY) if isinstance(pair.cp_result.metrics, dict) else None
-        ratio = block.get("diff_ratio_vs_non_cp") if isinstance(block, dict) else None
-        return cls(
-            backend=pair.backend,
-            variant=pair.variant,
-            build_id=pair.build_id,
-            cp_result=ResultOut.model_validate(pair.cp_result),
-            non_cp_result=ResultOut.model_validate(pair.non_cp_result) if pair.non_cp_result is not None else None,
-            agrees_with_non_cp=pair.agrees_with_non_cp,
-            both_fail=pair.both_fail,
-            agree_but_both_wrong=pair.agree_but_both_wrong,
-            basis=pair.basis,
-            diff_ratio_vs_non_cp=ratio if isinstance(ratio, (int, float, str)) and not isinstance(ratio, bool) else None,
-        )
-
-
-class CPCaseOut(BaseModel):
-    """One stored CP case of the family and its pairs."""
-
-    case_id: str
-    cp_size: int
-    cp_comm_type: str
-    description: str
-    has_blind_spot: bool
-    pairs: list[CPPairOut]
-
-    @classmethod
-    def from_view(cls, view: CPCaseView) -> CPCaseOut:
-        return cls(
-            case_id=view.case.id,
-            cp_size=view.cp_size,
-            cp_comm_type=view.cp_comm_type,
-            description=view.case.to_attention_case().describe(),
-            has_blind_spot=view.has_blind_spot,
-            pairs=[CPPairOut.from_pair(p) for p in view.pairs],
-        )
-
-
-class CPFamilyOut(BaseModel):
-    """A case's context-parallel family: the non-CP twin and every stored CP case, paired."""
-
-    non_cp_case_id: str
-    non_cp_case_stored: bool
-    has_blind_spot: bool = Field(description="some pair agrees with non-CP while both fail the oracle")
-    cp_cases: list[CPCaseOut] = Field(description="by cp_size, then comm type")
-
-    @classmethod
-    def from_view(cls, view: CPView) -> CPFamilyOut:
-        return cls(
-            non_cp_case_id=view.non_cp_case_id,
-            non_cp_case_stored=view.non_cp_case is not None,
-            has_blind_spot=view.has_blind_spot,
-            cp_cases=[CPCaseOut.from_view(c) for c in view.cp_cases],
-        )
-
-
-class CaseWithCPOut(CaseDetailOut):
-    """A case with its results and, when it belongs to a context-parallel family, that family."""
-
-    cp: CPFamilyOut | None = Field(
-        None, description="CP results beside the non-CP results of the same case; null when no CP case of it is stored"
-    )
 
 
 def _cp_family(session: SessionDep, case_id: str) -> CPFamilyOut | None:
@@ -143,23 +60,6 @@ def repro_response(repro: Repro) -> Response:
     )
 
 
-class CaseSummaryOut(BaseModel):
-    """A stored case in a list: id, origin, description and its results' count per status."""
-
-    case_id: str
-    origin: str
-    created_at: datetime
-    description: str = Field(description="AttentionCase.describe(), or why the stored JSON no longer validates")
-    statuses: dict[str, int] = Field(description="stored results of this case per status")
-
-
-class CasePageOut(BaseModel):
-    items: list[CaseSummaryOut]
-    total: int = Field(description="cases matching the filters, over all pages")
-    limit: int
-    offset: int
-
-
 @api_router.get("")
 def list_cases(
     session: SessionDep,
@@ -171,15 +71,7 @@ def list_cases(
     """Stored cases, newest first, one page, with their result counts per status (the ids that
     ``GET /api/cases/{case_id}`` takes)."""
     page = repository.list_cases(session, failing=failing, backend=backend, limit=limit, offset=offset)
-    items = []
-    for item in page.items:
-        try:
-            description = item.case.to_attention_case().describe()
-        except CaseValidationError as exc:
-            description = f"(stored config no longer validates: {exc})"
-        items.append(CaseSummaryOut(case_id=item.case.id, origin=item.case.origin, created_at=item.case.created_at,
-                                    description=description, statuses=item.statuses))
-    return CasePageOut(items=items, total=page.total, limit=page.limit, offset=page.offset)
+    return CasePageOut.from_page(page)
 
 
 @api_router.get("/{case_id}")

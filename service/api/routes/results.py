@@ -12,7 +12,8 @@ from service.api.openapi import PAGE_HEADERS, paginate
 from service.api.deps import SessionDep, WriteSessionDep, require_write_token, write_transaction
 from service.errors import FieldValidationError
 from service.export.safety import NAME_PATTERN
-from service.api.schemas import BucketUpdateOut, KnownFailureOut, ResultBatchIn, ResultBatchOut
+from service.api.requests import ResultBatchIn
+from service.api.schemas import BucketUpdateOut, KnownFailureOut, ResultBatchOut
 
 api_router = APIRouter(prefix="/api", tags=["ingestion"])
 page_router = APIRouter(tags=["pages"])

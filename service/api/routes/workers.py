@@ -9,7 +9,8 @@ from fastapi.responses import Response
 
 from service.db import repository
 from service.api.deps import SessionDep, WorkerId, WriteSessionDep, require_write_token, write_transaction
-from service.api.schemas import HeartbeatIn, IdOut, WorkerIn, WorkerPageOut, WorkerQuery
+from service.api.requests import HeartbeatIn, WorkerIn, WorkerQuery
+from service.api.schemas import IdOut, WorkerPageOut
 
 api_router = APIRouter(prefix="/api/workers", tags=["workers"])
 page_router = APIRouter(tags=["pages"])

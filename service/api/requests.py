@@ -1,0 +1,272 @@
+"""Request models of the JSON API: query parameters (`BucketQuery`, `PageQuery`, `ReproQuery`),
+the triage update (`TriageUpdate`) and the ingestion bodies workers post (`BuildIn`, `WorkerIn`,
+`HeartbeatIn`, `CaseIn`, `ResultBatchIn`, `MinimisedIn`). Every model forbids unknown fields and
+bounds every value by its column (an out-of-range value is a 422 naming the field, never a 500);
+the response models are in `service.api.schemas`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+from urllib.parse import urlencode
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+
+from fuzzer.results import FAILING_STATUSES, PHASES, STATUSES, BuildFingerprint, CaseResult, ResultValidationError
+from oracle.config import DTYPES
+from service.api.openapi import CaseJson
+from service.db import repository
+from service.db.models import MAX_SQL_BIGINT, MAX_SQL_INTEGER, ORIGINS, TriageState
+from service.errors import FieldValidationError
+from service.export.safety import NAME_PATTERN, SIGNATURE_PATTERN
+
+
+BucketSort = Literal[repository.BUCKET_SORTS]  # type: ignore[valid-type]
+
+
+class BucketQuery(BaseModel):
+    """Filters and paging of ``GET /api/buckets`` and ``/buckets`` (query parameters)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    backend: str | None = None
+    variant: str | None = None
+    signature: str | None = Field(default=None, description="substring of the signature")
+    triage_state: TriageState | None = None
+    dtype: Literal[DTYPES] | None = Field(default=None, description="has a failing result on a case of this dtype")  # type: ignore[valid-type]
+    head_dim: int | None = Field(
+        default=None, ge=1, le=MAX_SQL_INTEGER, description="has a failing result on a case of this head_dim"
+    )
+    mask: Literal[repository.MASKS] | None = Field(  # type: ignore[valid-type]
+        default=None, description="has a failing result on a case with this mask kind"
+    )
+    build_id: int | None = Field(default=None, ge=1, le=MAX_SQL_INTEGER, description="has a failing result on this build")
+    defect_id: int | None = Field(default=None, ge=1, le=MAX_SQL_INTEGER, description="in this root-cause group")
+    sort: BucketSort = Field(default=repository.DEFAULT_BUCKET_SORT, description="column, '-' prefix = descending")
+    limit: int = Field(default=50, ge=1, le=repository.MAX_PAGE_SIZE)
+    offset: int = Field(default=0, ge=0, le=MAX_SQL_BIGINT)
+
+    @field_validator(
+        "backend", "variant", "signature", "triage_state", "dtype", "head_dim", "mask", "build_id", "defect_id", mode="before"
+    )
+    @classmethod
+    def _empty_is_none(cls, value: Any) -> Any:
+        return None if value == "" else value  # an HTML form sends "" for "any"
+
+    def filters(self) -> dict[str, Any]:
+        """Keyword arguments of `repository.list_buckets`."""
+        return self.model_dump()
+
+    def query_string(self, offset: int) -> str:
+        """These filters at another ``offset``, as a URL query string (for page links)."""
+        params = self.model_dump(mode="json", exclude_none=True)
+        return urlencode({**params, "offset": max(offset, 0)})
+
+
+class TriageUpdate(BaseModel):
+    """``PATCH /api/buckets/{id}``: only the fields sent are changed; null clears a field."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    triage_state: TriageState | None = None
+    notes: str | None = Field(default=None, max_length=repository.MAX_NOTES_LENGTH)
+    upstream_url: str | None = Field(default=None, max_length=repository.MAX_URL_LENGTH)
+    duplicate_of_id: int | None = Field(default=None, ge=1, le=MAX_SQL_INTEGER)
+
+    def changes(self) -> dict[str, Any]:
+        """The fields that were sent, for `repository.update_triage`."""
+        return {name: getattr(self, name) for name in self.model_fields_set}
+
+
+class PageQuery(BaseModel):
+    """``limit``/``offset`` of a paginated list."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    limit: int = Field(default=50, ge=1, le=repository.MAX_PAGE_SIZE)
+    offset: int = Field(default=0, ge=0, le=MAX_SQL_BIGINT)
+
+
+class BuildQuery(PageQuery):
+    device_name: str | None = Field(default=None, description="exact device name, e.g. 'NVIDIA H200'")
+
+
+class WorkerQuery(PageQuery):
+    live: bool = Field(default=False, description="only workers heard from in the last 300 s")
+
+
+class ReproQuery(BaseModel):
+    """Which backend variant ``GET /api/cases/{id}/repro.py`` exports for (default: the one the
+    case failed on, when there is exactly one)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    backend: str | None = Field(default=None, pattern=NAME_PATTERN.pattern)
+    variant: str | None = Field(default=None, pattern=NAME_PATTERN.pattern)
+    force: bool = Field(default=False, description="export a variant whose results are only unsupported or passing")
+
+    @field_validator("backend", "variant", mode="before")
+    @classmethod
+    def _empty_is_none(cls, value: Any) -> Any:
+        return None if value == "" else value
+
+
+# ------------------------------------------------------------------------------- ingestion
+_VERSION = Field(default="", max_length=200)
+
+
+class BuildIn(BaseModel):
+    """``POST /api/builds``: a `fuzzer.results.BuildFingerprint`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    torch: str = _VERSION
+    cuda: str = _VERSION
+    cudnn: str = _VERSION
+    flash_attn_4: str = _VERSION
+    flash_attn: str = _VERSION
+    transformer_engine: str = _VERSION
+    nvidia_cutlass_dsl: str = _VERSION
+    triton: str = _VERSION
+    python: str = _VERSION
+    device_name: str = Field(default="cpu", max_length=200)
+    compute_capability: str = _VERSION
+    driver: str = _VERSION
+
+    def fingerprint(self) -> BuildFingerprint:
+        return BuildFingerprint(**self.model_dump())
+
+
+class WorkerIn(BaseModel):
+    """``POST /api/workers``: register a fuzz worker on a build."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    build_id: int = Field(ge=1, le=MAX_SQL_INTEGER)
+    hostname: str = Field(min_length=1, max_length=255)
+    pid: int = Field(ge=0, le=MAX_SQL_INTEGER)
+    device: str = Field(min_length=1, max_length=64)
+
+
+class HeartbeatIn(BaseModel):
+    """``POST /api/workers/{id}/heartbeat``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cases_run: int = Field(ge=0, le=MAX_SQL_INTEGER)
+    status: str = Field(default="running", min_length=1, max_length=32, pattern=r"^[a-z_]+$")
+
+
+class CaseIn(BaseModel):
+    """``POST /api/cases``: an ``AttentionCase.to_json()`` and where it came from."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    case: CaseJson  # a dict, published with the AttentionCase JSON Schema (service.api.openapi)
+    origin: Literal[ORIGINS] = "fuzz"  # type: ignore[valid-type]
+
+
+MAX_METRICS_DEPTH = 32
+"""How deep ``metrics`` may nest (a verdict's are 3 deep); storing and showing it recurses."""
+
+
+class ResultIn(BaseModel):
+    """One `fuzzer.results.CaseResult` (``CaseResult.to_json()``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    case_id: str = Field(pattern=r"^[0-9a-f]{16}$")
+    backend: str = Field(pattern=NAME_PATTERN.pattern)
+    variant: str = Field(pattern=NAME_PATTERN.pattern)
+    status: Literal[STATUSES]  # type: ignore[valid-type]
+    signature: str | None = Field(
+        default=None,
+        pattern=SIGNATURE_PATTERN.pattern,
+        validate_default=True,  # a failing status without a signature is refused, not stored
+        description="required for the failing statuses (fail, error, crash, timeout, oom), null otherwise",
+    )
+    signatures: list[str] = Field(default_factory=list, max_length=64)
+    metrics: dict[str, Any] = Field(
+        default_factory=dict, description=f"per-tensor comparison figures, nested at most {MAX_METRICS_DEPTH} deep"
+    )
+    error_ratio: float | None = None
+    run_ms: float = Field(default=0.0, ge=0)
+    compile_ms: float = Field(default=0.0, ge=0)
+    oracle_ms: float = Field(default=0.0, ge=0)
+    detail: str = Field(default="", max_length=100_000)
+    backend_version: str = Field(default="", max_length=1000)
+    selected_kernel: str | None = Field(default=None, max_length=200)
+    phase: Literal[PHASES] = "fuzz"  # type: ignore[valid-type]
+
+    @field_validator("signature")
+    @classmethod
+    def _signature_matches_status(cls, value: str | None, info: ValidationInfo) -> str | None:
+        status = info.data.get("status")
+        if status in FAILING_STATUSES and not value:
+            raise ValueError(f"required for status {status!r}")
+        if status is not None and status not in FAILING_STATUSES and value:
+            raise ValueError(f"must be null for status {status!r}")
+        return value
+
+    @field_validator("metrics")
+    @classmethod
+    def _metrics_are_shallow(cls, value: dict[str, Any]) -> dict[str, Any]:
+        stack: list[tuple[Any, int]] = [(value, 1)]
+        while stack:  # iterative: a deep document must not exhaust the stack here either
+            item, depth = stack.pop()
+            if isinstance(item, (dict, list)):
+                if depth > MAX_METRICS_DEPTH:
+                    raise ValueError(f"nested deeper than {MAX_METRICS_DEPTH} levels")
+                stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+        return value
+
+    @field_validator("signatures")
+    @classmethod
+    def _signatures_are_signatures(cls, value: list[str]) -> list[str]:
+        for item in value:
+            if not SIGNATURE_PATTERN.match(item):
+                raise ValueError(f"{item[:80]!r} is not a signature like 'out:all_zero'")
+        return value
+
+    def to_case_result(self) -> CaseResult:
+        """The `CaseResult`.
+
+        Raises:
+            fuzzer.results.ResultValidationError: ``CaseResult`` refuses it (the app answers 422).
+        """
+        return CaseResult.from_json(self.model_dump())
+
+
+class ResultBatchIn(BaseModel):
+    """``POST /api/results``: results of one build (and worker), stored all or none."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    build_id: int = Field(ge=1, le=MAX_SQL_INTEGER)
+    worker_id: int | None = Field(default=None, ge=1, le=MAX_SQL_INTEGER)
+    results: list[ResultIn] = Field(min_length=1, max_length=1000)
+
+    def case_results(self) -> list[CaseResult]:
+        """The results as `CaseResult`s.
+
+        Raises:
+            FieldValidationError: ``CaseResult`` refuses one; ``field`` is ``results.<i>.<field>``.
+        """
+        converted = []
+        for i, result in enumerate(self.results):
+            try:
+                converted.append(result.to_case_result())
+            except ResultValidationError as exc:
+                field, _, message = str(exc).partition(": ")
+                raise FieldValidationError(f"results.{i}.{field}", message or str(exc)) from None
+        return converted
+
+
+class MinimisedIn(BaseModel):
+    """``POST /api/buckets/{id}/minimised``: the smallest case still failing."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    case: dict[str, Any]
+    original_case_id: str = Field(pattern=r"^[0-9a-f]{16}$")
+    note: str = Field(default="", max_length=10_000)
