@@ -14,7 +14,7 @@ NVRTC through ``torch.cuda._compile_kernel`` (no nvcc, no build step; one compil
 Two entry points, one kernel (strided: it reads any layout with a contiguous last dimension):
 
 * `dense_forward`: `oracle._triton_fwd.dense_forward`'s contract — the grouped float64 layout of
-  `oracle.reference._Dense` (``q [B*Hkv, Sq*G, D]`` pre-multiplied by softmax_scale, ``k [B*Hkv,
+  `oracle._dense.Dense` (``q [B*Hkv, Sq*G, D]`` pre-multiplied by softmax_scale, ``k [B*Hkv,
   Sk, D]``, ``v [B*Hkv, Sk, Dv]``, per-token key bounds ``lo``/``hi [Sq] int64``); used when the
   backward follows (it needs the grouped copies anyway).
 * `direct_forward`: forward only, straight on the canonical ``[B, S, H, D]`` inputs in their own
@@ -28,8 +28,8 @@ multiply-adds; ``exp``/``log``/``tanh``/``sqrt`` are CUDA's float64 functions); 
 and fp32 input converts to float64 exactly. Outputs: ``out``, natural-log ``lse`` (``-inf`` on rows
 that see no key, whose ``out`` is 0), and per row ``||P_i||``, ``||out_i||`` and the score bound
 for the error scales. Softmax shift, chosen per warp: the Cauchy-Schwarz bound ``||q_i|| *
-softmax_scale * max_j ||k_j||`` (capped by softcap; `oracle.reference.shift_bound`) when no row of
-the warp exceeds `oracle.reference.SAFE_SHIFT_BOUND`, else the online maximum with rescaling (FA2
+softmax_scale * max_j ||k_j||`` (capped by softcap; `oracle._dense.shift_bound`) when no row of
+the warp exceeds `oracle._dense.SAFE_SHIFT_BOUND`, else the online maximum with rescaling (FA2
 Algorithm 1 lines 9-10). Both give the softmax to float64 rounding.
 
 Kernel layout: one CTA of ``NWARPS`` warps takes ``16 * NWARPS`` grouped rows of one (batch, kv
@@ -68,6 +68,8 @@ import os
 from typing import NamedTuple
 
 import torch
+
+from oracle._dense import SAFE_SHIFT_BOUND, forward_scale_formulas, forward_scales
 
 MAX_HEAD_DIM = 128
 
@@ -273,7 +275,7 @@ attn_fwd_f64(const elem_t* __restrict__ Q, const double* __restrict__ K, const d
         l_of[h] = 0.0;
         l2_of[h] = 0.0;
     }
-    // warp-uniform choice of softmax shift: the bound where it cannot underflow (oracle.reference.
+    // warp-uniform choice of softmax shift: the bound where it cannot underflow (oracle._dense.
     // shift_bound), else the online maximum; both give the same softmax
     const int shift_given = allow_shift && __all_sync(0xffffffff, safe);
     int warp_lo_all = min(lo_of[0], lo_of[1]), warp_hi_all = max(hi_of[0], hi_of[1]);
@@ -502,7 +504,7 @@ def _kv_float64(x: torch.Tensor, pad: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 _PRELUDE = (
     "#define CUDART_INF __longlong_as_double(0x7ff0000000000000ULL)\n"
-    "#define SAFE_SHIFT_BOUND 170.0\n"  # oracle.reference.SAFE_SHIFT_BOUND (checked in _kernel)
+    "#define SAFE_SHIFT_BOUND 170.0\n"  # oracle._dense.SAFE_SHIFT_BOUND (checked in _kernel)
 )
 
 # torch dtype -> ELEM_KIND of the kernels (how an input element becomes a float64, exactly)
@@ -543,10 +545,8 @@ def smem_bytes(head_dim: int, head_dim_v: int, config: TileConfig) -> int:
 
 @functools.lru_cache(maxsize=None)
 def _kernel(d_pad: int, dv_pad: int, config: TileConfig, q_kind: int, capability: str):
-    from oracle.reference import SAFE_SHIFT_BOUND
-
     if f"{SAFE_SHIFT_BOUND:.1f}" not in _PRELUDE:
-        raise RuntimeError("SAFE_SHIFT_BOUND of the kernel differs from oracle.reference's")
+        raise RuntimeError("SAFE_SHIFT_BOUND of the kernel differs from oracle._dense's")
     defines = (
         f"#define D_PAD {d_pad}\n#define DV_PAD {dv_pad}\n#define NWARPS {config.warps}\n"
         f"#define BLOCK_N {config.block_n}\n#define MIN_BLOCKS {config.min_blocks}\n#define ELEM_KIND {q_kind}\n"
@@ -619,17 +619,15 @@ def _launch(q, k, v, lo, hi, *, batch, num_heads_kv, group, seqlen_q, seqlen_k, 
 
 @torch.no_grad()
 def dense_forward(d, want_scales: bool) -> dict[str, torch.Tensor]:
-    """The CUDA forward of one `oracle.reference._Dense`: same outputs as ``_dense_forward``.
+    """The CUDA forward of one `oracle._dense.Dense`: same outputs as `oracle._dense.dense_forward`.
 
     Returns grouped ``out [B*Hkv, Sq*G, Dv]``, ``lse [B*Hkv, Sq*G]`` (float64, natural log,
     ``-inf`` where no key is visible) and with ``want_scales`` the error scales of
-    `oracle.reference._forward_scales`.
+    `oracle._dense.forward_scales`.
 
     Raises:
         RuntimeError: NVRTC compile or launch failure (the caller falls back to Triton / torch).
     """
-    from oracle.reference import _forward_scales
-
     bh, rows_total, head_dim = d.q.shape
     head_dim_v = d.v.shape[-1]
     device = d.q.device
@@ -649,7 +647,7 @@ def dense_forward(d, want_scales: bool) -> dict[str, torch.Tensor]:
     )
     result = {"out": out, "lse": lse}
     if want_scales:
-        result.update(_forward_scales(d, out, lse, p_norm))
+        result.update(forward_scales(d, out, lse, p_norm))
     return result
 
 
@@ -662,16 +660,16 @@ def direct_forward(case, q, k, v, lo, hi, rho: float, want_scales: bool) -> dict
     reads float64 copies of ``k``/``v [B, Sk, Hkv, D(v)]`` made in their own layout, and writes
     ``out [B, Sq, H, Dv]`` and ``lse [B, H, Sq]`` (float64) in place, with the per-row values the
     error scales need (``||P_i||``, ``||out_i||``, the score bound): the grouped copies, the scaling
-    pass, the ungrouping and the norm passes of `oracle.reference._Dense` are skipped. Same
+    pass, the ungrouping and the norm passes of `oracle._dense.Dense` are skipped. Same
     arithmetic as `dense_forward`.
 
     Args:
         case: the case (bshd/sbhd; mask fields are already in ``lo``/``hi``).
         q, k, v: canonical tensors (any strides with a contiguous last dimension).
         lo, hi: ``[Sq] int64`` key bounds of `oracle.masks.key_bounds`, on q's device.
-        rho: float32 unit roundoff / unit roundoff of the case dtype (`oracle.reference._Dense.rho`).
+        rho: float32 unit roundoff / unit roundoff of the case dtype (`oracle._dense.Dense.rho`).
         want_scales: also return ``out_scale [B, Sq, H]`` and ``lse_scale [B, H, Sq]`` (the
-            formulas of `oracle.reference.forward_scale_formulas`).
+            formulas of `oracle._dense.forward_scale_formulas`).
 
     Returns:
         ``{"out", "lse"[, "out_scale", "lse_scale"]}``, float64.
@@ -700,8 +698,6 @@ def direct_forward(case, q, k, v, lo, hi, rho: float, want_scales: bool) -> dict
     )
     result = {"out": out, "lse": lse}
     if want_scales:
-        from oracle.reference import forward_scale_formulas
-
         accumulation = (hi - lo).clamp(min=0).to(f64).sqrt()[None, :, None]  # sqrt(n_i), [1, Sq, 1]
         result["out_scale"], result["lse_scale"] = forward_scale_formulas(
             rho=rho,

@@ -4,7 +4,7 @@
 is bshd/sbhd and the CUDA DMMA engine (`oracle._cuda_fwd`) cannot run (``engine="auto"``), falling
 back to the torch path on any exception (recorded in ``oracle.reference.triton_fallback_error``); the backward always runs on the torch path. Both
 variants compute what the torch path computes, in float64 throughout, on the same grouped layout
-(`oracle.reference._Dense`: rows ordered (token, group), q pre-multiplied by softmax_scale), so GQA,
+(`oracle._dense.Dense`: rows ordered (token, group), q pre-multiplied by softmax_scale), so GQA,
 ``head_dim_v``, softcap, windows and both alignments come for free: the mask is the per-row
 ``[lo, hi)`` of `oracle.masks.key_bounds`, and only key blocks inside ``[min lo, max hi)`` of a
 block's rows are visited.
@@ -12,7 +12,7 @@ block's rows are visited.
 * ``fused``: one FlashAttention-style kernel, ``tl.dot`` on float64 (DMMA ``m8n8k4`` on sm80+, which
   an H200 runs at half its float64 tensor rate: on sm_90 `oracle._cuda_fwd` comes first).
   Each program handles ``BLOCK_M`` grouped rows of one (batch, kv head). When the softmax shift is
-  known in advance (`oracle.reference.shift_bound`, an upper bound of every score of the row) the
+  known in advance (`oracle._dense.shift_bound`, an upper bound of every score of the row) the
   loop needs no running maximum and no rescaling; otherwise it runs the online softmax.
 * ``hybrid``: cuBLAS float64 gemms for ``q k^T`` and ``P v`` per query block, with one Triton pass
   in between (softcap, mask, ``exp(s - shift)``, row sums of ``p`` and ``p**2``, in place).
@@ -32,6 +32,9 @@ from __future__ import annotations
 import os
 
 import torch
+
+from oracle._dense import SAFE_SHIFT_BOUND, forward_scales, shift_bound
+from oracle._dense import dense_forward as torch_dense_forward
 
 try:  # Triton is optional: without it `unsupported_reason` says so and the torch path runs.
     import triton
@@ -76,7 +79,7 @@ if triton is not None:
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_SOFTCAP: tl.constexpr, SHIFT_GIVEN: tl.constexpr,
     ):
         """One block of rows; with ``SHIFT_GIVEN`` the softmax shift is a known upper bound of the
-        row's scores (`oracle.reference.shift_bound`) and no running maximum or rescaling is needed."""
+        row's scores (`oracle._dense.shift_bound`) and no running maximum or rescaling is needed."""
         pid_m = tl.program_id(0)
         bh = tl.program_id(1).to(tl.int64)
         rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -210,7 +213,7 @@ def default_variant(head_dim: int, head_dim_v: int) -> str:
 
 @torch.no_grad()
 def dense_forward(d, want_scales: bool, variant: str | None = None) -> dict[str, torch.Tensor]:
-    """The Triton forward of one `oracle.reference._Dense`: same outputs as ``_dense_forward``.
+    """The Triton forward of one `oracle._dense.Dense`: same outputs as `oracle._dense.dense_forward`.
 
     Args:
         d: the prepared batch (grouped float64 layout).
@@ -228,20 +231,16 @@ def dense_forward(d, want_scales: bool, variant: str | None = None) -> dict[str,
     variant = variant or os.environ.get("ATTNFUZZ_TRITON_VARIANT") or default_variant(d.q.shape[-1], d.v.shape[-1])
     if variant not in VARIANTS:
         raise RuntimeError(f"unknown Triton variant {variant!r}, expected one of {VARIANTS}")
-    from oracle.reference import _forward_scales
-
     if variant == "fused":
         out, lse, p_norm = _fused_forward(d)
     else:
         result = _hybrid_forward(d)
         if result is None:  # scores too large for the bound shift: the torch path's exact maximum
-            from oracle.reference import _dense_forward
-
-            return _dense_forward(d, want_scales)
+            return torch_dense_forward(d, want_scales)
         out, lse, p_norm = result
     result = {"out": out, "lse": lse}
     if want_scales:
-        result.update(_forward_scales(d, out, lse, p_norm))
+        result.update(forward_scales(d, out, lse, p_norm))
     return result
 
 
@@ -251,8 +250,6 @@ def _softcap_tensor(d, device) -> torch.Tensor:
 
 
 def _fused_forward(d):
-    from oracle.reference import SAFE_SHIFT_BOUND, shift_bound
-
     bound = shift_bound(d).contiguous()
     shift_given = not d.blocks or float(bound.max()) <= SAFE_SHIFT_BOUND
     bh, rows_total, head_dim = d.q.shape
@@ -276,8 +273,6 @@ def _fused_forward(d):
 
 def _hybrid_forward(d):
     """cuBLAS float64 gemms plus one Triton pass per block; None if the shift bound is unsafe."""
-    from oracle.reference import SAFE_SHIFT_BOUND, shift_bound
-
     bound = shift_bound(d)
     if d.blocks and float(bound.max()) > SAFE_SHIFT_BOUND:
         return None

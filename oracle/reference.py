@@ -26,12 +26,14 @@ at once, laid out as ``[batch_size * num_heads_kv, block_q * group_size, head_di
 kv head is one ``bmm`` operand (no ``repeat_interleave``). Each block computes scores only for the
 key range ``[min lo, max hi)`` its rows can see (skipping fully masked key blocks halves causal
 work) and applies the mask only to the edge columns that some row of the block cannot see. The
-softmax shift is the Cauchy-Schwarz bound `shift_bound` (folded into the score gemm with
+softmax shift is the Cauchy-Schwarz bound `oracle._dense.shift_bound` (folded into the score gemm with
 ``baddbmm``) instead of the exact row maximum whenever that cannot underflow, which saves a pass.
 Peak extra memory is ``O(batch_size * num_heads * block_q * seqlen_k)``, chosen from a memory
 budget; never ``O(seqlen_q * seqlen_k)`` per head. On CUDA the forward runs by default in a
 compiled kernel (``engine="auto"``): the float64 DMMA kernel of `oracle._cuda_fwd` on sm_90+, else
 the Triton one of `oracle._triton_fwd`.
+The grouped layout, the block schedule and the torch forward, which those engines share with this
+module, are `oracle._dense`; this module keeps the public API, the backward and its error terms.
 
 Error scales: besides the values, the reference returns for every output row a first-order
 estimate of the rounding error a low-precision kernel commits there (``error_scales``; see
@@ -49,6 +51,19 @@ from oracle.config import AttentionCase, torch_dtype
 from oracle.errors import AttnFuzzError
 from oracle.inputs import AttentionInputs
 from oracle.masks import key_bounds
+from oracle._dense import (
+    Dense,
+    dense_forward,
+    grouped_rows,
+    kv_rows,
+    mask_edges,
+    row_norms,
+    schedule,
+    ungroup_row_values,
+    ungroup_rows,
+    unkv_rows,
+    visible_counts,
+)
 
 ENGINES = ("auto", "torch", "triton", "cuda")
 DEFAULT_MEMORY_BUDGET_BYTES = {"cpu": 256 * 2**20, "cuda": 2 * 2**30}
@@ -96,93 +111,6 @@ class ReferenceResult:
     engine: str = "torch"
 
 
-# --------------------------------------------------------------------------- layout helpers
-def _grouped_rows(x: torch.Tensor, num_heads_kv: int) -> torch.Tensor:
-    """``[B, S, H, F]`` (any dtype) -> ``[B * Hkv, S * G, F] float64``, rows ordered (token, group)."""
-    batch, seqlen, heads, feat = x.shape
-    group = heads // num_heads_kv
-    out = torch.empty(batch, num_heads_kv, seqlen, group, feat, dtype=torch.float64, device=x.device)
-    out.copy_(x.reshape(batch, seqlen, num_heads_kv, group, feat).permute(0, 2, 1, 3, 4))
-    return out.view(batch * num_heads_kv, seqlen * group, feat)
-
-
-def _ungroup_rows(y: torch.Tensor, batch: int, seqlen: int, num_heads_kv: int) -> torch.Tensor:
-    """Inverse of `_grouped_rows`: ``[B * Hkv, S * G, F]`` -> ``[B, S, H, F]`` (contiguous)."""
-    feat = y.shape[-1]
-    group = y.shape[1] // seqlen
-    grouped = y.view(batch, num_heads_kv, seqlen, group, feat).permute(0, 2, 1, 3, 4)
-    return grouped.reshape(batch, seqlen, num_heads_kv * group, feat)
-
-
-def _ungroup_row_values(y: torch.Tensor, batch: int, seqlen: int, num_heads_kv: int, lse_layout: bool):
-    """``[B * Hkv, S * G]`` -> ``[B, S, H]`` (or ``[B, H, S]`` with ``lse_layout``)."""
-    group = y.shape[1] // seqlen
-    grouped = y.view(batch, num_heads_kv, seqlen, group)
-    if lse_layout:
-        return grouped.permute(0, 1, 3, 2).reshape(batch, num_heads_kv * group, seqlen)
-    return grouped.permute(0, 2, 1, 3).reshape(batch, seqlen, num_heads_kv * group)
-
-
-def _kv_rows(x: torch.Tensor) -> torch.Tensor:
-    """``[B, S, Hkv, F]`` -> ``[B * Hkv, S, F] float64``."""
-    batch, seqlen, heads, feat = x.shape
-    out = torch.empty(batch, heads, seqlen, feat, dtype=torch.float64, device=x.device)
-    out.copy_(x.permute(0, 2, 1, 3))
-    return out.view(batch * heads, seqlen, feat)
-
-
-def _unkv_rows(y: torch.Tensor, batch: int) -> torch.Tensor:
-    """Inverse of `_kv_rows`: ``[B * Hkv, S, F]`` -> ``[B, S, Hkv, F]`` (contiguous)."""
-    _, seqlen, feat = y.shape
-    return y.view(batch, -1, seqlen, feat).permute(0, 2, 1, 3).contiguous()
-
-
-# --------------------------------------------------------------------------- block schedule
-@dataclass(frozen=True)
-class _Block:
-    """Query rows ``[i0, i1)``; visible keys within ``[j0, j1)``; columns ``[j0, left_end)`` and
-    ``[right_start, j1)`` need masking; ``empty``: the whole block sees no key."""
-
-    i0: int
-    i1: int
-    j0: int
-    j1: int
-    left_end: int
-    right_start: int
-    empty: bool
-
-
-def _schedule(lo: torch.Tensor, hi: torch.Tensor, block_q: int) -> list[_Block]:
-    lo_list, hi_list = lo.tolist(), hi.tolist()
-    blocks = []
-    for i0 in range(0, len(lo_list), block_q):
-        i1 = min(i0 + block_q, len(lo_list))
-        rows = [(a, b) for a, b in zip(lo_list[i0:i1], hi_list[i0:i1]) if a < b]
-        if not rows:
-            blocks.append(_Block(i0, i1, 0, 0, 0, 0, True))
-            continue
-        j0, j1 = min(a for a, _ in rows), max(b for _, b in rows)
-        left_end = min(max(max(lo_list[i0:i1]), j0), j1)
-        right_start = max(min(min(hi_list[i0:i1]), j1), j0)
-        blocks.append(_Block(i0, i1, j0, j1, left_end, right_start, False))
-    return blocks
-
-
-def _mask_edges(scores: torch.Tensor, blk: _Block, lo: torch.Tensor, hi: torch.Tensor, group: int) -> None:
-    """Set masked entries of a ``[BHkv, nb * G, j1 - j0]`` score block to ``-inf``, in place."""
-    nb = blk.i1 - blk.i0
-    view = scores.view(scores.shape[0], nb, group, blk.j1 - blk.j0)
-    device = scores.device
-    if blk.left_end > blk.j0:
-        cols = torch.arange(blk.j0, blk.left_end, device=device)
-        hidden = cols[None, :] < lo[blk.i0 : blk.i1, None]
-        view[..., : blk.left_end - blk.j0].masked_fill_(hidden[:, None, :], -math.inf)
-    if blk.right_start < blk.j1:
-        cols = torch.arange(blk.right_start, blk.j1, device=device)
-        hidden = cols[None, :] >= hi[blk.i0 : blk.i1, None]
-        view[..., blk.right_start - blk.j0 :].masked_fill_(hidden[:, None, :], -math.inf)
-
-
 def choose_block_q(
     batch_size: int, num_heads: int, seqlen_q: int, seqlen_k: int, buffers: int, memory_budget_bytes: int
 ) -> int:
@@ -206,144 +134,7 @@ def choose_block_q(
     return int(min(rows, seqlen_q))
 
 
-# --------------------------------------------------------------------------- dense (equal-length) core
-@dataclass
-class _Dense:
-    """One batch of equal-length sequences, in the grouped float64 layout.
-
-    ``q`` is pre-multiplied by softmax_scale: ``[B*Hkv, Sq*G, D]``; ``k`` ``[B*Hkv, Sk, D]``; ``v``
-    ``[B*Hkv, Sk, Dv]``; ``lo``/``hi`` ``[Sq] int64`` on the device.
-    """
-
-    q: torch.Tensor
-    k: torch.Tensor
-    v: torch.Tensor
-    lo: torch.Tensor
-    hi: torch.Tensor
-    blocks: list[_Block]
-    batch_size: int
-    seqlen_q: int
-    seqlen_k: int
-    num_heads_kv: int
-    group: int
-    scale: float
-    softcap: float | None
-    rho: float  # float32 unit roundoff / unit roundoff of the case dtype
-    # Smallest normal of the case dtype where rounding P and dS to it can underflow (float16,
-    # 2**-14; `underflow_floor`), else 0: the backward's error scales then use max(|x|, tiny).
-    underflow: float = 0.0
-
-
-def _row_norms(x: torch.Tensor) -> torch.Tensor:
-    return torch.linalg.vector_norm(x, dim=-1)
-
-
-def shift_bound(d: _Dense) -> torch.Tensor:
-    """An upper bound ``M_i >= max_j s_ij`` per grouped row, ``[BHkv, Sq*G]``: the Cauchy-Schwarz
-    bound ``||q_i|| c max||k||``, or ``softcap`` if smaller. Since also ``s_ij >= -M_i``,
-    ``exp(s_ij - M_i)`` of the largest score is ``>= exp(-2 M_i)``: with ``M_i <= SAFE_SHIFT_BOUND``
-    neither it nor its square underflows, so ``M_i`` can replace the exact row maximum as the
-    softmax shift (saving a pass over the scores and letting ``baddbmm`` subtract it)."""
-    bound = _score_bound(d)
-    return bound.clamp(max=d.softcap) if d.softcap is not None else bound
-
-
-SAFE_SHIFT_BOUND = 170.0  # exp(-2 * 170)**2 ~ 1e-296 > the smallest normal float64
-
-
-def _safe_blocks(d: _Dense, bound: torch.Tensor) -> list[bool]:
-    """Per block: may `shift_bound` replace the exact row maximum (one device sync for all)."""
-    if not d.blocks:
-        return []
-    per_block = torch.stack([bound[:, b.i0 * d.group : b.i1 * d.group].amax() for b in d.blocks])
-    return (per_block <= SAFE_SHIFT_BOUND).tolist()
-
-
-@torch.no_grad()
-def _dense_forward(d: _Dense, want_scales: bool) -> dict[str, torch.Tensor]:
-    """Forward over the blocks; returns grouped ``out [BHkv, Sq*G, Dv]``, ``lse [BHkv, Sq*G]``,
-    and with ``want_scales`` the row norms of P (``p_norm``) and the error scales."""
-    rows_total = d.seqlen_q * d.group
-    bh = d.q.shape[0]
-    out = torch.zeros(bh, rows_total, d.v.shape[-1], dtype=torch.float64, device=d.q.device)
-    lse = torch.full((bh, rows_total), -math.inf, dtype=torch.float64, device=d.q.device)
-    p_norm = torch.zeros(bh, rows_total, dtype=torch.float64, device=d.q.device) if want_scales else None
-    bound = shift_bound(d)
-    for blk, safe in zip(d.blocks, _safe_blocks(d, bound)):
-        if blk.empty:
-            continue
-        r0, r1 = blk.i0 * d.group, blk.i1 * d.group
-        k_t = d.k[:, blk.j0 : blk.j1].transpose(1, 2)
-        shift = bound[:, r0:r1, None]
-        if safe and d.softcap is None:
-            scores = torch.baddbmm(shift.neg(), d.q[:, r0:r1], k_t)  # s - M_i in one gemm
-            _mask_edges(scores, blk, d.lo, d.hi, d.group)
-        else:
-            scores = torch.bmm(d.q[:, r0:r1], k_t)
-            if d.softcap is not None:
-                scores.div_(d.softcap).tanh_().mul_(d.softcap)
-            _mask_edges(scores, blk, d.lo, d.hi, d.group)  # before the maximum: only visible keys count
-            if not safe:  # the exact row maximum; empty rows shift by 0
-                shift = scores.amax(dim=-1, keepdim=True).nan_to_num_(neginf=0.0)
-            scores.sub_(shift)
-        probs = scores.exp_()
-        row_sum = probs.sum(dim=-1, keepdim=True)  # 0 exactly for rows without a visible key
-        denominator = torch.where(row_sum > 0, row_sum, 1.0)
-        out[:, r0:r1] = torch.bmm(probs, d.v[:, blk.j0 : blk.j1]).div_(denominator)
-        lse[:, r0:r1] = (shift + row_sum.log()).squeeze(-1)
-        if want_scales:
-            p_norm[:, r0:r1] = _row_norms(probs).div_(denominator.squeeze(-1))
-    result = {"out": out, "lse": lse}
-    if want_scales:
-        result.update(_forward_scales(d, out, lse, p_norm))
-    return result
-
-
-def _score_bound(d: _Dense) -> torch.Tensor:
-    """Cauchy-Schwarz bound ``||q_i|| * softmax_scale * max_j ||k_j||`` on ``|s_ij|``: ``[BHkv, Sq*G]``."""
-    return _row_norms(d.q) * _row_norms(d.k).amax(dim=1, keepdim=True)
-
-
-def _visible_counts(d: _Dense) -> tuple[torch.Tensor, torch.Tensor]:
-    """Keys each grouped query row sees ``[Sq*G]`` and grouped rows seeing each key ``[Sk]``, float64."""
-    per_row = (d.hi - d.lo).clamp(min=0)
-    delta = torch.zeros(d.seqlen_k + 1, dtype=torch.int64, device=d.lo.device)
-    nonempty = d.lo < d.hi
-    delta.index_add_(0, d.lo[nonempty], torch.ones_like(d.lo[nonempty]))
-    delta.index_add_(0, d.hi[nonempty], -torch.ones_like(d.hi[nonempty]))
-    per_key = delta.cumsum(0)[:-1] * d.group
-    return per_row.repeat_interleave(d.group).to(torch.float64), per_key.to(torch.float64)
-
-
-def forward_scale_formulas(
-    *,
-    rho: float,
-    p_norm: torch.Tensor,
-    v_max: torch.Tensor,
-    score_bound: torch.Tensor,
-    accumulation: torch.Tensor,
-    out_norm: torch.Tensor,
-    lse: torch.Tensor,
-    lse_bound: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(out_scale, lse_scale)``: the error scales of out and lse (see `oracle.compare`), in any
-    layout whose tensors broadcast together.
-
-    Per row ``i`` with ``S_i`` the score bound, ``n_i`` its visible keys and ``rho`` = fp32 unit
-    roundoff / dtype unit roundoff: ``out``: ``||P_i|| max||v|| (1 + rho (S_i + sqrt n_i)) +
-    ||out_i|| (1 + rho sqrt n_i)``; ``lse`` (in fp32 units): ``|lse_i| + S_i + sqrt n_i``, 0 where
-    no key is visible.
-
-    Args:
-        p_norm, v_max, score_bound, accumulation (``sqrt n_i``), out_norm: per output row (``out``'s
-            layout without its last dim, or broadcastable to it).
-        lse: natural-log logsumexp, in its own layout.
-        lse_bound: ``S_i + sqrt n_i`` in ``lse``'s layout.
-    """
-    out_scale = p_norm * v_max * (1.0 + rho * (score_bound + accumulation)) + out_norm * (1.0 + rho * accumulation)
-    lse_scale = torch.where(torch.isfinite(lse), lse.abs() + lse_bound, 0.0)
-    return out_scale, lse_scale
-
+# --------------------------------------------------------------------------- error-model terms of the backward
 
 def normalisation_error_scale(*, rho: float, delta: torch.Tensor, lse: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
     """``rho |D_i| L_i`` with ``L_i = 2 |lse_i| + ln n_i + 1`` (0 on rows without a visible key):
@@ -404,25 +195,8 @@ def underflow_floor(dtype: str) -> float:
     return tiny if tiny >= UNDERFLOW_SCALE_MIN else 0.0
 
 
-def _forward_scales(d: _Dense, out: torch.Tensor, lse: torch.Tensor, p_norm: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Error scales of out and lse (`forward_scale_formulas`) from grouped out, lse and ``||P_i||``."""
-    score_bound = _score_bound(d)
-    accumulation = _visible_counts(d)[0].sqrt()  # fp32 summation over n_i terms grows like sqrt(n_i)
-    out_scale, lse_scale = forward_scale_formulas(
-        rho=d.rho,
-        p_norm=p_norm,
-        v_max=_row_norms(d.v).amax(dim=1, keepdim=True),  # [BHkv, 1]
-        score_bound=score_bound,
-        accumulation=accumulation,
-        out_norm=_row_norms(out),
-        lse=lse,
-        lse_bound=score_bound + accumulation,
-    )
-    return {"p_norm": p_norm, "score_bound": score_bound, "out_scale": out_scale, "lse_scale": lse_scale}
-
-
 @torch.no_grad()
-def _dense_backward(d: _Dense, fwd: dict[str, torch.Tensor], dout: torch.Tensor, want_scales: bool):
+def _dense_backward(d: Dense, fwd: dict[str, torch.Tensor], dout: torch.Tensor, want_scales: bool):
     """Backward over the blocks, for grouped ``dout [BHkv, Sq*G, Dv]``; returns grouped dq, dk, dv
     and with ``want_scales`` their error scales."""
     out, lse = fwd["out"], fwd["lse"]
@@ -435,10 +209,10 @@ def _dense_backward(d: _Dense, fwd: dict[str, torch.Tensor], dout: torch.Tensor,
     dv = torch.zeros_like(d.v)
     if want_scales:
         growth = 1.0 + d.rho * fwd["score_bound"]  # [BHkv, Sq*G]
-        dout_norm = _row_norms(dout)
-        renorm = normalisation_error_scale(rho=d.rho, delta=delta, lse=lse, keys=_visible_counts(d)[0])  # eps_i D_i / u
+        dout_norm = row_norms(dout)
+        renorm = normalisation_error_scale(rho=d.rho, delta=delta, lse=lse, keys=visible_counts(d)[0])  # eps_i D_i / u
         row_weights = torch.stack(  # weights of the column sums of P^2
-            [(dout_norm * _row_norms(out)) ** 2, (dout_norm * growth) ** 2, dout_norm**2, (renorm * _row_norms(d.q)) ** 2],
+            [(dout_norm * row_norms(out)) ** 2, (dout_norm * growth) ** 2, dout_norm**2, (renorm * row_norms(d.q)) ** 2],
             dim=1,
         )  # [BHkv, 4, Sq*G]
         col_p = torch.zeros(bh, 4, d.seqlen_k, dtype=torch.float64, device=d.q.device)
@@ -456,7 +230,7 @@ def _dense_backward(d: _Dense, fwd: dict[str, torch.Tensor], dout: torch.Tensor,
         else:
             tanh = torch.bmm(q_blk, k_blk.transpose(1, 2)).div_(d.softcap).tanh_()
             scores = (tanh * d.softcap).sub_(lse_safe[:, r0:r1, None])
-        _mask_edges(scores, blk, d.lo, d.hi, d.group)
+        mask_edges(scores, blk, d.lo, d.hi, d.group)
         probs = scores.exp_()
         dv[:, blk.j0 : blk.j1].baddbmm_(probs.transpose(1, 2), dout_blk)
         dscores = torch.bmm(dout_blk, v_blk.transpose(1, 2)).sub_(delta[:, r0:r1, None]).mul_(probs)
@@ -465,7 +239,7 @@ def _dense_backward(d: _Dense, fwd: dict[str, torch.Tensor], dout: torch.Tensor,
         dq[:, r0:r1] = torch.bmm(dscores, k_blk)
         dk[:, blk.j0 : blk.j1].baddbmm_(dscores.transpose(1, 2), q_blk)
         if want_scales:
-            pk_norm[:, r0:r1] = _row_norms(torch.bmm(probs, k_blk))
+            pk_norm[:, r0:r1] = row_norms(torch.bmm(probs, k_blk))
             squared_p = probs.square_()
             col_p[:, :, blk.j0 : blk.j1] += torch.bmm(row_weights[:, :, r0:r1], squared_p)
             squared_ds = dscores.square_()
@@ -480,20 +254,20 @@ def _dense_backward(d: _Dense, fwd: dict[str, torch.Tensor], dout: torch.Tensor,
     result = {"dq": dq, "dk": dk, "dv": dv}
     if want_scales:
         # Error scales (see `oracle.compare`); the sqrt(count) factors: fp32 summation error growth.
-        k_max = _row_norms(d.k).amax(dim=1, keepdim=True)
-        v_max = _row_norms(d.v).amax(dim=1, keepdim=True)
-        q_max = _row_norms(d.q).amax(dim=1, keepdim=True) / d.scale  # unscaled q
-        keys_per_row, rows_per_key = (count.sqrt() for count in _visible_counts(d))
+        k_max = row_norms(d.k).amax(dim=1, keepdim=True)
+        v_max = row_norms(d.v).amax(dim=1, keepdim=True)
+        q_max = row_norms(d.q).amax(dim=1, keepdim=True) / d.scale  # unscaled q
+        keys_per_row, rows_per_key = (count.sqrt() for count in visible_counts(d))
         dq_base = d.scale * k_max * (
-            row_ds.sqrt() * growth + dout_norm * _row_norms(out) + d.rho * fwd["p_norm"] * dout_norm * v_max
+            row_ds.sqrt() * growth + dout_norm * row_norms(out) + d.rho * fwd["p_norm"] * dout_norm * v_max
         ) + d.scale * renorm * pk_norm
         dk_base = d.scale * q_max * (
-            col_ds[:, 0].sqrt() + col_p[:, 0].sqrt() + d.rho * _row_norms(d.v) * col_p[:, 2].sqrt()
+            col_ds[:, 0].sqrt() + col_p[:, 0].sqrt() + d.rho * row_norms(d.v) * col_p[:, 2].sqrt()
         ) + col_p[:, 3].sqrt()
         dv_base = col_p[:, 1].sqrt()
-        result["dq_scale"] = (dq_base + _row_norms(dq)) * (d.rho * keys_per_row) + dq_base
-        result["dk_scale"] = (dk_base + _row_norms(dk)) * (d.rho * rows_per_key) + dk_base
-        result["dv_scale"] = (dv_base + _row_norms(dv)) * (d.rho * rows_per_key) + dv_base
+        result["dq_scale"] = (dq_base + row_norms(dq)) * (d.rho * keys_per_row) + dq_base
+        result["dk_scale"] = (dk_base + row_norms(dk)) * (d.rho * rows_per_key) + dk_base
+        result["dv_scale"] = (dv_base + row_norms(dv)) * (d.rho * rows_per_key) + dv_base
     return result
 
 
@@ -622,14 +396,14 @@ def _run(
         batch = q_seg.shape[0]
         lo, hi = key_bounds(case, len_q, len_k, device)
         rows = block_q or choose_block_q(batch, case.num_heads, len_q, len_k, buffers, budget)
-        grouped_q = _grouped_rows(q_seg, hkv).mul_(case.softmax_scale)
-        dense = _Dense(
+        grouped_q = grouped_rows(q_seg, hkv).mul_(case.softmax_scale)
+        dense = Dense(
             q=grouped_q,
-            k=_kv_rows(k_seg),
-            v=_kv_rows(v_seg),
+            k=kv_rows(k_seg),
+            v=kv_rows(v_seg),
             lo=lo,
             hi=hi,
-            blocks=_schedule(lo, hi, rows),
+            blocks=schedule(lo, hi, rows),
             batch_size=batch,
             seqlen_q=len_q,
             seqlen_k=len_k,
@@ -650,24 +424,24 @@ def _run(
                 _fall_back(name, engine, exc)
                 compiled.pop(0)
         if fwd is None:
-            fwd = _dense_forward(dense, error_scales)
+            fwd = dense_forward(dense, error_scales)
         grouped = dict(fwd)
         if dout_seg is not None:
-            grouped.update(_dense_backward(dense, fwd, _grouped_rows(dout_seg, hkv), error_scales))
+            grouped.update(_dense_backward(dense, fwd, grouped_rows(dout_seg, hkv), error_scales))
         # back to the canonical layout of this segment
         seg = {
-            "out": _ungroup_rows(grouped["out"], batch, len_q, hkv),
-            "lse": _ungroup_row_values(grouped["lse"], batch, len_q, hkv, lse_layout=True),
+            "out": ungroup_rows(grouped["out"], batch, len_q, hkv),
+            "lse": ungroup_row_values(grouped["lse"], batch, len_q, hkv, lse_layout=True),
         }
         if error_scales:
-            seg["out_scale"] = _ungroup_row_values(grouped["out_scale"], batch, len_q, hkv, lse_layout=False)
-            seg["lse_scale"] = _ungroup_row_values(grouped["lse_scale"], batch, len_q, hkv, lse_layout=True)
+            seg["out_scale"] = ungroup_row_values(grouped["out_scale"], batch, len_q, hkv, lse_layout=False)
+            seg["lse_scale"] = ungroup_row_values(grouped["lse_scale"], batch, len_q, hkv, lse_layout=True)
         if dout_seg is not None:
-            seg["dq"] = _ungroup_rows(grouped["dq"], batch, len_q, hkv)
-            seg["dk"] = _unkv_rows(grouped["dk"], batch)
-            seg["dv"] = _unkv_rows(grouped["dv"], batch)
+            seg["dq"] = ungroup_rows(grouped["dq"], batch, len_q, hkv)
+            seg["dk"] = unkv_rows(grouped["dk"], batch)
+            seg["dv"] = unkv_rows(grouped["dv"], batch)
             if error_scales:
-                seg["dq_scale"] = _ungroup_row_values(grouped["dq_scale"], batch, len_q, hkv, lse_layout=False)
+                seg["dq_scale"] = ungroup_row_values(grouped["dq_scale"], batch, len_q, hkv, lse_layout=False)
                 seg["dk_scale"] = grouped["dk_scale"].view(batch, hkv, len_k).transpose(1, 2).contiguous()
                 seg["dv_scale"] = grouped["dv_scale"].view(batch, hkv, len_k).transpose(1, 2).contiguous()
         for name, value in seg.items():
@@ -797,7 +571,6 @@ def reference(
 __all__ = [
     "DEFAULT_MEMORY_BUDGET_BYTES",
     "ENGINES",
-    "SAFE_SHIFT_BOUND",
     "TRITON_AUTO_DEVICE_TYPES",
     "ReferenceInputError",
     "ReferenceResult",
@@ -805,5 +578,4 @@ __all__ = [
     "attention_forward",
     "choose_block_q",
     "reference",
-    "shift_bound",
 ]

@@ -118,6 +118,7 @@ def layout_error() -> float:
 
 def dense_for(size: str):
     from benchmarks.oracle_bench import make_random_inputs, parse_size
+    from oracle import _dense
     from oracle import reference as R
     from oracle.masks import key_bounds
 
@@ -126,9 +127,9 @@ def dense_for(size: str):
     lo, hi = key_bounds(case, case.seqlen_q, case.seqlen_k, torch.device("cuda"))
     rows = R.choose_block_q(case.batch_size, case.num_heads, case.seqlen_q, case.seqlen_k, 2,
                             R.DEFAULT_MEMORY_BUDGET_BYTES["cuda"])
-    dense = R._Dense(
-        q=R._grouped_rows(inputs.q, case.num_heads_kv).mul_(case.softmax_scale), k=R._kv_rows(inputs.k),
-        v=R._kv_rows(inputs.v), lo=lo, hi=hi, blocks=R._schedule(lo, hi, rows), batch_size=case.batch_size,
+    dense = _dense.Dense(
+        q=_dense.grouped_rows(inputs.q, case.num_heads_kv).mul_(case.softmax_scale), k=_dense.kv_rows(inputs.k),
+        v=_dense.kv_rows(inputs.v), lo=lo, hi=hi, blocks=_dense.schedule(lo, hi, rows), batch_size=case.batch_size,
         seqlen_q=case.seqlen_q, seqlen_k=case.seqlen_k, num_heads_kv=case.num_heads_kv, group=case.group_size,
         scale=case.softmax_scale, softcap=case.softcap, rho=1.0,
     )
@@ -207,16 +208,16 @@ def main() -> None:
     print("layout", report["layout_max_abs_error_m16n8k16"], flush=True)
 
     from oracle import _cuda_fwd, _triton_fwd
-    from oracle.reference import _dense_forward
+    from oracle._dense import dense_forward as torch_dense_forward
 
     case, dense, tflop = dense_for(args.size)
     from benchmarks.oracle_bench import make_random_inputs
 
     inputs = make_random_inputs(case, "cuda")
     lo, hi = dense.lo, dense.hi
-    plain = _dense_forward(dense, False)
+    plain = torch_dense_forward(dense, False)
     report["size"], report["tflop"] = args.size, tflop
-    report["torch_path_ms"] = time_ms(lambda: _dense_forward(dense, False))
+    report["torch_path_ms"] = time_ms(lambda: torch_dense_forward(dense, False))
     try:
         report["triton_fused_ms"] = time_ms(lambda: _triton_fwd.dense_forward(dense, False, "fused"))
     except Exception as exc:  # noqa: BLE001

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from oracle.config import AttentionCase
 from oracle.inputs import AttentionInputs, make_inputs
 from oracle.masks import key_bounds, visible_mask
+from oracle._dense import SAFE_SHIFT_BOUND
 from oracle.reference import (
-    SAFE_SHIFT_BOUND,
     ReferenceInputError,
     attention_backward,
     attention_forward,
