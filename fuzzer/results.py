@@ -1,4 +1,4 @@
-"""Records passed from a worker to storage: `CaseResult`, `BuildFingerprint`, and the sink protocol.
+"""Records passed from a worker to storage: `CaseResult`, `BuildFingerprint` (and build identity), and the sink protocol.
 
 These frozen records are the contract between the fuzz worker (which never touches the
 database) and `service` (which stores them). Each has an exact JSON round-trip.
@@ -27,7 +27,10 @@ import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import Any, Protocol
+
+from packaging.utils import canonicalize_name
 
 from fuzzer.text import MAX_DETAIL, MAX_NAME, MAX_PACKAGE, MAX_SIGNATURE, is_storable, storable_text
 from oracle.errors import AttnFuzzError
@@ -166,32 +169,106 @@ class CaseResult:
         return cls(**data)
 
 
+def package_line(line: str, *, dist: str | None = None) -> Any:
+    """Declare a `BuildFingerprint` field that is a package line: its version is stored as the
+    ``build_packages`` row ``(line, version)`` of the build and is part of the build's identity.
+    This declaration is all a new line needs (no column, no migration, no other list).
+
+    Args:
+        line: the line's name, PEP 503 normalised (``"flash-attn-4"``, ``"nvidia-driver"``).
+        dist: the distribution whose installed version `fuzzer.builds.environment.current_fingerprint`
+            reads for it (``importlib.metadata``); None when it is found otherwise (torch, CUDA,
+            cuDNN, Python, the driver).
+    """
+    return field(default="", metadata={"line": line, "dist": dist})
+
+
+def device_line(default: str = "") -> Any:
+    """Declare a `BuildFingerprint` field that names the device (not a package): stored in the
+    ``builds`` row itself and part of the build's identity."""
+    return field(default=default, metadata={"device": True})
+
+
+def build_identity(device: Mapping[str, str], packages: Mapping[str, str]) -> str:
+    """The identity of a build (``builds.fingerprint_id``): the first 16 hex digits of the SHA-256
+    of the sorted JSON ``{"device": device, "packages": packages}``.
+
+    Args:
+        device: the device fields (`BuildFingerprint.device`): ``device_name``, ``compute_capability``.
+        packages: every ``(package, version)`` the build declares, names PEP 503 normalised,
+            absent packages left out (`BuildFingerprint.packages` plus, for a build of the matrix,
+            the backends' versions: `fuzzer.builds.envs.build_packages`).
+
+    Migration 0006 holds a copy of this rule (a migration keeps meaning what it meant).
+    """
+    text = json.dumps({"device": dict(device), "packages": dict(packages)}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 @dataclass(frozen=True)
 class BuildFingerprint:
     """Everything about the software and hardware a result was produced on.
 
-    Versions are strings (``""`` when the package is absent). ``fingerprint_id`` hashes all fields,
-    so the same environment registers once.
+    Versions are strings (``""`` when the package is absent). Each field is declared either a
+    package line (`package_line`: stored as a ``build_packages`` row) or a device field
+    (`device_line`: stored in the ``builds`` row); ``fingerprint_id`` (`build_identity`) hashes
+    the device fields and every non-empty line, so the same environment registers once and two
+    environments that differ in any declared version are two builds. Adding a line is one field
+    here, e.g. ``quack_kernels: str = package_line("quack-kernels", dist="quack-kernels")``.
     """
 
-    torch: str = ""
-    cuda: str = ""
-    cudnn: str = ""
-    flash_attn_4: str = ""
-    flash_attn: str = ""
-    transformer_engine: str = ""
-    nvidia_cutlass_dsl: str = ""
-    triton: str = ""
-    python: str = ""
-    device_name: str = "cpu"
-    compute_capability: str = ""
-    driver: str = ""
+    torch: str = package_line("torch")
+    cuda: str = package_line("cuda")
+    cudnn: str = package_line("cudnn")
+    flash_attn_4: str = package_line("flash-attn-4", dist="flash-attn-4")
+    flash_attn: str = package_line("flash-attn", dist="flash-attn")
+    transformer_engine: str = package_line("transformer-engine", dist="transformer-engine")
+    nvidia_cutlass_dsl: str = package_line("nvidia-cutlass-dsl", dist="nvidia-cutlass-dsl")
+    triton: str = package_line("triton", dist="triton")
+    python: str = package_line("python")
+    device_name: str = device_line("cpu")
+    compute_capability: str = device_line()
+    driver: str = package_line("nvidia-driver")
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):  # versions read from a plugin or a build: make them storable
             value = getattr(self, f.name)
             if not isinstance(value, str) or not is_storable(value, MAX_PACKAGE):
                 object.__setattr__(self, f.name, storable_text(value, MAX_PACKAGE))
+
+    @classmethod
+    def lines(cls) -> dict[str, str]:
+        """Every declared package line: line name -> field name, in declaration order."""
+        return {f.metadata["line"]: f.name for f in dataclasses.fields(cls) if "line" in f.metadata}
+
+    @classmethod
+    def distributions(cls) -> dict[str, str]:
+        """The lines read from installed distribution metadata: field name -> distribution name."""
+        return {f.name: f.metadata["dist"] for f in dataclasses.fields(cls) if f.metadata.get("dist")}
+
+    @classmethod
+    def device_fields(cls) -> tuple[str, ...]:
+        """The names of the device fields (``device_name``, ``compute_capability``)."""
+        return tuple(f.name for f in dataclasses.fields(cls) if f.metadata.get("device"))
+
+    @property
+    def packages(self) -> dict[str, str]:
+        """The non-empty package lines: line name -> version, sorted by name."""
+        return dict(sorted((line, getattr(self, name)) for line, name in self.lines().items() if getattr(self, name)))
+
+    @property
+    def device(self) -> dict[str, str]:
+        """The device fields: name -> value."""
+        return {name: getattr(self, name) for name in self.device_fields()}
+
+    @classmethod
+    def from_packages(cls, device: Mapping[str, Any], packages: Mapping[str, str]) -> BuildFingerprint:
+        """The fingerprint stored as a build row's device fields and its ``build_packages`` rows
+        (packages that are not lines of ``cls`` are ignored; lines without a row are ``""``)."""
+        names = cls.lines()
+        values = {names[p]: v for p, v in packages.items() if p in names}
+        values.update({name: device[name] for name in cls.device_fields() if name in device})
+        return cls(**{k: str(v) for k, v in values.items()})
 
     def to_json(self) -> dict[str, str]:
         return dataclasses.asdict(self)
@@ -201,11 +278,40 @@ class BuildFingerprint:
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: str(v) for k, v in data.items() if k in names})
 
+    def identity(self, packages: Mapping[str, str] | None = None) -> str:
+        """`build_identity` of this device and ``packages`` (default: this fingerprint's own lines).
+
+        Args:
+            packages: every package of the build (normalised names, absent ones left out), this
+                fingerprint's lines included (`fuzzer.builds.envs.build_packages` makes them).
+        """
+        return build_identity(self.device, self.packages if packages is None else packages)
+
     @property
     def fingerprint_id(self) -> str:
-        """First 16 hex digits of the SHA-256 of the sorted JSON."""
-        text = json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
+        """`identity` of the fingerprint alone: what a fuzz worker's build is keyed by."""
+        return self.identity()
+
+
+def declared_packages(fingerprint: BuildFingerprint, versions: Mapping[str, str]) -> dict[str, str]:
+    """Every package version a build declares: ``versions`` (e.g. the union of the selected
+    backends' ``Backend.versions()``) plus the fingerprint's lines (`BuildFingerprint.packages`),
+    which win where both name one. Names are PEP 503 normalised (``Flash_Attn.4`` ->
+    ``flash-attn-4``); absent packages (``""`` or ``"missing"``) are left out; sorted by name.
+    Every value is storable (`fuzzer.text.storable_text`, cut to ``MAX_PACKAGE``), so the identity
+    hashed over it is the one stored.
+
+    Raises:
+        ResultValidationError: a package name is empty.
+    """
+    packages: dict[str, str] = {}
+    for name, version in versions.items():
+        if not name or not str(name).strip():
+            raise ResultValidationError("package: must be a distribution name, got an empty string")
+        if version and version != "missing":
+            packages[canonicalize_name(str(name).strip())] = str(version)
+    packages.update(fingerprint.packages)
+    return {storable_text(k, MAX_PACKAGE): storable_text(v, MAX_PACKAGE) for k, v in sorted(packages.items())}
 
 
 class SinkUnavailableError(AttnFuzzError):

@@ -19,13 +19,9 @@ from pathlib import Path
 from fuzzer.results import BuildFingerprint
 from oracle.errors import AttnFuzzError
 
-_PACKAGES = {
-    "flash_attn_4": "flash-attn-4",
-    "flash_attn": "flash-attn",
-    "transformer_engine": "transformer-engine",
-    "nvidia_cutlass_dsl": "nvidia-cutlass-dsl",
-    "triton": "triton",
-}
+#: The lines read from distribution metadata (field -> distribution), from their
+#: `fuzzer.results.package_line` declarations.
+_PACKAGES = BuildFingerprint.distributions()
 _TE_ALTERNATES = ("transformer_engine", "transformer-engine-cu13", "transformer-engine-cu12", "transformer_engine_torch")
 
 

@@ -31,7 +31,6 @@ shared on purpose.
 from __future__ import annotations
 
 import email.parser
-import hashlib
 import importlib.metadata
 import json
 import os
@@ -52,7 +51,7 @@ from packaging.tags import sys_tags
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-from fuzzer.results import BuildFingerprint
+from fuzzer.results import BuildFingerprint, declared_packages
 from oracle.errors import AttnFuzzError
 
 MANIFEST_NAME = "build.json"
@@ -61,20 +60,10 @@ BUILDS_DIR_ENV = "ATTNFUZZ_BUILDS_DIR"
 DEFAULT_RULES = Path(__file__).resolve().parent / "build_rules.toml"
 INSTALLERS = ("auto", "uv", "unpack", "pip")
 
-#: Package lines read from `BuildFingerprint` fields (line name -> field). ``cuda``, ``cudnn``
-#: and ``nvidia-driver`` are not pip packages but are lines all the same.
-FINGERPRINT_LINES: dict[str, str] = {
-    "torch": "torch",
-    "cuda": "cuda",
-    "cudnn": "cudnn",
-    "flash-attn-4": "flash_attn_4",
-    "flash-attn": "flash_attn",
-    "transformer-engine": "transformer_engine",
-    "nvidia-cutlass-dsl": "nvidia_cutlass_dsl",
-    "triton": "triton",
-    "python": "python",
-    "nvidia-driver": "driver",
-}
+#: Package lines read from `BuildFingerprint` fields (line name -> field), from their
+#: `fuzzer.results.package_line` declarations. ``cuda``, ``cudnn`` and ``nvidia-driver`` are not
+#: pip packages but are lines all the same.
+FINGERPRINT_LINES: dict[str, str] = BuildFingerprint.lines()
 
 
 class BuildError(AttnFuzzError, ValueError):
@@ -121,47 +110,26 @@ def normalise_package(name: str) -> str:
 
 
 # ------------------------------------------------------------------------------------ identity
-def fingerprint_packages(fingerprint: BuildFingerprint) -> dict[str, str]:
-    """The package lines a fingerprint already carries (`FINGERPRINT_LINES`), empty ones left out."""
-    found = {}
-    for line, attr in FINGERPRINT_LINES.items():
-        value = getattr(fingerprint, attr)
-        if value:
-            found[line] = value
-    return found
-
-
 def build_packages(fingerprint: BuildFingerprint, versions: Mapping[str, str]) -> dict[str, str]:
-    """Every package version of a build: the fingerprint's lines plus ``versions`` (e.g. the union
-    of ``Backend.versions()`` of the selected backends). Names are normalised; absent packages
-    (``""`` or ``"missing"``) are left out; the fingerprint wins where both name a line."""
-    packages = {}
-    for name, version in versions.items():
-        if version and version != "missing":
-            packages[normalise_package(name)] = str(version)
-    packages.update(fingerprint_packages(fingerprint))
-    return dict(sorted(packages.items()))
+    """Every package version of a build: `fuzzer.results.declared_packages` (the fingerprint's
+    lines plus ``versions``, names normalised, absent ones left out).
 
-
-def build_key(
-    fingerprint: BuildFingerprint, packages: Mapping[str, str], distinguishing: Iterable[str] = ()
-) -> str:
-    """The 16-hex-digit identity of a build, stored in ``builds.fingerprint_id``.
-
-    It is ``fingerprint.fingerprint_id`` (what a fuzz worker registers) unless one of the
-    ``distinguishing`` packages (the line being replayed or bisected) is not a fingerprint field
-    (a plugin's own package): then the versions of those packages are hashed in too, so builds
-    that differ only there are different builds.
+    Raises:
+        BuildError: a package name is empty.
     """
-    extra = {}
-    for name in distinguishing:
-        name = normalise_package(name)
-        if name not in FINGERPRINT_LINES and name in packages:
-            extra[name] = packages[name]
-    if not extra:
-        return fingerprint.fingerprint_id
-    text = json.dumps({"fingerprint": fingerprint.to_json(), "packages": extra}, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    return declared_packages(fingerprint, {normalise_package(name): version for name, version in versions.items()})
+
+
+def build_key(fingerprint: BuildFingerprint, packages: Mapping[str, str]) -> str:
+    """The 16-hex-digit identity of a build, stored in ``builds.fingerprint_id``: a hash over its
+    device and every package version it declares (`fuzzer.results.build_identity`), so builds that
+    differ in any package (a plugin's own one included) are different builds. A build of the
+    fingerprint's lines alone has ``fingerprint.fingerprint_id`` (what a fuzz worker registers).
+
+    Args:
+        packages: `build_packages` of the build (the fingerprint's lines included).
+    """
+    return fingerprint.identity(packages)
 
 
 def installed_version(name: str) -> str | None:
@@ -1150,7 +1118,6 @@ __all__ = [
     "fetch_wheels",
     "find_shared_fa2",
     "find_shared_fa4",
-    "fingerprint_packages",
     "installed_version",
     "load_environments",
     "load_rules",

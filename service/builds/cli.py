@@ -440,7 +440,7 @@ def builds_replay(
                 ]
                 for v, future in futures:
                     outcome = future.result()
-                    record = record_replay(engine, outcome, trigger="builds", distinguishing=[selection.package])
+                    record = record_replay(engine, outcome, trigger="builds")
                     reported = outcome.packages.get(selection.package)
                     summaries.append(
                         {
@@ -708,7 +708,7 @@ def bisect(
                     build_ids[version] = None
                     return Verdict("skip", None, f"cannot prepare the build: {exc}")
                 outcome = replay_in_build(env, [task], pairs, device=device, isolation=isolation, case_timeout_s=case_timeout)
-                record = record_replay(engine, outcome, trigger="bisect", distinguishing=[selection.package])
+                record = record_replay(engine, outcome, trigger="bisect")
                 build_ids[version] = None if record.build is None else record.build.build_id
                 reported = outcome.packages.get(selection.package)
                 if outcome.fingerprint is not None and reported != version:

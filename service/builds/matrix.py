@@ -18,21 +18,19 @@ caller's transaction, as in the tests); reads take a Connection or a Session.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
 
-from sqlalchemy import Engine, Table, select, update
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy import Engine, select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
-from fuzzer.text import MAX_PACKAGE, storable_text
 from fuzzer.builds.bisect import BisectResult, BisectStep as BisectStepResult
-from fuzzer.builds.envs import build_key, build_packages, normalise_package, version_key
+from fuzzer.builds.envs import normalise_package, version_key
 from fuzzer.builds.corpus import CorpusEntry, Verdict as CorpusVerdict
 from fuzzer.builds.regressions import (
     FIX,
@@ -49,6 +47,7 @@ from fuzzer.results import FAILING_STATUSES, BuildFingerprint, CaseResult, SinkU
 from oracle.config import AttentionCase
 from oracle.errors import CaseValidationError
 from service.errors import FieldValidationError, NotFoundError
+from service.db.engine import insert_ignore
 from service.db.models import (
     BISECT_RUN_STATUSES,
     REPLAY_TRIGGERS,
@@ -63,9 +62,10 @@ from service.db.models import (
     Result,
     utcnow,
 )
+from service.db import builds as builds_db
+from service.db.builds import RegisteredBuild, fingerprint_of, packages_of, register_build
 from service.db.store import SqlStore, bucket_cases, write_transaction
 
-FINGERPRINT_FIELDS = tuple(BuildFingerprint().to_json())
 DEFAULT_MATRIX_ROWS = 200
 
 
@@ -88,12 +88,6 @@ def _reading(bind: Engine | Connection | Session) -> Iterator[Connection | Sessi
         yield bind
 
 
-def _insert_ignore(connection: Connection, table: Table, values: dict[str, Any], conflict: list[str]) -> Any:
-    insert = postgresql.insert if connection.dialect.name == "postgresql" else sqlite.insert
-    statement = insert(table).values(**values).on_conflict_do_nothing(index_elements=conflict)
-    return connection.execute(statement)
-
-
 def _check_package(package: str) -> str:
     try:
         return normalise_package(package)
@@ -102,78 +96,13 @@ def _check_package(package: str) -> str:
 
 
 # ------------------------------------------------------------------------------------ builds
-@dataclass(frozen=True)
-class RegisteredBuild:
-    """A build row: its id, its identity (``builds.fingerprint_id``) and whether this call
-    created it."""
-
-    build_id: int
-    build_key: str
-    is_new: bool
-
-
-def register_build(
-    bind: Engine | Connection,
-    fingerprint: BuildFingerprint,
-    versions: Mapping[str, str],
-    *,
-    distinguishing: Iterable[str] = (),
-    key: str | None = None,
-) -> RegisteredBuild:
-    """The build of ``fingerprint`` plus package ``versions``, created on first sight, with its
-    ``build_packages`` rows (new packages added, known ones kept).
-
-    Args:
-        fingerprint: the build's fingerprint.
-        versions: package versions (e.g. every backend's ``versions()``); the fingerprint's own
-            lines are added (`fuzzer.builds.envs.build_packages`).
-        distinguishing: packages whose version must tell builds apart even when the fingerprint
-            does not carry them (the line replayed or bisected; `fuzzer.builds.envs.build_key`).
-        key: use this identity instead (an imported corpus verdict's ``build_key``).
-    """
-    packages = build_packages(fingerprint, versions)
-    identity = key or build_key(fingerprint, packages, distinguishing)
-    def run(connection: Connection) -> RegisteredBuild:
-        values = {"fingerprint_id": identity, "first_seen": utcnow(), **fingerprint.to_json()}
-        insert = postgresql.insert if connection.dialect.name == "postgresql" else sqlite.insert
-        statement = insert(Build.__table__).values(**values).on_conflict_do_nothing(index_elements=["fingerprint_id"])
-        build_id = connection.execute(statement.returning(Build.id)).scalar_one_or_none()
-        is_new = build_id is not None
-        if build_id is None:
-            build_id = connection.scalar(select(Build.id).where(Build.fingerprint_id == identity))
-        _insert_packages(connection, build_id, packages)
-        return RegisteredBuild(build_id, identity, is_new)
-
-    return _write(bind, run)
-
-
-def _insert_packages(connection: Connection, build_id: int, packages: Mapping[str, str]) -> None:
-    for package, version in packages.items():
-        _insert_ignore(
-            connection,
-            BuildPackage.__table__,  # names a plugin reports: make them storable (fuzzer.text)
-            {"build_id": build_id, "package": storable_text(package, MAX_PACKAGE), "version": storable_text(version, MAX_PACKAGE)},
-            ["build_id", "package"],
-        )
-
-
-def _fingerprint_of(row: Any) -> BuildFingerprint:
-    return BuildFingerprint.from_json({name: getattr(row, name) for name in FINGERPRINT_FIELDS})
-
-
 def record_packages(bind: Engine | Connection, build_id: int, versions: Mapping[str, str]) -> None:
-    """Add the package versions of an existing build (its fingerprint's lines included).
+    """`service.db.builds.record_packages` in its own write transaction.
 
     Raises:
         NotFoundError: ``build_id`` is unknown.
     """
-    def run(connection: Connection) -> None:
-        row = connection.execute(select(Build).where(Build.id == build_id).with_only_columns(*Build.__table__.c)).one_or_none()
-        if row is None:
-            raise NotFoundError("build", build_id)
-        _insert_packages(connection, build_id, build_packages(_fingerprint_of(row), versions))
-
-    _write(bind, run)
+    _write(bind, lambda connection: builds_db.record_packages(connection, build_id, versions))
 
 
 @dataclass(frozen=True)
@@ -214,18 +143,6 @@ def package_lines(bind: Engine | Connection | Session) -> list[tuple[str, int]]:
     return [(row[0], row[1]) for row in rows]
 
 
-def _packages_of(connection: Connection | Session, build_ids: Sequence[int]) -> dict[int, dict[str, str]]:
-    packages: dict[int, dict[str, str]] = defaultdict(dict)
-    if build_ids:
-        for row in connection.execute(
-            select(BuildPackage.build_id, BuildPackage.package, BuildPackage.version).where(
-                BuildPackage.build_id.in_(list(build_ids))
-            )
-        ):
-            packages[row.build_id][row.package] = row.version
-    return packages
-
-
 def line_builds(
     bind: Engine | Connection | Session, package: str, *, device_name: str | None = None
 ) -> list[LineBuild]:
@@ -244,7 +161,7 @@ def line_builds(
         if device_name:
             statement = statement.where(Build.device_name == device_name)
         rows = connection.execute(statement).all()
-        packages = _packages_of(connection, [r.id for r in rows])
+        packages = packages_of(connection, [r.id for r in rows])
     builds = [
         LineBuild(
             r.id,
@@ -254,7 +171,7 @@ def line_builds(
             r.compute_capability,
             r.fingerprint_id,
             dict(sorted(packages[r.id].items())),
-            _fingerprint_of(r),
+            fingerprint_of(r, packages[r.id]),
         )
         for r in rows
     ]
@@ -311,7 +228,7 @@ def _insert_run_and_skips(
         .returning(ReplayRun.id)
     ).scalar_one()
     for skip in skips:
-        _insert_ignore(
+        insert_ignore(
             connection,
             ReplaySkip.__table__,
             {
@@ -337,7 +254,6 @@ def record_replay(
     outcome: ReplayOutcome,
     *,
     trigger: str,
-    distinguishing: Iterable[str] = (),
     note: str = "",
 ) -> ReplayRecord:
     """Store a replay: the build (with its package versions), each case (origin ``corpus`` for
@@ -348,7 +264,6 @@ def record_replay(
     Args:
         outcome: what `fuzzer.builds.replay.replay_here` or `replay_in_build` returned.
         trigger: one of ``REPLAY_TRIGGERS`` (``cli``, ``worker``, ``builds``, ``bisect``, ``corpus``).
-        distinguishing: see `register_build`.
         note: kept with the run.
 
     Returns:
@@ -361,7 +276,7 @@ def record_replay(
     _check_trigger(trigger)
     if outcome.fingerprint is None:
         return ReplayRecord(None, None, 0, len(outcome.skips))
-    build = register_build(bind, outcome.fingerprint, outcome.packages, distinguishing=distinguishing)
+    build = _write(bind, lambda connection: register_build(connection, outcome.fingerprint, outcome.packages))
     store = SqlStore(bind)
     recorded: set[str] = set()
     for task in outcome.tasks:
@@ -922,7 +837,7 @@ def _session(bind: Engine | Connection | Session) -> Iterator[Session]:
 def _verdict_of(row: Any, build: LineBuild | Any, packages: Mapping[str, str]) -> CorpusVerdict:
     signature = row.signature if row.status in FAILING_STATUSES else None
     return CorpusVerdict(
-        _fingerprint_of(build),
+        fingerprint_of(build, packages),
         row.status,
         signature,
         row.created_at.isoformat(timespec="seconds"),
@@ -972,7 +887,7 @@ def corpus_entries_from_db(
                 b.id: b
                 for b in connection.execute(select(*Build.__table__.c).where(Build.id.in_(build_ids)))
             }
-        packages = _packages_of(connection, build_ids)
+        packages = packages_of(connection, build_ids)
     by_task: dict[tuple[str, str, str], dict[int, list[Any]]] = defaultdict(lambda: defaultdict(list))
     for row in rows:
         if row.status == "pass" or row.status in FAILING_STATUSES:
@@ -1067,7 +982,6 @@ __all__ = [
     "record_packages",
     "record_replay",
     "recorded_verdict",
-    "register_build",
     "replay_tasks_from_buckets",
     "start_bisect",
 ]

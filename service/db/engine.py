@@ -25,7 +25,8 @@ import math
 import os
 from typing import Any
 
-from sqlalchemy import Engine, MetaData, create_engine, event
+from sqlalchemy import Engine, MetaData, Table, create_engine, event
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 
@@ -132,3 +133,24 @@ def _configure_sqlite(engine: Engine, busy_timeout_ms: int = SQLITE_BUSY_TIMEOUT
 def make_session_factory(engine: Engine) -> sessionmaker[Session]:
     """A `sessionmaker` bound to ``engine``; objects stay readable after commit."""
     return sessionmaker(bind=engine, expire_on_commit=False)
+
+
+def insert_ignore(connection: Connection, table: Table, values: dict[str, Any], conflict: list[str]) -> Any | None:
+    """``INSERT ... ON CONFLICT (conflict) DO NOTHING RETURNING <first primary-key column>``, on
+    SQLite and PostgreSQL alike: the statement-level get-or-create every write builds on (a key
+    raced by two writers never raises).
+
+    Args:
+        connection: an open Connection (or a Session's), inside the caller's transaction.
+        table: the table (``Model.__table__``).
+        values: the new row's column values.
+        conflict: the columns of the unique key that may already hold the row.
+
+    Returns:
+        The new row's first primary-key value (``id``; ``build_id`` of ``build_packages``), or
+        None when a row with that key already existed (nothing written).
+    """
+    insert = postgresql.insert if connection.dialect.name == "postgresql" else sqlite.insert
+    key = next(iter(table.primary_key.columns))
+    statement = insert(table).values(**values).on_conflict_do_nothing(index_elements=conflict).returning(key)
+    return connection.execute(statement).scalar_one_or_none()

@@ -92,7 +92,13 @@ class TriageState(enum.StrEnum):
 
 
 class Build(Base):
-    """One software/hardware environment (`fuzzer.results.BuildFingerprint`)."""
+    """One software/hardware environment (`fuzzer.results.BuildFingerprint`).
+
+    ``fingerprint_id`` is the build's identity (`fuzzer.results.build_identity` over the device
+    fields and every package row: `service.db.builds`); its packages are its `BuildPackage` rows.
+    The version columns below are display columns of the lines declared before migration 0006,
+    written from the fingerprint: a line declared later has its package row only.
+    """
 
     __tablename__ = "builds"
 
@@ -351,7 +357,8 @@ BISECT_STEP_VERDICTS = ("good", "bad", "skip")
 
 
 class BuildPackage(Base):
-    """One package version of a build. The rows of one ``package`` form a package line
+    """One package version of a build: together, the rows of a build are what its identity hashes
+    (`service.db.builds.register_build`). The rows of one ``package`` form a package line
     (``flash-attn-4``, ``transformer-engine``, ``torch``, ``cudnn``, a plugin's own package),
     ordered by PEP 440 version in `service.builds.matrix`, then by the build's ``first_seen``."""
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -56,6 +56,7 @@ from fuzzer.results import (
 from fuzzer.severity import severity
 from fuzzer.text import MAX_DETAIL, MAX_PACKAGE, storable_text
 from oracle.config import AttentionCase
+from service.db.builds import register_build
 from service.db.engine import SQLITE_BEGIN_OPTION
 from service.errors import FieldValidationError, NotFoundError, ServiceError
 from service.db.models import (
@@ -296,18 +297,14 @@ class SqlStore:
         self._tx = _Transactor(bind, retries)
         self._registering: dict[tuple, datetime] = {}  # register_worker's first attempt per key
 
-    def register_build(self, fingerprint: BuildFingerprint) -> int:
-        """The id of the ``builds`` row for ``fingerprint``, created on first sight."""
-        fingerprint_id = fingerprint.fingerprint_id
+    def register_build(self, fingerprint: BuildFingerprint, versions: Mapping[str, str] | None = None) -> int:
+        """The id of the build of ``fingerprint`` (plus package ``versions``), created on first
+        sight with its package rows (`service.db.builds.register_build`).
 
-        def run(connection: Connection) -> int:
-            values = {"fingerprint_id": fingerprint_id, "first_seen": utcnow(), **fingerprint.to_json()}
-            build_id = _insert_ignore(connection, Build.__table__, values, ["fingerprint_id"])
-            if build_id is None:
-                build_id = connection.scalar(select(Build.id).where(Build.fingerprint_id == fingerprint_id))
-            return build_id
-
-        return self._tx.write(run)
+        Raises:
+            FieldValidationError: a package name of ``versions`` is empty.
+        """
+        return self._tx.write(lambda connection: register_build(connection, fingerprint, versions).build_id)
 
     def register_worker(self, build_id: int, hostname: str, pid: int, device: str, slot: str | None = None) -> int:
         """A new ``workers`` row (status ``"running"``); its id.

@@ -242,13 +242,12 @@ def test_build_packages_carry_the_fingerprint_lines_and_the_backends_versions():
     }
 
 
-def test_the_build_key_is_the_fingerprint_unless_a_distinguishing_package_is_not_in_it():
+def test_the_build_key_hashes_every_package_and_is_the_fingerprint_for_its_lines_alone():
     fingerprint = BuildFingerprint(torch="2.13.0", flash_attn_4="4.0.0b30")
-    packages = {"flash-attn-4": "4.0.0b30", KERNEL: "1.0"}
-    assert build_key(fingerprint, packages) == fingerprint.fingerprint_id
-    assert build_key(fingerprint, packages, ["flash-attn-4"]) == fingerprint.fingerprint_id
-    one = build_key(fingerprint, packages, [KERNEL])
-    two = build_key(fingerprint, {**packages, KERNEL: "1.1"}, [KERNEL])
+    assert build_key(fingerprint, build_packages(fingerprint, {})) == fingerprint.fingerprint_id
+    assert build_key(fingerprint, build_packages(fingerprint, {"flash-attn-4": "4.0.0b29"})) == fingerprint.fingerprint_id
+    one = build_key(fingerprint, build_packages(fingerprint, {KERNEL: "1.0"}))
+    two = build_key(fingerprint, build_packages(fingerprint, {KERNEL: "1.1"}))
     assert len({one, two, fingerprint.fingerprint_id}) == 3 and len(one) == 16
 
 

@@ -25,6 +25,7 @@ from service.db.engine import make_engine
 from service.errors import FieldValidationError, NotFoundError
 from service.db.models import BuildPackage, ReplayRun, Result
 from service.settings import Settings
+from service.db.builds import register_build
 from service.db.store import SqlStore
 
 CASE = AttentionCase(batch_size=2, seqlen_q=1024, seqlen_k=1024, num_heads=8, head_dim=128, causal=True)
@@ -78,18 +79,19 @@ def fa4_line(connection) -> dict[str, int]:
 
 def test_a_build_registers_once_with_its_package_versions(connection):
     fp = fingerprint("4.0.0b30")
-    first = matrix.register_build(connection, fp, {"nvidia-cutlass-dsl": "4.8.1", "quack-kernels": "0.6.5"})
-    again = matrix.register_build(connection, fp, {"nvidia-cutlass-dsl": "4.8.1"})
+    first = register_build(connection, fp, {"nvidia-cutlass-dsl": "4.8.1", "quack-kernels": "0.6.5"})
+    again = register_build(connection, fp, {"Quack_Kernels": "0.6.5", "nvidia-cutlass-dsl": "4.8.1"})
     assert first.is_new and not again.is_new and first.build_id == again.build_id
-    assert first.build_key == fp.fingerprint_id, "a build of fingerprinted packages has the worker's identity"
+    assert first.build_key != fp.fingerprint_id, "packages beyond the fingerprint's lines are part of the identity"
+    assert register_build(connection, fp).build_key == fp.fingerprint_id, "the fingerprint alone: the worker's identity"
     rows = dict(connection.execute(select(BuildPackage.package, BuildPackage.version).where(BuildPackage.build_id == first.build_id)).all())
     assert rows == {"cuda": "13.0", "flash-attn-4": "4.0.0b30", "nvidia-cutlass-dsl": "4.8.1", "quack-kernels": "0.6.5", "torch": "2.11.0"}
 
 
 def test_builds_differing_only_in_a_plugin_package_are_different_builds(connection):
     fp = BuildFingerprint(torch="2.13.0")
-    one = matrix.register_build(connection, fp, {"attnfuzz-fakekernel": "1.0"}, distinguishing=["attnfuzz-fakekernel"])
-    two = matrix.register_build(connection, fp, {"attnfuzz-fakekernel": "1.1"}, distinguishing=["attnfuzz-fakekernel"])
+    one = register_build(connection, fp, {"attnfuzz-fakekernel": "1.0"})
+    two = register_build(connection, fp, {"attnfuzz-fakekernel": "1.1"})
     assert one.build_id != two.build_id and one.is_new and two.is_new
     assert [b.version for b in matrix.line_builds(connection, "attnfuzz-fakekernel")] == ["1.0", "1.1"]
 
