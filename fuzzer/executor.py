@@ -31,7 +31,6 @@ Protocol (parent -> child): ``("run", case_json, pack_inputs(case, inputs), [(ba
 
 from __future__ import annotations
 
-import contextlib
 import multiprocessing
 import os
 import re
@@ -42,10 +41,9 @@ import time
 import traceback
 from collections import deque
 from dataclasses import dataclass, field
-from collections.abc import Iterator
 from typing import Any
 
-from fuzzer.backends.base import Backend, BackendOutput, DeclarationGapError, UnsupportedCaseError
+from fuzzer.backends.base import Backend, BackendOutput, DeclarationGapError, UnsupportedCaseError, environment_set
 from oracle.config import AttentionCase
 from oracle.errors import AttnFuzzError
 
@@ -445,22 +443,6 @@ def _mapped_runtime_files() -> frozenset[str]:
     return found
 
 
-@contextlib.contextmanager
-def _process_environment(values: dict[str, str]) -> Iterator[None]:
-    """``values`` in this process's environment while a child is spawned (it inherits them at
-    exec: the only moment ``LD_LIBRARY_PATH`` counts), then the previous values back."""
-    saved = {key: os.environ.get(key) for key in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
 def probe_backends(
     backends: list[tuple[Backend, str]], start_timeout_s: float = 300.0
 ) -> tuple[dict[str, str | None], dict[str, dict[str, str]]]:
@@ -587,7 +569,7 @@ class ChildProcessExecutor:
         process = self._ctx.Process(
             target=_child_main, args=(child_conn, members, env_vars, log_path), daemon=True, name=f"attnfuzz-{environment}"
         )
-        with _process_environment(self._library_env):  # the loader reads LD_LIBRARY_PATH at exec
+        with environment_set(self._library_env):  # the loader reads LD_LIBRARY_PATH at exec
             process.start()
         child_conn.close()
         if not parent_conn.poll(self.start_timeout_s):

@@ -33,8 +33,11 @@ backend.
 from __future__ import annotations
 
 import abc
+import contextlib
 import dataclasses
 import importlib.metadata
+import os
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
@@ -393,6 +396,25 @@ def run_with_grad(fn, case: AttentionCase, inputs: Any) -> tuple[Any, Any, Any, 
     out, lse = fn(q, k, v)
     out.backward(inputs.dout)
     return out.detach(), None if lse is None else lse.detach(), q.grad, k.grad, v.grad
+
+
+@contextlib.contextmanager
+def environment_set(values: Mapping[str, str]) -> Iterator[None]:
+    """``values`` in this process's ``os.environ`` inside the block, then each variable back to
+    what it was (removed again when it was unset), also when the block raises. Used for a
+    backend's ``env_vars`` around a library call (`fuzzer.backends.te`) and for the environment a
+    child process inherits at exec (`fuzzer.executor`: the only moment ``LD_LIBRARY_PATH`` counts).
+    Not thread-safe: ``os.environ`` is process-wide."""
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def alignment_irrelevant(case: AttentionCase) -> bool:

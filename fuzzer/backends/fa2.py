@@ -39,17 +39,17 @@ import importlib
 import math
 from typing import Any, ClassVar
 
-from fuzzer.backends.base import Backend, BackendOutput, Capabilities, ReproCall, UnsupportedCaseError, run_with_grad
-from fuzzer.backends.fa4 import (
-    FA_REPRO_HELPERS,
+from fuzzer.backends._common import (
     call_with_signature,
     canonical_lse,
     cuda_arch_major,
     describe_call,
     distribution_version,
+    fa_repro_source,
     is_declared_refusal,
     library_layout_qkv,
 )
+from fuzzer.backends.base import Backend, BackendOutput, Capabilities, ReproCall, UnsupportedCaseError, run_with_grad
 from oracle.config import AttentionCase
 
 FA2_DISTRIBUTION = "flash-attn"
@@ -232,30 +232,16 @@ class FA2Backend(Backend):
         )
 
 
-FA2_REPRO_SOURCE = FA_REPRO_HELPERS + '''
-
-FA2_KWARGS = $fa2_kwargs
-
-
-def check_environment():
-    require_cuda(None, "flash-attn 2", min_major=8)
-    pytest.importorskip("flash_attn", reason="flash-attn (FlashAttention 2) is not installed")
-
-
-def call_backend(q, k, v, cu_seqlens_q, cu_seqlens_k):
-    import flash_attn
-
-    q, k, v = library_layout_qkv(CASE, q, k, v)
-    if QKV_FORMAT == "thd":
-        result = flash_attn.flash_attn_varlen_func(
-            q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, **FA2_KWARGS
-        )
-    else:
-        result = flash_attn.flash_attn_func(q, k, v, **FA2_KWARGS)
-    if isinstance(result, (tuple, list)):
-        return result[0], canonical_lse(CASE, result[1] if len(result) > 1 else None)
-    return result, None
-'''
+FA2_REPRO_SOURCE = fa_repro_source(
+    constants="FA2_KWARGS = $fa2_kwargs",
+    kwargs_name="FA2_KWARGS",
+    check_environment=(
+        '    require_cuda(None, "flash-attn 2", min_major=8)\n'
+        '    pytest.importorskip("flash_attn", reason="flash-attn (FlashAttention 2) is not installed")'
+    ),
+    import_line="import flash_attn",
+    module="flash_attn",
+)
 """`FA2Backend.repro`'s source (slot ``fa2_kwargs``)."""
 
 def builtin_backends() -> list[Backend]:

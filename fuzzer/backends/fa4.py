@@ -62,20 +62,32 @@ also 4.0.0b3/b11/b29/b30 wheels and upstream commit 66ee1b5), ``flash_attn/cute/
 (4.0.0b36); NVIDIA/TransformerEngine ``transformer_engine/pytorch/attention/dot_product_attention/
 backends.py`` and ``utils.py`` (transformer-engine 2.20.2 wheel).
 
-The helpers ``CompileTimer``, ``library_layout_qkv``, ``canonical_lse`` and
-``call_with_signature`` are shared with ``fa2.py`` and ``te.py``.
+The helpers this adapter shares with ``fa2.py``, ``te.py`` and ``sdpa.py`` (``CompileTimer``,
+``library_layout_qkv``, ``canonical_lse``, ``call_with_signature``, the repro template) are in
+`fuzzer.backends._common`; the FA4 build identity (`fa4_imported_build`, `fa4_build_mismatch`)
+stays here, where the FA4 import is known.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.metadata
-import inspect
 import os
 import sys
-import time
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
 
+from fuzzer.backends._common import (
+    CompileTimer,
+    call_with_signature,
+    canonical_lse,
+    cuda_arch_major,
+    describe_call,
+    distribution_version,
+    fa_repro_source,
+    is_declared_refusal,
+    is_one_sided_window,
+    library_layout_qkv,
+)
 from fuzzer.backends.base import (
     Backend,
     BackendOutput,
@@ -101,11 +113,6 @@ _MINUS1 = -1
 def _or(value: int | None, sentinel: int | None) -> int | None:
     """``value`` unless it is None (unbounded), then ``sentinel``."""
     return sentinel if value is None else value
-
-
-def is_one_sided_window(case: AttentionCase) -> bool:
-    """True when exactly one of the two window bounds is set."""
-    return (case.window_size_left is None) != (case.window_size_right is None)
 
 
 def fa4_window_args(case: AttentionCase, variant: str) -> tuple[bool, tuple[int | None, int | None]]:
@@ -295,168 +302,6 @@ def fa4_imported_build(interface: Any | None = None) -> dict[str, str]:
     return {"flash_attn_4": version, "flash_attn_4_module": module_dir}
 
 
-def cuda_arch_major() -> int | None:
-    """The compute-capability major of the current CUDA device, None without CUDA."""
-    try:
-        import torch
-
-        if not torch.cuda.is_available():
-            return None
-        return int(torch.cuda.get_device_capability()[0])
-    except Exception:  # noqa: BLE001 - no usable device means "unknown"
-        return None
-
-
-def distribution_version(name: str) -> str | None:
-    """The installed version of distribution ``name``, None when absent."""
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-# ---------------------------------------------------------------------------- shared helpers
-def fit_to_signature(
-    func: Callable, kwargs: dict[str, Any], essential: frozenset[str]
-) -> tuple[dict[str, Any], list[str]]:
-    """The keywords of ``kwargs`` that ``func``'s signature accepts.
-
-    Args:
-        func: the library callable whose signature decides (a function, a class, ``module.forward``).
-        kwargs: keyword arguments the adapter wants to send.
-        essential: keywords that must not be dropped.
-
-    Returns:
-        ``(accepted, dropped)``: the keywords to send and the optional ones this build lacks.
-
-    Raises:
-        UnsupportedCaseError: an essential keyword is not accepted by this build.
-    """
-    try:
-        params = inspect.signature(func).parameters
-    except (TypeError, ValueError):  # builtins without a signature: send everything
-        return dict(kwargs), []
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return dict(kwargs), []
-    dropped = sorted(k for k in kwargs if k not in params)
-    missing = [k for k in dropped if k in essential]
-    if missing:
-        raise UnsupportedCaseError(
-            f"{getattr(func, '__qualname__', func)} of this build takes no {', '.join(missing)} argument"
-        )
-    return {k: v for k, v in kwargs.items() if k in params}, dropped
-
-
-def call_with_signature(
-    func: Callable, args: tuple, kwargs: dict[str, Any], essential: frozenset[str]
-) -> tuple[Any, list[str]]:
-    """Call ``func(*args, **kwargs)`` keeping only the keywords its signature accepts.
-
-    Returns:
-        ``(result, dropped)``: the call's result and the optional keywords the build lacks.
-
-    Raises:
-        UnsupportedCaseError: as `fit_to_signature`.
-    """
-    accepted, dropped = fit_to_signature(func, kwargs, essential)
-    return func(*args, **accepted), dropped
-
-
-def library_layout_qkv(case: AttentionCase, q: Any, k: Any, v: Any) -> tuple[Any, Any, Any]:
-    """The tensors an FA-style caller passes for the case's ``qkv_format``.
-
-    bshd and thd are passed as they are. For sbhd the caller holds ``[seqlen, batch, heads, dim]``
-    memory and hands FlashAttention a ``[batch, seqlen, heads, dim]`` strided view of it (no copy),
-    so the kernel sees sbhd strides. Autograd flows back to the canonical tensors.
-    """
-    if case.qkv_format != "sbhd":
-        return q, k, v
-    return tuple(t.transpose(0, 1).contiguous().transpose(0, 1) for t in (q, k, v))
-
-
-def canonical_lse(case: AttentionCase, lse: Any) -> Any:
-    """The library's lse in the canonical layout (``[b, h, sq]`` or ``[h, total_q]``), float32+.
-
-    Accepted library layouts: the canonical one; ``[b, sq, h]`` / ``[total_q, h]`` (FA4 with qv);
-    ``[b, h, max_seqlen_q]`` for thd (FA2 before the packed varlen lse), unpadded per sequence.
-
-    Raises:
-        RuntimeError: the shape matches none of these.
-    """
-    if lse is None:
-        return None
-    import torch
-
-    lse = lse.detach()
-    b, h, sq = case.batch_size, case.num_heads, case.seqlen_q
-    shape = tuple(lse.shape)
-    if not case.is_varlen:
-        if shape == (b, h, sq):
-            return lse
-        if shape == (b, sq, h):
-            return lse.transpose(1, 2)
-    else:
-        total_q = case.total_q
-        if shape == (h, total_q):
-            return lse
-        if shape == (total_q, h):
-            return lse.transpose(0, 1)
-        if shape == (b, h, sq):
-            return torch.cat([lse[i, :, :n] for i, n in enumerate(case.seqlens_q_list)], dim=1)
-    raise RuntimeError(f"unexpected lse shape {shape} for {case.describe()}")
-
-
-def _synchronize(tensor: Any) -> None:
-    import torch
-
-    if getattr(tensor, "is_cuda", False):
-        torch.cuda.synchronize(tensor.device)
-
-
-class CompileTimer:
-    """Measures JIT compilation: the first call per kernel key is timed and repeated once.
-
-    ``compile_ms = first - second`` (clamped at 0); the second call's result is kept. Later calls
-    with the same key run once and report 0. Keys are remembered only after a successful pair.
-    """
-
-    def __init__(self) -> None:
-        self._seen: set[tuple] = set()
-
-    def run(self, key: tuple, fn: Callable[[], Any], sync_on: Any) -> tuple[Any, float]:
-        """Run ``fn`` (twice for a new ``key``); ``sync_on`` is a tensor whose device to sync."""
-        if key in self._seen:
-            return fn(), 0.0
-        _synchronize(sync_on)
-        start = time.perf_counter()
-        fn()
-        _synchronize(sync_on)
-        first = time.perf_counter() - start
-        start = time.perf_counter()
-        result = fn()
-        _synchronize(sync_on)
-        second = time.perf_counter() - start
-        self._seen.add(key)
-        return result, max(0.0, first - second) * 1000.0
-
-
-def describe_call(name: str, kwargs: dict[str, Any]) -> str:
-    """``name(k=v, ...)`` for the non-tensor keywords, for ``BackendOutput.extra``."""
-    return f"{name}(" + ", ".join(f"{k}={v!r}" for k, v in kwargs.items()) + ")"
-
-
-def is_declared_refusal(exc: BaseException) -> bool:
-    """True when a library exception states a limitation rather than a failure.
-
-    FlashAttention raises NotImplementedError for unimplemented features and AssertionError with
-    "not supported" / "Unsupported" for shapes and architectures it does not handle.
-    """
-    if isinstance(exc, NotImplementedError):
-        return True
-    text = str(exc).lower()
-    return isinstance(exc, AssertionError) and ("not supported" in text or "unsupported" in text)
-
-
 # ---------------------------------------------------------------------------- the backend
 class FA4Backend(Backend):
     """flash-attn-4 called through ``flash_attn.cute.interface`` (see the module docstring)."""
@@ -596,35 +441,16 @@ class FA4Backend(Backend):
         )
 
 
-FA_REPRO_HELPERS = "\n\n".join(inspect.getsource(f) for f in (library_layout_qkv, canonical_lse)).replace("$", "$$")
-"""`library_layout_qkv` and `canonical_lse` verbatim, for the FA4/FA2 repro sources: the file's
-``CASE`` carries the case fields they read, so the exported call lays tensors out as `run` does."""
-
-FA4_REPRO_SOURCE = FA_REPRO_HELPERS + '''
-
-FA4_KWARGS = $fa4_kwargs
-FA4_ARCH_MAJORS = $arch_majors
-
-
-def check_environment():
-    require_cuda(FA4_ARCH_MAJORS, "flash-attn-4")
-    pytest.importorskip("flash_attn.cute.interface", reason="flash-attn-4 is not installed")
-
-
-def call_backend(q, k, v, cu_seqlens_q, cu_seqlens_k):
-    from flash_attn.cute import interface
-
-    q, k, v = library_layout_qkv(CASE, q, k, v)
-    if QKV_FORMAT == "thd":
-        result = interface.flash_attn_varlen_func(
-            q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, **FA4_KWARGS
-        )
-    else:
-        result = interface.flash_attn_func(q, k, v, **FA4_KWARGS)
-    if isinstance(result, (tuple, list)):
-        return result[0], canonical_lse(CASE, result[1] if len(result) > 1 else None)
-    return result, None
-'''
+FA4_REPRO_SOURCE = fa_repro_source(
+    constants="FA4_KWARGS = $fa4_kwargs\nFA4_ARCH_MAJORS = $arch_majors",
+    kwargs_name="FA4_KWARGS",
+    check_environment=(
+        '    require_cuda(FA4_ARCH_MAJORS, "flash-attn-4")\n'
+        '    pytest.importorskip("flash_attn.cute.interface", reason="flash-attn-4 is not installed")'
+    ),
+    import_line="from flash_attn.cute import interface",
+    module="interface",
+)
 """`FA4Backend.repro`'s source (a `ReproCall`; slots ``fa4_kwargs``, ``arch_majors``)."""
 
 def builtin_backends() -> list[Backend]:
@@ -635,10 +461,7 @@ def builtin_backends() -> list[Backend]:
 __all__ = [
     "FA4Backend",
     "FA4_VARIANTS",
-    "CompileTimer",
     "builtin_backends",
-    "canonical_lse",
-    "call_with_signature",
     "fa4_build_mismatch",
     "fa4_call_kwargs",
     "fa4_head_dim_reasons",
@@ -646,6 +469,4 @@ __all__ = [
     "fa4_sm90_backward_reasons",
     "fa4_variant_reasons",
     "fa4_window_args",
-    "fit_to_signature",
-    "library_layout_qkv",
 ]

@@ -348,7 +348,7 @@ class FlexBackend(Backend):
     compiled kernel instead of recompiling (on the H200, 2026-12-01, the ``dynamic=False`` version
     spent 49.7 s compiling in 25 calls of a 115 s campaign, up to 13 s a call). What still compiles
     anew is keyed by `kernel_key` (dtype, head dims, which mask bounds exist, softcap or not, GQA,
-    backward) and timed by `fuzzer.backends.fa4.CompileTimer`, so the compile share is reported as
+    backward) and timed by `fuzzer.backends._common.CompileTimer`, so the compile share is reported as
     JIT time, not kernel time. Dynamo's recompile limit is raised in the child so that many keys
     never fall back silently to eager execution.
 
@@ -398,7 +398,7 @@ class FlexBackend(Backend):
         import torch
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-        from fuzzer.backends.fa4 import CompileTimer
+        from fuzzer.backends._common import CompileTimer
 
         if self._compiled is None:
             import torch._dynamo

@@ -113,6 +113,14 @@ import os
 from collections.abc import Iterator, Mapping, MutableMapping
 from typing import Any, ClassVar
 
+from fuzzer.backends._common import (
+    CompileTimer,
+    cuda_arch_major,
+    describe_call,
+    distribution_version,
+    fit_to_signature,
+    is_one_sided_window,
+)
 from fuzzer.backends.base import (
     Backend,
     BackendOutput,
@@ -123,19 +131,10 @@ from fuzzer.backends.base import (
     ReproCall,
     UnsupportedCaseError,
     alignment_irrelevant,
+    environment_set,
     run_with_grad,
 )
-from fuzzer.backends.fa4 import (
-    CompileTimer,
-    cuda_arch_major,
-    describe_call,
-    distribution_version,
-    fa4_build_mismatch,
-    fa4_imported_build,
-    fa4_sm90_backward_reasons,
-    fit_to_signature,
-    is_one_sided_window,
-)
+from fuzzer.backends.fa4 import fa4_build_mismatch, fa4_imported_build, fa4_sm90_backward_reasons
 from fuzzer.backends.cp_layout import CPSeqlens, cp_unsupported_reasons
 from oracle.config import AttentionCase
 
@@ -655,16 +654,8 @@ class TEBackend(Backend):
         state = getattr(dpa, "_attention_backends", None)
         if isinstance(state, MutableMapping) and "backend_selection_requires_update" in state:
             state["backend_selection_requires_update"] = True
-        saved = {key: os.environ.get(key) for key in self.env_vars}
-        os.environ.update(self.env_vars)
-        try:
+        with environment_set(self.env_vars):
             yield
-        finally:
-            for key, value in saved.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
 
     def _refusal_reasons(self, call: Any, dpa: Any) -> str:
         """TE's own reasons for disabling each sub-backend, from its selection log: ``call`` is

@@ -61,7 +61,7 @@ from dataclasses import dataclass, field
 from multiprocessing import connection as mp_connection
 from typing import Any
 
-from fuzzer.backends.base import Backend, BackendOutput, CPProcessGroups, is_cp_backend
+from fuzzer.backends.base import Backend, BackendOutput, CPProcessGroups, environment_set, is_cp_backend
 from fuzzer.backends.cp_layout import CPShardError
 from fuzzer.cp.sharding import cp_twin, gather_outputs, shard_inputs
 from fuzzer.executor import ExecutorError, TaskOutcome, run_task
@@ -403,10 +403,8 @@ class CPExecutor:
                 name=f"attnfuzz-cp{cp_size}-{environment}-rank{rank}",
             )
             from fuzzer.builds.environment import child_library_env, resolve_cudnn_choice
-            from fuzzer.executor import _process_environment
-
             # the same cuDNN as every other backend child (fuzzer.builds.environment), set before exec
-            with _process_environment(child_library_env(resolve_cudnn_choice())):
+            with environment_set(child_library_env(resolve_cudnn_choice())):
                 process.start()
             child_conn.close()
             processes.append(process)

@@ -27,6 +27,7 @@ import pytest
 import torch
 
 from fuzzer.backends import fa4, te
+from fuzzer.backends._common import fit_to_signature
 from fuzzer.backends.fa4 import (
     FA4_VARIANTS,
     FA4Backend,
@@ -34,7 +35,6 @@ from fuzzer.backends.fa4 import (
     fa4_call_kwargs,
     fa4_sm90_backward_reasons,
     fa4_variant_reasons,
-    fit_to_signature,
 )
 from fuzzer.backends.te import (
     TE_ESSENTIAL_KWARGS,

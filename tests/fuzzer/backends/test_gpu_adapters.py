@@ -20,11 +20,11 @@ import pytest
 import torch
 
 from fuzzer.backends import fa2, fa4, te
+from fuzzer.backends._common import canonical_lse
 from fuzzer.backends.base import UnsupportedCaseError
 from fuzzer.backends.fa2 import FA2Backend, fa2_call_kwargs
 from fuzzer.backends.fa4 import (
     FA4Backend,
-    canonical_lse,
     fa4_call_kwargs,
     fa4_head_dim_reasons,
     fa4_variant_reasons,
