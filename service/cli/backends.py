@@ -4,14 +4,13 @@ with its device, variants, versions, what its child process loaded, and why it i
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Optional
 
 import typer
 from rich.table import Table
 
 from oracle.errors import AttnFuzzError
-from service.cli.common import fail, out
+from service.cli.common import fail, out, print_json
 
 
 def backends(
@@ -46,7 +45,7 @@ def backends(
             }
         )
     if as_json:
-        out.print_json(json.dumps(rows))
+        print_json(rows)
         return
     table = Table(title="attnfuzz backends")
     for col in ("backend", "device", "variants", "versions", "status"):

@@ -12,12 +12,11 @@ Every command takes ``--json``. ``list`` and ``show`` only read (a read-only dat
 an old schema is an error naming ``attnfuzz db upgrade``); ``triage`` writes through
 `service.db.repository.update_triage`, the same rules as ``PATCH /api/buckets/{id}``. Severity and
 root-cause group (``defect_id``) are shown when the schema has them. Exit codes follow
-`service.cli.main` (2 bad input or unknown bucket, 5 database).
+`service.cli.common.EXIT_CODES` (2 bad input or unknown bucket, 5 database).
 """
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Any, Optional
 
 import typer
@@ -26,18 +25,17 @@ from rich.table import Table
 from oracle.errors import AttnFuzzError
 from service.cli.common import (
     DbOption,
-    check_schema,
+    JsonOption,
     check_stored_name,
-    db_url,
     fail,
     id_column,
-    migrate,
+    open_database,
     out,
+    print_json,
     print_table,
 )
 
 buckets_app = typer.Typer(help="Failure buckets: list, filter, show, triage.", no_args_is_help=True)
-JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
 
 
 def register(app: typer.Typer) -> None:
@@ -69,17 +67,6 @@ def _bucket_json(bucket: Any) -> dict[str, Any]:
     return data
 
 
-def _open(db: str | None, *, write: bool = False):
-    from service.db.engine import make_engine
-
-    url = db_url(db)
-    if write:
-        migrate(url)
-    else:
-        check_schema(url)
-    return url, make_engine(url)
-
-
 @buckets_app.command("list")
 def buckets_list(
     db: DbOption = None,
@@ -103,7 +90,7 @@ def buckets_list(
     from service.db.repository import list_buckets
 
     try:
-        url, engine = _open(db)
+        url, engine = open_database(db)
         try:
             with Session(engine) as session:
                 for field, value in (("backend", backend), ("variant", variant)):
@@ -119,7 +106,7 @@ def buckets_list(
     except AttnFuzzError as exc:
         fail(exc)
     if as_json:
-        out.print_json(json.dumps({"total": page.total, "limit": limit, "offset": offset, "items": rows}))
+        print_json({"total": page.total, "limit": limit, "offset": offset, "items": rows})
         return
     table = Table(title=f"{len(rows)} of {page.total} buckets in {url}")
     id_column(table, "id", [r["id"] for r in rows], justify="right")
@@ -156,7 +143,7 @@ def buckets_show(
     from service.db.repository import get_bucket
 
     try:
-        url, engine = _open(db)
+        url, engine = open_database(db)
         try:
             with Session(engine) as session:
                 detail = get_bucket(session, bucket_id, results_limit=max(results, 1))
@@ -193,7 +180,7 @@ def buckets_show(
     except AttnFuzzError as exc:
         fail(exc)
     if as_json:
-        out.print_json(json.dumps(data, default=str))
+        print_json(data)
         return
     out.print(f"[bold]bucket {data['id']}[/]  {data['backend']} / {data['variant']} / {data['signature']}", soft_wrap=True)
     facts = [f"hits {data['hit_count']} ({data['result_count']} stored results)", f"state {data['triage_state']}"]
@@ -250,7 +237,7 @@ def buckets_triage(
     try:
         if not changes:
             raise FieldValidationError("triage", "nothing to change: give --state, --notes, --upstream-url or --duplicate-of")
-        url, engine = _open(db, write=True)
+        url, engine = open_database(db, write=True)
         try:
             with Session(engine) as session:
                 bucket = update_triage(session, bucket_id, **{k: changes.get(k, UNSET) for k in changes})
@@ -261,7 +248,7 @@ def buckets_triage(
     except AttnFuzzError as exc:
         fail(exc)
     if as_json:
-        out.print_json(json.dumps(data))
+        print_json(data)
         return
     out.print(f"bucket {data['id']} ({data['backend']} / {data['variant']} / {data['signature']}): "
               f"state {data['triage_state']}", soft_wrap=True)

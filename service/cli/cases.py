@@ -13,14 +13,14 @@ from rich.table import Table
 from oracle.errors import AttnFuzzError, CaseValidationError
 from service.cli.common import (
     DbOption,
-    check_schema,
     check_stored_name,
     console,
     db_url,
     fail,
     id_column,
-    migrate,
+    open_database,
     out,
+    print_json,
     print_table,
     resolve_case_id,
 )
@@ -41,30 +41,29 @@ def cases_list(
     from sqlalchemy.orm import Session
 
     from oracle.config import AttentionCase
-    from oracle.errors import AttnFuzzError
-    from service.db.engine import make_engine
     from service.db.repository import list_cases
 
-    url = db_url(db)
     try:
-        check_schema(url)
-        engine = make_engine(url)
-        with Session(engine) as session:
-            if backend:
-                check_stored_name(session, "backend", backend)
-            page = list_cases(session, failing=failing, backend=backend, limit=limit)
-            rows = []
-            for item in page.items:
-                try:
-                    description = AttentionCase.from_json(item.case.config).describe()
-                except AttnFuzzError:
-                    description = "(stored config no longer validates)"
-                rows.append({"case_id": item.case.id, "origin": item.case.origin, "description": description,
-                             "statuses": item.statuses})
+        _, engine = open_database(db)
+        try:
+            with Session(engine) as session:
+                if backend:
+                    check_stored_name(session, "backend", backend)
+                page = list_cases(session, failing=failing, backend=backend, limit=limit)
+                rows = []
+                for item in page.items:
+                    try:
+                        description = AttentionCase.from_json(item.case.config).describe()
+                    except AttnFuzzError:
+                        description = "(stored config no longer validates)"
+                    rows.append({"case_id": item.case.id, "origin": item.case.origin, "description": description,
+                                 "statuses": item.statuses})
+        finally:
+            engine.dispose()
     except AttnFuzzError as exc:
         fail(exc)
     if as_json:
-        out.print_json(json.dumps({"total": page.total, "items": rows}))
+        print_json({"total": page.total, "items": rows})
         return
     table = Table(title=f"{len(rows)} of {page.total} cases")
     id_column(table, "case_id", [r["case_id"] for r in rows])
@@ -87,15 +86,12 @@ def cases_show(
     from sqlalchemy.orm import Session
 
     from oracle.config import AttentionCase
-    from service.db.engine import make_engine
     from service.db.repository import get_case
 
-    url = db_url(db)
     try:
-        check_schema(url)
+        url, engine = open_database(db)
     except AttnFuzzError as exc:
         fail(exc)
-    engine = make_engine(url)
     with Session(engine) as session:
         try:
             case_id = resolve_case_id(session, case_id)
@@ -109,7 +105,7 @@ def cases_show(
             case = AttentionCase.from_json(detail.case.config)
         except (CaseValidationError, TypeError, ValueError) as exc:  # stored before a bound it now breaks
             console.print(f"[bold red]error:[/] case {case_id} is stored but no longer validates: {exc}")
-            out.print_json(json.dumps(detail.case.config, default=str))
+            print_json(detail.case.config)
             raise typer.Exit(2) from None
         results = [
             {
@@ -124,10 +120,10 @@ def cases_show(
             for r in detail.results
         ]
     if as_json:
-        out.print_json(json.dumps({"case": case.to_json(), "results": results}))
+        print_json({"case": case.to_json(), "results": results})
         return
     out.print(f"[bold]{case.case_id}[/]  {case.describe()}")
-    out.print_json(json.dumps(case.to_json()))
+    print_json(case.to_json())
     table = Table()
     id_column(table, "backend", [r["backend"] for r in results])
     id_column(table, "variant", [r["variant"] for r in results])
@@ -149,7 +145,6 @@ def cases_add(
     """Store cases from JSON files (origin ``corpus``). Every file is checked first: one bad file
     (not JSON, an unknown field, a constraint violated) stores nothing and names the file and field."""
     from oracle.config import AttentionCase
-    from service.db.engine import make_engine
     from service.db.store import SqlStore
 
     url = db_url(db)
@@ -166,8 +161,7 @@ def cases_add(
                 raise CaseValidationError(exc.field, f"{path}: {exc}") from exc
             except TypeError as exc:  # a value of the wrong type for a field
                 raise CaseValidationError("case", f"{path}: {exc}") from exc
-        migrate(url)
-        engine = make_engine(url)
+        _, engine = open_database(url, write=True)
         try:
             store = SqlStore(engine)
             for case in cases:

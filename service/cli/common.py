@@ -10,16 +10,20 @@ Nothing here imports torch or Hypothesis: ``attnfuzz --help`` and ``--version`` 
 from __future__ import annotations
 
 import enum
+import json
 import logging
 import os
 import sys
 import time
-from typing import Annotated, NoReturn, Optional
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, Optional
 
 import typer
 from rich.console import Console
 
 from oracle.errors import AttnFuzzError, CaseValidationError
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
 
 console = Console(stderr=True)
 out = Console()
@@ -84,6 +88,7 @@ DbOption = Annotated[
         help="SQLAlchemy URL, or a path to a SQLite file (default sqlite:///attnfuzz.db).",
     ),
 ]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
 
 
 def configure_logging(level: str = "warning") -> None:
@@ -286,6 +291,32 @@ def check_schema(url: str) -> None:
         state = "has no attnfuzz schema" if revision is None else f"is at schema revision {revision}"
         raise ServiceError(f"database {url!r} {state}; this attnfuzz reads revision {newest}: "
                            f"run `attnfuzz db upgrade --db {url}` first")
+
+
+def open_database(db: str | None, *, write: bool = False) -> tuple[str, Engine]:
+    """The URL ``--db`` names (`db_url`) and an Engine on it, for a command: a writing command
+    (``write``) migrates the database first (`migrate`), a reading one checks, without writing,
+    that it is at the newest revision (`check_schema`). The caller disposes of the Engine.
+
+    Raises:
+        typer.BadParameter: ``db`` is not a database URL nor a file path (exit 2).
+        ServiceError: the database cannot be opened or migrated, or (reading) its schema is old.
+        StoreRefusedError: (writing) a SQLite file on a read-only directory or a full disk.
+    """
+    from service.db.engine import make_engine
+
+    url = db_url(db)
+    if write:
+        migrate(url)
+    else:
+        check_schema(url)
+    return url, make_engine(url)
+
+
+def print_json(data: Any) -> None:
+    """Print ``data`` as JSON on stdout (indented; values JSON cannot hold, e.g. datetimes, as
+    their ``str``): every ``--json`` output of the CLI."""
+    out.print_json(json.dumps(data, default=str))
 
 
 def id_column(table, header: str, values, **kwargs) -> None:

@@ -3,13 +3,12 @@ Exit 5 when the database cannot be opened or migrated."""
 
 from __future__ import annotations
 
-import json
 from typing import Annotated
 
 import typer
 
 from oracle.errors import AttnFuzzError
-from service.cli.common import DbOption, db_url, fail, migrate, out
+from service.cli.common import DbOption, db_url, fail, migrate, out, print_json
 
 db_app = typer.Typer(help="Database schema management (Alembic migrations).", no_args_is_help=True)
 
@@ -47,7 +46,7 @@ def _print_revision(url: str, as_json: bool) -> None:
         fail(ServiceError(f"database {url!r}: cannot open: {type(exc).__name__}: {str(exc).strip().splitlines()[0]}"))
     newest = head()
     if as_json:
-        out.print_json(json.dumps({"database": url, "revision": revision, "head": newest, "up_to_date": revision == newest}))
+        print_json({"database": url, "revision": revision, "head": newest, "up_to_date": revision == newest})
     else:
         note = "" if revision == newest else f" (newest is {newest}: attnfuzz db upgrade --db {url})"
         out.print(f"{url}: at revision {revision}{note}", soft_wrap=True, highlight=False)

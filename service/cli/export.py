@@ -1,10 +1,10 @@
 """``attnfuzz export``: write a stored failure as a standalone pytest file.
 
 Wired into the main CLI by ``service.cli.main`` calling `register(app)`. Exit codes follow
-``service.cli.main``: 0 written, 2 bad input (unknown case, a backend without a repro method, a variant
+`service.cli.common.EXIT_CODES`: 0 written, 2 bad input (unknown case, a backend without a repro method, a variant
 recorded only as unsupported or passing without ``--force``, a stored value that does not
-validate), 5 the database cannot be opened or migrated. Like the other commands that
-read the store, it first migrates the database to the newest revision.
+validate), 5 the database cannot be opened or migrated. It first migrates the database to
+the newest revision (the reading commands never do).
 """
 
 from __future__ import annotations
@@ -15,117 +15,77 @@ from typing import Annotated, Optional
 import typer
 
 from oracle.errors import AttnFuzzError
-from service.cli.common import DbOption, console, db_url, fail, migrate
+from service.cli.common import DbOption, console, cwd_importable, fail, open_database, print_json, resolve_case_id
 
 
-def print_issue_report(db: str | None, bucket_id: int) -> None:
-    """``attnfuzz report --bucket ID --format markdown``: print the bucket's issue report
-    (`service.export.issue_report.bucket_issue`) to stdout; allowances an older attnfuzz did not store are
-    computed with the CPU oracle for the repro. Exit 2 for an unknown bucket, 5 when the database
-    cannot be opened."""
+def export_case(
+    case_id: Annotated[str, typer.Argument(help="AttentionCase.case_id (16 hex digits), or a unique prefix of one.")],
+    output: Annotated[
+        Optional[Path], typer.Option("-o", "--output", help="File to write ('-' = stdout; default: test_attnfuzz_<...>.py).")
+    ] = None,
+    backend: Annotated[
+        Optional[str],
+        typer.Option(help="Backend to call (default: the one the case failed on); a plugin not installed by "
+                     "entry point as module:attr."),
+    ] = None,
+    variant: Annotated[Optional[str], typer.Option(help="API variant (default: the one the case failed on).")] = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="Export a variant whose results are only unsupported or passing.")
+    ] = False,
+    db: DbOption = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print {path, case_id, backend, variant, signature} as JSON on stdout.")
+    ] = False,
+) -> None:
+    """Write CASE_ID as a pytest file that needs only torch, pytest and the backend's package: it
+    regenerates the inputs, calls the backend as the variant did (the adapter's repro method),
+    and judges the result as the fuzzer did, failing exactly while the recorded signature is
+    still there (see service/export/repro.py). Allowances come from the stored results; those
+    recorded without them are computed with the float64 oracle."""
     from sqlalchemy.exc import SQLAlchemyError
     from sqlalchemy.orm import Session
 
-    from service.db.engine import make_engine
-    from service.errors import ServiceError
-    from service.export.issue_report import bucket_issue
+    from service.errors import NotFoundError, ServiceError
+    from service.export.target import load_export
 
-    from service.cli.common import check_schema
-
-    url = db_url(db)
     try:
-        check_schema(url)  # a reading command: never migrates
+        url, engine = open_database(db, write=True)
     except AttnFuzzError as exc:
         fail(exc)
-    engine = make_engine(url)
+    spec = backend if backend is not None and ":" in backend else None
+    if spec:  # ./module.py is found as `fuzz --backend module:attr` finds it
+        cwd_importable()
     try:
         with Session(engine) as session:
-            report = bucket_issue(session, bucket_id, compute_missing=True)
+            case_id = resolve_case_id(session, case_id)
+            repro, target = load_export(
+                session, case_id, backend=None if spec else backend, variant=variant, backend_spec=spec,
+                force=force, compute_missing=True,
+            )
+    except NotFoundError:
+        console.print(f"[red]error:[/] case_id: no case {case_id!r} in {url}")
+        raise typer.Exit(2) from None
     except AttnFuzzError as exc:
         fail(exc)
     except SQLAlchemyError as exc:
         fail(ServiceError(f"database {url!r}: {type(exc).__name__}: {exc}"))
     finally:
         engine.dispose()
-    typer.echo(report.markdown, nl=False)
+    if output is not None and str(output) == "-":
+        typer.echo(repro.source, nl=False)
+        return
+    path = output if output is not None else Path(repro.filename)
+    path.write_text(repro.source)
+    if as_json:
+        print_json({"path": str(path), "case_id": case_id, "backend": target.backend,
+                    "variant": target.variant, "signature": target.signature})
+        return
+    console.print(
+        f"wrote {path}: {target.backend} / {target.variant} / {target.signature or '(no recorded failure)'}; "
+        f"run it with: pytest {path} (needs pytest: pip install pytest)"
+    )
 
 
 def register(app: typer.Typer) -> None:
-    """Add the ``export`` command to ``app`` (the ``attnfuzz`` typer application)."""
-
-    @app.command("export")
-    def export_case(
-        case_id: Annotated[str, typer.Argument(help="AttentionCase.case_id (16 hex digits), or a unique prefix of one.")],
-        output: Annotated[
-            Optional[Path], typer.Option("-o", "--output", help="File to write ('-' = stdout; default: test_attnfuzz_<...>.py).")
-        ] = None,
-        backend: Annotated[
-            Optional[str],
-            typer.Option(help="Backend to call (default: the one the case failed on); a plugin not installed by "
-                         "entry point as module:attr."),
-        ] = None,
-        variant: Annotated[Optional[str], typer.Option(help="API variant (default: the one the case failed on).")] = None,
-        force: Annotated[
-            bool, typer.Option("--force", help="Export a variant whose results are only unsupported or passing.")
-        ] = False,
-        db: DbOption = None,
-        as_json: Annotated[
-            bool, typer.Option("--json", help="Print {path, case_id, backend, variant, signature} as JSON on stdout.")
-        ] = False,
-    ) -> None:
-        """Write CASE_ID as a pytest file that needs only torch, pytest and the backend's package: it
-        regenerates the inputs, calls the backend as the variant did (the adapter's repro method),
-        and judges the result as the fuzzer did, failing exactly while the recorded signature is
-        still there (see service/export/repro.py). Allowances come from the stored results; those
-        recorded without them are computed with the float64 oracle."""
-        from sqlalchemy.exc import SQLAlchemyError
-        from sqlalchemy.orm import Session
-
-        from service.db.engine import make_engine
-        from service.errors import NotFoundError, ServiceError
-        from service.export.target import load_export
-
-        url = db_url(db)
-        try:
-            migrate(url)
-        except AttnFuzzError as exc:
-            fail(exc)
-        spec = backend if backend is not None and ":" in backend else None
-        if spec:  # ./module.py is found as `fuzz --backend module:attr` finds it
-            from service.cli.common import cwd_importable
-
-            cwd_importable()
-        engine = make_engine(url)
-        try:
-            with Session(engine) as session:
-                from service.cli.common import resolve_case_id
-
-                case_id = resolve_case_id(session, case_id)
-                repro, target = load_export(
-                    session, case_id, backend=None if spec else backend, variant=variant, backend_spec=spec,
-                    force=force, compute_missing=True,
-                )
-        except NotFoundError:
-            console.print(f"[red]error:[/] case_id: no case {case_id!r} in {url}")
-            raise typer.Exit(2) from None
-        except AttnFuzzError as exc:
-            fail(exc)
-        except SQLAlchemyError as exc:
-            fail(ServiceError(f"database {url!r}: {type(exc).__name__}: {exc}"))
-        finally:
-            engine.dispose()
-        if output is not None and str(output) == "-":
-            typer.echo(repro.source, nl=False)
-            return
-        path = output if output is not None else Path(repro.filename)
-        path.write_text(repro.source)
-        if as_json:
-            import json
-
-            typer.echo(json.dumps({"path": str(path), "case_id": case_id, "backend": target.backend,
-                                   "variant": target.variant, "signature": target.signature}))
-            return
-        console.print(
-            f"wrote {path}: {target.backend} / {target.variant} / {target.signature or '(no recorded failure)'}; "
-            f"run it with: pytest {path} (needs pytest: pip install pytest)"
-        )
+    """Add ``export`` to ``app`` (the ``attnfuzz`` typer application)."""
+    app.command("export")(export_case)

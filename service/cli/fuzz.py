@@ -8,7 +8,6 @@ loaded, 4 no usable backend, 5 database, 6 the database refuses writes, 7 spool,
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -28,6 +27,7 @@ from service.cli.common import (
     log,
     migrate,
     out,
+    print_json,
 )
 from service.cli.fuzz_display import RichReporter, print_summary, summary_data
 
@@ -247,7 +247,7 @@ def fuzz(
         spooled = {"outages": sink.outages, "spooled": sink.spooled, "flushed": sink.flushed, "left": left,
                    "path": str(spool.path)}
         if as_json:
-            out.print_json(json.dumps(summary_data(stats, url, interrupted=interrupted, spool=spooled), default=str))
+            print_json(summary_data(stats, url, interrupted=interrupted, spool=spooled))
         else:
             print_summary(stats, url, interrupted=interrupted)
             if sink.outages or left:

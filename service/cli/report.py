@@ -1,18 +1,17 @@
 """``attnfuzz report``: summarise a database (results per backend and status, times, coverage,
 every bucket with its minimised case, root-cause groups), as text or JSON; with ``--bucket ID
---format markdown`` one bucket as an issue (`service.cli.export.print_issue_report`). Reads only:
+--format markdown`` one bucket as an issue (`print_issue_report`). Reads only:
 never migrates. Exit 2 for bad options or an unknown bucket, 5 for the database."""
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Optional
 
 import typer
 from rich.table import Table
 
 from oracle.errors import AttnFuzzError
-from service.cli.common import DbOption, check_schema, db_url, fail, id_column, out
+from service.cli.common import DbOption, fail, id_column, open_database, out, print_json
 
 
 def report(
@@ -29,75 +28,84 @@ def report(
     if format_ not in ("text", "markdown"):
         fail(FieldValidationError("format", f"{format_!r}; allowed: text, markdown"))
     if format_ == "markdown" or bucket is not None:
-        from service.cli.export import print_issue_report
-
         if bucket is None:
             fail(FieldValidationError("bucket", "--format markdown reports one bucket: give --bucket ID"))
         print_issue_report(db, bucket)
         return
     from sqlalchemy.orm import Session
 
-    from oracle.config import AttentionCase
-    from service.db.engine import make_engine
-    from service.db.repository import backend_coverage, campaign_report
-
-    url = db_url(db)
     try:
-        check_schema(url)
+        url, engine = open_database(db)
     except AttnFuzzError as exc:
         fail(exc)
-    engine = make_engine(url)
-    with Session(engine) as session:
-        rep = campaign_report(session)
-        buckets = []
-        for b in rep.buckets:
-            case = b.minimised_case or b.first_case
-            buckets.append(
-                {
-                    "id": b.id,
-                    "backend": b.backend,
-                    "variant": b.variant,
-                    "signature": b.signature,
-                    "hit_count": b.hit_count,
-                    "severity": b.severity,
-                    "max_error_ratio": b.max_error_ratio,
-                    "defect_id": b.defect_id,
-                    "triage_state": b.triage_state.value,
-                    "minimise_note": b.minimise_note,
-                    "case_id": case.id,
-                    "case": AttentionCase.from_json(case.config).describe(),
-                    "case_json": case.config,
-                }
-            )
-        data = {
-            "database": url,
-            "cases": rep.overview.case_count,
-            "results": rep.overview.result_count,
-            "results_by_status": rep.overview.results_by_status,
-            "results_by_backend": rep.overview.results_by_backend,
-            "oracle_s": rep.oracle_ms / 1000.0,
-            "timings": [
-                {"backend": t.backend, "results": t.results, "run_s": t.run_ms / 1000.0, "compile_s": t.compile_ms / 1000.0}
-                for t in rep.timings
-            ],
-            # per backend: distinct cases seen and run (>= 1 variant not unsupported), top
-            # unsupported reasons counted per result (fuzzer.coverage.reason_keys)
-            "coverage": [
-                {
-                    "backend": c.backend,
-                    "cases": c.cases,
-                    "cases_run": c.cases_run,
-                    "top_unsupported": [{"reason": r, "results": n} for r, n in c.top_unsupported],
-                }
-                for c in backend_coverage(session)
-            ],
-            "buckets": buckets,  # most severe first (fuzzer.severity)
-            "defects": _defects(buckets),
-        }
-    engine.dispose()
+    try:
+        with Session(engine) as session:
+            data = report_data(session, url)
+    finally:
+        engine.dispose()
     if as_json:
-        out.print_json(json.dumps(data, default=str))
+        print_json(data)
         return
+    print_report(data)
+
+
+def report_data(session, url: str) -> dict:
+    """The ``report --json`` object of the database ``url`` (open in ``session``): counts per
+    status and backend, times in seconds, coverage per backend, buckets (most severe first, each
+    with its minimised or first case) and root-cause groups (`_defects`)."""
+    from oracle.config import AttentionCase
+    from service.db.repository import backend_coverage, campaign_report
+
+    rep = campaign_report(session)
+    buckets = []
+    for b in rep.buckets:
+        case = b.minimised_case or b.first_case
+        buckets.append(
+            {
+                "id": b.id,
+                "backend": b.backend,
+                "variant": b.variant,
+                "signature": b.signature,
+                "hit_count": b.hit_count,
+                "severity": b.severity,
+                "max_error_ratio": b.max_error_ratio,
+                "defect_id": b.defect_id,
+                "triage_state": b.triage_state.value,
+                "minimise_note": b.minimise_note,
+                "case_id": case.id,
+                "case": AttentionCase.from_json(case.config).describe(),
+                "case_json": case.config,
+            }
+        )
+    return {
+        "database": url,
+        "cases": rep.overview.case_count,
+        "results": rep.overview.result_count,
+        "results_by_status": rep.overview.results_by_status,
+        "results_by_backend": rep.overview.results_by_backend,
+        "oracle_s": rep.oracle_ms / 1000.0,
+        "timings": [
+            {"backend": t.backend, "results": t.results, "run_s": t.run_ms / 1000.0, "compile_s": t.compile_ms / 1000.0}
+            for t in rep.timings
+        ],
+        # per backend: distinct cases seen and run (>= 1 variant not unsupported), top
+        # unsupported reasons counted per result (fuzzer.coverage.reason_keys)
+        "coverage": [
+            {
+                "backend": c.backend,
+                "cases": c.cases,
+                "cases_run": c.cases_run,
+                "top_unsupported": [{"reason": r, "results": n} for r, n in c.top_unsupported],
+            }
+            for c in backend_coverage(session)
+        ],
+        "buckets": buckets,  # most severe first (fuzzer.severity)
+        "defects": _defects(buckets),
+    }
+
+
+def print_report(data: dict) -> None:
+    """Print `report_data`'s object as tables and lines (``attnfuzz report``)."""
     table = Table(title=f"{data['cases']} cases")
     id_column(table, "backend", list(data["results_by_backend"]))  # names never cut
     for column in (*sorted(data["results_by_status"]), "run s", "JIT s"):
@@ -120,7 +128,7 @@ def report(
         coverage.add_row(c["backend"], str(c["cases"]), str(c["cases_run"]), reasons)
     out.print(coverage)
     out.print(f"oracle: {data['oracle_s']:.1f} s")
-    for b in buckets:
+    for b in data["buckets"]:
         group = f"  defect {b['defect_id']}" if b["defect_id"] is not None else ""
         out.print(
             f"[bold]{b['severity']:<9}[/] [bold]{b['backend']} / {b['variant']} / {b['signature']}[/] "
@@ -149,6 +157,33 @@ def _defects(buckets: list[dict]) -> list[dict]:
         group["bucket_ids"].append(b["id"])
         group["symptoms"].append((b["variant"], b["signature"]))
     return list(groups.values())
+
+
+def print_issue_report(db: str | None, bucket_id: int) -> None:
+    """``attnfuzz report --bucket ID --format markdown``: print the bucket's issue report
+    (`service.export.issue_report.bucket_issue`) to stdout; allowances an older attnfuzz did not store are
+    computed with the CPU oracle for the repro. Exit 2 for an unknown bucket, 5 when the database
+    cannot be opened."""
+    from sqlalchemy.exc import SQLAlchemyError
+    from sqlalchemy.orm import Session
+
+    from service.errors import ServiceError
+    from service.export.issue_report import bucket_issue
+
+    try:
+        url, engine = open_database(db)  # a reading command: never migrates
+    except AttnFuzzError as exc:
+        fail(exc)
+    try:
+        with Session(engine) as session:
+            report = bucket_issue(session, bucket_id, compute_missing=True)
+    except AttnFuzzError as exc:
+        fail(exc)
+    except SQLAlchemyError as exc:
+        fail(ServiceError(f"database {url!r}: {type(exc).__name__}: {exc}"))
+    finally:
+        engine.dispose()
+    typer.echo(report.markdown, nl=False)
 
 
 def register(app: typer.Typer) -> None:
