@@ -333,3 +333,25 @@ def test_the_union_of_the_sample_plugin_and_te_unfused_takes_the_wider_of_each_f
     ), merged
     narrow = merge_capabilities([sample, dataclasses.replace(sample, head_dim_multiple=8, dtypes=("float16", "bfloat16"))])
     assert narrow.head_dim_multiple == 1 and narrow.dtypes == ("bfloat16", "float16"), narrow
+
+
+# ----------------------------------------------------------------------------- one file, one line
+@pytest.mark.slow
+def test_the_sample_plugin_is_fuzzed_end_to_end_by_its_registry_line(tmp_path, monkeypatch):
+    """``attnfuzz fuzz --backend <SAMPLE_SPEC>``: the file and its line are all attnfuzz needs."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from service.cli.main import app
+
+    monkeypatch.chdir(tmp_path)
+    run = CliRunner().invoke(app, [
+        "fuzz", "--backend", SAMPLE_SPEC, "--isolation", "none", "--max-cases", "4", "--db", "sqlite:///run.db",
+        "--no-shrink", "--no-replay", "--corpus", "", "--json", "--spool-dir", str(tmp_path / "spool"),
+    ], env={"COLUMNS": "250"})
+    assert run.exit_code == 0, run.output
+    summary = json.loads(run.stdout)
+    evaluations = summary["evaluations_by_backend"]
+    assert list(evaluations) == ["sample-plugin"] and set(evaluations["sample-plugin"]) == {"pass"}, summary
+    assert summary["cases"] >= 1 and evaluations["sample-plugin"]["pass"] >= summary["cases"], summary
