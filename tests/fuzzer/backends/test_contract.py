@@ -22,6 +22,10 @@ The contract (xFormers' and PyTorch OpInfo's "declared capabilities tested both 
    each supported (case, variant) of a few small drawn cases runs, is never ``unsupported``, and
    all variants of one case get the float64 oracle's same verdict: ``pass`` for every backend but
    the ones that plant bugs on purpose (`PLANTED`), which must agree across their variants.
+6. *The repro is the same encoding* (needs the backend's device): the file ``attnfuzz export``
+   writes for each supported variant (`service.export.repro.render_repro`) passes on a case the
+   fuzzer passes, and fails where the kernel is wrong.
+7. *One file, one line*: ``attnfuzz fuzz --backend <SAMPLE_SPEC>`` fuzzes the sample plugin.
 
 Cases are small (seqlen <= 32, a few heads) and few (`DRAWS`, `RUNS`), so the suite takes seconds on
 the 2-core CI machine.
@@ -261,6 +265,54 @@ def test_repro_hook_returns_a_call(repro_backend):
 def test_the_sample_plugin_repro_refuses_an_unknown_variant():
     with pytest.raises(ValueError, match="variant"):
         registered()["sample-plugin"].repro(_inside(registered()["sample-plugin"]), "no-such-variant")
+
+
+EXPORT_CASE = AttentionCase(seqlen_q=9, seqlen_k=12, num_heads=2, head_dim=32, causal=True,
+                            causal_alignment="bottom_right", backward=True)
+"""A case for the exported repros: causal with bottom-right alignment (rows 0..2 see 4..6 keys) and
+gradients; a backend that cannot run it is given its first drawn supported case instead."""
+
+
+def exported_test(backend: Backend, case: AttentionCase, variant: str):
+    """The test function of the repro file ``attnfuzz export`` writes for ``case``/``variant``
+    (`service.export.repro.render_repro`, signature None: it fails on any failure), loaded in
+    this process."""
+    from service.export.repro import render_repro
+
+    repro = render_repro(case, backend, variant, None)
+    namespace: dict = {"__name__": f"repro_{backend.name}_{variant}"}
+    exec(compile(repro.source, repro.filename, "exec"), namespace)
+    tests = [value for key, value in namespace.items() if key.startswith("test_")]
+    assert len(tests) == 1, sorted(namespace)
+    return tests[0]
+
+
+def test_the_exported_repro_of_every_variant_runs_and_agrees_with_the_oracle(repro_backend):
+    """Each variant's repro call (`Backend.repro`, pasted into the exported file) is the same
+    encoding as `run`: on a case the fuzzer passes, the exported file passes too."""
+    backend = repro_backend
+    if type(backend).repro is Backend.repro:
+        pytest.fail(f"{backend.name}: no repro hook")
+    reason = backend.availability()
+    if reason is not None:
+        pytest.skip(f"{backend.name}: {reason}")
+    case = EXPORT_CASE if supported_variants(backend, EXPORT_CASE) else next(
+        c for c in drawn(backend.name, max_cp_size=1) if supported_variants(backend, c))
+    for variant in supported_variants(backend, case):
+        exported_test(backend, case, variant)()  # raises AssertionError naming the figures on a mismatch
+
+
+def test_an_exported_repro_fails_where_the_kernel_is_wrong():
+    """The check above can fail: the repro of a plugin that ignores softcap fails on a softcap case."""
+    from tests.fuzzer.backends.sample_adapter import SampleBackend
+
+    class ClaimsSoftcap(SampleBackend):
+        name = "sample-claims-softcap"
+        capabilities = dataclasses.replace(SampleBackend.capabilities, softcap=True)
+
+    case = dataclasses.replace(EXPORT_CASE, softcap=2.0, backward=False)
+    with pytest.raises(AssertionError):
+        exported_test(ClaimsSoftcap(), case, "bool_mask")()
 
 
 # ----------------------------------------------------------------------------- running
