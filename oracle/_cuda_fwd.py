@@ -1,5 +1,6 @@
 """Optional float64 attention forward on Hopper's float64 tensor cores: the ``engine="cuda"`` of
-`oracle.reference` (its default on sm_90+).
+`oracle.reference` (its default on sm_90+). One idea over 600 lines: this one kernel, its CUDA source
+and its launcher.
 
 Why a hand-written kernel: Triton lowers a float64 ``tl.dot`` to the Ampere DMMA shape
 ``mma.sync.m8n8k4`` (LLVM's NVPTX backend has no intrinsic for the sm_90 shapes), which runs at

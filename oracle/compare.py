@@ -1,4 +1,5 @@
-"""The verdict: a kernel's outputs and gradients judged against the float64 reference.
+"""The verdict: a kernel's outputs and gradients judged against the float64 reference (one idea
+over 600 lines: the checks and the dtype error model they share).
 
 Checks, per tensor, most severe first (signatures ``"<tensor>:<kind>"``):
 

@@ -1,4 +1,5 @@
-"""Deterministic attention inputs: the same case gives the same bits on every device and every run.
+"""Deterministic attention inputs: the same case gives the same bits on every device and every run
+(one idea over 600 lines: the generator and the input families built on it).
 
 Values come from `hash_normal`: a counter-based generator (a 32-bit integer hash of seed, stream
 and element index, then Box-Muller) written only with integer operations and IEEE-754 float64
