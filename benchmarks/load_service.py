@@ -143,7 +143,7 @@ def _cutlass(version: str) -> str:
 
 
 def _fingerprint(version: str, device: str) -> BuildFingerprint:
-    """What `fuzzer.builds.environment` reports on a GPU host with this flash-attn-4 build."""
+    """What `fuzzer.environment` reports on a GPU host with this flash-attn-4 build."""
     return BuildFingerprint(torch="2.11.0+cu130", cuda="13.0", cudnn="91300", flash_attn_4=version,
                             transformer_engine="2.9.0", nvidia_cutlass_dsl=_cutlass(version), triton="3.6.0",
                             python="3.12.3", device_name=device, compute_capability=DEVICES[device],

@@ -401,11 +401,11 @@ def _child_main(conn, specs: list[tuple[str, str]], env_vars: dict[str, str], lo
 
 
 def child_runtime(backends: dict[str, Backend]) -> dict[str, dict[str, str]]:
-    """What this process has loaded, per backend: `fuzzer.builds.environment.runtime_report` (the
+    """What this process has loaded, per backend: `fuzzer.environment.runtime_report` (the
     runtime libraries mapped, one or two cuDNN builds) updated with the backend's own
     `Backend.runtime_versions` (its library's query, e.g. TE's cuDNN version), which wins. A
     backend whose query raises reports the process map only."""
-    from fuzzer.builds.environment import runtime_report
+    from fuzzer.environment import runtime_report
 
     shared = runtime_report()
     result = {}
@@ -425,10 +425,10 @@ _mapped_cache: list[tuple[frozenset[bytes], frozenset[str]]] = []
 
 
 def _mapped_runtime_files() -> frozenset[str]:
-    """The runtime libraries mapped now (`fuzzer.builds.environment.loaded_libraries`, by path). Called
+    """The runtime libraries mapped now (`fuzzer.environment.loaded_libraries`, by path). Called
     after every task: the full parse (milliseconds) only runs when the set of mapped ``.so``
     files changed since the last call (a regex scan of the map, a fraction of that)."""
-    from fuzzer.builds.environment import loaded_libraries
+    from fuzzer.environment import loaded_libraries
 
     try:
         with open("/proc/self/maps", "rb") as fh:
@@ -542,9 +542,9 @@ class ChildProcessExecutor:
         self._children: dict[str, _Child] = {}
         self._ever_started: set[str] = set()
         self.restarts = 0  # children started again after a crash, a timeout or a lost pipe
-        from fuzzer.builds.environment import child_library_env, resolve_cudnn_choice
+        from fuzzer.environment import child_library_env, resolve_cudnn_choice
 
-        #: the cuDNN every child loads (`fuzzer.builds.environment.resolve_cudnn_choice`)
+        #: the cuDNN every child loads (`fuzzer.environment.resolve_cudnn_choice`)
         self.cudnn = resolve_cudnn_choice()
         self._library_env = child_library_env(self.cudnn)
         #: what each backend's child reported it loaded (`child_runtime`), by backend name
@@ -557,7 +557,7 @@ class ChildProcessExecutor:
         members = [(spec, b.name) for b, spec in self.backends.values() if b.environment == environment]
         env_vars: dict[str, str] = {}
         if any(b.jit_compiled for b, _ in self.backends.values() if b.environment == environment):
-            from fuzzer.builds.environment import jit_cache_env
+            from fuzzer.environment import jit_cache_env
 
             env_vars.update(jit_cache_env())  # one FA4 compile cache for every child, kept across runs
         for b, _ in self.backends.values():

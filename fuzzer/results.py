@@ -176,7 +176,7 @@ def package_line(line: str, *, dist: str | None = None) -> Any:
 
     Args:
         line: the line's name, PEP 503 normalised (``"flash-attn-4"``, ``"nvidia-driver"``).
-        dist: the distribution whose installed version `fuzzer.builds.environment.current_fingerprint`
+        dist: the distribution whose installed version `fuzzer.environment.current_fingerprint`
             reads for it (``importlib.metadata``); None when it is found otherwise (torch, CUDA,
             cuDNN, Python, the driver).
     """

@@ -297,7 +297,7 @@ class Worker:
         Raises:
             WorkerError: no selected backend is available on this machine.
         """
-        from fuzzer.builds.environment import current_fingerprint
+        from fuzzer.environment import current_fingerprint
 
         self._evaluator = Evaluator(
             self.config.backends,

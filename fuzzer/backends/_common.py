@@ -19,6 +19,7 @@ from __future__ import annotations
 import importlib.metadata
 import inspect
 import time
+from collections.abc import Sequence
 from typing import Any, Callable
 
 from fuzzer.backends.base import UnsupportedCaseError
@@ -191,6 +192,18 @@ def is_declared_refusal(exc: BaseException) -> bool:
     return isinstance(exc, AssertionError) and ("not supported" in text or "unsupported" in text)
 
 
+def format_cudnn_version(code: int | Sequence[int]) -> str:
+    """``9.19.0`` from cuDNN's integer (``91900``; ``8906`` for 8.x: ``major * 1000 + minor * 100
+    + patch`` before 9, ``major * 10000 + ...`` from 9) or from a ``(major, minor, patch)`` tuple
+    (TE's ``get_cudnn_version``)."""
+    if not isinstance(code, int):
+        return ".".join(str(int(part)) for part in code)
+    magnitude = 1000 if code < 90000 else 10000
+    major, rest = divmod(code, magnitude)
+    minor, patch = divmod(rest, 100)
+    return f"{major}.{minor}.{patch}"
+
+
 FA_REPRO_HELPERS = "\n\n".join(inspect.getsource(f) for f in (library_layout_qkv, canonical_lse)).replace("$", "$$")
 """`library_layout_qkv` and `canonical_lse` verbatim, for the FA4/FA2 repro sources: the file's
 ``CASE`` carries the case fields they read, so the exported call lays tensors out as `run` does."""
@@ -245,6 +258,7 @@ __all__ = [
     "describe_call",
     "distribution_version",
     "fa_repro_source",
+    "format_cudnn_version",
     "fit_to_signature",
     "is_declared_refusal",
     "is_one_sided_window",

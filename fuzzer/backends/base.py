@@ -216,7 +216,7 @@ class Backend(abc.ABC):
     def quick_availability(self) -> str | None:
         """The part of `availability` that imports no backend library (packages installed, a
         CUDA device, its architecture): what the worker process may ask itself, since importing
-        e.g. TransformerEngine there could load a second cuDNN (`fuzzer.builds.environment`). The full
+        e.g. TransformerEngine there could load a second cuDNN (`fuzzer.environment`). The full
         answer comes from the backend's child. Default: `availability` for CPU backends, the CUDA
         device check for CUDA ones."""
         if self.device != "cuda":
@@ -251,7 +251,7 @@ class Backend(abc.ABC):
         """Versions of the runtime libraries this backend's library reports it loaded, asked in
         the backend's own process after ``availability`` (e.g. TE's ``get_cudnn_version`` for the
         TE adapters, torch's for cuDNN SDPA, the imported flash-attn-4 build for FA4). Keys as in
-        `fuzzer.builds.environment.runtime_report` (``cudnn``, ``flash_attn_4``, ...); strings only. The
+        `fuzzer.environment.runtime_report` (``cudnn``, ``flash_attn_4``, ...); strings only. The
         default reports nothing; it must never raise."""
         return {}
 

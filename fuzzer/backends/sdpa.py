@@ -104,7 +104,7 @@ class SDPABackend(Backend):
             return {}
         import torch
 
-        from fuzzer.builds.environment import format_cudnn_version
+        from fuzzer.backends._common import format_cudnn_version
 
         try:
             code = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None

@@ -711,7 +711,7 @@ class TEBackend(Backend):
 
         if TE_MODULE not in sys.modules:
             return {}
-        from fuzzer.builds.environment import format_cudnn_version
+        from fuzzer.backends._common import format_cudnn_version
 
         report: dict[str, str] = {}
         for module_name in ("transformer_engine.pytorch.utils", "transformer_engine_torch"):

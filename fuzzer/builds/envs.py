@@ -431,8 +431,8 @@ class BuildEnvironment:
         """The cuDNN this build ships (``nvidia/cudnn/lib`` of an unpacked ``nvidia-cudnn-cu1x``
         wheel in one of its paths), None when it ships none. A replay on such a build sets
         ``ATTNFUZZ_CUDNN`` to it, so every backend child of the replay loads that cuDNN
-        (`fuzzer.builds.environment.resolve_cudnn_choice`) and the fingerprint records its version."""
-        from fuzzer.builds.environment import TORCH_CUDNN_SUBDIRS
+        (`fuzzer.environment.resolve_cudnn_choice`) and the fingerprint records its version."""
+        from fuzzer.environment import TORCH_CUDNN_SUBDIRS
 
         for path in self.paths:
             for sub in TORCH_CUDNN_SUBDIRS:

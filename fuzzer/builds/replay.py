@@ -272,7 +272,7 @@ def replay_here(
         ReplayError: ``device`` or ``isolation`` is unknown.
     """
     from fuzzer.backends.base import BackendError
-    from fuzzer.builds.environment import current_fingerprint
+    from fuzzer.environment import current_fingerprint
     from fuzzer.evaluate import Evaluator
     from fuzzer.registry import load_spec
 

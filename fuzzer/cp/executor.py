@@ -402,8 +402,8 @@ class CPExecutor:
                 daemon=True,
                 name=f"attnfuzz-cp{cp_size}-{environment}-rank{rank}",
             )
-            from fuzzer.builds.environment import child_library_env, resolve_cudnn_choice
-            # the same cuDNN as every other backend child (fuzzer.builds.environment), set before exec
+            from fuzzer.environment import child_library_env, resolve_cudnn_choice
+            # the same cuDNN as every other backend child (fuzzer.environment), set before exec
             with environment_set(child_library_env(resolve_cudnn_choice())):
                 process.start()
             child_conn.close()

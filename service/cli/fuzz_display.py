@@ -182,7 +182,7 @@ def print_summary(stats: WorkerStats, url: str, *, interrupted: bool = False) ->
         coverage.add_row(name, str(row["cases_run"]), str(row["drawn_for"]), reasons)
     out.print(coverage)
     out.print(COUNTS_NOTE, style="dim")
-    from fuzzer.builds.environment import jit_cache_description
+    from fuzzer.environment import jit_cache_description
 
     other = max(stats.wall_s - stats.oracle_s - stats.kernel_s - stats.compile_s - stats.shrink_s, 0.0)
     out.print(

@@ -20,7 +20,7 @@ from __future__ import annotations
 import ctypes
 import os
 
-from fuzzer.builds.environment import FA4_CACHE_DIR_ENV, FA4_CACHE_ENABLED_ENV
+from fuzzer.environment import FA4_CACHE_DIR_ENV, FA4_CACHE_ENABLED_ENV
 from tests.fuzzer.standins import CorrectBackend
 
 TWO_CUDNN_ENV = "ATTNFUZZ_TEST_TWO_CUDNN"

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from fuzzer.builds import environment
-from fuzzer.builds.environment import (
+from fuzzer import environment
+from fuzzer.backends._common import format_cudnn_version
+from fuzzer.environment import (
     CUDNN_ENV,
     FA4_CACHE_DIR_ENV,
     FA4_CACHE_ENABLED_ENV,
@@ -26,7 +27,6 @@ from fuzzer.builds.environment import (
     child_library_env,
     cudnn_conflict,
     current_fingerprint,
-    format_cudnn_version,
     jit_cache_env,
     loaded_libraries,
     merge_runtime,
@@ -294,7 +294,7 @@ def test_one_fa4_compile_cache_for_every_child_kept_across_runs(tmp_path):
 
 
 def test_the_summary_names_the_cache_without_creating_it(tmp_path):
-    from fuzzer.builds.environment import jit_cache_description
+    from fuzzer.environment import jit_cache_description
 
     assert jit_cache_description({JIT_CACHE_ENV: "off"}) == "off"
     assert jit_cache_description({JIT_CACHE_ENV: str(tmp_path / "c")}) == str(tmp_path / "c")

@@ -1,7 +1,10 @@
-"""The build fingerprint of the running environment (versions, device, driver), and the runtime
-libraries each backend child loads: one cuDNN per process (``$ATTNFUZZ_CUDNN``), what a child
-reports it mapped (``/proc/self/maps``), and FA4's shared compile cache (``$ATTNFUZZ_JIT_CACHE_DIR``).
-See the "runtimes" section below and ``docs/build-matrix.md``."""
+"""What is installed and loaded here: the build fingerprint of the running environment (versions,
+device, driver), and the runtime libraries each backend child loads: one cuDNN per process
+(``$ATTNFUZZ_CUDNN``), what a child reports it mapped (``/proc/self/maps``), and FA4's shared
+compile cache (``$ATTNFUZZ_JIT_CACHE_DIR``). A core module: the executor, the worker, the build
+wing (`fuzzer.builds`) and the CLI read it; it reads the adapters' own facts (`fuzzer.backends`:
+the imported FA4 build, cuDNN's version format) and is imported by none of them. See the
+"runtimes" section below and ``docs/build-matrix.md``."""
 
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from fuzzer.backends._common import format_cudnn_version
 from fuzzer.results import BuildFingerprint
 from oracle.errors import AttnFuzzError
 
@@ -404,18 +408,6 @@ def cudnn_conflict(libraries: Sequence[LoadedLibrary]) -> str | None:
         f"one cuDNN. Choose one with {CUDNN_ENV}=torch|system|<directory> (it goes first on each "
         "backend child's LD_LIBRARY_PATH)"
     )
-
-
-def format_cudnn_version(code: int | Sequence[int]) -> str:
-    """``9.19.0`` from cuDNN's integer (``91900``; ``8906`` for 8.x: ``major * 1000 + minor * 100
-    + patch`` before 9, ``major * 10000 + ...`` from 9) or from a ``(major, minor, patch)`` tuple
-    (TE's ``get_cudnn_version``)."""
-    if not isinstance(code, int):
-        return ".".join(str(int(part)) for part in code)
-    magnitude = 1000 if code < 90000 else 10000
-    major, rest = divmod(code, magnitude)
-    minor, patch = divmod(rest, 100)
-    return f"{major}.{minor}.{patch}"
 
 
 def _query_library_version(lib: LoadedLibrary) -> str:
