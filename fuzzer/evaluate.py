@@ -45,11 +45,18 @@ from oracle.config import AttentionCase
 ISOLATIONS = ("process", "none")
 
 
-def _finite_or_none(x: float | None) -> float | None:
-    """``x`` as a float; a non-finite ratio becomes ``1e300`` (JSON and SQL keep it ordered)."""
+STORED_NONFINITE_RATIO = 1e300
+"""What a non-finite error ratio (inf or NaN: the kernel's error is unbounded) is stored as: JSON
+has no infinity, and a finite stand-in larger than any real ratio keeps SQL's ordering by
+``error_ratio`` (worst first) putting these cases at the top."""
+
+
+def storable_error_ratio(x: float | None) -> float | None:
+    """``x`` as a float for `CaseResult.error_ratio`: None stays None, a finite value is kept, inf
+    and NaN become `STORED_NONFINITE_RATIO`."""
     if x is None:
         return None
-    return float(x) if math.isfinite(x) else 1e300
+    return float(x) if math.isfinite(x) else STORED_NONFINITE_RATIO
 
 
 def normalise_masked_lse(lse: Any, ref_lse: Any, sentinel: float) -> Any:
@@ -146,7 +153,7 @@ def judge(
         signature=None if verdict.passed else verdict.primary_signature,
         signatures=tuple(verdict.signatures),
         metrics={name: tv.to_json() for name, tv in verdict.tensors.items()},
-        error_ratio=_finite_or_none(verdict.error_ratio),
+        error_ratio=storable_error_ratio(verdict.error_ratio),
         selected_kernel=out.selected_kernel,
         **common,
     )
@@ -441,11 +448,13 @@ __all__ = [
     "Evaluator",
     "ISOLATIONS",
     "OWN_BACKEND",
+    "STORED_NONFINITE_RATIO",
     "OracleTimeout",
     "judge",
     "oracle_time_bound",
     "make_executor",
     "normalise_masked_lse",
+    "storable_error_ratio",
     "unsupported_result",
     "with_phase",
 ]

@@ -50,7 +50,7 @@ from hypothesis.database import ExampleDatabase
 
 from fuzzer.backends.base import Backend
 from fuzzer.backends.cp_layout import cp_unsupported_reasons
-from fuzzer.evaluate import Evaluation, Evaluator, _finite_or_none, judge, with_phase
+from fuzzer.evaluate import Evaluation, Evaluator, judge, with_phase
 from fuzzer.evaluate import normalise_masked_lse as _normalise_masked_lse
 from fuzzer.executor import TaskOutcome
 from fuzzer.minimise import MinimiseInterrupted, MinimiseOutcome, minimise

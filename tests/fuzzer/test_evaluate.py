@@ -8,7 +8,7 @@ import torch
 
 from fuzzer import executor as executor_module
 from fuzzer.backends.base import BackendOutput
-from fuzzer.evaluate import Evaluator
+from fuzzer.evaluate import STORED_NONFINITE_RATIO, Evaluator, storable_error_ratio
 from fuzzer.executor import ExecutorError, PackedTensor, configure_torch_threads, pack_inputs, unpack_inputs
 from fuzzer.sinks import MemorySink
 from fuzzer.worker import Worker, WorkerConfig
@@ -167,3 +167,11 @@ def test_the_worker_writes_each_case_with_all_its_results_once() -> None:
     assert sum(stats.results.values()) == 4 * 3  # 3 tasks per case, unsupported ones included
     assert len(sink.results) == 3 * len(sink.cases)  # each distinct case stored with its 3 results, once
     assert sink.single_writes == 4 * 3  # only from inside MemorySink's one write per case
+
+
+def test_a_non_finite_error_ratio_is_stored_as_a_finite_stand_in_above_every_real_ratio():
+    assert storable_error_ratio(None) is None
+    assert storable_error_ratio(3.5) == 3.5
+    assert storable_error_ratio(float("inf")) == STORED_NONFINITE_RATIO
+    assert storable_error_ratio(float("nan")) == STORED_NONFINITE_RATIO
+    assert STORED_NONFINITE_RATIO > 1e100 and STORED_NONFINITE_RATIO < float("inf")
