@@ -29,7 +29,7 @@ from service.api.templating import make_templates
 from service.db.engine import SQLITE_BEGIN_OPTION, make_engine, make_session_factory
 from service.errors import FieldValidationError, NotFoundError
 from service.settings import Settings
-from service.db.store import StoreRefusedError, StoreUnavailableError, is_transient
+from service.db.engine import StoreRefusedError, StoreUnavailableError, is_transient
 
 STATIC_DIR = Path(__file__).resolve().parents[1] / "static"
 RETRY_AFTER_S = 1

@@ -26,7 +26,6 @@ from typing import Any, TypeVar
 
 from sqlalchemy import Engine, select, update
 from sqlalchemy.engine import Connection
-from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from fuzzer.builds.bisect import BisectResult, BisectStep as BisectStepResult
@@ -43,11 +42,11 @@ from fuzzer.builds.regressions import (
     transitions,
 )
 from fuzzer.builds.replay import ReplayOutcome, ReplayTask, Skip
-from fuzzer.results import FAILING_STATUSES, BuildFingerprint, CaseResult, SinkUnavailableError
+from fuzzer.results import FAILING_STATUSES, BuildFingerprint, CaseResult
 from oracle.config import AttentionCase
 from oracle.errors import CaseValidationError
 from service.errors import FieldValidationError, NotFoundError
-from service.db.engine import insert_ignore
+from service.db.engine import Transactor, insert_ignore, write_transaction
 from service.db.models import (
     BISECT_RUN_STATUSES,
     REPLAY_TRIGGERS,
@@ -64,7 +63,7 @@ from service.db.models import (
 )
 from service.db import builds as builds_db
 from service.db.builds import RegisteredBuild, fingerprint_of, packages_of, register_build
-from service.db.store import SqlStore, bucket_cases, write_transaction
+from service.db.store import SqlStore, bucket_cases
 
 DEFAULT_MATRIX_ROWS = 200
 
@@ -74,7 +73,7 @@ T = TypeVar("T")
 
 
 def _write(bind: Engine | Connection, fn: Callable[[Connection], T]) -> T:
-    """Run ``fn`` in a write transaction: `service.db.store.write_transaction` (one definition of how
+    """Run ``fn`` in a write transaction: `service.db.engine.write_transaction` (one definition of how
     a write starts, with its retries of lock conflicts and its translation of outages)."""
     return write_transaction(bind, fn)
 
@@ -312,26 +311,23 @@ class SqlBuildHistory:
 
     def __init__(self, bind: Engine | Connection):
         self.bind = bind
-
-    @contextmanager
-    def _reachable(self) -> Iterator[None]:
-        try:
-            yield
-        except OperationalError as exc:
-            raise SinkUnavailableError(f"database unavailable: {str(exc.orig).strip()[:300]}") from exc
+        self._tx = Transactor(bind)
 
     def is_replayed(self, build_id: int, backends: Sequence[str]) -> bool:
         """True when the replays recorded on ``build_id`` together covered every backend of
         ``backends``.
 
         Raises:
-            SinkUnavailableError: the database cannot be reached.
+            SinkUnavailableError: the database cannot be reached (`service.db.engine.StoreUnavailableError`).
         """
-        with self._reachable(), _reading(self.bind) as connection:
+
+        def run(connection: Connection) -> set[str]:
             covered: set[str] = set()
             for row in connection.execute(select(ReplayRun.backends).where(ReplayRun.build_id == build_id)):
                 covered.update(row[0] or [])
-        return set(backends) <= covered
+            return covered
+
+        return set(backends) <= self._tx.read(run)
 
     def record_replay(
         self,
@@ -352,17 +348,16 @@ class SqlBuildHistory:
             SinkUnavailableError: the database cannot be reached.
         """
         _check_trigger(trigger)
-        with self._reachable():
-            record_packages(self.bind, build_id, versions)
-            store = SqlStore(self.bind)
-            for case_json in cases.values():
-                store.record_case(dict(case_json), "corpus")
-            _write(
-                self.bind,
-                lambda connection: _insert_run_and_skips(
-                    connection, build_id, trigger, backends, result_count + len(skips), result_count, skips, 0.0, ""
-                ),
-            )
+        record_packages(self.bind, build_id, versions)
+        store = SqlStore(self.bind)
+        for case_json in cases.values():
+            store.record_case(dict(case_json), "corpus")
+        _write(
+            self.bind,
+            lambda connection: _insert_run_and_skips(
+                connection, build_id, trigger, backends, result_count + len(skips), result_count, skips, 0.0, ""
+            ),
+        )
 
 
 def replay_tasks_from_buckets(

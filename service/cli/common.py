@@ -242,7 +242,7 @@ def _raise_refused(url: str, exc: Exception) -> None:
 
     from sqlalchemy.engine import make_url
 
-    from service.db.store import StoreRefusedError
+    from service.db.engine import StoreRefusedError
 
     parsed = make_url(url)
     if parsed.get_backend_name() != "sqlite" or not parsed.database or parsed.database == ":memory:":

@@ -1,4 +1,7 @@
-"""Engine, session factory and the declarative `Base` shared by every table.
+"""Engine, session factory, the declarative `Base` shared by every table, and the one way to
+the database: `insert_ignore`, the write/read transactions (`Transactor`, `write_transaction`)
+and the translation of database faults into the service's errors (`StoreUnavailableError`,
+`StoreRefusedError`).
 
 Nothing here runs at import time: `create_app()`, the CLI and the tests call `make_engine` with
 the URL they were given.
@@ -23,12 +26,19 @@ from __future__ import annotations
 import json
 import math
 import os
-from typing import Any
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
 
 from sqlalchemy import Engine, MetaData, Table, create_engine, event
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, make_url
+from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
+
+from fuzzer.results import SinkFatalError, SinkUnavailableError
+from service.errors import ServiceError
 
 DEFAULT_DATABASE_URL = "sqlite:///attnfuzz.db"
 DATABASE_URL_ENV = "ATTNFUZZ_DATABASE_URL"
@@ -150,7 +160,207 @@ def insert_ignore(connection: Connection, table: Table, values: dict[str, Any], 
         The new row's first primary-key value (``id``; ``build_id`` of ``build_packages``), or
         None when a row with that key already existed (nothing written).
     """
-    insert = postgresql.insert if connection.dialect.name == "postgresql" else sqlite.insert
     key = next(iter(table.primary_key.columns))
-    statement = insert(table).values(**values).on_conflict_do_nothing(index_elements=conflict).returning(key)
+    statement = insert_ignore_statement(connection, table, conflict).values(**values).returning(key)
     return connection.execute(statement).scalar_one_or_none()
+
+
+def insert_ignore_statement(connection: Connection, table: Table, conflict: list[str]) -> Any:
+    """``INSERT INTO table ... ON CONFLICT (conflict) DO NOTHING`` in ``connection``'s dialect
+    (SQLite or PostgreSQL), without values: for `insert_ignore` and for multi-row inserts
+    (``connection.execute(statement.returning(...), rows)``)."""
+    insert = postgresql.insert if connection.dialect.name == "postgresql" else sqlite.insert
+    return insert(table).on_conflict_do_nothing(index_elements=conflict)
+
+
+# ------------------------------------------------------------------------------------ faults
+# The one translation of database errors into the service's errors, and the one way a write
+# transaction starts (`Transactor`, `write_transaction`): every module that writes uses them.
+#
+# Faults: an error that means "the database cannot be reached now" (connection refused or lost,
+# PostgreSQL shutting down or starting, SQLite still locked after the retries) is raised as
+# `StoreUnavailableError` (a `fuzzer.results.SinkUnavailableError`: try again later); one that
+# means "the database refuses writes" (disk full, read-only file or transaction) as
+# `StoreRefusedError` (a `fuzzer.results.SinkFatalError`: stop). A transaction that fails
+# transiently (SQLite "database is locked" after the busy timeout, PostgreSQL serialization
+# failure or deadlock) is retried a few times with a short backoff. Every call is one
+# transaction, so after either error nothing of the call is stored.
+
+TRANSIENT_SQLSTATES = frozenset({"40001", "40P01"})  # serialization_failure, deadlock_detected
+# admin_shutdown, crash_shutdown, cannot_connect_now, too_many_connections
+UNAVAILABLE_SQLSTATES = frozenset({"57P01", "57P02", "57P03", "53300"})
+# disk_full, read_only_sql_transaction, insufficient_resources' out_of_memory is left out (transient)
+REFUSED_SQLSTATES = {"53100": "disk full", "25006": "read-only database"}
+SQLITE_REFUSED_MESSAGES = {
+    "database or disk is full": "disk full",
+    "readonly database": "read-only database",
+    "disk i/o error": "disk I/O error",
+}
+DEFAULT_RETRIES = 5
+
+T = TypeVar("T")
+
+
+class StoreUnavailableError(SinkUnavailableError, ServiceError):
+    """The database cannot be reached now; nothing of the call was stored. Try again later."""
+
+
+class StoreRefusedError(SinkFatalError, ServiceError):
+    """The database refuses writes (disk full, read-only); nothing of the call was stored."""
+
+
+def is_transient(exc: DBAPIError) -> bool:
+    """A conflict that a retry may resolve: serialization failure, deadlock, SQLite locked/busy."""
+    sqlstate = getattr(exc.orig, "sqlstate", None)
+    if sqlstate in TRANSIENT_SQLSTATES:
+        return True
+    text = str(exc.orig).lower()
+    return "database is locked" in text or "database is busy" in text
+
+
+def translate_fault(exc: DBAPIError, dialect: str) -> Exception | None:
+    """The one fault translation of the service (every write and read goes through `Transactor`):
+    the `StoreUnavailableError`/`StoreRefusedError` that ``exc`` means, or None (a bug: re-raise)."""
+    sqlstate = getattr(exc.orig, "sqlstate", None)
+    text = str(exc.orig).lower()
+    first_line = str(exc.orig).strip().splitlines()[0] if str(exc.orig).strip() else type(exc.orig).__name__
+    if sqlstate in REFUSED_SQLSTATES:
+        return StoreRefusedError(f"database refuses writes ({REFUSED_SQLSTATES[sqlstate]}): {first_line}")
+    if dialect == "sqlite":
+        for needle, what in SQLITE_REFUSED_MESSAGES.items():
+            if needle in text:
+                return StoreRefusedError(f"database refuses writes ({what}): {first_line}")
+    if exc.connection_invalidated or is_transient(exc) or sqlstate in UNAVAILABLE_SQLSTATES:
+        return StoreUnavailableError(f"database unavailable: {first_line}")
+    if sqlstate is not None and sqlstate.startswith("08"):  # connection_exception class
+        return StoreUnavailableError(f"database unavailable: {first_line}")
+    if dialect == "postgresql" and isinstance(exc, OperationalError):  # refused, reset, closed
+        return StoreUnavailableError(f"database unavailable: {first_line}")
+    return None
+
+
+def _sqlite_file(bind: Engine | Connection) -> str | None:
+    """The absolute path of a SQLite database file (None for ``:memory:``, a temporary database,
+    or a Connection: the tests' rolled-back transactions need no check)."""
+    if not isinstance(bind, Engine):
+        return None
+    database = bind.url.database
+    if not database or database == ":memory:" or database.startswith("file:"):
+        return None
+    return os.path.abspath(database)
+
+
+def _identity(path: str) -> tuple[int, int] | None:
+    """``(st_dev, st_ino)`` of ``path``, None when it does not exist."""
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        return None
+    except OSError:  # a directory we may not enter, ...: the write itself will say more
+        return None
+    return (info.st_dev, info.st_ino)
+
+
+class Transactor:
+    """Runs a function in a short write transaction (or a savepoint), retrying transient errors."""
+
+    def __init__(self, bind: Engine | Connection, retries: int = DEFAULT_RETRIES):
+        if not isinstance(bind, (Engine, Connection)):
+            raise TypeError(f"bind must be an Engine or a Connection, got {type(bind).__name__}")
+        self.bind = bind
+        self.retries = retries
+        self.dialect = bind.dialect.name
+        if self.dialect not in ("sqlite", "postgresql"):
+            raise NotImplementedError(f"unsupported database {self.dialect!r} (SQLite and PostgreSQL are)")
+        self._write_engine = (
+            bind.execution_options(**{SQLITE_BEGIN_OPTION: "IMMEDIATE"})
+            if isinstance(bind, Engine) and self.dialect == "sqlite"
+            else bind
+        )
+        self._file = _sqlite_file(bind) if self.dialect == "sqlite" else None
+        self._identity = _identity(self._file) if self._file is not None else None
+
+    def _check_file(self) -> None:
+        """Loud on loss: the SQLite file must still be the one this store opened (same device and
+        inode). After ``rm -rf`` of its directory, or a file put in its place, SQLite would go on
+        writing to the unlinked file and every result would vanish with it.
+
+        Raises:
+            StoreRefusedError: the file is gone or replaced (the worker stops, its spool keeps
+                the write).
+        """
+        if self._file is None:
+            return
+        now = _identity(self._file)
+        if self._identity is None:
+            self._identity = now
+            return
+        if now != self._identity:
+            what = "removed" if now is None else "replaced by another file"
+            raise StoreRefusedError(
+                f"database refuses writes (the SQLite file {self._file} was {what} while in use): "
+                "results after this point are kept in the spool"
+            )
+
+    @contextmanager
+    def _begin(self) -> Iterator[Connection]:
+        if isinstance(self.bind, Connection):
+            with self.bind.begin_nested():
+                yield self.bind
+        else:
+            with self._write_engine.begin() as connection:
+                yield connection
+
+    def write(self, fn: Callable[[Connection], T]) -> T:
+        """Run ``fn`` in a write transaction.
+
+        Raises:
+            StoreUnavailableError: the database cannot be reached (after the retries for locks).
+            StoreRefusedError: the database refuses writes (disk full, read-only).
+        """
+        for attempt in range(self.retries + 1):
+            try:
+                self._check_file()
+                with self._begin() as connection:
+                    value = fn(connection)
+                self._check_file()  # removed while this write ran: it went to the unlinked file
+                return value
+            except DBAPIError as exc:
+                if attempt < self.retries and is_transient(exc) and not exc.connection_invalidated:
+                    time.sleep(min(0.05 * 2**attempt, 1.0))  # backoff between retries, not a test sync
+                    continue
+                translated = translate_fault(exc, self.dialect)
+                if translated is None:
+                    raise
+                raise translated from exc
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def read(self, fn: Callable[[Connection], T]) -> T:
+        """Run ``fn`` on a connection (no write lock).
+
+        Raises:
+            StoreUnavailableError: the database cannot be reached.
+            StoreRefusedError: the database cannot be read (I/O error).
+        """
+        try:
+            if isinstance(self.bind, Connection):
+                return fn(self.bind)
+            with self.bind.connect() as connection:
+                return fn(connection)
+        except DBAPIError as exc:
+            translated = translate_fault(exc, self.dialect)
+            if translated is None:
+                raise
+            raise translated from exc
+
+
+def write_transaction(bind: Engine | Connection, fn: Callable[[Connection], T], *, retries: int = DEFAULT_RETRIES) -> T:
+    """Run ``fn`` in a short write transaction on an Engine (``BEGIN IMMEDIATE`` on SQLite), or a
+    savepoint of the caller's transaction on a Connection, retrying lock conflicts: what every
+    `service.db.store.SqlStore` write does, for the other modules that write (`service.builds.matrix`).
+
+    Raises:
+        StoreUnavailableError: the database cannot be reached (after the retries for locks).
+        StoreRefusedError: the database refuses writes (disk full, read-only).
+    """
+    return Transactor(bind, retries).write(fn)

@@ -6,19 +6,11 @@ in a SAVEPOINT of the caller's transaction; the tests use this).
 
 Concurrency: several worker processes may write one SQLite file or one PostgreSQL database at
 once. Every write is a single statement-level get-or-create (``INSERT ... ON CONFLICT DO
-NOTHING ... RETURNING``, then a SELECT or an UPDATE when the row already existed), so a unique
-key raced by two workers never raises. On SQLite the write transactions begin with
-``BEGIN IMMEDIATE`` (see `service.db.engine`), so they queue on the busy timeout instead of failing
-when a reader upgrades to a writer. A transaction that still fails transiently (SQLite "database
-is locked" after the busy timeout, PostgreSQL serialization failure or deadlock) is retried a
-few times with a short backoff.
-
-Faults: an error that means "the database cannot be reached now" (connection refused or lost,
-PostgreSQL shutting down or starting, SQLite still locked after the retries) is raised as
-`StoreUnavailableError` (a `fuzzer.results.SinkUnavailableError`: try again later); one that means
-"the database refuses writes" (disk full, read-only file or transaction) as `StoreRefusedError`
-(a `fuzzer.results.SinkFatalError`: stop). Every call is one transaction, so after either error
-nothing of the call is stored.
+NOTHING ... RETURNING``, `service.db.engine.insert_ignore`, then a SELECT or an UPDATE when the
+row already existed), so a unique key raced by two workers never raises. Transactions, their
+retries and the translation of faults (`StoreUnavailableError`, `StoreRefusedError`) are
+`service.db.engine.Transactor`'s: every call is one transaction, so after a fault nothing of the
+call is stored.
 
 Minimisation leases (`claim_minimisation`): a bucket without a minimised case is claimed by one
 worker at a time with a compare-and-set UPDATE (``... WHERE minimise_owner_id IS NULL OR
@@ -31,34 +23,27 @@ Create a store in the process that uses it (an Engine must not cross a fork).
 from __future__ import annotations
 
 import hashlib
-import os
-import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any
 
 from hypothesis.database import ExampleDatabase
-from sqlalchemy import func, Engine, Table, case, delete, or_, select, update
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy import func, Engine, case, delete, or_, select, update
 from sqlalchemy.engine import Connection
-from sqlalchemy.exc import DBAPIError, OperationalError
 
 from fuzzer.results import (
     BucketUpdate,
     BuildFingerprint,
     CaseResult,
     MinimiseClaim,
-    SinkFatalError,
-    SinkUnavailableError,
 )
 from fuzzer.severity import severity
 from fuzzer.text import MAX_DETAIL, MAX_PACKAGE, storable_text
 from oracle.config import AttentionCase
 from service.db.builds import register_build
-from service.db.engine import SQLITE_BEGIN_OPTION
-from service.errors import FieldValidationError, NotFoundError, ServiceError
+from service.db.engine import DEFAULT_RETRIES, Transactor, insert_ignore, insert_ignore_statement
+from service.errors import FieldValidationError, NotFoundError
 from service.db.models import (
     ORIGINS,
     Bucket,
@@ -73,192 +58,9 @@ from service.db.models import (
     utcnow,
 )
 
-T = TypeVar("T")
 
-TRANSIENT_SQLSTATES = frozenset({"40001", "40P01"})  # serialization_failure, deadlock_detected
-# admin_shutdown, crash_shutdown, cannot_connect_now, too_many_connections
-UNAVAILABLE_SQLSTATES = frozenset({"57P01", "57P02", "57P03", "53300"})
-# disk_full, read_only_sql_transaction, insufficient_resources' out_of_memory is left out (transient)
-REFUSED_SQLSTATES = {"53100": "disk full", "25006": "read-only database"}
-SQLITE_REFUSED_MESSAGES = {
-    "database or disk is full": "disk full",
-    "readonly database": "read-only database",
-    "disk i/o error": "disk I/O error",
-}
-DEFAULT_RETRIES = 5
 RESULT_KEY = ["case_id", "build_id", "backend", "variant", "phase"]  # a result is stored once per key
 WORKER_STATUSES = ("running", "stopping", "stopped", "failed", "lost")
-
-
-class StoreUnavailableError(SinkUnavailableError, ServiceError):
-    """The database cannot be reached now; nothing of the call was stored. Try again later."""
-
-
-class StoreRefusedError(SinkFatalError, ServiceError):
-    """The database refuses writes (disk full, read-only); nothing of the call was stored."""
-
-
-def is_transient(exc: DBAPIError) -> bool:
-    """A conflict that a retry may resolve: serialization failure, deadlock, SQLite locked/busy."""
-    sqlstate = getattr(exc.orig, "sqlstate", None)
-    if sqlstate in TRANSIENT_SQLSTATES:
-        return True
-    text = str(exc.orig).lower()
-    return "database is locked" in text or "database is busy" in text
-
-
-def _translate(exc: DBAPIError, dialect: str) -> Exception | None:
-    """The `StoreUnavailableError`/`StoreRefusedError` that ``exc`` means, or None (a bug: re-raise)."""
-    sqlstate = getattr(exc.orig, "sqlstate", None)
-    text = str(exc.orig).lower()
-    first_line = str(exc.orig).strip().splitlines()[0] if str(exc.orig).strip() else type(exc.orig).__name__
-    if sqlstate in REFUSED_SQLSTATES:
-        return StoreRefusedError(f"database refuses writes ({REFUSED_SQLSTATES[sqlstate]}): {first_line}")
-    if dialect == "sqlite":
-        for needle, what in SQLITE_REFUSED_MESSAGES.items():
-            if needle in text:
-                return StoreRefusedError(f"database refuses writes ({what}): {first_line}")
-    if exc.connection_invalidated or is_transient(exc) or sqlstate in UNAVAILABLE_SQLSTATES:
-        return StoreUnavailableError(f"database unavailable: {first_line}")
-    if sqlstate is not None and sqlstate.startswith("08"):  # connection_exception class
-        return StoreUnavailableError(f"database unavailable: {first_line}")
-    if dialect == "postgresql" and isinstance(exc, OperationalError):  # refused, reset, closed
-        return StoreUnavailableError(f"database unavailable: {first_line}")
-    return None
-
-
-def _sqlite_file(bind: Engine | Connection) -> str | None:
-    """The absolute path of a SQLite database file (None for ``:memory:``, a temporary database,
-    or a Connection: the tests' rolled-back transactions need no check)."""
-    if not isinstance(bind, Engine):
-        return None
-    database = bind.url.database
-    if not database or database == ":memory:" or database.startswith("file:"):
-        return None
-    return os.path.abspath(database)
-
-
-def _identity(path: str) -> tuple[int, int] | None:
-    """``(st_dev, st_ino)`` of ``path``, None when it does not exist."""
-    try:
-        info = os.stat(path)
-    except FileNotFoundError:
-        return None
-    except OSError:  # a directory we may not enter, ...: the write itself will say more
-        return None
-    return (info.st_dev, info.st_ino)
-
-
-class _Transactor:
-    """Runs a function in a short write transaction (or a savepoint), retrying transient errors."""
-
-    def __init__(self, bind: Engine | Connection, retries: int = DEFAULT_RETRIES):
-        if not isinstance(bind, (Engine, Connection)):
-            raise TypeError(f"bind must be an Engine or a Connection, got {type(bind).__name__}")
-        self.bind = bind
-        self.retries = retries
-        self.dialect = bind.dialect.name
-        if self.dialect not in ("sqlite", "postgresql"):
-            raise NotImplementedError(f"unsupported database {self.dialect!r} (SQLite and PostgreSQL are)")
-        self._write_engine = (
-            bind.execution_options(**{SQLITE_BEGIN_OPTION: "IMMEDIATE"})
-            if isinstance(bind, Engine) and self.dialect == "sqlite"
-            else bind
-        )
-        self._file = _sqlite_file(bind) if self.dialect == "sqlite" else None
-        self._identity = _identity(self._file) if self._file is not None else None
-
-    def _check_file(self) -> None:
-        """Loud on loss: the SQLite file must still be the one this store opened (same device and
-        inode). After ``rm -rf`` of its directory, or a file put in its place, SQLite would go on
-        writing to the unlinked file and every result would vanish with it.
-
-        Raises:
-            StoreRefusedError: the file is gone or replaced (the worker stops, its spool keeps
-                the write).
-        """
-        if self._file is None:
-            return
-        now = _identity(self._file)
-        if self._identity is None:
-            self._identity = now
-            return
-        if now != self._identity:
-            what = "removed" if now is None else "replaced by another file"
-            raise StoreRefusedError(
-                f"database refuses writes (the SQLite file {self._file} was {what} while in use): "
-                "results after this point are kept in the spool"
-            )
-
-    @contextmanager
-    def _begin(self) -> Iterator[Connection]:
-        if isinstance(self.bind, Connection):
-            with self.bind.begin_nested():
-                yield self.bind
-        else:
-            with self._write_engine.begin() as connection:
-                yield connection
-
-    def write(self, fn: Callable[[Connection], T]) -> T:
-        """Run ``fn`` in a write transaction.
-
-        Raises:
-            StoreUnavailableError: the database cannot be reached (after the retries for locks).
-            StoreRefusedError: the database refuses writes (disk full, read-only).
-        """
-        for attempt in range(self.retries + 1):
-            try:
-                self._check_file()
-                with self._begin() as connection:
-                    value = fn(connection)
-                self._check_file()  # removed while this write ran: it went to the unlinked file
-                return value
-            except DBAPIError as exc:
-                if attempt < self.retries and is_transient(exc) and not exc.connection_invalidated:
-                    time.sleep(min(0.05 * 2**attempt, 1.0))  # backoff between retries, not a test sync
-                    continue
-                translated = _translate(exc, self.dialect)
-                if translated is None:
-                    raise
-                raise translated from exc
-        raise AssertionError("unreachable")  # pragma: no cover
-
-    def read(self, fn: Callable[[Connection], T]) -> T:
-        """Run ``fn`` on a connection (no write lock).
-
-        Raises:
-            StoreUnavailableError: the database cannot be reached.
-            StoreRefusedError: the database cannot be read (I/O error).
-        """
-        try:
-            if isinstance(self.bind, Connection):
-                return fn(self.bind)
-            with self.bind.connect() as connection:
-                return fn(connection)
-        except DBAPIError as exc:
-            translated = _translate(exc, self.dialect)
-            if translated is None:
-                raise
-            raise translated from exc
-
-
-def write_transaction(bind: Engine | Connection, fn: Callable[[Connection], T], *, retries: int = DEFAULT_RETRIES) -> T:
-    """Run ``fn`` in a short write transaction on an Engine (``BEGIN IMMEDIATE`` on SQLite), or a
-    savepoint of the caller's transaction on a Connection, retrying lock conflicts: what every
-    `SqlStore` write does, for the other modules that write (`service.builds.matrix`).
-
-    Raises:
-        StoreUnavailableError: the database cannot be reached (after the retries for locks).
-        StoreRefusedError: the database refuses writes (disk full, read-only).
-    """
-    return _Transactor(bind, retries).write(fn)
-
-
-def _insert_ignore(connection: Connection, table: Table, values: dict[str, Any], conflict: list[str]) -> Any | None:
-    """``INSERT ... ON CONFLICT (conflict) DO NOTHING RETURNING id``: the new id, or None."""
-    insert = postgresql.insert if connection.dialect.name == "postgresql" else sqlite.insert
-    statement = insert(table).values(**values).on_conflict_do_nothing(index_elements=conflict)
-    return connection.execute(statement.returning(table.c.id)).scalar_one_or_none()
 
 
 def _bucket_severity_values(result: CaseResult) -> dict[str, Any]:
@@ -294,7 +96,7 @@ class SqlStore:
     """
 
     def __init__(self, bind: Engine | Connection, *, retries: int = DEFAULT_RETRIES):
-        self._tx = _Transactor(bind, retries)
+        self._tx = Transactor(bind, retries)
         self._registering: dict[tuple, datetime] = {}  # register_worker's first attempt per key
 
     def register_build(self, fingerprint: BuildFingerprint, versions: Mapping[str, str] | None = None) -> int:
@@ -461,7 +263,7 @@ class SqlStore:
             "created_at": utcnow(),
             **case_filter_columns(attention_case),
         }
-        _insert_ignore(connection, Case.__table__, values, ["id"])
+        insert_ignore(connection, Case.__table__, values, ["id"])
 
     def record_result(self, result: CaseResult, build_id: int, worker_id: int | None) -> BucketUpdate | None:
         """Store ``result`` once per ``(case_id, build_id, backend, variant, phase)`` (one
@@ -510,11 +312,8 @@ class SqlStore:
                 if (r.backend, r.variant, r.phase) not in first:
                     first[(r.backend, r.variant, r.phase)] = i
                     rows.append(self._result_values(r, build_id, worker_id, now))
-            insert = postgresql.insert if connection.dialect.name == "postgresql" else sqlite.insert
-            statement = (
-                insert(Result.__table__)
-                .on_conflict_do_nothing(index_elements=RESULT_KEY)
-                .returning(Result.backend, Result.variant, Result.phase)
+            statement = insert_ignore_statement(connection, Result.__table__, RESULT_KEY).returning(
+                Result.backend, Result.variant, Result.phase
             )
             # executemany: SQLAlchemy sends it as multi-row INSERTs ("insertmanyvalues", batches
             # of its own size) from one cached compiled statement
@@ -579,7 +378,7 @@ class SqlStore:
                 self._check_references(connection, result.case_id, build_id, worker_id)
             if inserted is None:
                 values = self._result_values(result, build_id, worker_id, now)
-                result_id = _insert_ignore(connection, Result.__table__, values, RESULT_KEY)
+                result_id = insert_ignore(connection, Result.__table__, values, RESULT_KEY)
             else:
                 result_id = 1 if inserted else None
             if result_id is None:
@@ -601,7 +400,7 @@ class SqlStore:
                 "notes": "",
                 **_bucket_severity_values(result),
             }
-            bucket_id = _insert_ignore(connection, Bucket.__table__, bucket_values, ["backend", "variant", "signature"])
+            bucket_id = insert_ignore(connection, Bucket.__table__, bucket_values, ["backend", "variant", "signature"])
             if bucket_id is not None:
                 return BucketUpdate(bucket_id=bucket_id, is_new=True)
             bump = (
@@ -756,7 +555,7 @@ class SqlStore:
     def _defect_id(connection: Connection, backend: str, case_id: str, at: datetime) -> int:
         """The id of the ``defects`` row ``(backend, case_id)``, created on first sight."""
         values = {"backend": backend, "case_id": case_id, "created_at": at}
-        defect_id = _insert_ignore(connection, Defect.__table__, values, ["backend", "case_id"])
+        defect_id = insert_ignore(connection, Defect.__table__, values, ["backend", "case_id"])
         if defect_id is None:
             defect_id = connection.scalar(select(Defect.id).where(Defect.backend == backend, Defect.case_id == case_id))
         return defect_id
@@ -1008,7 +807,7 @@ class SqlExampleDatabase(ExampleDatabase):
 
     def __init__(self, bind: Engine | Connection, *, retries: int = DEFAULT_RETRIES):
         super().__init__()
-        self._tx = _Transactor(bind, retries)
+        self._tx = Transactor(bind, retries)
 
     def __repr__(self) -> str:
         return f"SqlExampleDatabase({self._tx.bind!r})"
@@ -1017,7 +816,7 @@ class SqlExampleDatabase(ExampleDatabase):
     def _save(connection: Connection, key: bytes, value: bytes) -> bool:
         values = {"key": key, "value": value, "value_sha256": hashlib.sha256(value).digest()}
         table = HypothesisExample.__table__
-        return _insert_ignore(connection, table, values, ["key", "value_sha256"]) is not None
+        return insert_ignore(connection, table, values, ["key", "value_sha256"]) is not None
 
     @staticmethod
     def _delete(connection: Connection, key: bytes, value: bytes) -> bool:

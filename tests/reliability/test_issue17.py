@@ -221,9 +221,10 @@ def test_8_register_worker_whose_commit_answer_was_lost_leaves_one_row(tmp_path,
     from fuzzer.results import BuildFingerprint
     from fuzzer.spool import Spool, SpoolingSink
     from service.db import migrations
-    from service.db import store as store_module
+    from service.db import engine as engine_module
     from service.db.engine import make_engine
-    from service.db.store import SqlStore, StoreUnavailableError
+    from service.db.engine import StoreUnavailableError
+    from service.db.store import SqlStore
 
     url = f"sqlite:///{tmp_path / 'w.db'}"
     migrations.upgrade(url)
@@ -231,7 +232,7 @@ def test_8_register_worker_whose_commit_answer_was_lost_leaves_one_row(tmp_path,
     try:
         inner = SqlStore(engine)
         build_id = inner.register_build(BuildFingerprint(torch="2.13.0"))
-        original = store_module._Transactor.write
+        original = engine_module.Transactor.write
         lost = []
 
         def commit_then_lose_the_answer(self, fn):
@@ -241,11 +242,11 @@ def test_8_register_worker_whose_commit_answer_was_lost_leaves_one_row(tmp_path,
                 raise StoreUnavailableError("database unavailable: server closed the connection unexpectedly")
             return value
 
-        monkeypatch.setattr(store_module._Transactor, "write", commit_then_lose_the_answer)
+        monkeypatch.setattr(engine_module.Transactor, "write", commit_then_lose_the_answer)
         with Spool.acquire(tmp_path / "spool", url) as spool:
             sink = SpoolingSink(inner, spool, sleep=lambda s: None)
             worker_id = sink.register_worker(build_id, "host", 4242, "cpu")
-        monkeypatch.setattr(store_module._Transactor, "write", original)
+        monkeypatch.setattr(engine_module.Transactor, "write", original)
         assert query(url, "SELECT id, status FROM workers") == [(worker_id, "running")]
         assert lost == [worker_id]
     finally:

@@ -409,7 +409,7 @@ def test_a_transient_database_conflict_is_503_with_retry_after(client: TestClien
 
 def test_an_unavailable_store_is_503_with_retry_after(client: TestClient, monkeypatch, seeded: Seeded) -> None:
     from service.db import repository
-    from service.db import store
+    from service.db import engine as store
     if not hasattr(store, "StoreUnavailableError"):
         pytest.skip("this store has no StoreUnavailableError")
 
