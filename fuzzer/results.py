@@ -31,6 +31,7 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
 
 from fuzzer.text import MAX_DETAIL, MAX_NAME, MAX_PACKAGE, MAX_SIGNATURE, is_storable, storable_text
 from oracle.errors import AttnFuzzError
@@ -197,7 +198,7 @@ def build_identity(device: Mapping[str, str], packages: Mapping[str, str]) -> st
         device: the device fields (`BuildFingerprint.device`): ``device_name``, ``compute_capability``.
         packages: every ``(package, version)`` the build declares, names PEP 503 normalised,
             absent packages left out (`BuildFingerprint.packages` plus, for a build of the matrix,
-            the backends' versions: `fuzzer.builds.envs.build_packages`).
+            the backends' versions: `fuzzer.builds.versions.build_packages`).
 
     Migration 0006 holds a copy of this rule (a migration keeps meaning what it meant).
     """
@@ -283,7 +284,7 @@ class BuildFingerprint:
 
         Args:
             packages: every package of the build (normalised names, absent ones left out), this
-                fingerprint's lines included (`fuzzer.builds.envs.build_packages` makes them).
+                fingerprint's lines included (`fuzzer.builds.versions.build_packages` makes them).
         """
         return build_identity(self.device, self.packages if packages is None else packages)
 
@@ -291,6 +292,28 @@ class BuildFingerprint:
     def fingerprint_id(self) -> str:
         """`identity` of the fingerprint alone: what a fuzz worker's build is keyed by."""
         return self.identity()
+
+
+def normalise_package(name: str) -> str:
+    """The PEP 503 normalised package name (``Flash_Attn.4`` -> ``flash-attn-4``): how package
+    lines are named in storage.
+
+    Raises:
+        ResultValidationError: ``name`` is empty.
+    """
+    if not name or not str(name).strip():
+        raise ResultValidationError("package: must be a distribution name, got an empty string")
+    return canonicalize_name(str(name).strip())
+
+
+def version_key(text: str) -> tuple[int, Any]:
+    """A sort key for version strings: PEP 440 order (pre-releases included:
+    ``4.0.0b9 < 4.0.0b11 < 4.0.0rc1 < 4.0.0``) for valid versions; strings that are not PEP 440
+    sort before every valid one, alphabetically."""
+    try:
+        return (1, Version(str(text)))
+    except InvalidVersion:
+        return (0, str(text))
 
 
 def declared_packages(fingerprint: BuildFingerprint, versions: Mapping[str, str]) -> dict[str, str]:
@@ -306,10 +329,9 @@ def declared_packages(fingerprint: BuildFingerprint, versions: Mapping[str, str]
     """
     packages: dict[str, str] = {}
     for name, version in versions.items():
-        if not name or not str(name).strip():
-            raise ResultValidationError("package: must be a distribution name, got an empty string")
+        name = normalise_package(name)
         if version and version != "missing":
-            packages[canonicalize_name(str(name).strip())] = str(version)
+            packages[name] = str(version)
     packages.update(fingerprint.packages)
     return {storable_text(k, MAX_PACKAGE): storable_text(v, MAX_PACKAGE) for k, v in sorted(packages.items())}
 

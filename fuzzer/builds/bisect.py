@@ -131,7 +131,7 @@ def bisect_builds(
     endpoint, the last the bad one) on which ``test`` fails.
 
     Args:
-        versions: the builds, oldest first (see `fuzzer.builds.envs.BuildSelection.between`).
+        versions: the builds, oldest first (see `fuzzer.builds.selection.BuildSelection.between`).
         test: replays the case on a build and returns what it found.
         signature: the failure that counts as ``bad``; None: the bad endpoint's signature.
         on_step: called after each replay (the CLI stores each step as it happens).

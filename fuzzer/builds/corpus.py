@@ -22,8 +22,8 @@ database stays the source of truth for results; the corpus is what is exported, 
 imported elsewhere.
 
 A verdict may also carry ``"packages"`` (every package version of the build, e.g.
-``{"flash-attn-4": "4.0.0b30", ...}``, see `fuzzer.builds.envs.build_packages`) and ``"build_key"``
-(the build's identity in the database that recorded it, `fuzzer.builds.envs.build_key`); both are
+``{"flash-attn-4": "4.0.0b30", ...}``, see `fuzzer.builds.versions.build_packages`) and ``"build_key"``
+(the build's identity in the database that recorded it, `fuzzer.builds.versions.build_key`); both are
 optional and written only when known, so older files stay valid.
 """
 

@@ -7,7 +7,7 @@ import, the API it needs is missing, the backend is unavailable on this machine)
 ``git bisect skip`` of a build.
 
 Three ways to run them, none of which touches a database (the caller stores the outcome, see
-`service.builds.matrix.record_replay`):
+`service.builds.replays.record_replay`):
 
 * `replay_here`: in this interpreter's environment, through the worker's executor (each backend
   environment in its own child process unless ``isolation="none"``).
@@ -35,7 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from fuzzer.builds.envs import BuildEnvironment, build_packages
+from fuzzer.builds.envs import BuildEnvironment
+from fuzzer.builds.versions import build_packages
 from fuzzer.builds.corpus import CorpusEntry, load_corpus
 from fuzzer.results import FAILING_STATUSES, BuildFingerprint, CaseResult, SinkUnavailableError
 from oracle.config import AttentionCase
@@ -144,7 +145,7 @@ class ReplayOutcome:
         tasks: what was asked, in order.
         fingerprint: the build, as the replaying process saw it; None when the child died before
             reporting it (then every task is a skip).
-        packages: every package version of the build (`fuzzer.builds.envs.build_packages`).
+        packages: every package version of the build (`fuzzer.builds.versions.build_packages`).
         results: one `CaseResult` (phase ``replay``) per task that ran.
         skips: one `Skip` per task that could not run.
         environment: the build environment replayed in (None: this interpreter's).
@@ -547,7 +548,7 @@ def _outcome_from_events(
 
 # ------------------------------------------------------------------------------------ worker hook
 class BuildHistory(Protocol):
-    """What `replay_on_new_build` needs from storage (`service.builds.matrix.SqlBuildHistory`). Either
+    """What `replay_on_new_build` needs from storage (`service.builds.replays.SqlBuildHistory`). Either
     method may raise `fuzzer.results.SinkUnavailableError` when storage cannot be reached."""
 
     def is_replayed(self, build_id: int, backends: Sequence[str]) -> bool:

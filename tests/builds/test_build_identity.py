@@ -8,9 +8,9 @@ import dataclasses
 
 from sqlalchemy import select
 
-from fuzzer.builds.envs import FINGERPRINT_LINES, build_packages
+from fuzzer.builds.versions import FINGERPRINT_LINES, build_packages
 from fuzzer.results import BuildFingerprint, package_line
-from service.builds import matrix
+from service.builds import lines
 from service.db.builds import register_build
 from service.db.models import Build, BuildPackage
 from service.db.store import SqlStore
@@ -41,7 +41,7 @@ def test_a_package_line_declared_once_is_stored_fingerprinted_and_tells_builds_a
     assert old_id != new_id and store.register_build(old) == old_id
     assert _rows(connection, old_id) == {"quack-kernels": "0.6.5", "torch": "2.13.0"}
     assert connection.scalar(select(Build.fingerprint_id).where(Build.id == new_id)) == new.fingerprint_id
-    assert [b.version for b in matrix.line_builds(connection, "quack-kernels")] == ["0.6.5", "0.6.6"]
+    assert [b.version for b in lines.line_builds(connection, "quack-kernels")] == ["0.6.5", "0.6.6"]
 
 
 def test_two_versions_of_a_package_outside_the_fingerprint_make_two_builds(connection):

@@ -1,5 +1,5 @@
-"""fuzzer/builds/envs.py: version order, wheelhouse scanning, extras from Requires-Dist and rules,
-preparing and adopting build environments, build identity."""
+"""fuzzer/builds/{versions,wheels,install,envs,selection}.py: version order, wheelhouse scanning,
+extras from Requires-Dist and rules, preparing and adopting build environments, build identity."""
 
 from __future__ import annotations
 
@@ -9,22 +9,21 @@ import zipfile
 import pytest
 from packaging.requirements import Requirement
 
-from fuzzer.builds.envs import (
-    BuildEnvironment,
+from fuzzer.builds.envs import BuildEnvironment, adopt_build_dir, load_environments, prepare_from_wheelhouse
+from fuzzer.builds.install import unpack_wheel
+from fuzzer.builds.selection import select_builds
+from fuzzer.builds.versions import (
     BuildError,
     BuildPrepareError,
-    adopt_build_dir,
     build_key,
     build_packages,
-    load_environments,
-    load_rules,
     parse_version,
-    prepare_from_wheelhouse,
+    version_key,
+)
+from fuzzer.builds.wheels import (
+    load_rules,
     resolve_extras,
     scan_wheelhouse,
-    select_builds,
-    unpack_wheel,
-    version_key,
     wheel_requirements,
     wheelhouse_versions,
 )

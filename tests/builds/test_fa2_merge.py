@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from fuzzer.builds.envs import adopt_build_dir, find_shared_fa2, find_shared_fa4, prepare_from_wheelhouse
+from fuzzer.builds.envs import adopt_build_dir, prepare_from_wheelhouse
+from fuzzer.builds.shared_fa import find_shared_fa2, find_shared_fa4
 from tests.builds.fakebuilds import write_wheel
 
 PROJECT = Path(__file__).resolve().parents[2]

@@ -12,11 +12,11 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from fuzzer.builds.bisect import bisect_builds
-from fuzzer.builds.envs import build_packages
+from fuzzer.builds.versions import build_packages
 from fuzzer.builds.replay import ReplayOutcome, ReplayTask, Skip, Verdict
 from fuzzer.results import BuildFingerprint, CaseResult
 from oracle.config import AttentionCase
-from service.builds import matrix
+from service.builds import bisections, corpus as corpus_db, lines, matrix, replays
 from service.db import migrations
 from service.api.deps import get_session
 from service.builds import routes as matrix_routes
@@ -71,9 +71,9 @@ def fa4_line(connection) -> dict[str, int]:
         ("4.0.0b31", ("fail", "out:all_zero")),
         ("4.0.0b36", ("pass", None)),
     ]:
-        record = matrix.record_replay(connection, outcome(fa4, te_style), trigger="builds")
+        record = replays.record_replay(connection, outcome(fa4, te_style), trigger="builds")
         ids[fa4] = record.build.build_id
-    ids["h200"] = matrix.record_replay(connection, outcome("4.0.0b30", ("pass", None), H200), trigger="builds").build.build_id
+    ids["h200"] = replays.record_replay(connection, outcome("4.0.0b30", ("pass", None), H200), trigger="builds").build.build_id
     return ids
 
 
@@ -93,17 +93,17 @@ def test_builds_differing_only_in_a_plugin_package_are_different_builds(connecti
     one = register_build(connection, fp, {"attnfuzz-fakekernel": "1.0"})
     two = register_build(connection, fp, {"attnfuzz-fakekernel": "1.1"})
     assert one.build_id != two.build_id and one.is_new and two.is_new
-    assert [b.version for b in matrix.line_builds(connection, "attnfuzz-fakekernel")] == ["1.0", "1.1"]
+    assert [b.version for b in lines.line_builds(connection, "attnfuzz-fakekernel")] == ["1.0", "1.1"]
 
 
 def test_a_line_orders_builds_by_pep440_version_then_first_seen(connection, fa4_line):
-    extra = matrix.record_replay(connection, outcome("4.0.0b30", ("fail", "out:all_zero"), torch="2.12.0"), trigger="cli")
-    builds = matrix.line_builds(connection, "flash-attn-4")
+    extra = replays.record_replay(connection, outcome("4.0.0b30", ("fail", "out:all_zero"), torch="2.12.0"), trigger="cli")
+    builds = lines.line_builds(connection, "flash-attn-4")
     order = [(b.version, b.build_id) for b in builds if b.device_name == B200[0]]
     assert [v for v, _ in order] == ["4.0.0b9", "4.0.0b11", "4.0.0b29", "4.0.0b30", "4.0.0b30", "4.0.0b31", "4.0.0b36"]
     assert [i for v, i in order if v == "4.0.0b30"] == [fa4_line["4.0.0b30"], extra.build.build_id]
-    assert [b.version for b in matrix.line_builds(connection, "flash-attn-4", device_name="NVIDIA H200")] == ["4.0.0b30"]
-    assert ("flash-attn-4", 8) in matrix.package_lines(connection)
+    assert [b.version for b in lines.line_builds(connection, "flash-attn-4", device_name="NVIDIA H200")] == ["4.0.0b30"]
+    assert ("flash-attn-4", 8) in lines.package_lines(connection)
 
 
 def test_the_matrix_shows_each_verdict_and_marks_the_regression_and_the_fix(connection, fa4_line):
@@ -153,33 +153,33 @@ def test_the_matrix_page_lists_the_line_regressions_without_a_device_filter(clie
 
 
 def test_a_new_signature_on_a_later_build_counts_with_the_regressions(connection, fa4_line):
-    matrix.record_replay(connection, outcome("4.0.0b33", ("fail", "lse:nan")), trigger="builds")
+    replays.record_replay(connection, outcome("4.0.0b33", ("fail", "lse:nan")), trigger="builds")
     kinds = [(r.kind, r.after_version) for r in matrix.find_regressions(connection, "flash-attn-4")]
     assert ("new_signature", "4.0.0b33") in kinds
 
 
 def test_replayed_results_are_stored_once_and_count_in_their_bucket(connection, fa4_line):
-    again = matrix.record_replay(connection, outcome("4.0.0b30", ("fail", "out:all_zero")), trigger="cli")
+    again = replays.record_replay(connection, outcome("4.0.0b30", ("fail", "out:all_zero")), trigger="cli")
     assert again.build.build_id == fa4_line["4.0.0b30"] and not again.build.is_new
     stored = connection.execute(
         select(Result.status).where(Result.build_id == fa4_line["4.0.0b30"], Result.variant == "te_style")
     ).scalars().all()
     assert stored == ["fail"]
-    (task,) = [t for t in matrix.replay_tasks_from_buckets(connection) if t.variant == "te_style"]
+    (task,) = [t for t in replays.replay_tasks_from_buckets(connection) if t.variant == "te_style"]
     assert task.case == CASE and task.source.startswith("bucket:")
 
 
 def test_a_replay_that_never_reported_its_build_stores_nothing(connection):
     lost = ReplayOutcome((TE_STYLE,), None, {}, (), (Skip(CASE.case_id, "fa4", "te_style", "child died"),))
-    record = matrix.record_replay(connection, lost, trigger="builds")
+    record = replays.record_replay(connection, lost, trigger="builds")
     assert record.build is None and record.run_id is None and record.skip_count == 1
     with pytest.raises(FieldValidationError, match="trigger: unknown value 'cron'"):
-        matrix.record_replay(connection, lost, trigger="cron")
+        replays.record_replay(connection, lost, trigger="cron")
 
 
 def test_build_history_knows_which_backends_a_build_was_replayed_for(connection):
     build_id = SqlStore(connection).register_build(fingerprint("4.0.0b36"))
-    history = matrix.SqlBuildHistory(connection)
+    history = replays.SqlBuildHistory(connection)
     assert not history.is_replayed(build_id, ["fa4"])
     skip = Skip(CASE.case_id, "te-fa4", "mask_type", "TransformerEngine is not installed")
     history.record_replay(build_id, {"transformer-engine": ""}, ["fa4", "te-fa4"], [skip], {CASE.case_id: CASE.to_json()}, 3, "worker")
@@ -200,25 +200,25 @@ def test_a_bisection_stores_every_step_and_its_outcome(connection, fa4_line):
         "4.0.0b31": Verdict("fail", "out:all_zero"),
         "4.0.0b36": Verdict("fail", "out:all_zero"),
     }
-    run_id = matrix.start_bisect(
+    run_id = bisections.start_bisect(
         connection, case=CASE, backend="fa4", variant="te_style", package="flash-attn-4",
         good_version="4.0.0b11", bad_version="4.0.0b36", signature=None,
     )
     build_ids = {v: fa4_line.get(v) for v in versions}
-    outcome_ = bisect_builds(versions, verdicts.__getitem__, on_step=lambda s: matrix.record_bisect_step(connection, run_id, s, build_ids[s.version]))
-    matrix.finish_bisect(connection, run_id, outcome_, build_ids)
-    view = matrix.get_bisection(connection, run_id)
+    outcome_ = bisect_builds(versions, verdicts.__getitem__, on_step=lambda s: bisections.record_bisect_step(connection, run_id, s, build_ids[s.version]))
+    bisections.finish_bisect(connection, run_id, outcome_, build_ids)
+    view = bisections.get_bisection(connection, run_id)
     assert (view.run.status, view.run.last_good_version, view.run.first_bad_version) == ("ambiguous", "4.0.0b11", "4.0.0b30")
     assert view.run.candidates == ["4.0.0b29", "4.0.0b30"] and view.run.replays == len(view.steps) == outcome_.replays
     assert [s.verdict for s in view.steps] == [s.verdict for s in outcome_.steps]
     assert view.run.first_bad_build_id == fa4_line["4.0.0b30"] and view.run.finished_at is not None
-    assert [r.id for r in matrix.list_bisections(connection, "flash-attn-4")] == [run_id]
+    assert [r.id for r in bisections.list_bisections(connection, "flash-attn-4")] == [run_id]
     with pytest.raises(NotFoundError, match="bisection"):
-        matrix.get_bisection(connection, run_id + 1)
+        bisections.get_bisection(connection, run_id + 1)
 
 
 def test_the_corpus_exports_each_buckets_case_with_verdicts_and_imports_elsewhere(connection, fa4_line, tmp_path):
-    entries = matrix.corpus_entries_from_db(connection, backends=["fa4"])
+    entries = corpus_db.corpus_entries_from_db(connection, backends=["fa4"])
     (entry,) = entries
     assert (entry.backend, entry.variant, entry.case) == ("fa4", "te_style", CASE)
     assert (entry.expected_status, entry.expected_signature) == ("pass", None), "the newest verdict (b36, fixed) is expected"
@@ -232,11 +232,11 @@ def test_the_corpus_exports_each_buckets_case_with_verdicts_and_imports_elsewher
     migrations.upgrade(url)
     engine = make_engine(url)
     try:
-        stored = matrix.import_corpus(engine, entries)
+        stored = corpus_db.import_corpus(engine, entries)
         assert stored == len(entry.verdicts)
         imported = matrix.build_matrix(engine, "flash-attn-4", device_name="NVIDIA B200")
         assert [(b.version, b.fingerprint_id) for b in imported.builds] == [
-            (b.version, b.fingerprint_id) for b in matrix.line_builds(connection, "flash-attn-4", device_name="NVIDIA B200") if b.version != "4.0.0b29"
+            (b.version, b.fingerprint_id) for b in lines.line_builds(connection, "flash-attn-4", device_name="NVIDIA B200") if b.version != "4.0.0b29"
         ]
         assert [(r.kind, r.after_version) for r in matrix.find_regressions(engine, "flash-attn-4")] == [
             ("regression", "4.0.0b30"),
@@ -297,14 +297,14 @@ def test_the_matrix_page_highlights_the_regression_and_the_fix(client, fa4_line)
 
 
 def test_the_bisection_page_and_api_show_the_steps(client, connection, fa4_line):
-    run_id = matrix.start_bisect(
+    run_id = bisections.start_bisect(
         connection, case=CASE, backend="fa4", variant="te_style", package="flash-attn-4",
         good_version="4.0.0b11", bad_version="4.0.0b31", signature="out:all_zero",
     )
     verdicts = {"4.0.0b11": Verdict("pass"), "4.0.0b30": Verdict("fail", "out:all_zero"), "4.0.0b31": Verdict("fail", "out:all_zero")}
     found = bisect_builds(list(verdicts), verdicts.__getitem__, signature="out:all_zero",
-                          on_step=lambda s: matrix.record_bisect_step(connection, run_id, s, fa4_line.get(s.version)))
-    matrix.finish_bisect(connection, run_id, found, fa4_line)
+                          on_step=lambda s: bisections.record_bisect_step(connection, run_id, s, fa4_line.get(s.version)))
+    bisections.finish_bisect(connection, run_id, found, fa4_line)
     body = client.get(f"/api/matrix/bisections/{run_id}").json()
     assert (body["status"], body["first_bad_version"], body["replays"]) == ("found", "4.0.0b30", 3)
     assert [s["verdict"] for s in body["steps"]] == ["bad", "good", "bad"]

@@ -18,7 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from fuzzer.builds.envs import BuildError, load_rules, prepare_from_wheelhouse, resolve_installer, uv_command
+from fuzzer.builds.envs import prepare_from_wheelhouse
+from fuzzer.builds.install import resolve_installer, uv_command
+from fuzzer.builds.versions import BuildError
+from fuzzer.builds.wheels import load_rules
 from tests.builds.fakebuilds import DEP, KERNEL
 
 FAKE_UV = '''#!{python}
