@@ -15,7 +15,7 @@ Measures, on a database of its own (``attnfuzz_load_<pid>``, created here and dr
 The dataset has a build line the way workers record it: 26 flash-attn-4 builds 4.0.0b11..4.0.0b36
 on H200 and the last 4 also on B200 (30 builds, each registered by `SqlStore.register_build` with
 its fingerprint, its package versions and a ``worker`` replay run stored by
-`service.builds.matrix.SqlBuildHistory.record_replay`), fuzz results spread over the builds in version
+`service.builds.replays.SqlBuildHistory.record_replay`), fuzz results spread over the builds in version
 order, and on every build a replay (phase ``replay``) of each bucket's minimised case and of 100
 corpus tasks, with regressions, fixes, a new signature and skips (TE cannot run with the oldest
 flash-attn-4 builds), plus one stored bisection.

@@ -237,7 +237,7 @@ class Worker:
         journal: where in-flight evaluations are written down (`fuzzer.spool.Spool`); None
             keeps no journal.
         build_history: storage of per-build replays (`fuzzer.builds.replay.BuildHistory`, e.g.
-            `service.builds.matrix.SqlBuildHistory`); with ``config.corpus_dir`` the worker replays the
+            `service.builds.replays.SqlBuildHistory`); with ``config.corpus_dir`` the worker replays the
             corpus before fuzzing on a build it has not replayed yet.
         clock: monotonic seconds for the time budget and the shrink share (tests pass a fake).
     """

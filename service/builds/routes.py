@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import HTMLResponse
 
 from fuzzer.builds.regressions import TRANSITION_KINDS
-from service.builds import matrix
+from service.builds import bisections, lines, matrix
 from service.api.deps import BisectionId, SessionDep
 from service.api.openapi import PAGE_HEADERS, paginate
 from service.builds.schemas import (
@@ -39,7 +39,7 @@ def list_lines(
     request: Request, response: Response, session: SessionDep, limit: PageLimit = 1000, offset: PageOffset = 0
 ) -> list[PackageLineOut]:
     """Every package line with its number of builds (paginated: ``X-Total-Count``, ``Link``)."""
-    rows = paginate(request, response, matrix.package_lines(session), limit, offset)
+    rows = paginate(request, response, lines.package_lines(session), limit, offset)
     return [PackageLineOut(package=p, builds=n) for p, n in rows]
 
 
@@ -54,7 +54,7 @@ def list_line_builds(
     offset: PageOffset = 0,
 ) -> list[LineBuildOut]:
     """The builds of a line, ordered by the package's PEP 440 version, then first seen (paginated)."""
-    rows = paginate(request, response, matrix.line_builds(session, package, device_name=device_name), limit, offset)
+    rows = paginate(request, response, lines.line_builds(session, package, device_name=device_name), limit, offset)
     return [LineBuildOut.from_build(b) for b in rows]
 
 
@@ -100,14 +100,14 @@ def list_bisections(
     offset: PageOffset = 0,
 ) -> list[BisectRunOut]:
     """Stored bisections, newest first (paginated)."""
-    rows = paginate(request, response, matrix.list_bisections(session, package), limit, offset)
+    rows = paginate(request, response, bisections.list_bisections(session, package), limit, offset)
     return [BisectRunOut.model_validate(r) for r in rows]
 
 
 @api_router.get("/bisections/{run_id}")
 def get_bisection(session: SessionDep, run_id: BisectionId) -> BisectionOut:
     """One bisection with every step."""
-    return BisectionOut.from_view(matrix.get_bisection(session, run_id))
+    return BisectionOut.from_view(bisections.get_bisection(session, run_id))
 
 
 @page_router.get("/matrix", response_class=HTMLResponse)
@@ -120,8 +120,8 @@ def matrix_page(
     changes_only: bool = False,
     limit: Limit = matrix.DEFAULT_MATRIX_ROWS,
 ) -> HTMLResponse:
-    lines = [PackageLineOut(package=p, builds=n) for p, n in matrix.package_lines(session)]
-    context: dict = {"lines": lines, "package": package or "", "backend": backend or "", "device_name": device_name or "",
+    line_rows = [PackageLineOut(package=p, builds=n) for p, n in lines.package_lines(session)]
+    context: dict = {"lines": line_rows, "package": package or "", "backend": backend or "", "device_name": device_name or "",
                      "changes_only": changes_only, "limit": limit, "matrix": None, "regressions": [], "bisections": []}
     if package:
         # One build of the matrix serves the table and the regression list, unless a device filter
@@ -132,11 +132,11 @@ def matrix_page(
             matrix.find_regressions(session, package, backend=backend) if device_name else matrix.regressions_of(full)
         )
         context["regressions"] = [RegressionOut.model_validate(r) for r in regressions]
-        context["bisections"] = [BisectRunOut.model_validate(r) for r in matrix.list_bisections(session, package)]
+        context["bisections"] = [BisectRunOut.model_validate(r) for r in bisections.list_bisections(session, package)]
     return request.app.state.templates.TemplateResponse(request, "matrix.html", context)
 
 
 @page_router.get("/matrix/bisections/{run_id}", response_class=HTMLResponse)
 def bisection_page(request: Request, session: SessionDep, run_id: BisectionId) -> HTMLResponse:
-    bisection = BisectionOut.from_view(matrix.get_bisection(session, run_id))
+    bisection = BisectionOut.from_view(bisections.get_bisection(session, run_id))
     return request.app.state.templates.TemplateResponse(request, "matrix_bisection.html", {"bisection": bisection})

@@ -8,7 +8,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from service.builds import matrix
+from service.builds import bisections, lines, matrix
+
+
 class _Out(BaseModel):
     model_config = ConfigDict(from_attributes=True)
 
@@ -32,7 +34,7 @@ class LineBuildOut(_Out):
     packages: dict[str, str]
 
     @classmethod
-    def from_build(cls, build: matrix.LineBuild) -> LineBuildOut:
+    def from_build(cls, build: lines.LineBuild) -> LineBuildOut:
         return cls(
             build_id=build.build_id,
             version=build.version,
@@ -182,6 +184,6 @@ class BisectionOut(BisectRunOut):
     steps: list[BisectStepOut]
 
     @classmethod
-    def from_view(cls, view: matrix.BisectionView) -> BisectionOut:
+    def from_view(cls, view: bisections.BisectionView) -> BisectionOut:
         data: dict[str, Any] = BisectRunOut.model_validate(view.run).model_dump()
         return cls(**data, description=view.description, steps=[BisectStepOut.model_validate(s) for s in view.steps])

@@ -364,3 +364,25 @@ def write_transaction(bind: Engine | Connection, fn: Callable[[Connection], T], 
         StoreRefusedError: the database refuses writes (disk full, read-only).
     """
     return Transactor(bind, retries).write(fn)
+
+
+@contextmanager
+def reading(bind: Engine | Connection | Session) -> Iterator[Connection | Session]:
+    """Something to read on: a new Connection of an Engine (closed afterwards), else ``bind``
+    itself (an open Connection or Session: the caller's transaction)."""
+    if isinstance(bind, Engine):
+        with bind.connect() as connection:
+            yield connection
+    else:
+        yield bind
+
+
+@contextmanager
+def session_for(bind: Engine | Connection | Session) -> Iterator[Session]:
+    """A Session on ``bind`` (objects stay readable after it closes), or ``bind`` itself when it
+    is one."""
+    if isinstance(bind, Session):
+        yield bind
+        return
+    with Session(bind=bind, expire_on_commit=False) as session:
+        yield session

@@ -347,7 +347,7 @@ class HypothesisExample(Base):
 
 
 # ============================================================================================
-# Build matrix (fuzzer/builds/envs.py, fuzzer/builds/replay.py, fuzzer/builds/bisect.py, service/builds/matrix.py;
+# Build matrix (fuzzer/builds/envs.py, fuzzer/builds/replay.py, fuzzer/builds/bisect.py, service/builds/;
 # migration 0003): package versions of each build, replays and their skips, bisections.
 # ============================================================================================
 

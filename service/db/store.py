@@ -741,7 +741,7 @@ def bucket_cases(connection: Any, backends: Iterable[str] | None = None) -> list
     """Each bucket (of ``backends`` if given, else all) with the case that stands for it: its
     minimised case, else its first case. Rows ``(id, backend, variant, signature, config)``, oldest
     bucket first, read on ``connection`` (a Connection or a Session). Shared by
-    `SqlStore.known_failures` and `service.builds.matrix.replay_tasks_from_buckets`."""
+    `SqlStore.known_failures` and `service.builds.replays.replay_tasks_from_buckets`."""
     case_id = func.coalesce(Bucket.minimised_case_id, Bucket.first_case_id)
     statement = (
         select(Bucket.id, Bucket.backend, Bucket.variant, Bucket.signature, Case.config)
