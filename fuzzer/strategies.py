@@ -23,8 +23,9 @@ tends to batch 1, one head, seqlen 1, bf16, bshd, normal inputs, seed 0, forward
 Context parallelism: only when a selected backend declares ``capabilities.cp`` *and* the caller
 allows ``max_cp_size >= 2`` (the executor knows how many ranks it can start) is ``cp_size`` drawn:
 1 half of the time (first, so shrinking leaves CP), else a power of two up to ``max_cp_size``, with a
-``cp_comm_type`` (``a2a+p2p`` only for ``cp_size >= 4``). CP cases are drawn so that they can be
-laid out (`fuzzer.backends.cp_layout.cp_unsupported_reasons`): bshd/sbhd lengths are ``2 * cp_size`` times a
+``cp_comm_type`` (``a2a+p2p`` only for ``cp_size >= 4``), three in four "TE-shaped" (those draws
+are `fuzzer.cp.strategies`). CP cases are drawn so that they can be laid out
+(`fuzzer.backends.cp_layout.cp_unsupported_reasons`): bshd/sbhd lengths are ``2 * cp_size`` times a
 drawn chunk length (so chunk lengths, not totals, sit on tile edges), thd lengths are either such
 multiples (no padding: what TE's FlashAttention needs) or anything (padded), and ``a2a``
 (``a2a+p2p``) cases get head counts divisible by ``cp_size`` (by 2). Without CP no extra choice is
@@ -45,7 +46,8 @@ from typing import Any
 from hypothesis import strategies as st
 
 from fuzzer.backends.base import Capabilities
-from oracle.config import CAUSAL_ALIGNMENTS, CP_COMM_TYPES, DTYPES, INPUT_DISTRIBUTIONS, QKV_FORMATS, AttentionCase, cp_heads_unit
+from fuzzer.cp.strategies import NO_CP, CPShape, cp_lengths, cp_shapes, cp_size_and_comm_types
+from oracle.config import CAUSAL_ALIGNMENTS, DTYPES, INPUT_DISTRIBUTIONS, QKV_FORMATS, AttentionCase
 from oracle.config import DOUT_DISTRIBUTIONS, MAX_SCORE_OFFSET, MAX_SEQ_SCALE_LOG2, SCORE_OFFSET_MODES, max_oracle_bytes
 from oracle.errors import AttnFuzzError
 
@@ -107,7 +109,6 @@ k and v ``<= 2 E``), twice with backward, plus two score rows per head ``<= 8 E`
 ``max_oracle_bytes() // 208``, so no drawn case is refused by the oracle's bound."""
 COMMON_HEAD_DIMS = (64, 128, 32, 96, 256, 80, 192, 16, 8, 512, 40, 72, 160, 224)
 GQA_GROUPS = (1, 2, 4, 8)
-CP_SIZES = (2, 4, 8)
 
 
 class StrategyArgumentError(AttnFuzzError, ValueError):
@@ -258,8 +259,9 @@ def window_sizes(max_seqlen: int) -> st.SearchStrategy[int | None]:
 
 
 def cp_configs(max_cp_size: int) -> st.SearchStrategy[tuple[int, str | None]]:
-    """``(cp_size, cp_comm_type)``: ``(1, None)`` half of the time, else a size of ``CP_SIZES``
-    up to ``max_cp_size`` with a comm type it allows (``a2a+p2p`` needs ``cp_size >= 4``).
+    """``(cp_size, cp_comm_type)``: ``(1, None)`` half of the time, else a size of
+    `fuzzer.cp.strategies.CP_SIZES` up to ``max_cp_size`` with a comm type it allows (``a2a+p2p``
+    needs ``cp_size >= 4``).
 
     Shrinks toward ``(1, None)``.
 
@@ -268,22 +270,12 @@ def cp_configs(max_cp_size: int) -> st.SearchStrategy[tuple[int, str | None]]:
     """
     if isinstance(max_cp_size, bool) or not isinstance(max_cp_size, int) or max_cp_size < 1:
         raise StrategyArgumentError(f"max_cp_size: must be an int >= 1, got {max_cp_size!r}")
-    with_cp = [
-        (size, comm) for size in CP_SIZES if size <= max_cp_size for comm in CP_COMM_TYPES if comm != "a2a+p2p" or size >= 4
-    ]
-    return st.sampled_from([(1, None)] * max(1, len(with_cp)) + with_cp)
-
-
-def _cp_lengths(limit: int, unit: int, padded: bool) -> st.SearchStrategy[int]:
-    """A sequence length for ``unit = 2 * cp_size``: a multiple of ``unit`` (chunk length drawn by
-    `seqlens`), or with ``padded`` also any length in ``[1, limit]``."""
-    multiples = seqlens(max(1, limit // unit)).map(lambda chunk: chunk * unit)
-    return st.one_of(multiples, seqlens(limit)) if padded else multiples
+    return cp_size_and_comm_types(max_cp_size)
 
 
 @st.composite
 def _sequence_lengths(
-    draw, qkv_format: str, batch_size: int, max_q: int, max_k: int, pairs: int, cp_size: int, te_shaped: bool
+    draw, qkv_format: str, batch_size: int, max_q: int, max_k: int, pairs: int, cp: CPShape
 ) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None, int, int]:
     """``(seqlens_q, seqlens_k, seqlen_q, seqlen_k)`` with ``seqlen_q * seqlen_k <= pairs`` (the
     maxima for thd; see `seqlen_pairs_budget`), ``seqlen_q <= max_q`` and ``seqlen_k <= max_k``.
@@ -291,18 +283,19 @@ def _sequence_lengths(
     Non-CP cases are decode-like one time in `DECODE_SHARE` (``seqlen_q`` in ``[1,
     DECODE_MAX_SEQLEN_Q]``, ``seqlen_k`` from `decode_seqlens_k`), else ``seqlen_q`` is drawn up to
     ``isqrt(pairs)`` and ``seqlen_k`` equal to it or up to ``pairs // seqlen_q`` (so a short
-    query row may see a long key row). CP cases keep the CP layouts of `_cp_lengths` with the
-    same budget (TE-shaped ones: ``seqlen_k == seqlen_q``). The budget never forces a length below
-    1 (or below one CP unit).
+    query row may see a long key row). CP cases keep the CP layouts of
+    `fuzzer.cp.strategies.cp_lengths` with the same budget (self-attention ones, `CPShape`:
+    ``seqlen_k == seqlen_q``). The budget never forces a length below 1 (or below one CP unit).
     """
     thd = qkv_format == "thd"
+    cp_size, self_attention = cp.cp_size, cp.is_self_attention
     if cp_size > 1:
-        unit = 2 * cp_size
-        padded = thd and not te_shaped
-        limit_q = max(1, min(max_q, max_k, math.isqrt(pairs)) if te_shaped else min(max_q, math.isqrt(pairs)))
+        unit = cp.length_unit
+        padded = thd and not cp.te_shaped
+        limit_q = max(1, min(max_q, max_k, math.isqrt(pairs)) if self_attention else min(max_q, math.isqrt(pairs)))
 
         def lengths(limit: int) -> st.SearchStrategy[int]:
-            return _cp_lengths(max(1, limit), unit, padded=padded)
+            return cp_lengths(max(1, limit), unit, padded, seqlens)
 
     else:
         decode = draw(st.integers(0, DECODE_SHARE - 1)) == DECODE_SHARE - 1
@@ -313,14 +306,14 @@ def _sequence_lengths(
         limit_k = max(1, min(max_k, pairs // max(seqlens_q)))
         if cp_size == 1 and decode:
             seqlens_k = tuple(draw(st.lists(decode_seqlens_k(limit_k), min_size=batch_size, max_size=batch_size)))
-        elif not te_shaped and draw(st.booleans()):
+        elif not self_attention and draw(st.booleans()):
             seqlens_k = tuple(draw(st.lists(lengths(limit_k), min_size=batch_size, max_size=batch_size)))
         else:
             seqlens_k = seqlens_q
         return seqlens_q, seqlens_k, max(seqlens_q), max(seqlens_k)
     seqlen_q = draw(lengths(limit_q))
     limit_k = max(1, min(max_k, pairs // seqlen_q))
-    if te_shaped:
+    if self_attention:
         seqlen_k = seqlen_q
     elif cp_size == 1 and decode:
         seqlen_k = draw(decode_seqlens_k(limit_k))
@@ -457,14 +450,11 @@ def _attention_cases(
     max_seqlen = max_seqlen or caps.max_seqlen
     dtype = draw(st.sampled_from(caps.dtypes))
     qkv_format = draw(st.sampled_from(caps.qkv_formats))
-    cp_size, cp_comm_type = draw(cp_configs(max_cp_size)) if caps.cp and max_cp_size >= 2 else (1, None)
-    # Three CP cases in four are "TE-shaped": self-attention, top-left, head_dim_v == head_dim, thd
-    # without padding, windows only with all_gather/a2a (what TransformerEngine 2.20.2 runs under
-    # CP: `fuzzer.backends.te.te_cp_unsupported_reasons`); the fourth probes the rest. Free draws
-    # shrink towards TE-shaped ones. Without CP nothing extra is drawn.
-    te_shaped = cp_size > 1 and draw(st.integers(0, 3)) < 3
+    # the CP shape (and three CP cases in four "TE-shaped": `fuzzer.cp.strategies`); without CP
+    # nothing extra is drawn
+    cp = draw(cp_shapes(max_cp_size)) if caps.cp and max_cp_size >= 2 else NO_CP
     batch_size = draw(st.integers(1, max_batch_size))
-    heads_unit = cp_heads_unit(cp_size, cp_comm_type)
+    heads_unit = cp.heads_unit
     if heads_unit > 1:
         num_heads_kv = heads_unit * draw(st.integers(1, max(1, max_heads_kv // heads_unit)))
     else:
@@ -477,7 +467,7 @@ def _attention_cases(
         dims = st.one_of(*[st.sampled_from(preferred)] * 3, dims)
     head_dim = draw(dims)
     head_dim_v = head_dim
-    if caps.head_dim_v_differs and not te_shaped and draw(st.booleans()):
+    if caps.head_dim_v_differs and cp.allows_head_dim_v_differs and draw(st.booleans()):
         head_dim_v = draw(dims)
     widest = max(head_dim, head_dim_v)
     pairs = seqlen_pairs_budget(max_work, batch_size, num_heads, widest)
@@ -486,14 +476,14 @@ def _attention_cases(
         max_q = max(1, min(max_q, max_elements // (batch_size * num_heads * widest)))
         max_k = max(1, min(max_k, max_elements // (batch_size * num_heads_kv * widest)))
     seqlens_q, seqlens_k, seqlen_q, seqlen_k = draw(
-        _sequence_lengths(qkv_format, batch_size, max_q, max_k, pairs, cp_size, te_shaped)
+        _sequence_lengths(qkv_format, batch_size, max_q, max_k, pairs, cp)
     )
     causal = draw(st.booleans())
     window_left = window_right = None
-    if caps.windows and not (te_shaped and cp_comm_type == "p2p") and draw(st.booleans()):
+    if caps.windows and cp.allows_windows and draw(st.booleans()):
         window_left = draw(window_sizes(max(seqlen_q, seqlen_k)))
         window_right = draw(window_sizes(max(seqlen_q, seqlen_k)))
-    if te_shaped and "top_left" in caps.causal_alignments:
+    if cp.prefers_top_left and "top_left" in caps.causal_alignments:
         causal_alignment = "top_left"
     else:
         causal_alignment = draw(st.sampled_from(caps.causal_alignments))
@@ -528,6 +518,6 @@ def _attention_cases(
         backward=backward,
         **input_spec,
         seed=seed,
-        cp_size=cp_size,
-        cp_comm_type=cp_comm_type,
+        cp_size=cp.cp_size,
+        cp_comm_type=cp.cp_comm_type,
     )

@@ -84,3 +84,14 @@ def test_most_cp_draws_are_cases_transformer_engine_runs_under_cp():
     assert len(runnable) >= 0.5 * len(seen), (len(runnable), len(seen))
     assert {c.cp_comm_type for c in runnable} >= {"p2p", "all_gather", "a2a"}
     assert {c.causal for c in runnable} == {True, False}
+
+
+def test_a_te_shaped_cp_shape_asks_for_what_transformer_engine_runs_and_no_cp_asks_nothing():
+    from fuzzer.cp.strategies import NO_CP, CPShape, cp_choices
+
+    shaped = CPShape(4, "p2p", te_shaped=True)
+    assert (shaped.is_self_attention, shaped.prefers_top_left) == (True, True)
+    assert (shaped.allows_windows, shaped.allows_head_dim_v_differs) == (False, False)
+    assert CPShape(4, "a2a", te_shaped=True).allows_windows and CPShape(4, "a2a").heads_unit == 4
+    assert (NO_CP.cp_size, NO_CP.length_unit, NO_CP.heads_unit, NO_CP.allows_windows) == (1, 1, 1, True)
+    assert ("a2a+p2p" in {c for _, c in cp_choices(2)}, (4, "a2a+p2p") in cp_choices(4)) == (False, True)
