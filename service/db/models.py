@@ -331,7 +331,7 @@ class Defect(Base):
 
 
 class HypothesisExample(Base):
-    """One value under one key of Hypothesis's example database (`service.db.store.SqlExampleDatabase`).
+    """One value under one key of Hypothesis's example database (`service.db.examples.SqlExampleDatabase`).
 
     Uniqueness is on ``(key, value_sha256)``, not ``(key, value)``: a PostgreSQL btree entry is
     limited to about 2.7 kB and Hypothesis values can be larger.

@@ -1,7 +1,8 @@
-"""SQL storage for fuzz workers: `SqlStore` (the `fuzzer.results.ResultSink`) and
-`SqlExampleDatabase` (Hypothesis's example database in the ``hypothesis_examples`` table).
+"""SQL storage for fuzz workers: `SqlStore`, the `fuzzer.results.ResultSink` on SQL (builds,
+workers, cases, results, buckets, minimisation leases). Hypothesis's example database is
+`service.db.examples`; worker sessions and their gaps `service.db.workers`.
 
-Both work on an `Engine` (one short transaction per call) or on an open `Connection` (each call
+It works on an `Engine` (one short transaction per call) or on an open `Connection` (each call
 in a SAVEPOINT of the caller's transaction; the tests use this).
 
 Concurrency: several worker processes may write one SQLite file or one PostgreSQL database at
@@ -22,14 +23,11 @@ Create a store in the process that uses it (an Engine must not cross a fork).
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from hypothesis.database import ExampleDatabase
-from sqlalchemy import func, Engine, case, delete, or_, select, update
+from sqlalchemy import Engine, case, func, or_, select, update
 from sqlalchemy.engine import Connection
 
 from fuzzer.results import (
@@ -43,6 +41,7 @@ from fuzzer.text import MAX_DETAIL, MAX_PACKAGE, storable_text
 from oracle.config import AttentionCase
 from service.db.builds import register_build
 from service.db.engine import DEFAULT_RETRIES, Transactor, insert_ignore, insert_ignore_statement
+from service.db.workers import WorkerSession
 from service.errors import FieldValidationError, NotFoundError
 from service.db.models import (
     ORIGINS,
@@ -50,7 +49,6 @@ from service.db.models import (
     Build,
     Case,
     Defect,
-    HypothesisExample,
     Result,
     TriageState,
     Worker,
@@ -751,119 +749,3 @@ def bucket_cases(connection: Any, backends: Iterable[str] | None = None) -> list
     if backends is not None:
         statement = statement.where(Bucket.backend.in_(list(backends)))
     return list(connection.execute(statement).all())
-
-
-@dataclass(frozen=True)
-class WorkerSession:
-    """One ``workers`` row: a worker process from start to its last heartbeat (times UTC)."""
-
-    worker_id: int
-    hostname: str
-    slot: str | None
-    pid: int
-    started_at: datetime
-    last_heartbeat: datetime
-    status: str
-    cases_run: int
-
-
-@dataclass(frozen=True)
-class HeartbeatGap:
-    """The time between a worker's last heartbeat and the start of the next worker of its host
-    and slot (its restart), in seconds; ``clean`` when the first one stopped normally."""
-
-    before: WorkerSession
-    after: WorkerSession
-    gap_s: float
-    clean: bool
-
-
-def heartbeat_gaps(sessions: Iterable[WorkerSession]) -> list[HeartbeatGap]:
-    """Consecutive sessions of each (hostname, slot), in start order; sessions without a slot are
-    left out (nothing says which one restarted which)."""
-    by_slot: dict[tuple[str, str], list[WorkerSession]] = {}
-    for session in sessions:
-        if session.slot is not None:
-            by_slot.setdefault((session.hostname, session.slot), []).append(session)
-    gaps = []
-    for runs in by_slot.values():
-        runs.sort(key=lambda r: (r.started_at, r.worker_id))
-        for before, after in zip(runs, runs[1:]):
-            gap_s = (after.started_at - before.last_heartbeat).total_seconds()
-            gaps.append(HeartbeatGap(before, after, gap_s, clean=before.status == "stopped"))
-    return gaps
-
-
-class SqlExampleDatabase(ExampleDatabase):
-    """Hypothesis's example database in the ``hypothesis_examples`` table.
-
-    ``save`` and ``delete`` are idempotent and ``move`` is one transaction. Change listeners
-    hear this instance's own saves, deletes and moves (a move is a delete then a save), not
-    writes by other processes.
-
-    Args:
-        bind: an Engine or an open Connection (see the module docstring).
-    """
-
-    def __init__(self, bind: Engine | Connection, *, retries: int = DEFAULT_RETRIES):
-        super().__init__()
-        self._tx = Transactor(bind, retries)
-
-    def __repr__(self) -> str:
-        return f"SqlExampleDatabase({self._tx.bind!r})"
-
-    @staticmethod
-    def _save(connection: Connection, key: bytes, value: bytes) -> bool:
-        values = {"key": key, "value": value, "value_sha256": hashlib.sha256(value).digest()}
-        table = HypothesisExample.__table__
-        return insert_ignore(connection, table, values, ["key", "value_sha256"]) is not None
-
-    @staticmethod
-    def _delete(connection: Connection, key: bytes, value: bytes) -> bool:
-        statement = delete(HypothesisExample).where(
-            HypothesisExample.key == key,
-            HypothesisExample.value_sha256 == hashlib.sha256(value).digest(),
-            HypothesisExample.value == value,
-        )
-        return connection.execute(statement).rowcount > 0
-
-    def save(self, key: bytes, value: bytes) -> None:
-        """Save ``value`` under ``key``; nothing happens if it is already there."""
-        key, value = bytes(key), bytes(value)
-        if self._tx.write(lambda connection: self._save(connection, key, value)):
-            self._broadcast_change(("save", (key, value)))
-
-    def fetch(self, key: bytes) -> Iterable[bytes]:
-        """Every value under ``key``, oldest first (read in one query, then yielded)."""
-        key = bytes(key)
-        statement = select(HypothesisExample.value).where(HypothesisExample.key == key).order_by(HypothesisExample.id)
-        values = self._tx.read(lambda connection: list(connection.scalars(statement)))
-        yield from values
-
-    def delete(self, key: bytes, value: bytes) -> None:
-        """Remove ``value`` from ``key``; nothing happens if it is not there."""
-        key, value = bytes(key), bytes(value)
-        if self._tx.write(lambda connection: self._delete(connection, key, value)):
-            self._broadcast_change(("delete", (key, value)))
-
-    def move(self, src: bytes, dest: bytes, value: bytes) -> None:
-        """Move ``value`` from ``src`` to ``dest`` in one transaction (saved at ``dest`` even when
-        absent from ``src``)."""
-        src, dest, value = bytes(src), bytes(dest), bytes(value)
-        if src == dest:
-            self.save(src, value)
-            return
-        deleted, saved = self._tx.write(
-            lambda connection: (self._delete(connection, src, value), self._save(connection, dest, value))
-        )
-        if deleted:
-            self._broadcast_change(("delete", (src, value)))
-        if saved:
-            self._broadcast_change(("save", (dest, value)))
-
-    def _start_listening(self) -> None:
-        # Changes are broadcast from save/delete/move above; nothing to start.
-        pass
-
-    def _stop_listening(self) -> None:
-        pass

@@ -19,7 +19,8 @@ from fuzzer.results import BuildFingerprint, CaseResult
 from oracle.config import AttentionCase
 from service.db.engine import make_engine
 from service.db.models import Case
-from service.db.store import SqlStore, heartbeat_gaps
+from service.db.store import SqlStore
+from service.db.workers import heartbeat_gaps
 from tests.reliability.conftest import counts, fuzz_args, query, wait_until
 
 pytestmark = pytest.mark.timeout(300)

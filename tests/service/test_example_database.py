@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.database import ExampleDatabase, InMemoryExampleDatabase
 
-from service.db.store import SqlExampleDatabase
+from service.db.examples import SqlExampleDatabase
 from tests.service.conftest import rolled_back
 
 

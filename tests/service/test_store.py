@@ -19,7 +19,8 @@ from service.db.engine import make_engine
 from service.errors import FieldValidationError, NotFoundError
 from service.db.models import Bucket, Build, Case, Result, Worker, utcnow
 from service.db.engine import StoreRefusedError, StoreUnavailableError
-from service.db.store import SqlStore, heartbeat_gaps
+from service.db.store import SqlStore
+from service.db.workers import heartbeat_gaps
 from tests.service.conftest import Seeded
 
 CASE = AttentionCase(batch_size=2, seqlen_q=113, seqlen_k=799, num_heads=4, causal=True, softcap=30.0)
