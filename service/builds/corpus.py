@@ -14,8 +14,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
 from fuzzer.builds.corpus import CorpusEntry, Verdict as CorpusVerdict
-from fuzzer.builds.regressions import pick_result
-from fuzzer.results import FAILING_STATUSES, CaseResult
+from fuzzer.results import FAILING_STATUSES, CaseResult, pick_result
 from service.db.engine import reading, write_transaction
 from service.db.models import (
     Bucket,

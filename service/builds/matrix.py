@@ -1,6 +1,6 @@
 """The case x build matrix of a package line, and its regressions, new signatures and fixes.
 
-Regressions and fixes (`fuzzer.builds.regressions.transitions`) are looked for between consecutive
+Regressions and fixes (`fuzzer.results.transitions`) are looked for between consecutive
 builds of the line *on the same device* (``device_name`` and ``compute_capability``): a kernel
 that fails on SM100 and passes on SM90 is not a regression between two versions. The builds of
 a line and their order are `service.builds.lines`'.
@@ -19,7 +19,7 @@ from sqlalchemy import Engine, select
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
-from fuzzer.builds.regressions import (
+from fuzzer.results import (
     FIX,
     NEW_SIGNATURE,
     REGRESSION,
@@ -28,8 +28,8 @@ from fuzzer.builds.regressions import (
     Transition,
     pick_result,
     transitions,
+    version_key,
 )
-from fuzzer.results import version_key
 from oracle.config import AttentionCase
 from oracle.errors import CaseValidationError
 from service.errors import FieldValidationError
@@ -115,7 +115,7 @@ def build_matrix(
     """The case x build matrix of ``package``'s line.
 
     Rows are the tasks replayed (phase ``replay`` or ``confirm``) or skipped on at least one build
-    of the line; each cell shows the task's result on that build (`fuzzer.builds.regressions.pick_result`:
+    of the line; each cell shows the task's result on that build (`fuzzer.results.pick_result`:
     replay first) or its skip.
 
     Args:

@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import HTMLResponse
 
-from fuzzer.builds.regressions import TRANSITION_KINDS
+from fuzzer.results import TRANSITION_KINDS
 from service.builds import bisections, lines, matrix
 from service.api.deps import BisectionId, SessionDep
 from service.api.openapi import PAGE_HEADERS, paginate

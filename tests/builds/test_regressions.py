@@ -1,10 +1,10 @@
-"""fuzzer/builds/regressions.py: regressions, new signatures and fixes along ordered verdicts."""
+"""fuzzer/results.py (line verdicts): regressions, new signatures and fixes along ordered verdicts."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
-from fuzzer.builds.regressions import LineVerdict, pick_result, transitions
+from fuzzer.results import LineVerdict, pick_result, transitions
 
 
 def verdicts(*cells):
