@@ -13,7 +13,10 @@ Every caller that runs a case and judges it goes through here: the fuzz worker
    on the evaluator's device, and the reference-only parts of the comparison once
    (`oracle.compare.PreparedReference`);
 3. every runnable task through the executor (child processes, or in process for tests);
-4. each outcome judged by `judge` (a CP outcome and its non-CP twin through `fuzzer.cp.judge.judge_cp`).
+4. each outcome judged by `judge` through `fuzzer.executor.TaskOutcome.judged` (a CP outcome
+   judges its non-CP twin too, `fuzzer.cp.judge.judge_cp`: the core never imports the CP wing,
+   which runs the Evaluator in its campaign; CP backends need the CP executor,
+   `fuzzer.cp.executor.make_executor_with_cp`).
 
 It stores nothing: the `Evaluation` it returns holds the results (and, for a CP case, the twin
 case and its results) for the caller to record.
@@ -36,8 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fuzzer.backends.base import Backend, is_cp_backend
-from fuzzer.cp.judge import judge_cp
-from fuzzer.cp.sharding import cp_twin
+from fuzzer.backends.cp_layout import cp_twin
 from fuzzer.executor import ChildProcessExecutor, InProcessExecutor, TaskOutcome, configure_torch_threads
 from fuzzer.results import CaseResult
 from oracle.config import AttentionCase
@@ -168,7 +170,7 @@ class Evaluation:
         results: one `CaseResult` per (backend, variant) considered: the unsupported ones first,
             then the runnable ones in task order. For a CP case these are the CP results (with
             ``metrics["cp"]``).
-        twin_case: for a CP case whose outcomes carried non-CP runs, `fuzzer.cp.sharding.cp_twin` of it;
+        twin_case: for a CP case whose outcomes carried non-CP runs, `fuzzer.backends.cp_layout.cp_twin` of it;
             else None.
         twin_results: the twin's results (same inputs and oracle), to be recorded with
             ``twin_case``.
@@ -199,8 +201,9 @@ def make_executor(
     isolation: str = "process",
     memory_limit_bytes: int | None = None,
 ) -> Any:
-    """The executor for ``backends``: child processes (``"process"``) or in process (``"none"``),
-    with a `fuzzer.cp.executor.RoutingExecutor` in front when a CP backend is among them.
+    """The executor for ``backends`` without context parallelism: child processes
+    (``"process"``) or in process (``"none"``). CP backends run their ``cp_size == 1`` cases in it;
+    `fuzzer.cp.executor.make_executor_with_cp` puts the CP executor in front of it.
 
     Raises:
         ValueError: ``isolation`` is unknown.
@@ -208,14 +211,8 @@ def make_executor(
     if isolation not in ISOLATIONS:
         raise ValueError(f"isolation: unknown value {isolation!r} (allowed: {', '.join(ISOLATIONS)})")
     if isolation == "process":
-        executor: Any = ChildProcessExecutor(backends, memory_limit_bytes=memory_limit_bytes)
-    else:
-        executor = InProcessExecutor(backends)
-    if any(is_cp_backend(b) for b, _ in backends):
-        from fuzzer.cp.executor import CPExecutor, RoutingExecutor
-
-        executor = RoutingExecutor(executor, CPExecutor(backends))
-    return executor
+        return ChildProcessExecutor(backends, memory_limit_bytes=memory_limit_bytes)
+    return InProcessExecutor(backends)
 
 
 class Evaluator:
@@ -223,7 +220,9 @@ class Evaluator:
 
     Args:
         backends: ``(backend, spec)`` pairs (spec = ``module:attr`` that loads it in a child).
-        executor: what runs the calls (`make_executor`); None: one is made with ``isolation``.
+        executor: what runs the calls; None: `make_executor` with ``isolation``, which runs no CP
+            case (with a CP backend among ``backends`` pass
+            `fuzzer.cp.executor.make_executor_with_cp`, as the worker and the replay do).
         device: ``"cpu"`` or ``"cuda"``: where inputs and the oracle live.
         case_timeout_s: per backend call, seconds, before its child is killed.
         isolation: ``"process"`` or ``"none"`` (used when ``executor`` is None).
@@ -247,6 +246,11 @@ class Evaluator:
         self.backends: dict[str, Backend] = {b.name: b for b, _ in backends}
         self.device = device
         self.case_timeout_s = case_timeout_s
+        if executor is None and any(is_cp_backend(b) for b, _ in self.specs):
+            raise ValueError(
+                "executor: a CP backend needs the CP executor; pass "
+                "executor=fuzzer.cp.executor.make_executor_with_cp(backends, isolation, memory_limit_bytes)"
+            )
         self.executor = executor if executor is not None else make_executor(self.specs, isolation, memory_limit_bytes)
         self.unavailable: dict[str, str] = {}
         self.usable: list[Backend] = list(self.backends.values())
@@ -330,7 +334,7 @@ class Evaluator:
             evaluation.twins.append(twin_result)
             if twin_result is not None:
                 evaluation.twin_results.append(twin_result)
-                twin_outcome = _non_cp_outcome(outcome)
+                twin_outcome = outcome.twin_outcome()
                 if twin_outcome is not None:
                     evaluation.kernel_s += twin_outcome.run_ms / 1000.0
                     evaluation.compile_s += twin_outcome.compile_ms / 1000.0
@@ -361,10 +365,11 @@ class Evaluator:
     def _judge_one(
         self, case: AttentionCase, prepared: Any, outcome: TaskOutcome, oracle_ms: float, phase: str
     ) -> tuple[CaseResult, CaseResult | None]:
-        """`judge` of one outcome (with its CP twin, if any): ``(result, twin_result or None)``."""
+        """`judge` of one outcome (with its CP twin, if any: `fuzzer.executor.TaskOutcome.judged`):
+        ``(result, twin_result or None)``."""
         backend = self.backends[outcome.backend]
-        return judge_cp(
-            case, prepared.reference, outcome, lambda c, o: judge(c, prepared, o, backend, oracle_ms=oracle_ms, phase=phase)
+        return outcome.judged(
+            case, prepared.reference, lambda c, o: judge(c, prepared, o, backend, oracle_ms=oracle_ms, phase=phase)
         )
 
     def _own_step_failed(
@@ -430,12 +435,6 @@ def oracle_time_bound(seconds: float | None) -> Iterator[None]:
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
-
-
-def _non_cp_outcome(outcome: TaskOutcome) -> TaskOutcome | None:
-    from fuzzer.cp.judge import non_cp_outcome
-
-    return non_cp_outcome(outcome)
 
 
 def with_phase(result: CaseResult, phase: str) -> CaseResult:

@@ -40,6 +40,7 @@ import tempfile
 import time
 import traceback
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -241,6 +242,24 @@ class TaskOutcome:
     detail: str = ""
     exception_type: str = ""
     runtime: dict[str, dict[str, str]] | None = None
+
+    def twin_outcome(self) -> TaskOutcome | None:
+        """The outcome of the same task on this case's non-CP twin, run beside it: None here; a
+        CP outcome (`fuzzer.cp.executor.CPTaskOutcome`) carries one."""
+        return None
+
+    def judged(self, case: AttentionCase, reference: Any, judge: Callable[[AttentionCase, TaskOutcome], Any]) -> tuple[Any, Any]:
+        """``(judge(case, self), None)``: how the evaluator judges this outcome. A CP outcome
+        (`fuzzer.cp.executor.CPTaskOutcome`) also judges its non-CP twin and adds the CP block
+        (`fuzzer.cp.judge.judge_cp`), returning ``(result, twin_result)``; the core never names
+        the CP wing.
+
+        Args:
+            case: the case of this outcome.
+            reference: its oracle (`oracle.reference.ReferenceResult`; a twin shares it).
+            judge: ``judge(case, outcome) -> CaseResult``.
+        """
+        return judge(case, self), None
 
 
 def _is_fatal_cuda(exc: BaseException) -> bool:

@@ -18,7 +18,7 @@ Context parallelism: when a selected backend is a CP backend (`fuzzer.backends.b
 `open` puts a `fuzzer.cp.executor.CPExecutor` beside the usual executor (`RoutingExecutor`:
 cases with ``cp_size > 1`` go to it), generation draws ``cp_size`` up to what that executor can
 start, and each CP result is judged with `fuzzer.cp.judge.judge_cp`: against the float64 oracle, with
-the same backend's non-CP run of the *twin* case (`fuzzer.cp.sharding.cp_twin`) judged too and the
+the same backend's non-CP run of the *twin* case (`fuzzer.backends.cp_layout.cp_twin`) judged too and the
 CP-vs-non-CP agreement in ``metrics["cp"]``. The twin case and its results are recorded as well
 (see docs/cp.md).
 
@@ -50,6 +50,7 @@ from hypothesis.database import ExampleDatabase
 
 from fuzzer.backends.base import Backend
 from fuzzer.backends.cp_layout import cp_unsupported_reasons
+from fuzzer.cp.executor import make_executor_with_cp
 from fuzzer.evaluate import Evaluation, Evaluator, judge, with_phase
 from fuzzer.evaluate import normalise_masked_lse as _normalise_masked_lse
 from fuzzer.executor import TaskOutcome
@@ -301,10 +302,9 @@ class Worker:
 
         self._evaluator = Evaluator(
             self.config.backends,
+            make_executor_with_cp(self.config.backends, self.config.isolation, self.config.child_memory_limit_bytes),
             device=self.config.device,
             case_timeout_s=self.config.case_timeout_s,
-            isolation=self.config.isolation,
-            memory_limit_bytes=self.config.child_memory_limit_bytes,
         )
         self.unavailable = dict(self._evaluator.open())
         usable = list(self._evaluator.usable)

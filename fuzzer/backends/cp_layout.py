@@ -271,6 +271,15 @@ def hierarchical_ranks(cp_size: int, rank: int) -> tuple[list[int], list[int]]:
     return pair, ring
 
 
+def cp_twin(case: AttentionCase) -> AttentionCase:
+    """The same case without context parallelism (``cp_size=1, cp_comm_type=None``).
+
+    Inputs (`oracle.inputs.make_inputs`) and the oracle do not depend on the CP fields, so a case
+    and its twin share both.
+    """
+    return case.replace(cp_size=1, cp_comm_type=None)
+
+
 __all__ = [
     "CP_LAYOUT",
     "K_SIDE",
@@ -282,6 +291,7 @@ __all__ = [
     "check_cp_size",
     "chunk_ids",
     "cp_seqlens",
+    "cp_twin",
     "cp_unsupported_reasons",
     "hierarchical_ranks",
     "padded_length",

@@ -274,6 +274,7 @@ def replay_here(
     """
     from fuzzer.backends.base import BackendError
     from fuzzer.environment import current_fingerprint
+    from fuzzer.cp.executor import make_executor_with_cp
     from fuzzer.evaluate import Evaluator
     from fuzzer.registry import load_spec
 
@@ -315,8 +316,9 @@ def replay_here(
     skips: list[Skip] = []
     evaluator = None
     if loaded:
+        specs = list(loaded.values())
         evaluator = Evaluator(
-            list(loaded.values()), device=resolved_device, case_timeout_s=case_timeout_s, isolation=isolation
+            specs, make_executor_with_cp(specs, isolation), device=resolved_device, case_timeout_s=case_timeout_s
         )
     try:
         if evaluator is not None:

@@ -24,7 +24,7 @@ memory); rank 0 also gets the full inputs for the non-CP twin. Ranks move their 
 device.
 
 Per task, on every rank, in order: (rank 0 only, with ``run_non_cp_twin``) the same backend and
-variant on the non-CP twin of the case (`fuzzer.cp.sharding.cp_twin`) with the full inputs; then
+variant on the non-CP twin of the case (`fuzzer.backends.cp_layout.cp_twin`) with the full inputs; then
 ``backend.run_cp(case, shard, groups, variant)``. Each rank reports its outcome with its local
 outputs on the CPU; when every rank is ``ok`` the executor gathers out, lse and the gradients
 into the full canonical layout (`fuzzer.cp.sharding.gather_outputs`) and returns a `CPTaskOutcome`
@@ -62,8 +62,8 @@ from multiprocessing import connection as mp_connection
 from typing import Any
 
 from fuzzer.backends.base import Backend, BackendOutput, CPProcessGroups, environment_set, is_cp_backend
-from fuzzer.backends.cp_layout import CPShardError
-from fuzzer.cp.sharding import cp_twin, gather_outputs, shard_inputs
+from fuzzer.backends.cp_layout import CPShardError, cp_twin
+from fuzzer.cp.sharding import gather_outputs, shard_inputs
 from fuzzer.executor import ExecutorError, TaskOutcome, run_task
 from oracle.config import AttentionCase
 
@@ -80,13 +80,24 @@ class CPTaskOutcome(TaskOutcome):
     """A `fuzzer.executor.TaskOutcome` of a CP run, with the same backend's non-CP run beside it.
 
     Attributes:
-        non_cp: the outcome of the non-CP twin (`fuzzer.cp.sharding.cp_twin`) of the case on the
+        non_cp: the outcome of the non-CP twin (`fuzzer.backends.cp_layout.cp_twin`) of the case on the
             same backend and variant, with the full inputs, on rank 0 (None when not run).
         rank_status: each rank's status, rank order (``"missing"`` for a rank that did not answer).
     """
 
     non_cp: TaskOutcome | None = None
     rank_status: list[str] = field(default_factory=list)
+
+    def twin_outcome(self) -> TaskOutcome | None:
+        """``non_cp``."""
+        return self.non_cp
+
+    def judged(self, case: AttentionCase, reference: Any, judge: Any) -> tuple[Any, Any]:
+        """`fuzzer.cp.judge.judge_cp` of this outcome: ``(result with metrics["cp"], twin_result)``,
+        or ``(judge(case, self), None)`` without a non-CP run (see `TaskOutcome.judged`)."""
+        from fuzzer.cp.judge import judge_cp
+
+        return judge_cp(case, reference, self, judge)
 
 
 def _tail(path: str, lines: int = _STDERR_TAIL_LINES) -> str:
@@ -762,4 +773,23 @@ class RoutingExecutor:
         self.close()
 
 
-__all__ = ["CP_RANK_ENV", "CPExecutor", "CPTaskOutcome", "RoutingExecutor"]
+def make_executor_with_cp(
+    backends: list[tuple[Backend, str]],
+    isolation: str = "process",
+    memory_limit_bytes: int | None = None,
+) -> Any:
+    """`fuzzer.evaluate.make_executor` for ``backends``, with a `RoutingExecutor` in front (a
+    `CPExecutor` for the ``cp_size > 1`` cases) when a CP backend is among them.
+
+    Raises:
+        ValueError: ``isolation`` is unknown.
+    """
+    from fuzzer.evaluate import make_executor
+
+    executor = make_executor(backends, isolation, memory_limit_bytes)
+    if any(is_cp_backend(b) for b, _ in backends):
+        executor = RoutingExecutor(executor, CPExecutor(backends))
+    return executor
+
+
+__all__ = ["CP_RANK_ENV", "CPExecutor", "CPTaskOutcome", "RoutingExecutor", "make_executor_with_cp"]

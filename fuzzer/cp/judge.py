@@ -21,8 +21,7 @@ from typing import Any
 import torch
 
 from fuzzer.backends.base import BackendOutput
-from fuzzer.backends.cp_layout import CP_LAYOUT
-from fuzzer.cp.sharding import cp_twin
+from fuzzer.backends.cp_layout import CP_LAYOUT, cp_twin
 from fuzzer.executor import TaskOutcome
 from oracle.compare import json_float
 from oracle.config import AttentionCase

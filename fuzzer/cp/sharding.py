@@ -20,8 +20,7 @@ judging a CP run is `fuzzer.cp.judge`. Here:
 * ``cp_size == 1`` is the identity (no padding): a case without CP.
 
 `shard` and `gather` are exact inverses on real tokens (`tests/fuzzer/test_cp.py`); `shard_inputs`
-and `gather_outputs` apply them to a case's inputs and a backend's outputs; `cp_twin` is the case
-without CP that a CP run is compared with.
+and `gather_outputs` apply them to a case's inputs and a backend's outputs.
 
 Source: NVIDIA/TransformerEngine ``tests/pytorch/attention/run_attention_with_cp.py`` (how the
 test shards and un-permutes ``tensors_cp``).
@@ -150,15 +149,6 @@ def gather(shards: Sequence[torch.Tensor], case: AttentionCase, cp_size: int, *,
     return full
 
 
-def cp_twin(case: AttentionCase) -> AttentionCase:
-    """The same case without context parallelism (``cp_size=1, cp_comm_type=None``).
-
-    Inputs (`oracle.inputs.make_inputs`) and the oracle do not depend on the CP fields, so a case
-    and its twin share both.
-    """
-    return case.replace(cp_size=1, cp_comm_type=None)
-
-
 def shard_inputs(case: AttentionCase, inputs: Any, cp_size: int, rank: int) -> CPShardInputs:
     """Rank ``rank``'s `CPShardInputs` from the full `oracle.inputs.AttentionInputs` of ``case``.
 
@@ -205,7 +195,6 @@ def gather_outputs(case: AttentionCase, cp_size: int, outputs: Sequence[BackendO
 
 
 __all__ = [
-    "cp_twin",
     "gather",
     "gather_outputs",
     "shard",

@@ -17,6 +17,7 @@ from fuzzer.backends.cp_layout import (
     CPShardError,
     chunk_ids,
     cp_seqlens,
+    cp_twin,
     cp_unsupported_reasons,
     hierarchical_ranks,
     shard_indices,
@@ -24,7 +25,7 @@ from fuzzer.backends.cp_layout import (
 )
 from fuzzer.cp.executor import CPTaskOutcome
 from fuzzer.cp.judge import AGREEMENT_RATIO, CP_METRICS_KEY, cp_agreement, judge_cp
-from fuzzer.cp.sharding import cp_twin, gather, gather_outputs, shard, shard_inputs
+from fuzzer.cp.sharding import gather, gather_outputs, shard, shard_inputs
 from fuzzer.executor import TaskOutcome
 from fuzzer.sinks import MemorySink
 from fuzzer.worker import Worker, WorkerConfig

@@ -9,11 +9,10 @@ import json
 import pytest
 
 from fuzzer.backends.cp_cpu import PlantedWindowCPUBackend, RingAttentionCPUBackend
-from fuzzer.backends.cp_layout import cp_unsupported_reasons
+from fuzzer.backends.cp_layout import cp_twin, cp_unsupported_reasons
 from fuzzer.backends.te import TEFA4Backend
 from fuzzer.cp.campaign import cp_matrix, run_campaign, summary
 from fuzzer.cp.executor import CPTaskOutcome
-from fuzzer.cp.sharding import cp_twin
 from fuzzer.executor import TaskOutcome
 from oracle.errors import CaseValidationError
 

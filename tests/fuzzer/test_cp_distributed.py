@@ -17,9 +17,9 @@ import pytest
 import torch
 
 from fuzzer.backends.cp_cpu import PlantedMergeCPUBackend, PlantedWindowCPUBackend, RingAttentionCPUBackend
+from fuzzer.backends.cp_layout import cp_twin
 from fuzzer.cp.executor import CPExecutor, CPTaskOutcome, RoutingExecutor
 from fuzzer.cp.judge import CP_METRICS_KEY, judge_cp
-from fuzzer.cp.sharding import cp_twin
 from fuzzer.executor import ExecutorError, InProcessExecutor
 from fuzzer.sinks import MemorySink
 from fuzzer.worker import Worker, WorkerConfig

@@ -175,3 +175,21 @@ def test_a_non_finite_error_ratio_is_stored_as_a_finite_stand_in_above_every_rea
     assert storable_error_ratio(float("inf")) == STORED_NONFINITE_RATIO
     assert storable_error_ratio(float("nan")) == STORED_NONFINITE_RATIO
     assert STORED_NONFINITE_RATIO > 1e100 and STORED_NONFINITE_RATIO < float("inf")
+
+
+def test_a_cp_backend_needs_the_cp_executor_and_a_plain_outcome_is_judged_without_a_twin():
+    from fuzzer.backends.cp_cpu import RingAttentionCPUBackend
+    from fuzzer.cp.executor import RoutingExecutor, make_executor_with_cp
+    from fuzzer.executor import TaskOutcome
+
+    specs = [(RingAttentionCPUBackend(), "fuzzer.backends.cp_cpu:RingAttentionCPUBackend")]
+    with pytest.raises(ValueError, match="make_executor_with_cp"):
+        Evaluator(specs, isolation="none")
+    executor = make_executor_with_cp(specs, "none")
+    try:
+        assert isinstance(executor, RoutingExecutor), type(executor)
+    finally:
+        executor.close()
+    outcome = TaskOutcome("cp-cpu-ring", "default", "ok")
+    assert outcome.twin_outcome() is None
+    assert outcome.judged(AttentionCase(), None, lambda case, o: (case.case_id, o.status)) == ((AttentionCase().case_id, "ok"), None)

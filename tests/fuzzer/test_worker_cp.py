@@ -17,8 +17,8 @@ from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
 from fuzzer import registry
+from fuzzer.backends.cp_layout import cp_twin
 from fuzzer.cp.judge import CP_METRICS_KEY
-from fuzzer.cp.sharding import cp_twin
 from fuzzer.worker import Worker, WorkerConfig, WorkerStats
 from oracle.config import AttentionCase
 from service.db import migrations

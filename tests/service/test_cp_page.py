@@ -13,9 +13,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from fuzzer.backends.cp_cpu import PlantedWindowCPUBackend, RingAttentionCPUBackend
+from fuzzer.backends.cp_layout import cp_twin
 from fuzzer.cp.executor import CPTaskOutcome
 from fuzzer.cp.judge import CP_METRICS_KEY, judge_cp
-from fuzzer.cp.sharding import cp_twin
 from fuzzer.executor import TaskOutcome
 from fuzzer.results import BuildFingerprint
 from fuzzer.sinks import MemorySink

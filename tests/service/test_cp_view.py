@@ -8,9 +8,9 @@ from dataclasses import dataclass
 import pytest
 from sqlalchemy.orm import Session
 
+from fuzzer.backends.cp_layout import cp_twin
 from fuzzer.cp import executor as cp_executor
 from fuzzer.cp import judge as cp_judge
-from fuzzer.cp.sharding import cp_twin
 from fuzzer.results import BuildFingerprint, CaseResult
 from oracle.config import AttentionCase
 from service.db import cp_view as view_module
