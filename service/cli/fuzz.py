@@ -133,7 +133,6 @@ def fuzz(
     of ``sys.path`` (so ``--backend localk:LocalBackend`` finds ``./localk.py``, as ``python -m``
     would), after the installed packages.
     """
-    from fuzzer import registry
     from fuzzer.worker import Reporter, Worker, WorkerConfig
 
     device, isolation = Device(device).value, Isolation(isolation).value
@@ -143,29 +142,13 @@ def fuzz(
         if gpus is not None:
             _fuzz_on_gpus(gpus, url)
             return
-        names = [b for b in (backend or []) if ":" not in b]
-        specs = [b for b in (backend or []) if ":" in b]
-        if specs:
-            cwd_importable()
-        if names or specs:
-            selected = registry.select(names, specs)
-        else:
-            selected = list(registry.discover().values())
-        resolved_device = device
-        if device == "auto":
-            import torch
-
-            # quick_availability imports no backend library: TE imported here could load a second
-            # cuDNN into the worker (fuzzer.builds.environment); the children give the full answer
-            wants_cuda = any(b.device == "cuda" and not b.quick_availability() for b, _ in selected)
-            resolved_device = "cuda" if wants_cuda and torch.cuda.is_available() else "cpu"
-        if not names and not specs:  # default: what can run here
-            selected = [(b, s) for b, s in selected if b.device == resolved_device and not b.quick_availability()]
+        selected, resolved_device = _select_backends(backend or [], device)
         migrate(url, wait_s=db_wait)
         from fuzzer.spool import Ledger, Spool, SpoolingSink, TolerantExampleDatabase, default_spool_root
         from service.db.engine import make_engine
-        from service.builds.matrix import SqlBuildHistory
-        from service.db.store import SqlExampleDatabase, SqlStore
+        from service.builds.replays import SqlBuildHistory
+        from service.db.examples import SqlExampleDatabase
+        from service.db.store import SqlStore
 
         engine = make_engine(url, timeout_s=db_timeout)
         config = WorkerConfig(
@@ -260,6 +243,37 @@ def fuzz(
             raise typer.Exit(130)
     except AttnFuzzError as exc:
         fail(exc)
+
+
+def _select_backends(backend: list[str], device: str) -> tuple[list, str]:
+    """``(selected, device)``: the ``(Backend, spec)`` pairs ``--backend`` names (names and
+    ``module:attr`` plugins) or, without any, every discovered backend that can run here, and the
+    device they run on (``auto``: cuda when a selected backend wants it and a GPU is visible).
+
+    Raises:
+        BackendError: a name is unknown or a plugin spec cannot be loaded (exit 3).
+    """
+    from fuzzer import registry
+
+    names = [b for b in backend if ":" not in b]
+    specs = [b for b in backend if ":" in b]
+    if specs:
+        cwd_importable()
+    if names or specs:
+        selected = registry.select(names, specs)
+    else:
+        selected = list(registry.discover().values())
+    resolved_device = device
+    if device == "auto":
+        import torch
+
+        # quick_availability imports no backend library: TE imported here could load a second
+        # cuDNN into the worker (fuzzer.environment); the children give the full answer
+        wants_cuda = any(b.device == "cuda" and not b.quick_availability() for b, _ in selected)
+        resolved_device = "cuda" if wants_cuda and torch.cuda.is_available() else "cpu"
+    if not names and not specs:  # default: what can run here
+        selected = [(b, s) for b, s in selected if b.device == resolved_device and not b.quick_availability()]
+    return selected, resolved_device
 
 
 def _reraisable(exc: AttnFuzzError) -> bool:

@@ -54,7 +54,7 @@ def report_data(session, url: str) -> dict:
     status and backend, times in seconds, coverage per backend, buckets (most severe first, each
     with its minimised or first case) and root-cause groups (`_defects`)."""
     from oracle.config import AttentionCase
-    from service.db.repository import backend_coverage, campaign_report
+    from service.db.stats import backend_coverage, campaign_report
 
     rep = campaign_report(session)
     buckets = []
@@ -176,14 +176,14 @@ def print_issue_report(db: str | None, bucket_id: int) -> None:
         fail(exc)
     try:
         with Session(engine) as session:
-            report = bucket_issue(session, bucket_id, compute_missing=True)
+            issue = bucket_issue(session, bucket_id, compute_missing=True)
     except AttnFuzzError as exc:
         fail(exc)
     except SQLAlchemyError as exc:
         fail(ServiceError(f"database {url!r}: {type(exc).__name__}: {exc}"))
     finally:
         engine.dispose()
-    typer.echo(report.markdown, nl=False)
+    typer.echo(issue.markdown, nl=False)
 
 
 def register(app: typer.Typer) -> None:
