@@ -42,6 +42,8 @@ EXIT_CODES = {
     9: "a replay contradicts the corpus (--check), or a bisection's endpoints do not bracket the failure",
     130: "interrupted (Ctrl-C); what was stored is printed first",
 }
+EXIT_BUILD = 8
+EXIT_MISMATCH = 9
 EXIT_CODES_HELP = "Exit codes: " + "; ".join(f"{code} {what}" for code, what in EXIT_CODES.items()) + "."
 
 DATABASE_URL_ENV = "ATTNFUZZ_DATABASE_URL"  # = service.db.engine.DATABASE_URL_ENV (not imported: SQLAlchemy)
@@ -151,12 +153,19 @@ def db_url(db: str | None) -> str:
 def exit_code(exc: AttnFuzzError) -> int:
     """The exit code of ``exc`` (one of `EXIT_CODES`)."""
     from fuzzer.backends.base import BackendError
+    from fuzzer.builds.bisect import BisectError
     from fuzzer.builds.corpus import CorpusError
+    from fuzzer.builds.versions import BuildError, BuildPrepareError
+    from fuzzer.builds.replay import ReplayError
     from fuzzer.results import SinkFatalError
     from fuzzer.spool import SpoolError
     from fuzzer.strategies import StrategyArgumentError
     from fuzzer.worker import WorkerError
 
+    if isinstance(exc, (BuildError, BisectError, ReplayError)):  # bad build, bisection or replay input
+        return 2
+    if isinstance(exc, BuildPrepareError):
+        return EXIT_BUILD
     if isinstance(exc, (CaseValidationError, StrategyArgumentError, CorpusError)):
         return 2
     if isinstance(exc, SinkFatalError):

@@ -16,7 +16,6 @@ from rich.table import Table
 
 from oracle.errors import AttnFuzzError
 from service.builds.cli.options import (
-    EXIT_MISMATCH,
     AllowMissingOption,
     BuildDirOption,
     BuildsDirOption,
@@ -28,11 +27,10 @@ from service.builds.cli.options import (
     RulesOption,
     WheelhouseOption,
     builds_dir_path,
-    fail,
     load_rules,
     open_engine,
 )
-from service.cli.common import DbOption, JsonOption, console, out, print_json
+from service.cli.common import EXIT_MISMATCH, DbOption, JsonOption, console, fail, out, print_json
 
 
 def _resolve_case(spec: str, engine: Any, backend: str | None, variant: str | None, signature: str | None):

@@ -13,7 +13,6 @@ from rich.table import Table
 
 from oracle.errors import AttnFuzzError
 from service.builds.cli.options import (
-    EXIT_BUILD,
     AllowMissingOption,
     BackendOption,
     BuildDirOption,
@@ -26,13 +25,12 @@ from service.builds.cli.options import (
     RulesOption,
     WheelhouseOption,
     builds_dir_path,
-    fail,
     check_package,
     load_rules,
     open_engine,
 )
 from service.builds.cli.replay import print_transitions, replay_tasks, verdict_rows
-from service.cli.common import DbOption, JsonOption, console, log, out, print_json
+from service.cli.common import EXIT_BUILD, DbOption, JsonOption, console, fail, log, out, print_json
 
 
 def builds_fetch(

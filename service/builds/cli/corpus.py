@@ -11,8 +11,8 @@ from typing import Annotated, Optional
 import typer
 
 from oracle.errors import AttnFuzzError
-from service.builds.cli.options import fail, open_engine
-from service.cli.common import DbOption, db_url, out, print_json
+from service.builds.cli.options import open_engine
+from service.cli.common import DbOption, db_url, fail, out, print_json
 
 
 def corpus_export(

@@ -1,24 +1,18 @@
 """What the build-matrix commands share: their options (``--package``, ``--builds-dir``,
-``--wheelhouse``, ``--rules``, ``--installer``, ...), the two exit codes of their own (`EXIT_BUILD`
-8, `EXIT_MISMATCH` 9; the others are `service.cli.common.EXIT_CODES`) and failing with them
-(`fail`), opening the database they write (`open_engine`) and resolving the rules file and the
-builds directory.
+``--wheelhouse``, ``--rules``, ``--installer``, ...), opening the database they write
+(`open_engine`) and resolving the rules file and the builds directory. Their exit codes, 8 and 9
+included, are `service.cli.common.EXIT_CODES`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, NoReturn, Optional
+from typing import Annotated, Optional
 
 import typer
 
-from oracle.errors import AttnFuzzError
 from service.cli import common
-
-EXIT_BUILD = 8
-EXIT_MISMATCH = 9
-
 
 PackageOption = Annotated[str, typer.Option("--package", help="The package line, e.g. flash-attn-4.")]
 BuildsDirOption = Annotated[
@@ -64,25 +58,6 @@ IsolationOption = Annotated[
     str, typer.Option("--isolation", help="process (each backend in a child, crashes contained) or none.")
 ]
 CaseTimeoutOption = Annotated[float, typer.Option("--case-timeout", help="Seconds per backend call.")]
-
-
-def build_exit_code(exc: AttnFuzzError) -> int:
-    """The exit code of ``exc`` for a build-matrix command: 2 for bad build, bisection or replay
-    input, `EXIT_BUILD` for a build that cannot be prepared, else `service.cli.common.exit_code`."""
-    from fuzzer.builds.bisect import BisectError
-    from fuzzer.builds.versions import BuildError, BuildPrepareError
-    from fuzzer.builds.replay import ReplayError
-
-    if isinstance(exc, (BuildError, BisectError, ReplayError)):
-        return 2
-    if isinstance(exc, BuildPrepareError):
-        return EXIT_BUILD
-    return common.exit_code(exc)
-
-
-def fail(exc: AttnFuzzError) -> NoReturn:
-    """Print ``exc`` and exit with `build_exit_code`."""
-    common.fail(exc, build_exit_code(exc))
 
 
 def open_engine(db: str | None):

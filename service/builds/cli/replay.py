@@ -16,17 +16,15 @@ from rich.table import Table
 
 from oracle.errors import AttnFuzzError
 from service.builds.cli.options import (
-    EXIT_MISMATCH,
     BackendOption,
     CaseTimeoutOption,
     DeviceOption,
     IsolationOption,
     PackageOption,
     check_package,
-    fail,
     open_engine,
 )
-from service.cli.common import DbOption, JsonOption, console, out, print_json
+from service.cli.common import EXIT_MISMATCH, DbOption, JsonOption, console, fail, out, print_json
 
 
 def backend_specs(backend: Sequence[str] | None, wanted: set[str]) -> tuple[list[tuple[str, str]], set[str] | None]:
