@@ -339,3 +339,27 @@ def test_a_reading_command_on_a_newer_schema_says_to_upgrade_attnfuzz(db: str) -
     result = _invoke("cases", "list", "--db", db)
     assert result.exit_code == 5
     assert "9999" in result.output and "upgrade attnfuzz" in result.output and "db upgrade" not in result.output
+
+
+def test_open_database_checks_for_reading_and_migrates_for_writing(tmp_path: Path) -> None:
+    path = tmp_path / "opened.db"
+    with pytest.raises(ServiceError, match="does not exist"):
+        cli_common.open_database(str(path))  # reading: never creates the file
+    assert not path.exists()
+    url, engine = cli_common.open_database(str(path), write=True)
+    engine.dispose()
+    assert url == f"sqlite:///{path}" and migrations.current(url) == migrations.head()
+    url, engine = cli_common.open_database(str(path))
+    engine.dispose()
+    assert url == f"sqlite:///{path}"
+
+
+def test_the_build_errors_exit_with_the_codes_the_help_lists() -> None:
+    from fuzzer.builds.bisect import BisectError
+    from fuzzer.builds.replay import ReplayError
+    from fuzzer.builds.versions import BuildError, BuildPrepareError
+
+    codes = {type(exc).__name__: cli_common.exit_code(exc)
+             for exc in (BuildError("v"), BisectError("v"), ReplayError("v"), BuildPrepareError("v"))}
+    assert codes == {"BuildError": 2, "BisectError": 2, "ReplayError": 2, "BuildPrepareError": cli_common.EXIT_BUILD}
+    assert {cli_common.EXIT_BUILD, cli_common.EXIT_MISMATCH} == {8, 9} <= set(cli_common.EXIT_CODES)
