@@ -1,6 +1,6 @@
 """``/metrics`` in the Prometheus text format: cases, results and failures, buckets, workers.
 
-Nothing is counted in the process: every scrape reads the database (`repository.metrics_snapshot`)
+Nothing is counted in the process: every scrape reads the database (`stats.metrics_snapshot`)
 and renders it through a custom collector on a registry made for that scrape, so several workers
 and several service processes report the same numbers. Metric families:
 
@@ -45,23 +45,23 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
-from service.db import repository
+from service.db import stats
 from service.api.deps import SessionDep
 
 router = APIRouter(tags=["metrics"])
 
 
 class SnapshotCollector(Collector):
-    """Yields the metric families of one `repository.MetricsSnapshot`."""
+    """Yields the metric families of one `stats.MetricsSnapshot`."""
 
-    def __init__(self, snapshot: repository.MetricsSnapshot):
+    def __init__(self, snapshot: stats.MetricsSnapshot):
         self._snapshot = snapshot
 
     def collect(self) -> Iterator[Metric]:
         yield from snapshot_metrics(self._snapshot)
 
 
-def snapshot_metrics(snapshot: repository.MetricsSnapshot) -> Iterator[Metric]:
+def snapshot_metrics(snapshot: stats.MetricsSnapshot) -> Iterator[Metric]:
     """The metric families of one snapshot (see the module docstring)."""
     cases = GaugeMetricFamily("attnfuzz_cases", "Stored attention cases.")
     cases.add_metric([], snapshot.cases)
@@ -104,7 +104,7 @@ def snapshot_metrics(snapshot: repository.MetricsSnapshot) -> Iterator[Metric]:
     yield info
 
 
-def render(snapshot: repository.MetricsSnapshot) -> bytes:
+def render(snapshot: stats.MetricsSnapshot) -> bytes:
     """The snapshot in the Prometheus text format (a registry of its own: no process metrics)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SnapshotCollector(snapshot))
@@ -114,4 +114,4 @@ def render(snapshot: repository.MetricsSnapshot) -> bytes:
 @router.get("/metrics", response_class=Response, responses={200: {"content": {"text/plain": {}}}})
 def metrics(session: SessionDep) -> Response:
     """Prometheus metrics (text exposition format 0.0.4), read from the database at each scrape."""
-    return Response(render(repository.metrics_snapshot(session)), media_type=CONTENT_TYPE_LATEST)
+    return Response(render(stats.metrics_snapshot(session)), media_type=CONTENT_TYPE_LATEST)

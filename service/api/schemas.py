@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from oracle.errors import CaseValidationError
-from service.db import repository
+from service.db import repository, stats, workers
 from service.db.cp_view import CP_METRICS_KEY, CPCaseView, CPPair, CPView
 from service.db.models import Bucket, Case, Result, TriageState, Worker
 
@@ -211,7 +211,7 @@ class WorkerOut(_Out):
     cases_per_s: float = Field(description="cases_run / (last_heartbeat - started_at), 0 before the first heartbeat")
 
     @classmethod
-    def from_live(cls, live: repository.LiveWorker) -> WorkerOut:
+    def from_live(cls, live: workers.LiveWorker) -> WorkerOut:
         w: Worker = live.worker
         elapsed_s = (w.last_heartbeat - w.started_at).total_seconds()
         return cls(
@@ -248,7 +248,7 @@ class OverviewOut(BaseModel):
     failures_by_signature: dict[str, int] = Field(description="failing results per signature, the largest 12")
 
     @classmethod
-    def from_overview(cls, o: repository.Overview) -> OverviewOut:
+    def from_overview(cls, o: stats.Overview) -> OverviewOut:
         return cls(
             case_count=o.case_count,
             result_count=o.result_count,

@@ -1,4 +1,6 @@
-"""Every query the pages, the JSON API and the CLI run. Routers never build queries.
+"""The queries of buckets, cases, results, repros, builds and workers that the pages, the JSON API
+and the CLI run (aggregate figures are `service.db.stats`, ingestion `service.db.ingest`).
+Routers never build queries.
 
 Functions take a `Session` and return ORM rows (with exactly the relationships they need loaded;
 all relationships are ``lazy="raise"``) or small frozen records. Writes (`update_triage`) flush
@@ -10,19 +12,19 @@ from __future__ import annotations
 from collections import defaultdict
 import dataclasses
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from typing import Any
 from urllib.parse import urlsplit
 
-from sqlalchemy import ColumnElement, Select, func, literal_column, select, tuple_
+from sqlalchemy import ColumnElement, Select, func, select, tuple_
 from sqlalchemy import case as sql_case
-from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session, joinedload, selectinload
 
-from fuzzer.results import FAILING_STATUSES, BucketUpdate, BuildFingerprint, CaseResult
+from fuzzer.results import FAILING_STATUSES
 from fuzzer.severity import SEVERITY_RANK
 from service.errors import FieldValidationError, NotFoundError
 from service.db.models import Bucket, Build, Case, Result, TriageState, Worker, utcnow
+from service.db.workers import LIVE_WORKER_S, LiveWorker, is_live_worker
 
 SEVERITY_ORDER = sql_case(SEVERITY_RANK, value=Bucket.severity, else_=0)
 """A bucket's `fuzzer.severity.SEVERITY_RANK` in SQL: larger is more severe."""
@@ -44,16 +46,6 @@ DEFAULT_BUCKET_SORT = "-severity"
 MAX_PAGE_SIZE = 500
 MAX_URL_LENGTH = 2000
 MAX_NOTES_LENGTH = 100_000
-LIVE_WORKER_S = 300.0
-# A worker is live while it says it runs and was heard from recently; one that stopped cleanly is
-# not, however recent its last heartbeat.
-LIVE_WORKER_STATUSES = ("running", "stopping")
-
-
-def _live(now: datetime, live_within_s: float) -> Any:
-    return (Worker.last_heartbeat >= now - timedelta(seconds=live_within_s)) & Worker.status.in_(LIVE_WORKER_STATUSES)
-
-
 class _Unset:
     def __repr__(self) -> str:
         return "UNSET"
@@ -382,239 +374,6 @@ def get_case(session: Session, case_id: str) -> CaseDetail | None:
 
 
 # --------------------------------------------------------------------------------- overview
-@dataclass(frozen=True)
-class LiveWorker:
-    """A worker whose last heartbeat is recent, and how long ago it was (seconds)."""
-
-    worker: Worker
-    heartbeat_age_s: float
-
-
-@dataclass(frozen=True)
-class HourCount:
-    """Distinct cases run, and results stored, in the hour starting at ``hour`` (UTC)."""
-
-    hour: datetime
-    cases: int
-    results: int
-
-
-@dataclass(frozen=True)
-class Overview:
-    """Counts for the front page.
-
-    ``results_by_backend`` maps backend -> status -> count. ``cases_per_hour`` covers the last
-    ``hours`` hours, oldest first, zero-filled.
-    """
-
-    case_count: int
-    result_count: int
-    results_by_status: dict[str, int]
-    results_by_backend: dict[str, dict[str, int]]
-    buckets_by_backend: dict[str, int]
-    buckets_by_triage_state: dict[str, int]
-    live_workers: list[LiveWorker]
-    cases_per_hour: list[HourCount]
-    failures_by_backend: dict[str, int] = dataclasses.field(default_factory=dict)
-    failures_by_signature: dict[str, int] = dataclasses.field(default_factory=dict)
-
-
-def _hour_of(session: Session, column: Any) -> Any:
-    if session.get_bind().dialect.name == "postgresql":
-        # Literals, not bound parameters: PostgreSQL must see the same expression in SELECT and
-        # GROUP BY, and two placeholders ($1, $3) are two different expressions to it.
-        return func.date_trunc(literal_column("'hour'"), func.timezone(literal_column("'UTC'"), column))
-    return func.strftime("%Y-%m-%d %H:00:00", column)
-
-
-def _as_utc_hour(value: datetime | str) -> datetime:
-    if isinstance(value, str):
-        value = datetime.strptime(value, "%Y-%m-%d %H:%M:%S")
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
-
-
-def overview(
-    session: Session, *, now: datetime | None = None, live_within_s: float = LIVE_WORKER_S, hours: int = 24
-) -> Overview:
-    """Counts of cases, results and buckets, the live workers and the hourly activity.
-
-    Args:
-        now: the reference time (default: the current time), timezone-aware.
-        live_within_s: a worker is live if its status is running or stopping and its last
-            heartbeat is at most this many seconds old.
-        hours: how many hours of activity ``cases_per_hour`` covers (1 to 24 * 31).
-
-    Raises:
-        FieldValidationError: ``hours`` out of range.
-    """
-    if not 1 <= hours <= 24 * 31:
-        raise FieldValidationError("hours", f"must be between 1 and {24 * 31}, got {hours}")
-    now = now or utcnow()
-
-    results_by_backend: dict[str, dict[str, int]] = defaultdict(dict)
-    results_by_status: dict[str, int] = defaultdict(int)
-    for backend, status, n in session.execute(
-        select(Result.backend, Result.status, func.count()).group_by(Result.backend, Result.status)
-    ):
-        results_by_backend[backend][status] = n
-        results_by_status[status] += n
-
-    buckets_by_backend = {
-        backend: n
-        for backend, n in session.execute(
-            select(Bucket.backend, func.count()).group_by(Bucket.backend).order_by(Bucket.backend)
-        )
-    }
-    buckets_by_triage_state = {
-        state.value: n
-        for state, n in session.execute(select(Bucket.triage_state, func.count()).group_by(Bucket.triage_state))
-    }
-
-    workers = session.scalars(
-        select(Worker)
-        .where(_live(now, live_within_s))
-        .options(joinedload(Worker.build))
-        .order_by(Worker.last_heartbeat.desc(), Worker.id)
-    ).all()
-    live = [LiveWorker(w, max(0.0, (now - w.last_heartbeat).total_seconds())) for w in workers]
-
-    start = now.astimezone(UTC).replace(minute=0, second=0, microsecond=0) - timedelta(hours=hours - 1)
-    hour = _hour_of(session, Result.created_at).label("hour")
-    counts = {
-        _as_utc_hour(row.hour): (row.cases, row.results)
-        for row in session.execute(
-            select(hour, func.count(func.distinct(Result.case_id)).label("cases"), func.count().label("results"))
-            .where(Result.created_at >= start)
-            .group_by(hour)
-        )
-    }
-    per_hour = [HourCount(h, *counts.get(h, (0, 0))) for h in (start + timedelta(hours=i) for i in range(hours))]
-
-    return Overview(
-        case_count=session.scalar(select(func.count()).select_from(Case)) or 0,
-        result_count=sum(results_by_status.values()),
-        results_by_status=dict(sorted(results_by_status.items())),
-        results_by_backend={b: dict(sorted(s.items())) for b, s in sorted(results_by_backend.items())},
-        buckets_by_backend=buckets_by_backend,
-        buckets_by_triage_state=buckets_by_triage_state,
-        live_workers=live,
-        cases_per_hour=per_hour,
-        failures_by_backend=_failures_by(session, Bucket.backend),
-        failures_by_signature=_failures_by(session, Bucket.signature, limit=TOP_SIGNATURES),
-    )
-
-
-TOP_SIGNATURES = 12
-
-
-def _failures_by(session: Session, column: Any, limit: int | None = None) -> dict[str, int]:
-    """Failing results per value of a bucket column (from the buckets' hit counts), largest first."""
-    total = func.sum(Bucket.hit_count)
-    query = select(column, total).group_by(column).order_by(total.desc(), column)
-    if limit is not None:
-        query = query.limit(limit)
-    return {key: int(n) for key, n in session.execute(query)}
-
-
-# --------------------------------------------------------------------------------- campaign report
-@dataclass(frozen=True)
-class BackendTiming:
-    """Time spent per backend over all stored results, milliseconds."""
-
-    backend: str
-    results: int
-    run_ms: float
-    compile_ms: float
-
-
-@dataclass(frozen=True)
-class CampaignReport:
-    """What a campaign found: counts, times and every bucket with its minimised case.
-
-    ``oracle_ms`` counts each case's float64 reference once (results of one case share it).
-    """
-
-    overview: Overview
-    timings: list[BackendTiming]
-    oracle_ms: float
-    buckets: list[Bucket]
-
-
-def campaign_report(session: Session) -> CampaignReport:
-    """Counts, per-backend kernel and JIT times, the oracle's time and all buckets (with their
-    first and minimised cases loaded), for ``attnfuzz report``."""
-    timings = [
-        BackendTiming(backend, n, float(run or 0.0), float(comp or 0.0))
-        for backend, n, run, comp in session.execute(
-            select(Result.backend, func.count(), func.sum(Result.run_ms), func.sum(Result.compile_ms))
-            .where(Result.status != "unsupported")
-            .group_by(Result.backend)
-            .order_by(Result.backend)
-        )
-    ]
-    per_case = (
-        select(func.max(Result.oracle_ms).label("oracle_ms")).group_by(Result.case_id, Result.phase).subquery()
-    )
-    oracle_ms = float(session.scalar(select(func.sum(per_case.c.oracle_ms))) or 0.0)
-    buckets = session.scalars(
-        select(Bucket)
-        .options(joinedload(Bucket.first_case), joinedload(Bucket.minimised_case))
-        .order_by(SEVERITY_ORDER.desc(), Bucket.backend, Bucket.variant, Bucket.signature)
-    ).all()
-    return CampaignReport(overview(session), timings, oracle_ms, list(buckets))
-
-
-@dataclass(frozen=True)
-class BackendCoverage:
-    """How much of the drawn case space one backend ran, from the stored results.
-
-    Attributes:
-        backend: the backend name.
-        cases: distinct cases with a result of this backend (any status, any phase).
-        cases_run: distinct cases with at least one result of this backend that is not
-            ``unsupported`` (it ran at least one variant).
-        top_unsupported: ``(reason, results)`` pairs, most frequent first: the reasons of its
-            ``unsupported`` results (`fuzzer.coverage.reason_keys`: a field's own value replaced
-            by ``N``), each counted once per result.
-    """
-
-    backend: str
-    cases: int
-    cases_run: int
-    top_unsupported: list[tuple[str, int]]
-
-
-def backend_coverage(session: Session, top: int = 3) -> list[BackendCoverage]:
-    """Per backend (by name): cases seen, cases run and the ``top`` unsupported reasons, for
-    ``attnfuzz report``. Reads the ``results`` table in three grouped queries; reasons are split
-    and counted in Python over the distinct (backend, detail) pairs."""
-    from fuzzer.coverage import reason_keys
-
-    seen = dict(
-        session.execute(select(Result.backend, func.count(func.distinct(Result.case_id))).group_by(Result.backend)).all()
-    )
-    ran = dict(
-        session.execute(
-            select(Result.backend, func.count(func.distinct(Result.case_id)))
-            .where(Result.status != "unsupported")
-            .group_by(Result.backend)
-        ).all()
-    )
-    reasons: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-    for backend, detail, n in session.execute(
-        select(Result.backend, Result.detail, func.count())
-        .where(Result.status == "unsupported")
-        .group_by(Result.backend, Result.detail)
-    ):
-        for reason in reason_keys(detail or ""):
-            reasons[backend][reason] += int(n)
-    rows = []
-    for backend in sorted(seen):
-        ranked = sorted(reasons.get(backend, {}).items(), key=lambda rc: (-rc[1], rc[0]))[:top]
-        rows.append(BackendCoverage(backend, int(seen[backend]), int(ran.get(backend, 0)), ranked))
-    return rows
-
-
 # ------------------------------------------------------------------------------ bucket results
 @dataclass(frozen=True)
 class ResultPage:
@@ -831,7 +590,7 @@ def list_workers(
     """
     _check_page(limit, offset)
     now = now or utcnow()
-    conditions = [_live(now, live_within_s)] if live_only else []
+    conditions = [is_live_worker(now, live_within_s)] if live_only else []
     workers = session.scalars(
         select(Worker)
         .where(*conditions)
@@ -846,159 +605,3 @@ def list_workers(
 
 
 # ----------------------------------------------------------------------------------- metrics
-@dataclass(frozen=True)
-class MetricsSnapshot:
-    """What ``/metrics`` exports, read in one go.
-
-    ``results`` maps (backend, status) -> count; ``buckets`` (backend, triage_state) -> count;
-    ``bucket_hits`` (backend, variant, signature) -> failing results; ``workers`` every worker
-    heard from within ``window_s`` with its heartbeat age.
-    """
-
-    cases: int
-    results: dict[tuple[str, str], int]
-    buckets: dict[tuple[str, str], int]
-    bucket_hits: dict[tuple[str, str, str], int]
-    workers: list[LiveWorker]
-    live_workers: int
-
-
-def metrics_snapshot(
-    session: Session, *, now: datetime | None = None, live_within_s: float = LIVE_WORKER_S, window_s: float = 86_400.0
-) -> MetricsSnapshot:
-    """Counts for Prometheus (see `MetricsSnapshot`)."""
-    now = now or utcnow()
-    results = {
-        (backend, status): n
-        for backend, status, n in session.execute(
-            select(Result.backend, Result.status, func.count()).group_by(Result.backend, Result.status)
-        )
-    }
-    buckets = {
-        (backend, state.value): n
-        for backend, state, n in session.execute(
-            select(Bucket.backend, Bucket.triage_state, func.count()).group_by(Bucket.backend, Bucket.triage_state)
-        )
-    }
-    hits = {
-        (b.backend, b.variant, b.signature): b.hit_count
-        for b in session.execute(select(Bucket.backend, Bucket.variant, Bucket.signature, Bucket.hit_count))
-    }
-    now = now or utcnow()
-    recent = [
-        LiveWorker(w, max(0.0, (now - w.last_heartbeat).total_seconds()))
-        for w in session.scalars(
-            select(Worker)
-            .where(Worker.last_heartbeat >= now - timedelta(seconds=window_s))
-            .order_by(Worker.last_heartbeat.desc(), Worker.id)
-            .limit(MAX_PAGE_SIZE)
-        )
-    ]
-    return MetricsSnapshot(
-        cases=session.scalar(select(func.count()).select_from(Case)) or 0,
-        results=results,
-        buckets=buckets,
-        bucket_hits=hits,
-        workers=recent,
-        live_workers=sum(
-            1 for w in recent if w.heartbeat_age_s <= live_within_s and w.worker.status in LIVE_WORKER_STATUSES
-        ),
-    )
-
-
-# --------------------------------------------------------------------------------- ingestion
-def ingest_results(
-    connection: Connection, build_id: int, worker_id: int | None, results: list[CaseResult]
-) -> list[BucketUpdate | None]:
-    """Store ``results`` through `service.db.store.SqlStore` on ``connection`` (each in a savepoint of
-    the caller's transaction), in a stable order (by bucket key) so that concurrent batches take
-    bucket locks in the same order. The caller commits, or rolls back to store none of them.
-
-    Returns:
-        One entry per result, in the order given: the bucket update for a failure, else None.
-
-    Raises:
-        NotFoundError: a case, the build or the worker does not exist.
-    """
-    from service.db.store import SqlStore
-
-    store = SqlStore(connection)
-    order = sorted(range(len(results)), key=lambda i: (results[i].bucket_key or ("", "", ""), i))
-    updates: list[BucketUpdate | None] = [None] * len(results)
-    for i in order:
-        try:
-            updates[i] = store.record_result(results[i], build_id, worker_id)
-        except NotFoundError as exc:
-            field = {"case": f"results.{i}.case_id", "build": "build_id", "worker": "worker_id"}.get(exc.kind, exc.kind)
-            raise FieldValidationError(field, f"{exc.kind} {exc.key!r} does not exist") from None
-    return updates
-
-
-def ingest_build(connection: Connection, fingerprint: BuildFingerprint) -> int:
-    """`SqlStore.register_build` in the caller's transaction."""
-    from service.db.store import SqlStore
-
-    return SqlStore(connection).register_build(fingerprint)
-
-
-def ingest_worker(connection: Connection, build_id: int, hostname: str, pid: int, device: str) -> int:
-    """`SqlStore.register_worker` in the caller's transaction.
-
-    Raises:
-        NotFoundError: ``build_id`` is unknown.
-    """
-    from service.db.store import SqlStore
-
-    try:
-        return SqlStore(connection).register_worker(build_id, hostname, pid, device)
-    except NotFoundError:
-        raise FieldValidationError("build_id", f"build {build_id} does not exist") from None
-
-
-def ingest_heartbeat(connection: Connection, worker_id: int, cases_run: int, status: str) -> None:
-    """`SqlStore.heartbeat` in the caller's transaction.
-
-    Raises:
-        NotFoundError: ``worker_id`` is unknown.
-    """
-    from service.db.store import SqlStore
-
-    SqlStore(connection).heartbeat(worker_id, cases_run, status)
-
-
-def ingest_case(connection: Connection, case_json: dict[str, Any], origin: str) -> str:
-    """`SqlStore.record_case` in the caller's transaction; the case id.
-
-    Raises:
-        oracle.errors.CaseValidationError: the case is invalid.
-        FieldValidationError: unknown ``origin``.
-    """
-    from service.db.store import SqlStore
-
-    return SqlStore(connection).record_case(case_json, origin)
-
-
-def ingest_minimised(
-    connection: Connection, bucket_id: int, case_json: dict[str, Any], original_case_id: str, note: str
-) -> None:
-    """`SqlStore.record_minimised` in the caller's transaction.
-
-    Raises:
-        oracle.errors.CaseValidationError: the case is invalid.
-        NotFoundError: the bucket or the original case does not exist.
-    """
-    from service.db.store import SqlStore
-
-    if connection.scalar(select(Bucket.id).where(Bucket.id == bucket_id)) is None:
-        raise NotFoundError("bucket", bucket_id)
-    try:
-        SqlStore(connection).record_minimised(bucket_id, case_json, original_case_id, note)
-    except NotFoundError as exc:
-        raise FieldValidationError("original_case_id", f"case {exc.key!r} does not exist") from None
-
-
-def known_failures(connection: Connection, backends: list[str]) -> list[tuple[tuple[str, str, str], dict[str, Any]]]:
-    """`SqlStore.known_failures`: each bucket of ``backends`` with its minimised (else first) case."""
-    from service.db.store import SqlStore
-
-    return SqlStore(connection).known_failures(backends)

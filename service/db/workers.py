@@ -1,4 +1,4 @@
-"""Worker sessions and the gaps between them: each ``workers`` row as a `WorkerSession`
+"""Workers: which are live (`is_live_worker`), worker sessions and the gaps between them: each ``workers`` row as a `WorkerSession`
 (`service.db.store.SqlStore.worker_sessions` reads them), and `heartbeat_gaps`, the time between
 one worker's last heartbeat and its successor's start on the same host and spool slot."""
 
@@ -6,7 +6,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
+from typing import Any
+
+from service.db.models import Worker
 
 
 @dataclass(frozen=True)
@@ -48,3 +51,24 @@ def heartbeat_gaps(sessions: Iterable[WorkerSession]) -> list[HeartbeatGap]:
             gap_s = (after.started_at - before.last_heartbeat).total_seconds()
             gaps.append(HeartbeatGap(before, after, gap_s, clean=before.status == "stopped"))
     return gaps
+
+
+LIVE_WORKER_S = 300.0
+"""A worker heard from within this many seconds (and still saying it runs) is live."""
+# A worker is live while it says it runs and was heard from recently; one that stopped cleanly is
+# not, however recent its last heartbeat.
+LIVE_WORKER_STATUSES = ("running", "stopping")
+
+
+def is_live_worker(now: datetime, live_within_s: float) -> Any:
+    """The SQL condition "this ``workers`` row is live at ``now``": a heartbeat within
+    ``live_within_s`` seconds and a status of `LIVE_WORKER_STATUSES`."""
+    return (Worker.last_heartbeat >= now - timedelta(seconds=live_within_s)) & Worker.status.in_(LIVE_WORKER_STATUSES)
+
+
+@dataclass(frozen=True)
+class LiveWorker:
+    """A worker whose last heartbeat is recent, and how long ago it was (seconds)."""
+
+    worker: Worker
+    heartbeat_age_s: float

@@ -408,7 +408,7 @@ def test_a_transient_database_conflict_is_503_with_retry_after(client: TestClien
 
 
 def test_an_unavailable_store_is_503_with_retry_after(client: TestClient, monkeypatch, seeded: Seeded) -> None:
-    from service.db import repository
+    from service.db import ingest
     from service.db import engine as store
     if not hasattr(store, "StoreUnavailableError"):
         pytest.skip("this store has no StoreUnavailableError")
@@ -416,7 +416,7 @@ def test_an_unavailable_store_is_503_with_retry_after(client: TestClient, monkey
     def unavailable(*args, **kwargs):
         raise store.StoreUnavailableError("database unavailable: connection refused")
 
-    monkeypatch.setattr(repository, "ingest_case", unavailable)
+    monkeypatch.setattr(ingest, "ingest_case", unavailable)
     response = client.post("/api/cases", json={"case": AttentionCase().to_json()})
     assert response.status_code == 503 and response.headers["retry-after"] == "1"
     assert "connection refused" in response.json()["detail"][0]["msg"]  # the one error shape

@@ -8,7 +8,7 @@ import pytest
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
-from service.db import repository
+from service.db import repository, stats
 from service.errors import FieldValidationError, NotFoundError
 from service.db.models import Bucket, Result, TriageState, Worker
 from tests.service.conftest import Seeded
@@ -53,7 +53,7 @@ def test_overview_counts_distinct_cases_per_utc_hour(session: Session, seeded: S
         update(Result).where(Result.case_id == seeded.case.case_id).values(created_at=hour + timedelta(minutes=10))
     )
     session.execute(update(Result).where(Result.backend == "fa4").values(created_at=hour - timedelta(days=3)))
-    overview = repository.overview(session, now=NOW, hours=3)
+    overview = stats.overview(session, now=NOW, hours=3)
     assert [(h.hour, h.cases, h.results) for h in overview.cases_per_hour] == [
         (hour - timedelta(hours=2), 2, 3),  # other_case's sdpa + te, the minimised case's shrink run
         (hour - timedelta(hours=1), 0, 0),
@@ -64,27 +64,27 @@ def test_overview_counts_distinct_cases_per_utc_hour(session: Session, seeded: S
 
 def test_overview_lists_only_workers_with_a_recent_heartbeat(session: Session, seeded: Seeded) -> None:
     session.execute(update(Worker).values(last_heartbeat=NOW - timedelta(seconds=90)))
-    live = repository.overview(session, now=NOW, live_within_s=120).live_workers
+    live = stats.overview(session, now=NOW, live_within_s=120).live_workers
     assert [(w.worker.id, w.heartbeat_age_s) for w in live] == [(seeded.worker_id, 90.0)]
     assert live[0].worker.build.torch == "2.13.0"
-    assert repository.overview(session, now=NOW, live_within_s=60).live_workers == []
+    assert stats.overview(session, now=NOW, live_within_s=60).live_workers == []
 
 
 def test_a_worker_that_stopped_is_not_live_however_recent_its_last_heartbeat(session: Session, seeded: Seeded) -> None:
     session.execute(update(Worker).values(last_heartbeat=NOW - timedelta(seconds=30), status="stopped"))
-    assert repository.overview(session, now=NOW).live_workers == []
+    assert stats.overview(session, now=NOW).live_workers == []
     assert repository.list_workers(session, live_only=True, now=NOW).items == []
-    snapshot = repository.metrics_snapshot(session, now=NOW)
+    snapshot = stats.metrics_snapshot(session, now=NOW)
     assert snapshot.live_workers == 0
     assert [w.worker.id for w in snapshot.workers] == [seeded.worker_id]  # still reported per worker
     session.execute(update(Worker).values(status="running"))
-    assert [w.worker.id for w in repository.overview(session, now=NOW).live_workers] == [seeded.worker_id]
-    assert repository.metrics_snapshot(session, now=NOW).live_workers == 1
+    assert [w.worker.id for w in stats.overview(session, now=NOW).live_workers] == [seeded.worker_id]
+    assert stats.metrics_snapshot(session, now=NOW).live_workers == 1
 
 
 def test_overview_rejects_an_out_of_range_window(session: Session) -> None:
     with pytest.raises(FieldValidationError, match="hours"):
-        repository.overview(session, hours=0)
+        stats.overview(session, hours=0)
 
 
 def test_update_triage_refuses_duplicate_cycles(session: Session, seeded: Seeded) -> None:

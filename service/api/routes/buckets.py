@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request, status
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from pydantic import ValidationError
 
-from service.db import repository
+from service.db import ingest, repository
 from service.api.deps import (
     BucketId,
     SessionDep,
@@ -93,7 +93,7 @@ def update_bucket(session: WriteSessionDep, bucket_id: BucketId, update: TriageU
 def record_minimised(session: WriteSessionDep, bucket_id: BucketId, body: MinimisedIn) -> Response:
     """Store the minimised case of a bucket (what a remote worker's minimiser found)."""
     with write_transaction(session):
-        repository.ingest_minimised(session.connection(), bucket_id, body.case, body.original_case_id, body.note)
+        ingest.ingest_minimised(session.connection(), bucket_id, body.case, body.original_case_id, body.note)
     return Response(status_code=204)
 
 

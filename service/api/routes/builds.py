@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, status
 from fastapi.responses import HTMLResponse
 
-from service.db import repository
+from service.db import ingest, repository
 from service.api.deps import BuildId, SessionDep, WriteSessionDep, require_write_token, write_transaction
 from service.api.requests import BuildIn, BuildQuery
 from service.api.schemas import BuildOut, BuildPageOut, IdOut
@@ -35,7 +35,7 @@ def get_build(session: SessionDep, build_id: BuildId) -> BuildOut:
 def register_build(session: WriteSessionDep, body: BuildIn) -> IdOut:
     """The id of the build with this fingerprint, registered on first sight (idempotent)."""
     with write_transaction(session):
-        build_id = repository.ingest_build(session.connection(), body.fingerprint())
+        build_id = ingest.ingest_build(session.connection(), body.fingerprint())
     return IdOut(id=build_id)
 
 

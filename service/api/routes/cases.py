@@ -17,7 +17,7 @@ from oracle.errors import CaseValidationError
 from service.api.deps import SessionDep, WriteSessionDep, require_write_token, write_transaction
 from service.api.requests import CaseIn, ReproQuery
 from service.api.schemas import CaseDetailOut, CaseIdOut, CasePageOut, CaseWithCPOut, CPFamilyOut
-from service.db import repository
+from service.db import ingest, repository
 from service.db.cp_view import CP_METRICS_KEY, cp_view
 from service.export.backend import exportable_backends
 from service.export.repro import Repro
@@ -104,7 +104,7 @@ def get_repro(session: SessionDep, case_id: CaseId, query: Annotated[ReproQuery,
 def record_case(session: WriteSessionDep, body: CaseIn) -> CaseIdOut:
     """Store a case (idempotent: the first origin recorded is kept)."""
     with write_transaction(session):
-        case_id = repository.ingest_case(session.connection(), body.case, body.origin)
+        case_id = ingest.ingest_case(session.connection(), body.case, body.origin)
     return CaseIdOut(case_id=case_id)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
 
-from service.db import repository
+from service.db import repository, stats
 from service.api.deps import SessionDep
 from service.api.schemas import BucketRowPageOut, OverviewOut
 
@@ -19,12 +19,12 @@ RECENT_BUCKETS = 10
 def get_overview(session: SessionDep) -> OverviewOut:
     """Counts by status and backend, failures by backend and signature, buckets, live workers
     (heartbeat age, cases/s) and cases per hour."""
-    return OverviewOut.from_overview(repository.overview(session))
+    return OverviewOut.from_overview(stats.overview(session))
 
 
 @page_router.get("/", response_class=HTMLResponse)
 def overview_page(request: Request, session: SessionDep) -> HTMLResponse:
-    overview = OverviewOut.from_overview(repository.overview(session))
+    overview = OverviewOut.from_overview(stats.overview(session))
     recent = BucketRowPageOut.from_page(repository.list_buckets(session, limit=RECENT_BUCKETS))
     chart = {
         "hours": [int(h.hour.timestamp()) for h in overview.cases_per_hour],

@@ -7,7 +7,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 
-from service.db import repository
+from service.db import ingest
 from service.api.openapi import PAGE_HEADERS, paginate
 from service.api.deps import SessionDep, WriteSessionDep, require_write_token, write_transaction
 from service.errors import FieldValidationError
@@ -26,7 +26,7 @@ def ingest_results(session: WriteSessionDep, body: ResultBatchIn) -> ResultBatch
     phase). Each failure is counted in its bucket, created on first sight."""
     results = body.case_results()
     with write_transaction(session):
-        updates = repository.ingest_results(session.connection(), body.build_id, body.worker_id, results)
+        updates = ingest.ingest_results(session.connection(), body.build_id, body.worker_id, results)
     return ResultBatchOut(
         updates=[None if u is None else BucketUpdateOut(bucket_id=u.bucket_id, is_new=u.is_new) for u in updates]
     )
@@ -46,7 +46,7 @@ def known_failures(
     for name in backend:
         if not NAME_PATTERN.match(name):
             raise FieldValidationError("backend", f"{name[:80]!r} is not a backend name")
-    rows = repository.known_failures(session.connection(), backend)
+    rows = ingest.known_failures(session.connection(), backend)
     rows = paginate(request, response, rows, limit, offset)
     return [KnownFailureOut(backend=b, variant=v, signature=s, case=case) for (b, v, s), case in rows]
 

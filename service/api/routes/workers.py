@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query, status
 from fastapi.responses import Response
 
-from service.db import repository
+from service.db import ingest, repository
 from service.api.deps import SessionDep, WorkerId, WriteSessionDep, require_write_token, write_transaction
 from service.api.requests import HeartbeatIn, WorkerIn, WorkerQuery
 from service.api.schemas import IdOut, WorkerPageOut
@@ -28,7 +28,7 @@ def list_workers(session: SessionDep, query: Annotated[WorkerQuery, Query()]) ->
 def register_worker(session: WriteSessionDep, body: WorkerIn) -> IdOut:
     """Register a fuzz worker on a build; its id."""
     with write_transaction(session):
-        worker_id = repository.ingest_worker(session.connection(), **body.model_dump())
+        worker_id = ingest.ingest_worker(session.connection(), **body.model_dump())
     return IdOut(id=worker_id)
 
 
@@ -36,5 +36,5 @@ def register_worker(session: WriteSessionDep, body: WorkerIn) -> IdOut:
 def heartbeat(session: WriteSessionDep, worker_id: WorkerId, body: HeartbeatIn) -> Response:
     """Record that the worker is alive, with its case count and status."""
     with write_transaction(session):
-        repository.ingest_heartbeat(session.connection(), worker_id, body.cases_run, body.status)
+        ingest.ingest_heartbeat(session.connection(), worker_id, body.cases_run, body.status)
     return Response(status_code=204)
