@@ -266,6 +266,22 @@ def _raise_refused(url: str, exc: Exception) -> None:
         raise StoreRefusedError(f"database {url!r} refuses writes ({reason}): {type(exc).__name__}: {exc}") from exc
 
 
+def schema_revision(url: str) -> str | None:
+    """The schema revision of the database at ``url`` (None: no attnfuzz schema), read without
+    writing.
+
+    Raises:
+        ServiceError: it cannot be opened (the message names the database and the driver's error).
+    """
+    from service.db.migrations import current
+    from service.errors import ServiceError
+
+    try:
+        return current(url)
+    except Exception as exc:  # SQLAlchemy/driver errors: name the database, keep the cause
+        raise ServiceError(f"database {url!r}: cannot open: {type(exc).__name__}: {str(exc).strip().splitlines()[0]}") from exc
+
+
 def check_schema(url: str) -> None:
     """For reading commands (``cases``, ``report``, ``serve``, ``buckets``): check, without
     writing, that ``url`` holds a database at the newest schema revision. Reading commands never
@@ -278,7 +294,7 @@ def check_schema(url: str) -> None:
     from sqlalchemy.engine import make_url
 
     from service.errors import ServiceError
-    from service.db.migrations import current, head
+    from service.db.migrations import head
 
     parsed = make_url(url)
     path = parsed.database
@@ -288,10 +304,7 @@ def check_schema(url: str) -> None:
         if not os.path.exists(path):
             raise ServiceError(f"no database at {url!r} ({os.path.abspath(path)} does not exist); "
                                f"create it with: attnfuzz db upgrade --db {url}")
-    try:
-        revision = current(url)
-    except Exception as exc:  # SQLAlchemy/driver errors: name the database, keep the cause
-        raise ServiceError(f"database {url!r}: cannot open: {type(exc).__name__}: {str(exc).strip().splitlines()[0]}") from exc
+    revision = schema_revision(url)
     newest = head()
     if revision is not None and revision != newest and not _known_revision(revision):
         raise ServiceError(f"database {url!r} is at schema revision {revision}, which this attnfuzz does not know "

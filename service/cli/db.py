@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from oracle.errors import AttnFuzzError
-from service.cli.common import DbOption, db_url, fail, migrate, out, print_json
+from service.cli.common import DbOption, db_url, fail, migrate, out, print_json, schema_revision
 
 db_app = typer.Typer(help="Database schema management (Alembic migrations).", no_args_is_help=True)
 
@@ -37,13 +37,12 @@ def db_current(
 
 
 def _print_revision(url: str, as_json: bool) -> None:
-    from service.errors import ServiceError
-    from service.db.migrations import current, head
+    from service.db.migrations import head
 
     try:
-        revision = current(url)
-    except Exception as exc:  # SQLAlchemy/driver errors: name the database
-        fail(ServiceError(f"database {url!r}: cannot open: {type(exc).__name__}: {str(exc).strip().splitlines()[0]}"))
+        revision = schema_revision(url)
+    except AttnFuzzError as exc:
+        fail(exc)
     newest = head()
     if as_json:
         print_json({"database": url, "revision": revision, "head": newest, "up_to_date": revision == newest})
