@@ -61,7 +61,9 @@ FIGURES = {
     "shrink": re.compile(r"shrinking ([\d.]+) s"),
     "own": re.compile(r"own work \([^)]*\) ([\d.]+) s"),
 }
-RUNNER = "import sys; from service.cli.main import app; sys.argv[0] = 'attnfuzz'; app(prog_name='attnfuzz')"
+# The console entry point of the tree on PYTHONPATH (attnfuzz.cli.main, which every tree since issue 18
+# has, whatever module holds the typer app behind it).
+RUNNER = "import sys; from attnfuzz.cli import main; sys.argv[0] = 'attnfuzz'; main()"
 
 
 class BenchError(RuntimeError):
