@@ -60,7 +60,7 @@ from sqlalchemy.engine import make_url
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from fuzzer.builds.replay import Skip  # noqa: E402
+from fuzzer.results import Skip  # noqa: E402
 from fuzzer.results import BuildFingerprint, CaseResult  # noqa: E402
 from oracle.config import AttentionCase  # noqa: E402
 from service.db import migrations  # noqa: E402

@@ -1,5 +1,7 @@
-"""Records passed from a worker to storage: `CaseResult`, `BuildFingerprint` (and build identity),
-the sink protocol, and the verdicts along a package line (`LineVerdict`, `Transition`, `transitions`).
+"""Records passed from the fuzzer to storage, one idea: the plain data the service stores.
+`CaseResult`, `BuildFingerprint` (and build identity), the sink protocol, the verdicts along a
+package line (`LineVerdict`, `Transition`, `transitions`), and what replays and bisections
+produce (`ReplayTask`, `Skip`, `Verdict`, `ReplayOutcome`, `BisectStep`, `BisectResult`).
 
 These frozen records are the contract between the fuzz worker (which never touches the
 database) and `service` (which stores them). Each has an exact JSON round-trip.
@@ -35,6 +37,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from fuzzer.text import MAX_DETAIL, MAX_NAME, MAX_PACKAGE, MAX_SIGNATURE, is_storable, storable_text
+from oracle.config import AttentionCase
 from oracle.errors import AttnFuzzError
 
 STATUSES = ("pass", "fail", "unsupported", "error", "crash", "timeout", "oom")
@@ -544,3 +547,208 @@ def pick_result(rows: Sequence[Any]) -> Any | None:
         return (order, -int(getattr(row, "id", 0) or 0))
 
     return min(rows, key=rank) if rows else None
+
+
+# ------------------------------------------------------------------------------ replays and bisections
+# What the build wing's workflows produce and the service stores (`service.builds.replays`,
+# `service.builds.bisections`): replay tasks, skips, verdicts and outcomes
+# (`fuzzer.builds.replay` runs them), bisection steps and results (`fuzzer.builds.bisect`).
+
+SKIP = "skip"
+
+
+@dataclass(frozen=True)
+class ReplayTask:
+    """One saved case to run on one backend variant.
+
+    Attributes:
+        case: the case.
+        backend, variant: where to run it.
+        source: where it comes from (``corpus:fa4/te_style-<case_id>.json``, ``bucket:12``).
+        expected_status, expected_signature: what the corpus says a replay must find on the
+            newest build (``pass`` or ``fail`` + signature), None when nothing is expected.
+    """
+
+    case: AttentionCase
+    backend: str
+    variant: str
+    source: str = ""
+    expected_status: str | None = None
+    expected_signature: str | None = None
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        """``(case_id, backend, variant)``."""
+        return (self.case.case_id, self.backend, self.variant)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "case": self.case.to_json(),
+            "backend": self.backend,
+            "variant": self.variant,
+            "source": self.source,
+            "expected_status": self.expected_status,
+            "expected_signature": self.expected_signature,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ReplayTask:
+        return cls(
+            AttentionCase.from_json(data["case"]),
+            data["backend"],
+            data["variant"],
+            data.get("source", ""),
+            data.get("expected_status"),
+            data.get("expected_signature"),
+        )
+
+
+@dataclass(frozen=True)
+class Skip:
+    """A task the build could not run at all.
+
+    Attributes:
+        case_id, backend, variant: the task.
+        reason: why (the import error, the availability reason, how the child died).
+    """
+
+    case_id: str
+    backend: str
+    variant: str
+    reason: str
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.case_id, self.backend, self.variant)
+
+    def to_json(self) -> dict[str, str]:
+        return {"case_id": self.case_id, "backend": self.backend, "variant": self.variant, "reason": self.reason}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Skip:
+        return cls(data["case_id"], data["backend"], data["variant"], data["reason"])
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What a replay found for one task: a result status (``pass``, ``fail``, ``unsupported``,
+    ``crash``, ...) or ``"skip"``, with the failure signature and the detail."""
+
+    status: str
+    signature: str | None = None
+    detail: str = ""
+
+    @property
+    def is_failure(self) -> bool:
+        return self.status in FAILING_STATUSES
+
+
+@dataclass(frozen=True)
+class ReplayOutcome:
+    """Everything one replay of some tasks on one build produced.
+
+    Attributes:
+        tasks: what was asked, in order.
+        fingerprint: the build, as the replaying process saw it; None when the child died before
+            reporting it (then every task is a skip).
+        packages: every package version of the build (`fuzzer.builds.versions.build_packages`).
+        results: one `CaseResult` (phase ``replay``) per task that ran.
+        skips: one `Skip` per task that could not run.
+        environment: the build environment replayed in (a `fuzzer.builds.envs.BuildEnvironment`;
+            None: this interpreter's).
+        wall_s: wall time of the whole replay, seconds.
+        error: why the replaying child failed, "" when it finished.
+    """
+
+    tasks: tuple[ReplayTask, ...]
+    fingerprint: BuildFingerprint | None
+    packages: Mapping[str, str] = field(default_factory=dict)
+    results: tuple[CaseResult, ...] = ()
+    skips: tuple[Skip, ...] = ()
+    environment: Any = None
+    wall_s: float = 0.0
+    error: str = ""
+
+    def verdict(self, task: ReplayTask) -> Verdict:
+        """The verdict for ``task``: its result, its skip, or ``Verdict("skip", detail="not run")``
+        when neither names it."""
+        for result in self.results:
+            if (result.case_id, result.backend, result.variant) == task.key:
+                return Verdict(result.status, result.signature, result.detail)
+        for skip in self.skips:
+            if skip.key == task.key:
+                return Verdict(SKIP, None, skip.reason)
+        return Verdict(SKIP, None, "not run")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "fingerprint": None if self.fingerprint is None else self.fingerprint.to_json(),
+            "packages": dict(self.packages),
+            "results": [r.to_json() for r in self.results],
+            "skips": [s.to_json() for s in self.skips],
+            "wall_s": self.wall_s,
+            "error": self.error,
+        }
+
+
+GOOD, BAD = "good", "bad"
+STEP_VERDICTS = (GOOD, BAD, SKIP)
+#: ``found``: one first-bad build; ``ambiguous``: skipped builds leave several candidates;
+#: ``good_fails``: the good endpoint is bad; ``bad_passes``: the bad endpoint is good;
+#: ``endpoint_skipped``: an endpoint cannot run the case.
+BISECT_STATUSES = ("found", "ambiguous", "good_fails", "bad_passes", "endpoint_skipped")
+
+
+@dataclass(frozen=True)
+class BisectStep:
+    """One replay of the bisection.
+
+    Attributes:
+        number: 1 for the first replay, 2 for the next, ...
+        position: index of the build in the ordered versions.
+        version: the build's version of the line's package.
+        verdict: ``good``, ``bad`` or ``skip``.
+        observed: what the replay found.
+        why: the reason for the verdict.
+        wall_s: the replay's wall time, seconds.
+    """
+
+    number: int
+    position: int
+    version: str
+    verdict: str
+    observed: Verdict
+    why: str
+    wall_s: float
+
+
+@dataclass(frozen=True)
+class BisectResult:
+    """The outcome of `bisect_builds`.
+
+    Attributes:
+        status: one of `BISECT_STATUSES`.
+        versions: the ordered builds searched (good ... bad).
+        last_good: the newest build known good (None when the good endpoint was not good).
+        first_bad: the oldest build known bad (None when the bad endpoint was not bad).
+        candidates: the builds that may be the first bad one, oldest first (one when ``found``).
+        signature: the target signature.
+        steps: every replay, in order.
+    """
+
+    status: str
+    versions: tuple[str, ...]
+    last_good: str | None
+    first_bad: str | None
+    candidates: tuple[str, ...]
+    signature: str | None
+    steps: tuple[BisectStep, ...]
+
+    @property
+    def replays(self) -> int:
+        """Replays made (endpoints and skips included)."""
+        return len(self.steps)
+
+    @property
+    def skips(self) -> int:
+        return sum(1 for s in self.steps if s.verdict == SKIP)

@@ -22,18 +22,9 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
-from fuzzer.builds.replay import SKIP, Verdict
+from fuzzer.results import BAD, GOOD, SKIP, BisectResult, BisectStep, Verdict
 from oracle.errors import AttnFuzzError
-
-GOOD, BAD = "good", "bad"
-STEP_VERDICTS = (GOOD, BAD, SKIP)
-#: ``found``: one first-bad build; ``ambiguous``: skipped builds leave several candidates;
-#: ``good_fails``: the good endpoint is bad; ``bad_passes``: the bad endpoint is good;
-#: ``endpoint_skipped``: an endpoint cannot run the case.
-BISECT_STATUSES = ("found", "ambiguous", "good_fails", "bad_passes", "endpoint_skipped")
-
 
 class BisectError(AttnFuzzError, ValueError):
     """A bisection cannot start: fewer than two builds."""
@@ -57,61 +48,6 @@ def classify(verdict: Verdict, signature: str | None) -> tuple[str, str]:
             return BAD, f"fails with {verdict.signature}"
         return SKIP, f"fails differently ({verdict.signature}, not {signature})"
     return SKIP, f"status {verdict.status!r}"  # pragma: no cover - every status is covered above
-
-
-@dataclass(frozen=True)
-class BisectStep:
-    """One replay of the bisection.
-
-    Attributes:
-        number: 1 for the first replay, 2 for the next, ...
-        position: index of the build in the ordered versions.
-        version: the build's version of the line's package.
-        verdict: ``good``, ``bad`` or ``skip``.
-        observed: what the replay found.
-        why: the reason for the verdict.
-        wall_s: the replay's wall time, seconds.
-    """
-
-    number: int
-    position: int
-    version: str
-    verdict: str
-    observed: Verdict
-    why: str
-    wall_s: float
-
-
-@dataclass(frozen=True)
-class BisectResult:
-    """The outcome of `bisect_builds`.
-
-    Attributes:
-        status: one of `BISECT_STATUSES`.
-        versions: the ordered builds searched (good ... bad).
-        last_good: the newest build known good (None when the good endpoint was not good).
-        first_bad: the oldest build known bad (None when the bad endpoint was not bad).
-        candidates: the builds that may be the first bad one, oldest first (one when ``found``).
-        signature: the target signature.
-        steps: every replay, in order.
-    """
-
-    status: str
-    versions: tuple[str, ...]
-    last_good: str | None
-    first_bad: str | None
-    candidates: tuple[str, ...]
-    signature: str | None
-    steps: tuple[BisectStep, ...]
-
-    @property
-    def replays(self) -> int:
-        """Replays made (endpoints and skips included)."""
-        return len(self.steps)
-
-    @property
-    def skips(self) -> int:
-        return sum(1 for s in self.steps if s.verdict == SKIP)
 
 
 def max_replays(build_count: int, skips: int = 0) -> int:
@@ -200,13 +136,7 @@ def bisect_builds(
 
 
 __all__ = [
-    "BAD",
-    "BISECT_STATUSES",
     "BisectError",
-    "BisectResult",
-    "BisectStep",
-    "GOOD",
-    "STEP_VERDICTS",
     "bisect_builds",
     "classify",
     "max_replays",

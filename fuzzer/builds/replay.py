@@ -31,157 +31,31 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from fuzzer.builds.envs import BuildEnvironment
 from fuzzer.builds.versions import build_packages
 from fuzzer.builds.corpus import CorpusEntry, load_corpus
-from fuzzer.results import FAILING_STATUSES, BuildFingerprint, CaseResult, SinkUnavailableError
+from fuzzer.results import (
+    SKIP,
+    BuildFingerprint,
+    CaseResult,
+    ReplayOutcome,
+    ReplayTask,
+    SinkUnavailableError,
+    Skip,
+    Verdict,
+)
 from oracle.config import AttentionCase
 from oracle.errors import AttnFuzzError
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
-SKIP = "skip"
 CHILD_LOG_TAIL_CHARS = 4000
 
 
 class ReplayError(AttnFuzzError):
     """A replay request is malformed (unknown isolation or device, an unreadable request file)."""
-
-
-@dataclass(frozen=True)
-class ReplayTask:
-    """One saved case to run on one backend variant.
-
-    Attributes:
-        case: the case.
-        backend, variant: where to run it.
-        source: where it comes from (``corpus:fa4/te_style-<case_id>.json``, ``bucket:12``).
-        expected_status, expected_signature: what the corpus says a replay must find on the
-            newest build (``pass`` or ``fail`` + signature), None when nothing is expected.
-    """
-
-    case: AttentionCase
-    backend: str
-    variant: str
-    source: str = ""
-    expected_status: str | None = None
-    expected_signature: str | None = None
-
-    @property
-    def key(self) -> tuple[str, str, str]:
-        """``(case_id, backend, variant)``."""
-        return (self.case.case_id, self.backend, self.variant)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "case": self.case.to_json(),
-            "backend": self.backend,
-            "variant": self.variant,
-            "source": self.source,
-            "expected_status": self.expected_status,
-            "expected_signature": self.expected_signature,
-        }
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> ReplayTask:
-        return cls(
-            AttentionCase.from_json(data["case"]),
-            data["backend"],
-            data["variant"],
-            data.get("source", ""),
-            data.get("expected_status"),
-            data.get("expected_signature"),
-        )
-
-
-@dataclass(frozen=True)
-class Skip:
-    """A task the build could not run at all.
-
-    Attributes:
-        case_id, backend, variant: the task.
-        reason: why (the import error, the availability reason, how the child died).
-    """
-
-    case_id: str
-    backend: str
-    variant: str
-    reason: str
-
-    @property
-    def key(self) -> tuple[str, str, str]:
-        return (self.case_id, self.backend, self.variant)
-
-    def to_json(self) -> dict[str, str]:
-        return {"case_id": self.case_id, "backend": self.backend, "variant": self.variant, "reason": self.reason}
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Skip:
-        return cls(data["case_id"], data["backend"], data["variant"], data["reason"])
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """What a replay found for one task: a result status (``pass``, ``fail``, ``unsupported``,
-    ``crash``, ...) or ``"skip"``, with the failure signature and the detail."""
-
-    status: str
-    signature: str | None = None
-    detail: str = ""
-
-    @property
-    def is_failure(self) -> bool:
-        return self.status in FAILING_STATUSES
-
-
-@dataclass(frozen=True)
-class ReplayOutcome:
-    """Everything one replay of some tasks on one build produced.
-
-    Attributes:
-        tasks: what was asked, in order.
-        fingerprint: the build, as the replaying process saw it; None when the child died before
-            reporting it (then every task is a skip).
-        packages: every package version of the build (`fuzzer.builds.versions.build_packages`).
-        results: one `CaseResult` (phase ``replay``) per task that ran.
-        skips: one `Skip` per task that could not run.
-        environment: the build environment replayed in (None: this interpreter's).
-        wall_s: wall time of the whole replay, seconds.
-        error: why the replaying child failed, "" when it finished.
-    """
-
-    tasks: tuple[ReplayTask, ...]
-    fingerprint: BuildFingerprint | None
-    packages: Mapping[str, str] = field(default_factory=dict)
-    results: tuple[CaseResult, ...] = ()
-    skips: tuple[Skip, ...] = ()
-    environment: BuildEnvironment | None = None
-    wall_s: float = 0.0
-    error: str = ""
-
-    def verdict(self, task: ReplayTask) -> Verdict:
-        """The verdict for ``task``: its result, its skip, or ``Verdict("skip", detail="not run")``
-        when neither names it."""
-        for result in self.results:
-            if (result.case_id, result.backend, result.variant) == task.key:
-                return Verdict(result.status, result.signature, result.detail)
-        for skip in self.skips:
-            if skip.key == task.key:
-                return Verdict(SKIP, None, skip.reason)
-        return Verdict(SKIP, None, "not run")
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "fingerprint": None if self.fingerprint is None else self.fingerprint.to_json(),
-            "packages": dict(self.packages),
-            "results": [r.to_json() for r in self.results],
-            "skips": [s.to_json() for s in self.skips],
-            "wall_s": self.wall_s,
-            "error": self.error,
-        }
 
 
 def matches_expectation(task: ReplayTask, verdict: Verdict) -> bool | None:

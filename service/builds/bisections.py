@@ -15,9 +15,7 @@ from sqlalchemy import Engine, select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
-from fuzzer.builds.bisect import BisectResult, BisectStep as BisectStepResult
-from fuzzer.builds.replay import ReplayTask
-from fuzzer.results import BuildFingerprint
+from fuzzer.results import BisectResult, BisectStep as BisectStepResult, BuildFingerprint, ReplayTask
 from oracle.config import AttentionCase
 from service.errors import FieldValidationError, NotFoundError
 from service.db.engine import reading, session_for, write_transaction

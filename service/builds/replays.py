@@ -16,7 +16,7 @@ from sqlalchemy import Engine, select
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
-from fuzzer.builds.replay import ReplayOutcome, ReplayTask, Skip
+from fuzzer.results import ReplayOutcome, ReplayTask, Skip
 from oracle.config import AttentionCase
 from oracle.errors import CaseValidationError
 from service.errors import FieldValidationError, NotFoundError

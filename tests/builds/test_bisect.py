@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fuzzer.builds.bisect import BisectError, bisect_builds, classify, max_replays
-from fuzzer.builds.replay import Verdict
+from fuzzer.results import Verdict
 
 NINE = ["1.0", "1.0.1", "1.1", "1.1.1", "1.1.2", "1.2rc1", "1.2", "1.3", "1.4"]
 

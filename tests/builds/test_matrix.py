@@ -13,8 +13,7 @@ from sqlalchemy.orm import Session
 
 from fuzzer.builds.bisect import bisect_builds
 from fuzzer.builds.versions import build_packages
-from fuzzer.builds.replay import ReplayOutcome, ReplayTask, Skip, Verdict
-from fuzzer.results import BuildFingerprint, CaseResult
+from fuzzer.results import BuildFingerprint, CaseResult, ReplayOutcome, ReplayTask, Skip, Verdict
 from oracle.config import AttentionCase
 from service.builds import bisections, corpus as corpus_db, lines, matrix, replays
 from service.db import migrations

@@ -14,8 +14,8 @@ from sqlalchemy import select
 from fuzzer import registry
 from fuzzer.builds.envs import BuildEnvironment
 from fuzzer.builds.corpus import CorpusEntry, load_corpus, save_entry
-from fuzzer.builds.replay import ReplayTask, replay_here, replay_in_build, replay_on_new_build
-from fuzzer.results import BuildFingerprint, CaseResult, SinkUnavailableError
+from fuzzer.builds.replay import replay_here, replay_in_build, replay_on_new_build
+from fuzzer.results import BuildFingerprint, CaseResult, ReplayTask, SinkUnavailableError
 from fuzzer.worker import Worker, WorkerConfig
 from oracle.config import AttentionCase
 from service.db import migrations

@@ -362,7 +362,8 @@ def test_a_replay_on_a_cudnn_build_runs_its_children_on_that_cudnn_and_records_i
     children start with its nvidia/cudnn/lib first, and the replay's fingerprint names its
     version, so regressions --package cudnn compare the cuDNN builds that ran."""
     from fuzzer.builds.envs import prepare_from_wheelhouse
-    from fuzzer.builds.replay import ReplayTask, replay_in_build
+    from fuzzer.builds.replay import replay_in_build
+    from fuzzer.results import ReplayTask
     from tests.builds.fakebuilds import write_wheel
 
     monkeypatch.delenv(CUDNN_ENV, raising=False)
