@@ -169,7 +169,7 @@ class _Bisection:
             FieldValidationError, CorpusError: CASE names nothing usable.
         """
         from fuzzer import registry
-        from fuzzer.builds.replay import ReplayTask
+        from fuzzer.results import ReplayTask
         from service.builds.bisections import start_bisect
 
         self.case, self.backend, self.variant, self.signature, origin = _resolve_case(
@@ -217,12 +217,13 @@ class _Bisection:
         finish_bisect(self.engine, self.run_id, self.result, self.build_ids)
 
     def _verdict(self, version: str, platform: Any, *, device: str, isolation: str, case_timeout_s: float):
-        """The case's `fuzzer.builds.replay.Verdict` on ``version``: a result already stored for
+        """The case's `fuzzer.results.Verdict` on ``version``: a result already stored for
         that build on this ``platform`` (None: always replay), else a replay in the build's
         environment, stored; ``skip`` when the build cannot be prepared or the child ran another
         version."""
         from fuzzer.builds.versions import BuildPrepareError
-        from fuzzer.builds.replay import Verdict, replay_in_build
+        from fuzzer.builds.replay import replay_in_build
+        from fuzzer.results import Verdict
         from service.builds.replays import record_replay
         from service.builds.bisections import recorded_verdict
 
