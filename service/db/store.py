@@ -1,5 +1,6 @@
 """SQL storage for fuzz workers: `SqlStore`, the `fuzzer.results.ResultSink` on SQL (builds,
-workers, cases, results, buckets, minimisation leases). Hypothesis's example database is
+workers, cases, results, buckets, minimisation leases). One idea, over 600 lines: the worker's
+write path, each call one transaction with the fault behaviour described below. Hypothesis's example database is
 `service.db.examples`; worker sessions and their gaps `service.db.workers`.
 
 It works on an `Engine` (one short transaction per call) or on an open `Connection` (each call
