@@ -27,6 +27,7 @@ from service.cli.common import (
     DbOption,
     JsonOption,
     check_stored_name,
+    describe_stored_case,
     fail,
     id_column,
     open_database,
@@ -138,7 +139,6 @@ def buckets_show(
     """One bucket: its key and counts, triage fields, first and minimised cases, latest results."""
     from sqlalchemy.orm import Session
 
-    from oracle.config import AttentionCase
     from service.errors import NotFoundError
     from service.db.repository import get_bucket
 
@@ -158,11 +158,8 @@ def buckets_show(
                     if case is None:
                         data[key] = None
                         continue
-                    try:
-                        description = AttentionCase.from_json(case.config).describe()
-                    except AttnFuzzError:
-                        description = "(stored config no longer validates)"
-                    data[key] = {"case_id": case.id, "description": description, "config": case.config}
+                    data[key] = {"case_id": case.id, "description": describe_stored_case(case.config),
+                                 "config": case.config}
                 data["results"] = [
                     {
                         "case_id": r.case_id,

@@ -14,6 +14,7 @@ from oracle.errors import AttnFuzzError, CaseValidationError
 from service.cli.common import (
     DbOption,
     check_stored_name,
+    describe_stored_case,
     console,
     db_url,
     fail,
@@ -40,7 +41,6 @@ def cases_list(
     that `cases show` and `export` take)."""
     from sqlalchemy.orm import Session
 
-    from oracle.config import AttentionCase
     from service.db.repository import list_cases
 
     try:
@@ -52,12 +52,8 @@ def cases_list(
                 page = list_cases(session, failing=failing, backend=backend, limit=limit)
                 rows = []
                 for item in page.items:
-                    try:
-                        description = AttentionCase.from_json(item.case.config).describe()
-                    except AttnFuzzError:
-                        description = "(stored config no longer validates)"
-                    rows.append({"case_id": item.case.id, "origin": item.case.origin, "description": description,
-                                 "statuses": item.statuses})
+                    rows.append({"case_id": item.case.id, "origin": item.case.origin,
+                                 "description": describe_stored_case(item.case.config), "statuses": item.statuses})
         finally:
             engine.dispose()
     except AttnFuzzError as exc:

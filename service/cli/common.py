@@ -373,6 +373,17 @@ def resolve_case_id(session, value: str) -> str:
     return found[0]
 
 
+def describe_stored_case(config: dict) -> str:
+    """``AttentionCase.describe()`` of a stored case's JSON, or ``"(stored config no longer
+    validates)"`` for one stored before a bound it now breaks."""
+    from oracle.config import AttentionCase
+
+    try:
+        return AttentionCase.from_json(config).describe()
+    except AttnFuzzError:
+        return "(stored config no longer validates)"
+
+
 def check_stored_name(session, field: str, value: str) -> None:
     """A filter naming a ``backend`` (or ``variant``) that the database has never stored is a typo
     until proven otherwise: say so, with the names it has, instead of showing nothing.

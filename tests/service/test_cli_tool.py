@@ -363,3 +363,9 @@ def test_the_build_errors_exit_with_the_codes_the_help_lists() -> None:
              for exc in (BuildError("v"), BisectError("v"), ReplayError("v"), BuildPrepareError("v"))}
     assert codes == {"BuildError": 2, "BisectError": 2, "ReplayError": 2, "BuildPrepareError": cli_common.EXIT_BUILD}
     assert {cli_common.EXIT_BUILD, cli_common.EXIT_MISMATCH} == {8, 9} <= set(cli_common.EXIT_CODES)
+
+
+def test_a_stored_case_that_no_longer_validates_is_described_as_such() -> None:
+    assert cli_common.describe_stored_case(PASSING.to_json()) == PASSING.describe()
+    broken = {**PASSING.to_json(), "window_size_left": 10**40, "causal": True}
+    assert cli_common.describe_stored_case(broken) == "(stored config no longer validates)"
