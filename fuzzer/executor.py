@@ -358,28 +358,68 @@ class InProcessExecutor:
 
 
 # ---------------------------------------------------------------------------------------- child
-def _child_main(conn, specs: list[tuple[str, str]], env_vars: dict[str, str], log_path: str) -> None:
-    """Entry point of a child process: load the backends, then serve ``run`` requests."""
-    parent = os.getppid()
-    _die_with_parent()
-    if os.getppid() != parent:  # the parent died before the death signal was armed
-        os._exit(0)
+# ------------------------------------------------------- what every child process does (both executors)
+def log_stderr_to(log_path: str) -> None:
+    """Send this process's stderr (fd 2 and ``sys.stderr``, line-buffered) to ``log_path``,
+    appended: what the parent reads back as the stderr tail of a crash or a hang."""
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(fd, 2)
     sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
-    os.environ.update(env_vars)
-    import torch.multiprocessing  # noqa: F401  (registers tensor reductions for the pipe)
 
-    configure_torch_threads()
 
+def load_task_backends(specs: list[tuple[str, str]]) -> dict[str, Backend]:
+    """The backends a child serves, by name: each ``(spec, name)`` loaded with
+    `fuzzer.registry.load_spec` and the backend of that name kept.
+
+    Raises:
+        BackendError: a spec cannot be loaded.
+    """
     from fuzzer.registry import load_spec
-    from oracle.config import AttentionCase as Case
 
     backends: dict[str, Backend] = {}
     for spec, name in specs:
         for backend in load_spec(spec):
             if backend.name == name:
                 backends[name] = backend
+    return backends
+
+
+def exit_if_crashed(outcome: TaskOutcome, prefix: str = "") -> None:
+    """After a ``crash`` outcome (the CUDA context is poisoned) write its detail to stderr and exit
+    with status 70 (after the outcome was sent): the parent restarts the child."""
+    if outcome.status == "crash":
+        sys.stderr.write(prefix + outcome.detail + "\n")
+        sys.stderr.flush()
+        os._exit(70)
+
+
+def release_after_oom(outcome: TaskOutcome, cuda: bool | None = None) -> None:
+    """After an ``oom`` outcome on CUDA, return the cached blocks (``torch.cuda.empty_cache``), so
+    that the next case starts with the memory free. ``cuda``: whether this process computes on
+    CUDA; None: ``torch.cuda.is_available()``, asked only after an ``oom``."""
+    if outcome.status != "oom":
+        return
+    import torch
+
+    if cuda if cuda is not None else torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def _child_main(conn, specs: list[tuple[str, str]], env_vars: dict[str, str], log_path: str) -> None:
+    """Entry point of a child process: load the backends, then serve ``run`` requests."""
+    parent = os.getppid()
+    _die_with_parent()
+    if os.getppid() != parent:  # the parent died before the death signal was armed
+        os._exit(0)
+    log_stderr_to(log_path)
+    os.environ.update(env_vars)
+    import torch.multiprocessing  # noqa: F401  (registers tensor reductions for the pipe)
+
+    configure_torch_threads()
+
+    from oracle.config import AttentionCase as Case
+
+    backends = load_task_backends(specs)
     availability = {name: b.availability() for name, b in backends.items()}
     runtime, seen = child_runtime(backends), _mapped_runtime_files()
     # CUDA backends load runtime libraries lazily; a CPU backend may say it does too
@@ -408,15 +448,8 @@ def _child_main(conn, specs: list[tuple[str, str]], env_vars: dict[str, str], lo
             if now_seen != seen:  # a library loaded lazily by this call: report it with the outcome
                 seen, outcome.runtime = now_seen, child_runtime(backends)
             conn.send(("done", i, outcome))
-            if outcome.status == "crash":  # the CUDA context is poisoned: die, be restarted
-                sys.stderr.write(outcome.detail + "\n")
-                sys.stderr.flush()
-                os._exit(70)
-            if outcome.status == "oom":
-                import torch
-
-                if torch.cuda.is_available():
-                    torch.cuda.empty_cache()
+            exit_if_crashed(outcome)  # the CUDA context is poisoned: die, be restarted
+            release_after_oom(outcome)
 
 
 def child_runtime(backends: dict[str, Backend]) -> dict[str, dict[str, str]]:

@@ -64,7 +64,15 @@ from typing import Any
 from fuzzer.backends.base import Backend, BackendOutput, CPProcessGroups, environment_set, is_cp_backend
 from fuzzer.backends.cp_layout import CPShardError, cp_twin
 from fuzzer.cp.sharding import gather_outputs, shard_inputs
-from fuzzer.executor import ExecutorError, TaskOutcome, run_task
+from fuzzer.executor import (
+    ExecutorError,
+    TaskOutcome,
+    exit_if_crashed,
+    load_task_backends,
+    log_stderr_to,
+    release_after_oom,
+    run_task,
+)
 from oracle.config import AttentionCase
 
 #: Environment of every CP rank: NVLink SHARP / multicast stay off (see docs/cp.md).
@@ -189,9 +197,7 @@ def _rank_main(
     pg_timeout_s: float,
 ) -> None:
     """Entry point of one rank: join the group, load the backends, serve ``run`` requests."""
-    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    os.dup2(fd, 2)
-    sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
+    log_stderr_to(log_path)
     faulthandler.enable(sys.stderr)  # a segfault leaves its Python stack in the log
     os.environ.update(CP_RANK_ENV)
     os.environ.update(env_vars)
@@ -201,7 +207,6 @@ def _rank_main(
     import torch.distributed as dist
     import torch.multiprocessing  # noqa: F401  (registers tensor reductions for the pipe)
 
-    from fuzzer.registry import load_spec
     from oracle.config import AttentionCase as Case
 
     if device_type == "cuda":
@@ -212,11 +217,7 @@ def _rank_main(
     store = dist.TCPStore("127.0.0.1", store_port, is_master=False, timeout=timedelta(seconds=start_timeout_s))
     dist.init_process_group(pg_backend, store=store, rank=rank, world_size=cp_size, timeout=timedelta(seconds=pg_timeout_s))
     groups = _make_groups(rank, cp_size, device)
-    backends: dict[str, Backend] = {}
-    for spec, name in specs:
-        for backend in load_spec(spec):
-            if backend.name == name:
-                backends[name] = backend
+    backends = load_task_backends(specs)
     conn.send(("ready", os.getpid(), {name: b.availability() for name, b in backends.items()}))
     while True:
         try:
@@ -235,18 +236,13 @@ def _rank_main(
                 twin = run_task(backend, cp_twin(case), full_inputs, variant)
                 twin.output = _to_cpu(twin.output)
                 conn.send(("twin_done", i, twin))
-                if twin.status == "crash":  # a poisoned CUDA context: die, be restarted
-                    sys.stderr.write(f"non-CP twin: {twin.detail}\n")
-                    os._exit(70)
+                exit_if_crashed(twin, prefix="non-CP twin: ")  # a poisoned CUDA context: die, be restarted
             conn.send(("start", i))
             outcome = run_task(_CPCall(backend, groups), case, local_inputs, variant)
             outcome.output = _to_cpu(outcome.output)
             conn.send(("done", i, outcome))
-            if outcome.status == "crash":
-                sys.stderr.write(outcome.detail + "\n")
-                os._exit(70)
-            if outcome.status == "oom" and device.type == "cuda":
-                torch.cuda.empty_cache()
+            exit_if_crashed(outcome)
+            release_after_oom(outcome, cuda=device.type == "cuda")
 
 
 # ---------------------------------------------------------------------------------------- parent
