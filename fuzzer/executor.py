@@ -1,5 +1,8 @@
 """Running backends, isolated in persistent child processes.
 
+One idea (the module is over 600 lines): running backend calls in persistent child processes and
+turning every way a call can end (result, exception, crash, hang, OOM) into a `TaskOutcome`.
+
 Each backend *environment* (``Backend.environment``: backends that can share process-wide state,
 e.g. TE's ``NVTE_*`` selection variables) gets one child process, started on first use and reused
 across cases. The parent (the worker) generates the inputs and computes the float64 oracle once

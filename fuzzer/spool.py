@@ -1,5 +1,8 @@
 """A worker's local spool: its unsaved writes and its in-flight case, on local disk.
 
+One idea (the module is over 600 lines): keeping a worker's writes and its in-flight case safe on
+local disk until the store has them.
+
 Fuzz workers run for days while the database restarts, is locked by another writer or is
 unreachable for a while. `SpoolingSink` wraps the real `ResultSink` (``service.db.store.SqlStore``):
 

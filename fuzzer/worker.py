@@ -1,5 +1,8 @@
 """The fuzz worker: draw -> filter by declared support -> run -> judge -> record -> shrink new buckets.
 
+One idea (the module is over 600 lines): the fuzz loop of one worker (draw, run, judge, record,
+shrink); running and judging one case is `fuzzer.evaluate`, storage is the sink's.
+
 A `Worker` runs until its time budget or case count is spent. Hypothesis drives generation in
 chunks of ``chunk_size`` examples (``@given`` over `fuzzer.strategies.attention_cases`, with
 ``target(error_ratio)`` steering toward large errors). Each case goes through the worker's

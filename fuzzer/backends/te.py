@@ -1,5 +1,8 @@
 """TransformerEngine adapters: ``transformer_engine.pytorch.DotProductAttention``, one per sub-backend.
 
+One idea (the module is over 600 lines): the TransformerEngine adapter: TE's own names, encodings
+and sub-backend selection appear here and nowhere else.
+
 TE picks one of its sub-backends per call (``get_attention_backend``): FlashAttention (FA2, FA3 or
 FA4, whichever is installed and allowed), FusedAttention (cuDNN) or UnfusedDotProductAttention.
 Each adapter here stands for one sub-backend, forces it through TE's documented environment

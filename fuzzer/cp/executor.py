@@ -1,5 +1,8 @@
 """Running CP cases: ``cp_size`` rank processes under ``torch.distributed``, reused across cases.
 
+One idea (the module is over 600 lines): running CP tasks on groups of rank processes and turning
+every way a rank can end into one `CPTaskOutcome`.
+
 `CPExecutor` has the interface of `fuzzer.executor.ChildProcessExecutor` (``availability``,
 ``run(case, inputs, tasks, timeout_s) -> list[TaskOutcome]``, ``close``, ``restarts``) and runs the
 tasks of cases with ``cp_size > 1``; `RoutingExecutor` puts it beside the worker's usual executor
