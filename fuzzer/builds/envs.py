@@ -35,13 +35,13 @@ from fuzzer.builds.shared_fa import (
     keep_shared_fa4,
     merge_shared_fa2,
 )
+from fuzzer.results import version_key
 from fuzzer.builds.versions import (
     BuildError,
     BuildPrepareError,
     installed_version,
     normalise_package,
     parse_version,
-    version_key,
 )
 from fuzzer.builds.wheels import (
     ExtraPackage,

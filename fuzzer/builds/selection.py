@@ -19,12 +19,12 @@ from fuzzer.builds.envs import (
     prepare_from_wheelhouse,
 )
 from fuzzer.builds.install import check_installer
+from fuzzer.results import version_key
 from fuzzer.builds.versions import (
     BuildError,
     BuildPrepareError,
     normalise_package,
     parse_version,
-    version_key,
 )
 from fuzzer.builds.wheels import ExtraRule, wheelhouse_versions
 

@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import importlib.metadata
 from collections.abc import Mapping
-from typing import Any
 
-from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
+from fuzzer import results
 from fuzzer.results import BuildFingerprint, declared_packages
 from oracle.errors import AttnFuzzError
 
@@ -49,24 +48,17 @@ def parse_version(text: str, field: str = "version") -> Version:
         raise BuildError(f"{field}: {text!r} is not a PEP 440 version (e.g. 4.0.0b11, 2.13.0)") from exc
 
 
-def version_key(text: str) -> tuple[int, Any]:
-    """A sort key for version strings: PEP 440 order (pre-releases included) for valid versions;
-    strings that are not PEP 440 sort before every valid one, alphabetically."""
-    try:
-        return (1, Version(str(text)))
-    except InvalidVersion:
-        return (0, str(text))
-
-
 def normalise_package(name: str) -> str:
-    """The PEP 503 normalised name (``Flash_Attn.4`` -> ``flash-attn-4``).
+    """The PEP 503 normalised name (``Flash_Attn.4`` -> ``flash-attn-4``): `fuzzer.results.normalise_package`
+    with the build wing's error.
 
     Raises:
         BuildError: ``name`` is empty.
     """
-    if not name or not str(name).strip():
-        raise BuildError("package: must be a distribution name, got an empty string")
-    return canonicalize_name(str(name).strip())
+    try:
+        return results.normalise_package(name)
+    except results.ResultValidationError as exc:
+        raise BuildError(str(exc)) from exc
 
 
 def build_packages(fingerprint: BuildFingerprint, versions: Mapping[str, str]) -> dict[str, str]:
@@ -109,5 +101,4 @@ __all__ = [
     "installed_version",
     "normalise_package",
     "parse_version",
-    "version_key",
 ]

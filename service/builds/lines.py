@@ -2,7 +2,7 @@
 package versions.
 
 A line is the ``build_packages`` rows of one package. Its builds are ordered by the package's
-version (PEP 440, pre-releases included, `fuzzer.builds.versions.version_key`), then by
+version (PEP 440, pre-releases included, `fuzzer.results.version_key`), then by
 ``builds.first_seen``, then id; SQL cannot order PEP 440 versions, so the ordering happens here,
 in Python, over the (few) builds of a line. Builds themselves are registered by
 `service.db.builds.register_build`.

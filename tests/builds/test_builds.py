@@ -18,7 +18,6 @@ from fuzzer.builds.versions import (
     build_key,
     build_packages,
     parse_version,
-    version_key,
 )
 from fuzzer.builds.wheels import (
     load_rules,
@@ -27,7 +26,7 @@ from fuzzer.builds.wheels import (
     wheel_requirements,
     wheelhouse_versions,
 )
-from fuzzer.results import BuildFingerprint
+from fuzzer.results import BuildFingerprint, version_key
 from tests.builds.fakebuilds import DEP, KERNEL, write_wheel
 
 

@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import select
 
 from fuzzer.builds.bisect import max_replays
-from fuzzer.builds.versions import version_key
+from fuzzer.results import version_key
 from fuzzer.builds.corpus import CorpusEntry, save_entry
 from oracle.config import AttentionCase
 from service.db.engine import make_engine
