@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 
 import fuzzer
-import service.builds
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("attnfuzz", "oracle", "fuzzer", "service")
@@ -47,12 +46,6 @@ def test_every_fuzzer_module_is_a_record_module_or_forbidden_to_the_service_stor
     assert children == RECORD_MODULES | forbidden, (
         f"not placed: {sorted(children - RECORD_MODULES - forbidden)}; gone: {sorted((RECORD_MODULES | forbidden) - children)}"
     )
-
-
-def test_every_service_builds_module_but_the_cli_is_held_to_the_record_types():
-    children = {f"service.builds.{m.name}" for m in pkgutil.iter_modules(service.builds.__path__)} - {"service.builds.cli"}
-    sources = set(contracts()["service-reads-records"]["source_modules"])
-    assert children <= sources, f"not held to the record types: {sorted(children - sources)}"
 
 
 @pytest.mark.parametrize(

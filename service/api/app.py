@@ -24,7 +24,7 @@ from service.api import metrics
 from service.api import openapi
 from service.api.deps import WRITE_METHODS, reject_unstorable_text, require_read_token
 from service.api.routes import auth, buckets, builds, cases, overview, results, workers
-from service.builds import routes as matrix
+from service.api.routes import matrix
 from service.api.templating import make_templates
 from service.db.engine import SQLITE_BEGIN_OPTION, make_engine, make_session_factory
 from service.errors import FieldValidationError, NotFoundError

@@ -1,4 +1,4 @@
-"""Response models of the build-matrix API (`service.builds.routes`); built from the records
+"""Response models of the build-matrix API (`service.api.routes.matrix`); built from the records
 of `service.builds.matrix` with ``from_*`` constructors so the router stays one call per handler."""
 
 from __future__ import annotations

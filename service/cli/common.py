@@ -1,4 +1,4 @@
-"""What the ``attnfuzz`` command modules (``service/cli/*.py``, `service.builds.cli`) share: the
+"""What the ``attnfuzz`` command modules (``service/cli/*.py``, `service.cli.builds`) share: the
 ``--db`` option and its default, migrating the database (writing commands) or checking its schema
 (reading commands), logging, the exit codes (`EXIT_CODES`) and turning an `AttnFuzzError` into
 one (`exit_code`), table printing, resolving stored names, and importing ``module:attr`` plugins

@@ -8,7 +8,7 @@
 ``serve``                               `service.cli.serve`
 ``export``                              `service.cli.export`
 ``replay``, ``regressions``, ``bisect``,
-``builds``, ``corpus``                  `service.builds.cli`
+``builds``, ``corpus``                  `service.cli.builds`
 ``db upgrade``/``current``              `service.cli.db`
 ``cases list``/``show``/``add``         `service.cli.cases`
 ``buckets``                             `service.cli.buckets`
@@ -29,7 +29,7 @@ from typing import Annotated
 
 import typer
 
-from service.builds import cli as builds_cli
+from service.cli import builds as builds_cli
 from service.cli import backends, buckets, cases, db, export, fuzz, report, serve
 from service.cli.common import EXIT_CODES_HELP, LogLevel, configure_logging, out
 

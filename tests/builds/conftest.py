@@ -43,8 +43,8 @@ def fake_rules(fake_wheelhouse: Path) -> Path:
 @pytest.fixture
 def cli() -> Callable[..., object]:
     """``cli(*args)``: invoke the build-matrix commands on a local typer app (as `service.cli.main`
-    will once it calls `service.builds.cli.register`)."""
-    from service.builds import cli as cli_builds
+    will once it calls `service.cli.builds.register`)."""
+    from service.cli import builds as cli_builds
     app = typer.Typer()
 
     @app.callback()

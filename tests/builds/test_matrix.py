@@ -18,7 +18,7 @@ from oracle.config import AttentionCase
 from service.builds import bisections, corpus as corpus_db, lines, matrix, replays
 from service.db import migrations
 from service.api.deps import get_session
-from service.builds import routes as matrix_routes
+from service.api.routes import matrix as matrix_routes
 from service.api.app import create_app
 from service.db.engine import make_engine
 from service.errors import FieldValidationError, NotFoundError

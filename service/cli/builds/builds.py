@@ -12,7 +12,7 @@ import typer
 from rich.table import Table
 
 from oracle.errors import AttnFuzzError
-from service.builds.cli.options import (
+from service.cli.builds.options import (
     AllowMissingOption,
     BackendOption,
     BuildDirOption,
@@ -29,7 +29,7 @@ from service.builds.cli.options import (
     load_rules,
     open_engine,
 )
-from service.builds.cli.replay import print_transitions, replay_tasks, verdict_rows
+from service.cli.builds.replay import print_transitions, replay_tasks, verdict_rows
 from service.cli.common import EXIT_BUILD, DbOption, JsonOption, console, fail, log, out, print_json
 
 

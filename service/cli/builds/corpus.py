@@ -11,7 +11,7 @@ from typing import Annotated, Optional
 import typer
 
 from oracle.errors import AttnFuzzError
-from service.builds.cli.options import open_engine
+from service.cli.builds.options import open_engine
 from service.cli.common import DbOption, db_url, fail, out, print_json
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import typer
 
-from service.builds.cli import bisect, builds, corpus, replay
+from service.cli.builds import bisect, builds, corpus, replay
 
 
 def register(app: typer.Typer) -> None:

@@ -15,7 +15,7 @@ import typer
 from rich.table import Table
 
 from oracle.errors import AttnFuzzError
-from service.builds.cli.options import (
+from service.cli.builds.options import (
     AllowMissingOption,
     BuildDirOption,
     BuildsDirOption,
