@@ -7,10 +7,12 @@ every module of ``oracle``, ``fuzzer``, ``service`` and ``attnfuzz`` imports, th
 database, fuzzes three cases and reports, and the web app answers ``/api/overview``,
 ``/openapi.json`` and ``/metrics``.
 
-torch is the one exception: its floor (``torch>=2.5``) is not installed here (on PyPI a Linux
-torch is a multi-GB CUDA build); it is taken out of the resolution and this interpreter's CPU
-torch is linked into the venv. Needs ``uv`` (``pip install uv``) and the package index; it skips
-without them unless ``ATTNFUZZ_TEST_LOWEST_REQUIRED=1``.
+torch is the one exception: its floor (``torch>=2.11``, the oldest torch attnfuzz has run on: the
+H200 host's 2.11+cu130, where the GPU campaigns of docs/gpu-campaigns.md ran the whole product) has
+no CPU wheel on this index (the CPU index holds 2.13.0 only, and on PyPI a Linux torch is a multi-GB
+CUDA build); it is taken out of the resolution and this interpreter's CPU torch is linked into the
+venv. Needs ``uv`` (``pip install uv``) and the package index; it skips without them unless
+``ATTNFUZZ_TEST_LOWEST_REQUIRED=1``.
 """
 
 from __future__ import annotations
