@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 
 from oracle.errors import AttnFuzzError
-from service.cli.common import fail, out, print_json
+from service.cli.common import cwd_importable, fail, out, print_json
 
 
 def backends(
@@ -20,8 +20,11 @@ def backends(
     """List every known backend: device, variants, versions, and why it is unavailable here."""
     from fuzzer import registry
 
+    specs = [b for b in (backend or []) if ":" in b]
+    if specs:
+        cwd_importable()  # as fuzz and export do: --backend mymod:MyBackend finds ./mymod.py
     try:
-        found = registry.discover([b for b in (backend or []) if ":" in b])
+        found = registry.discover(specs)
     except AttnFuzzError as exc:
         fail(exc)
     from fuzzer.executor import probe_backends

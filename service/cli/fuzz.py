@@ -30,6 +30,7 @@ from service.cli.common import (
     print_json,
 )
 from service.cli.fuzz_display import RichReporter, print_summary, summary_data
+from service.errors import FieldValidationError
 
 
 def fuzz(
@@ -136,6 +137,8 @@ def fuzz(
     from fuzzer.worker import Reporter, Worker, WorkerConfig
 
     device, isolation = Device(device).value, Isolation(isolation).value
+    if device == "cuda" and gpus is None:
+        _require_cuda()
     url = db_url(db)
     budget = time_budget if time_budget is not None else (None if max_cases is not None else 60.0)
     try:
@@ -243,6 +246,17 @@ def fuzz(
             raise typer.Exit(130)
     except AttnFuzzError as exc:
         fail(exc)
+
+
+def _require_cuda() -> None:
+    """``--device cuda`` needs a CUDA device torch can use: without one, exit 2 naming ``--device``
+    before anything is migrated or run (else every case's inputs fail to allocate and the worker
+    would store its own error as a bucket)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        why = "this torch is a CPU build" if torch.version.cuda is None else "torch sees no CUDA device"
+        fail(FieldValidationError("device", f"cuda: {why}; allowed here: auto, cpu"), code=2)
 
 
 def _select_backends(backend: list[str], device: str) -> tuple[list, str]:

@@ -369,3 +369,28 @@ def test_a_stored_case_that_no_longer_validates_is_described_as_such() -> None:
     assert cli_common.describe_stored_case(PASSING.to_json()) == PASSING.describe()
     broken = {**PASSING.to_json(), "window_size_left": 10**40, "causal": True}
     assert cli_common.describe_stored_case(broken) == "(stored config no longer validates)"
+
+
+def test_device_cuda_without_a_cuda_device_is_a_usage_error_before_anything_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From a new-user trial: ``fuzz --device cuda`` on a CPU machine used to run, fail every input
+    allocation and store its own error as a bucket (exit 0)."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    url = f"sqlite:///{tmp_path / 'never.db'}"
+    result = _invoke("fuzz", "--device", "cuda", "--backend", "torch-cpu-math", "--max-cases", "2", "--db", url)
+    assert result.exit_code == 2, result.output
+    assert "device: cuda:" in result.output and "allowed here: auto, cpu" in result.output
+    assert not (tmp_path / "never.db").exists(), "nothing migrated or stored"
+
+
+def test_backends_finds_a_plugin_module_in_the_current_directory(tmp_path: Path) -> None:
+    """``attnfuzz backends --backend mymod:Attr`` imports ./mymod.py, as ``fuzz`` and ``export`` do."""
+    source = Path(__file__).resolve().parents[1] / "fuzzer" / "backends" / "sample_adapter.py"
+    (tmp_path / "my_sample_kernel.py").write_text(source.read_text())
+    listed = _attnfuzz("backends", "--json", "--backend", "my_sample_kernel:SampleBackend", cwd=tmp_path)
+    assert listed.returncode == 0, listed.stdout + listed.stderr
+    rows = {row["name"]: row for row in json.loads(listed.stdout)}
+    assert rows["sample-plugin"]["spec"] == "my_sample_kernel:SampleBackend" and rows["sample-plugin"]["available"], rows
