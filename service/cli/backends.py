@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 
 from oracle.errors import AttnFuzzError
-from service.cli.common import cwd_importable, fail, out, print_json
+from service.cli.common import cwd_importable, fail, id_column, print_json, print_table
 
 
 def backends(
@@ -51,14 +51,17 @@ def backends(
         print_json(rows)
         return
     table = Table(title="attnfuzz backends")
-    for col in ("backend", "device", "variants", "versions", "status"):
-        table.add_column(col)
+    id_column(table, "backend", [row["name"] for row in rows])  # names are never cut (README)
+    id_column(table, "device", [row["device"] for row in rows])
+    id_column(table, "variants", [v for row in rows for v in row["variants"]])  # one per line, whole
+    table.add_column("versions", overflow="fold")
+    table.add_column("status", overflow="fold")
     for row in rows:
         status = "[green]available[/]" if row["available"] else f"[yellow]unavailable:[/] {row['reason']}"
-        versions = " ".join(f"{k}={v}" for k, v in row["versions"].items())
+        versions = "\n".join(f"{k}={v}" for k, v in row["versions"].items())
         versions += _runtime_text(row["runtime"])
-        table.add_row(row["name"], row["device"], ", ".join(row["variants"]), versions, status)
-    out.print(table)
+        table.add_row(row["name"], row["device"], "\n".join(row["variants"]), versions, status)
+    print_table(table)
 
 
 def _runtime_text(runtime: dict[str, str]) -> str:

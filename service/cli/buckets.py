@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Optional
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from oracle.errors import AttnFuzzError
@@ -113,17 +114,18 @@ def buckets_list(
     id_column(table, "id", [r["id"] for r in rows], justify="right")
     id_column(table, "backend", [r["backend"] for r in rows])
     id_column(table, "variant", [r["variant"] for r in rows])
-    table.add_column("signature")
-    table.add_column("hits", justify="right")
-    table.add_column("state", no_wrap=True)
+    id_column(table, "signature", [r["signature"] for r in rows])
+    id_column(table, "hits", [r["hit_count"] for r in rows], justify="right")
+    id_column(table, "state", [r["triage_state"] for r in rows])
     extra = [c for c in ("severity", "defect_id") if rows and c in rows[0]]
     for column in extra:
-        table.add_column("group" if column == "defect_id" else column, no_wrap=True)
+        id_column(table, "group" if column == "defect_id" else column, ["" if r[column] is None else r[column] for r in rows])
     id_column(table, "case", [r["minimised_case_id"] or r["first_case_id"] for r in rows])
     for r in rows:
+        # stored names are plain text, never rich markup (a cut name ends in "...[cut N chars]")
         table.add_row(
-            str(r["id"]), r["backend"], r["variant"], r["signature"], str(r["hit_count"]), r["triage_state"],
-            *["" if r[c] is None else str(r[c]) for c in extra],
+            str(r["id"]), escape(r["backend"]), escape(r["variant"]), escape(r["signature"]), str(r["hit_count"]),
+            r["triage_state"], *["" if r[c] is None else str(r[c]) for c in extra],
             r["minimised_case_id"] or r["first_case_id"],
         )
     print_table(table)

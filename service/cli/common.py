@@ -409,9 +409,17 @@ def print_table(table, console: Console | None = None) -> None:
     from rich.measure import Measurement
 
     target = console or out
-    minimum = Measurement.get(target, target.options.update_width(100_000), table).minimum
-    if minimum > target.width:
-        target.print(table, width=minimum, crop=False)
+    measured = Measurement.get(target, target.options.update_width(100_000), table)
+    if measured.minimum > target.width:
+        # Narrower than the table's minimum, rich squeezes the columns (no_wrap ones down to
+        # nothing, whatever their min_width), and Console.print(width=) is clamped to the
+        # console's width: widen the console itself to the minimum while printing, uncropped.
+        saved = target.width
+        target.width = measured.minimum
+        try:
+            target.print(table, crop=False)
+        finally:
+            target.width = saved
     else:
         target.print(table)
 

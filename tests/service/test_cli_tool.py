@@ -174,6 +174,14 @@ def test_ids_and_names_are_never_truncated_in_80_columns(db: str) -> None:
     assert LONG_BACKEND in shown.stdout
     buckets = CliRunner().invoke(app, ["buckets", "list", "--db", db], env={"COLUMNS": "80"})
     assert LONG_BACKEND in buckets.stdout and FAILING.case_id in buckets.stdout
+    # every column keeps its header and value (rich used to squeeze signature, hits and state to
+    # nothing when the table was wider than the terminal)
+    header = next(line for line in buckets.stdout.splitlines() if " backend " in line)
+    assert all(f" {h} " in header for h in ("id", "variant", "signature", "hits", "state")), header
+    assert "out:mismatch" in buckets.stdout and "…" not in buckets.stdout
+    listed_backends = CliRunner().invoke(app, ["backends"], env={"COLUMNS": "80"})
+    assert listed_backends.exit_code == 0 and "torch-cpu-flash " in listed_backends.stdout
+    assert "…" not in listed_backends.stdout, listed_backends.stdout
 
 
 def test_a_unique_case_id_prefix_is_accepted_and_an_ambiguous_or_unknown_one_is_refused(db: str) -> None:
