@@ -453,7 +453,12 @@ def repro_target(session: Session, case_id: str, *, backend: str | None = None, 
         return ReproTarget(case, backend, variant, rows[0].signature if rows else None)
     if not pairs:
         field = "backend" if not backend else "variant"
-        raise FieldValidationError(field, "required: the case has no failing result to take it from")
+        raise FieldValidationError(
+            field,
+            "required: the case has no failing result to take it from; name the backend and variant"
+            " (--backend, --variant; API: backend=, variant=; `attnfuzz cases show CASE_ID` lists its"
+            " results) and add --force (API: force=true) for a variant that did not fail",
+        )
     if len(pairs) > 1:
         field = "backend" if not backend else "variant"
         listed = ", ".join(f"{b}/{v}" for b, v in pairs)
