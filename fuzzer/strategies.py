@@ -20,6 +20,12 @@ target backend's capabilities (`fuzzer.coverage.target_plan`) or for their union
 Shrinking: every draw shrinks toward the first alternative / the lower bound, so a shrunk case
 tends to batch 1, one head, seqlen 1, bf16, bshd, normal inputs, seed 0, forward only.
 
+Kernel templates (the worker's compile budget for JIT backends): with ``kernel_templates``, a
+share ``template_share`` of the draws takes the fields that select a compiled kernel
+(`KernelTemplate`: dtype, layout, head dims, GQA group, causal, which window bounds are set,
+softcap or not, backward) from a case already run, and draws everything else as usual; the
+branch choice shrinks toward the free draw.
+
 Context parallelism: only when a selected backend declares ``capabilities.cp`` *and* the caller
 allows ``max_cp_size >= 2`` (the executor knows how many ranks it can start) is ``cp_size`` drawn:
 1 half of the time (first, so shrinking leaves CP), else a power of two up to ``max_cp_size``, with a
@@ -113,6 +119,97 @@ GQA_GROUPS = (1, 2, 4, 8)
 
 class StrategyArgumentError(AttnFuzzError, ValueError):
     """A strategy was called with bounds that cannot produce a case (checked before drawing)."""
+
+
+KERNEL_TEMPLATE_SLOTS = 64
+"""The template index is one ``integers(0, max(KERNEL_TEMPLATE_SLOTS, len(templates)) - 1)``
+choice, taken modulo the number of templates: its bounds do not change as templates are added
+(up to this many), so a choice sequence replayed from an earlier chunk keeps its layout and index
+``i < len(templates)`` keeps naming the same (first-seen order) template."""
+
+
+@dataclass(frozen=True)
+class KernelTemplate:
+    """The fields of a case that select a JIT backend's compiled kernel (see
+    `fuzzer.backends.base.Backend.kernel_key`): a case drawn from a template has exactly these,
+    everything else (lengths, batch, heads, window values, softcap value, scale, inputs, seed) is
+    drawn freely.
+
+    Attributes:
+        dtype, qkv_format, head_dim, head_dim_v, backward: the case's own.
+        group: ``num_heads // num_heads_kv`` (1: no GQA).
+        causal: the causal flag.
+        window_left, window_right: whether ``window_size_left`` / ``window_size_right`` is set.
+        softcap: whether ``softcap`` is set.
+        causal_alignment: the case's alignment when it matters (causal or a window), else None
+            (then drawn as usual: `AttentionCase` stores ``top_left`` for such cases anyway).
+    """
+
+    dtype: str
+    qkv_format: str
+    head_dim: int
+    head_dim_v: int
+    group: int
+    causal: bool
+    window_left: bool
+    window_right: bool
+    softcap: bool
+    backward: bool
+    causal_alignment: str | None = None
+
+    @classmethod
+    def of(cls, case: AttentionCase) -> KernelTemplate:
+        """The template of ``case`` (whatever its ``cp_size``: the worker keeps non-CP cases only)."""
+        windowed = case.window_size_left is not None or case.window_size_right is not None
+        return cls(
+            dtype=case.dtype,
+            qkv_format=case.qkv_format,
+            head_dim=case.head_dim,
+            head_dim_v=case.head_dim_v,
+            group=case.num_heads // case.num_heads_kv,
+            causal=case.causal,
+            window_left=case.window_size_left is not None,
+            window_right=case.window_size_right is not None,
+            softcap=case.softcap is not None,
+            backward=case.backward,
+            causal_alignment=case.causal_alignment if case.causal or windowed else None,
+        )
+
+    def matches(self, case: AttentionCase) -> bool:
+        """Whether ``case`` has this template's fields (its alignment only where this one has one)."""
+        other = KernelTemplate.of(case)
+        if self.causal_alignment is None:
+            other = dataclasses.replace(other, causal_alignment=None)
+        return other == self
+
+
+def usable_templates(
+    templates: Sequence[KernelTemplate], capabilities: Capabilities, allow_backward: bool = True
+) -> tuple[KernelTemplate, ...]:
+    """The ``templates`` a draw inside ``capabilities`` may take, in order, without repeats: the
+    dtype, layout and alignment declared, head dims within ``max_head_dim`` and multiples of
+    ``head_dim_multiple`` (``head_dim_v`` different only with ``head_dim_v_differs``), a GQA
+    group of `GQA_GROUPS` (other than 1 only with ``gqa``), windows, softcap and backward only
+    where declared (backward also only with ``allow_backward``). Template draws are never CP
+    draws, so no CP shape can refuse one."""
+    caps = capabilities
+
+    def fits(t: KernelTemplate) -> bool:
+        dims_ok = all(1 <= d <= caps.max_head_dim and d % caps.head_dim_multiple == 0 for d in (t.head_dim, t.head_dim_v))
+        return (
+            t.dtype in caps.dtypes
+            and t.qkv_format in caps.qkv_formats
+            and dims_ok
+            and (t.head_dim_v == t.head_dim or caps.head_dim_v_differs)
+            and t.group in GQA_GROUPS
+            and (t.group == 1 or caps.gqa)
+            and (caps.windows or not (t.window_left or t.window_right))
+            and (caps.softcap or not t.softcap)
+            and (not t.backward or (caps.backward and allow_backward))
+            and (t.causal_alignment is None or t.causal_alignment in caps.causal_alignments)
+        )
+
+    return tuple(t for t in dict.fromkeys(templates) if fits(t))
 
 
 MERGE_VOCABULARIES: dict[str, tuple[str, ...]] = {
@@ -258,6 +355,15 @@ def window_sizes(max_seqlen: int) -> st.SearchStrategy[int | None]:
     )
 
 
+def window_bounds(max_seqlen: int) -> st.SearchStrategy[int]:
+    """A set window bound: `window_sizes` without ``None`` (a template's window that is set)."""
+    return st.one_of(
+        st.sampled_from([0, 1]),
+        st.integers(2, max(2, max_seqlen // 2)),
+        st.integers(max_seqlen, 2 * max_seqlen),
+    )
+
+
 def cp_configs(max_cp_size: int) -> st.SearchStrategy[tuple[int, str | None]]:
     """``(cp_size, cp_comm_type)``: ``(1, None)`` half of the time, else a size of
     `fuzzer.cp.strategies.CP_SIZES` up to ``max_cp_size`` with a comm type it allows (``a2a+p2p``
@@ -382,6 +488,8 @@ def attention_cases(
     preferred_head_dims: tuple[int, ...] = (),
     max_cp_size: int = 1,
     max_elements: int | None = None,
+    kernel_templates: tuple[KernelTemplate, ...] = (),
+    template_share: float = 0.0,
 ) -> st.SearchStrategy[AttentionCase]:
     """Cases that at least one backend with ``capabilities`` may run.
 
@@ -403,9 +511,20 @@ def attention_cases(
             num_heads * head_dim``, ``batch_size * seqlen_k * num_heads_kv * head_dim``); None = no
             bound. Lengths are not cut below 1 (or one CP unit) by it. Cut to
             ``max_oracle_bytes() // ORACLE_BYTES_PER_ELEMENT``.
+        kernel_templates: kernel-selecting fields of cases already run (`KernelTemplate`; the
+            worker passes a JIT backend's, to reuse its compiled kernels). Those the capabilities
+            cannot take are dropped first (`usable_templates`); with none left (or
+            ``template_share == 0``) nothing extra is drawn and generation is as without them.
+        template_share: the share of draws, in ``[0, 1]``, that take one of the templates (in
+            steps of 1/100): an ``integers(0, 99)`` choice, template when ``>= 100 - round(100 *
+            template_share)``, so it shrinks to 0, the free draw (toward the smallest case, as
+            everything else here); then the template index (`KERNEL_TEMPLATE_SLOTS`), drawn in
+            both branches so that the branch choice does not move later choices. A template draw
+            is never a CP draw.
 
     Raises:
-        StrategyArgumentError: a bound is below 1 (checked here, before anything is drawn).
+        StrategyArgumentError: a bound is below 1, ``template_share`` is outside ``[0, 1]`` or a
+            template is not a `KernelTemplate` (checked here, before anything is drawn).
     """
     bounds = (("max_batch_size", max_batch_size), ("max_heads_kv", max_heads_kv), ("max_work", max_work))
     if max_elements is not None:
@@ -418,6 +537,15 @@ def attention_cases(
     if max_seqlen is not None and max_seqlen < 1:
         raise StrategyArgumentError(f"max_seqlen: must be >= 1, got {max_seqlen}")
     cp_configs(max_cp_size)  # checks max_cp_size
+    if isinstance(template_share, bool) or not isinstance(template_share, (int, float)) or not 0 <= template_share <= 1:
+        raise StrategyArgumentError(f"template_share: must be a number in [0, 1], got {template_share!r}")
+    for t in kernel_templates:
+        if not isinstance(t, KernelTemplate):
+            raise StrategyArgumentError(f"kernel_templates: must be KernelTemplate instances, got {t!r}")
+    templates = usable_templates(kernel_templates, capabilities, allow_backward)
+    share_pct = round(100 * template_share)
+    if not share_pct:
+        templates = ()
     return _attention_cases(
         capabilities=capabilities,
         max_batch_size=max_batch_size,
@@ -428,6 +556,8 @@ def attention_cases(
         preferred_head_dims=tuple(preferred_head_dims),
         max_cp_size=max_cp_size,
         max_elements=max_elements,
+        templates=templates,
+        share_pct=share_pct,
     )
 
 
@@ -444,31 +574,46 @@ def _attention_cases(
     preferred_head_dims: tuple[int, ...] = (),
     max_cp_size: int = 1,
     max_elements: int | None = None,
+    templates: tuple[KernelTemplate, ...] = (),
+    share_pct: int = 0,
 ) -> AttentionCase:
-    """The draw behind `attention_cases` (arguments already checked)."""
+    """The draw behind `attention_cases` (arguments already checked, ``templates`` already the
+    usable ones)."""
     caps = capabilities
     max_seqlen = max_seqlen or caps.max_seqlen
-    dtype = draw(st.sampled_from(caps.dtypes))
-    qkv_format = draw(st.sampled_from(caps.qkv_formats))
+    t: KernelTemplate | None = None
+    if templates:
+        use_template = draw(st.integers(0, 99)) >= 100 - share_pct  # shrinks to 0: the free draw
+        index = draw(st.integers(0, max(KERNEL_TEMPLATE_SLOTS, len(templates)) - 1))
+        if use_template:
+            t = templates[index % len(templates)]
+    dtype = t.dtype if t else draw(st.sampled_from(caps.dtypes))
+    qkv_format = t.qkv_format if t else draw(st.sampled_from(caps.qkv_formats))
     # the CP shape (and three CP cases in four "TE-shaped": `fuzzer.cp.strategies`); without CP
-    # nothing extra is drawn
-    cp = draw(cp_shapes(max_cp_size)) if caps.cp and max_cp_size >= 2 else NO_CP
+    # nothing extra is drawn; a template draw is never CP
+    cp = draw(cp_shapes(max_cp_size)) if caps.cp and max_cp_size >= 2 and t is None else NO_CP
     batch_size = draw(st.integers(1, max_batch_size))
     heads_unit = cp.heads_unit
     if heads_unit > 1:
         num_heads_kv = heads_unit * draw(st.integers(1, max(1, max_heads_kv // heads_unit)))
     else:
         num_heads_kv = draw(st.integers(1, max_heads_kv))
-    group = draw(st.sampled_from(GQA_GROUPS)) if caps.gqa else 1
+    if t:
+        group = t.group
+    else:
+        group = draw(st.sampled_from(GQA_GROUPS)) if caps.gqa else 1
     num_heads = num_heads_kv * group
-    dims = head_dims(caps.max_head_dim, caps.head_dim_multiple)
-    preferred = [d for d in preferred_head_dims if d <= caps.max_head_dim and d % caps.head_dim_multiple == 0]
-    if preferred:
-        dims = st.one_of(*[st.sampled_from(preferred)] * 3, dims)
-    head_dim = draw(dims)
-    head_dim_v = head_dim
-    if caps.head_dim_v_differs and cp.allows_head_dim_v_differs and draw(st.booleans()):
-        head_dim_v = draw(dims)
+    if t:
+        head_dim, head_dim_v = t.head_dim, t.head_dim_v
+    else:
+        dims = head_dims(caps.max_head_dim, caps.head_dim_multiple)
+        preferred = [d for d in preferred_head_dims if d <= caps.max_head_dim and d % caps.head_dim_multiple == 0]
+        if preferred:
+            dims = st.one_of(*[st.sampled_from(preferred)] * 3, dims)
+        head_dim = draw(dims)
+        head_dim_v = head_dim
+        if caps.head_dim_v_differs and cp.allows_head_dim_v_differs and draw(st.booleans()):
+            head_dim_v = draw(dims)
     widest = max(head_dim, head_dim_v)
     pairs = seqlen_pairs_budget(max_work, batch_size, num_heads, widest)
     max_q = max_k = max_seqlen
@@ -478,12 +623,19 @@ def _attention_cases(
     seqlens_q, seqlens_k, seqlen_q, seqlen_k = draw(
         _sequence_lengths(qkv_format, batch_size, max_q, max_k, pairs, cp)
     )
-    causal = draw(st.booleans())
+    causal = t.causal if t else draw(st.booleans())
     window_left = window_right = None
-    if caps.windows and cp.allows_windows and draw(st.booleans()):
+    if t:
+        if t.window_left:
+            window_left = draw(window_bounds(max(seqlen_q, seqlen_k)))
+        if t.window_right:
+            window_right = draw(window_bounds(max(seqlen_q, seqlen_k)))
+    elif caps.windows and cp.allows_windows and draw(st.booleans()):
         window_left = draw(window_sizes(max(seqlen_q, seqlen_k)))
         window_right = draw(window_sizes(max(seqlen_q, seqlen_k)))
-    if cp.prefers_top_left and "top_left" in caps.causal_alignments:
+    if t and t.causal_alignment is not None:
+        causal_alignment = t.causal_alignment
+    elif cp.prefers_top_left and "top_left" in caps.causal_alignments:
         causal_alignment = "top_left"
     else:
         causal_alignment = draw(st.sampled_from(caps.causal_alignments))
@@ -492,9 +644,9 @@ def _attention_cases(
     # one case in four: st.one_of(st.none(), ...) chose a softcap two times in three, and softcap
     # is what most kernels refuse (issue 15: 120 of 200 cases of a GPU run, unsupported on
     # te-fused, torch-sdpa-*, te-fa4); the integer shrinks to 0, i.e. to no softcap
-    if caps.softcap and draw(st.integers(0, 3)) == 3:
+    if t.softcap if t else (caps.softcap and draw(st.integers(0, 3)) == 3):
         softcap = draw(st.one_of(st.sampled_from([1.0, 5.0, 30.0, 50.0]), st.floats(0.5, 100.0)))
-    backward = bool(caps.backward and allow_backward and draw(st.booleans()))
+    backward = t.backward if t else bool(caps.backward and allow_backward and draw(st.booleans()))
     input_spec = draw(input_specs(head_dim=head_dim, backward=backward, dtype=dtype))
     seed = draw(st.integers(0, 2**32 - 1))
     return AttentionCase(
