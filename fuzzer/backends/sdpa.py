@@ -74,7 +74,11 @@ class SDPABackend(Backend):
     ):
         self.name = name  # type: ignore[misc]
         self.device = device  # type: ignore[misc]
-        self.environment = f"torch-{device}"  # type: ignore[misc]
+        # on CUDA each kernel gets its own child, so the children of one case run side by side
+        # (`fuzzer.executor.ChildProcessExecutor`: environments run concurrently on CUDA) and a
+        # slow one (cuDNN building a graph for a new shape) does not hold the others up; on CPU
+        # they share one child (the CPU has few cores and nothing to overlap)
+        self.environment = f"torch-{device}" if device == "cpu" else name  # type: ignore[misc]
         self.kernel = kernel
         self.capabilities = capabilities  # type: ignore[misc]
         self.variants = variants  # type: ignore[misc]
@@ -357,7 +361,7 @@ class FlexBackend(Backend):
 
     name = "torch-flex"
     device = "cuda"
-    environment = "torch-cuda"
+    environment = "torch-flex"  # its own child: torch.compile must not hold up the SDPA kernels
     variants = ("mask_mod",)
     capabilities = Capabilities(
         dtypes=("bfloat16", "float16", "float32"),
