@@ -914,10 +914,18 @@ class TEFusedBackend(TEBackend):
     capabilities: ClassVar[Capabilities] = TE_CAPABILITIES  # softcap: "Disabling FusedAttention as it does not support softcap"
 
     def unsupported_reasons(self, case: AttentionCase, variant: str) -> list[str]:
-        """Adds cuDNN's refusal of sliding windows with seqlen_q > seqlen_k."""
+        """Adds cuDNN's refusal of sliding windows with seqlen_q > seqlen_k, and of
+        ``seqlen_q == seqlen_k == 1`` (the longest sequence of each side, for ``thd``).
+
+        The second was measured on the H200 (TE 2.20.2, cuDNN 9.19, 2026-12-01): TE answered a
+        forward-only b1 sq1 sk1 case with "Disabling FusedAttention: s_q = s_kv = 1 is not
+        supported" and no backend, which the fuzzer recorded as ``error:declaration_gap``; the
+        rule itself is cuDNN frontend's (SDPA graph validation: ``s_q == 1 && s_kv == 1``)."""
         reasons = super().unsupported_reasons(case, variant)
         if _has_window(case) and case.seqlen_q > case.seqlen_k:
             reasons.append("TE FusedAttention does not support sliding windows with seqlen_q > seqlen_k")
+        if case.seqlen_q == 1 and case.seqlen_k == 1:
+            reasons.append("TE FusedAttention (cuDNN) does not support seqlen_q = seqlen_k = 1")
         return reasons
 
 

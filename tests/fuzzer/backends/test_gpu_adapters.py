@@ -773,6 +773,7 @@ def test_te_explicit_window_is_the_same_call_as_mask_type_for_windowed_cases():
         (TEFusedBackend(), case(softcap=10.0), "softcap"),
         (TEFusedBackend(), case(seqlen_q=9, seqlen_k=7, window_size_left=2, window_size_right=2,
                                 causal_alignment="bottom_right"), "seqlen_q > seqlen_k"),
+        (TEFusedBackend(), case(seqlen_q=1, seqlen_k=1), "seqlen_q = seqlen_k = 1"),
         (TEFA4Backend(), case(dtype="float32"), "dtype float32"),
     ],
     ids=lambda x: getattr(x, "name", None),
@@ -780,6 +781,11 @@ def test_te_explicit_window_is_the_same_call_as_mask_type_for_windowed_cases():
 def test_te_unsupported_reasons_cover_each_declared_limit(backend, the_case, fragment):
     reasons = backend.unsupported_reasons(the_case, "mask_type")
     assert any(fragment in r for r in reasons), reasons
+
+
+def test_te_fused_takes_one_query_or_one_key_but_not_both():
+    assert TEFusedBackend().unsupported_reasons(case(seqlen_q=1, seqlen_k=2), "mask_type") == []
+    assert TEFusedBackend().unsupported_reasons(case(seqlen_q=2, seqlen_k=1), "mask_type") == []
 
 
 def test_te_unfused_runs_what_flash_attention_cannot():
