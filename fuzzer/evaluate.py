@@ -8,11 +8,15 @@ Every caller that runs a case and judges it goes through here: the fuzz worker
 
 1. split the (backend, variant) tasks into runnable ones and ``unsupported`` results (each
    backend's declared `Backend.unsupported_reasons`);
-2. when something is runnable: the deterministic inputs (`oracle.inputs.make_inputs`) and the
-   float64 oracle (`oracle.reference.reference`, with gradients only for ``case.backward``), once,
-   on the evaluator's device, and the reference-only parts of the comparison once
-   (`oracle.compare.PreparedReference`);
-3. every runnable task through the executor (child processes, or in process for tests);
+2. when something is runnable: the deterministic inputs (`oracle.inputs.make_inputs`), once, on
+   the evaluator's device;
+3. every runnable task submitted to the executor (`fuzzer.executor.submit_run`: child processes,
+   or in process for tests), and meanwhile, in this thread, the float64 oracle
+   (`oracle.reference.reference`, with gradients only for ``case.backward``) and the
+   reference-only parts of the comparison (`oracle.compare.PreparedReference`), once; then the
+   outcomes are collected. A `fuzzer.executor.ChildProcessExecutor` with parallelism on (by
+   default on CUDA) runs the kernels while the oracle is computed; an executor without real
+   concurrency runs them when collected, after the oracle (the serial order);
 4. each outcome judged by `judge` through `fuzzer.executor.TaskOutcome.judged` (a CP outcome
    judges its non-CP twin too, `fuzzer.cp.judge.judge_cp`: the core never imports the CP wing,
    which runs the Evaluator in its campaign; CP backends need the CP executor,
@@ -24,8 +28,10 @@ case and its results) for the caller to record.
 Errors: a failure of attnfuzz's own steps on one case (inputs, oracle, comparison) is handled in
 one place, `Evaluator._own_step_failed`: it becomes an ``error`` result with the evidence
 (``attnfuzz_error:<ExceptionType>``), never a crash of the caller. The oracle runs under the
-per-case time limit (`oracle_time_bound`) and the case's working-set bound
-(`oracle.config.AttentionCase.check_resources`, before any allocation).
+per-case time limit (`oracle_time_bound`: inputs and reference together) and the case's
+working-set bound (`oracle.config.AttentionCase.check_resources`, before any allocation). When
+the oracle fails after the tasks were submitted, the evaluator still waits for them (the children
+stay in step) and drops their outcomes: the case's results are the own-step error alone.
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ from typing import Any
 
 from fuzzer.backends.base import Backend, is_cp_backend
 from fuzzer.backends.cp_layout import cp_twin
-from fuzzer.executor import ChildProcessExecutor, InProcessExecutor, TaskOutcome, configure_torch_threads
+from fuzzer.executor import ChildProcessExecutor, InProcessExecutor, TaskOutcome, configure_torch_threads, submit_run
 from fuzzer.results import CaseResult
 from oracle.config import AttentionCase
 
@@ -178,8 +184,13 @@ class Evaluation:
             result, or None.
         runnable: how many tasks ran.
         inputs_s: seconds spent generating the inputs.
-        oracle_s: seconds of the float64 oracle.
-        kernel_s, compile_s: backend run and JIT compile seconds summed over the outcomes.
+        oracle_s: seconds of the float64 oracle, wall time in this thread (with a concurrent
+            executor the kernels ran meanwhile).
+        kernel_s, compile_s: backend run and JIT compile seconds summed over the outcomes (as
+            the children measured them; concurrent environments overlap, so the sum can exceed
+            the wall time).
+        wait_s: wall seconds spent collecting the outcomes after the oracle (with a
+            concurrent executor: what the oracle did not hide; else the whole run).
         judge_s: seconds spent comparing (reference preparation included).
     """
 
@@ -193,6 +204,7 @@ class Evaluation:
     oracle_s: float = 0.0
     kernel_s: float = 0.0
     compile_s: float = 0.0
+    wait_s: float = 0.0
     judge_s: float = 0.0
 
 
@@ -311,18 +323,30 @@ class Evaluator:
 
         Returns:
             The `Evaluation` (nothing is stored).
+
+        Raises:
+            fuzzer.executor.ExecutorError: the executor could not start a child (as its ``run``).
         """
         runnable, results = self.split(case, tasks, phase)
         evaluation = Evaluation(case=case, results=results, runnable=len(runnable))
         if not runnable:
             return evaluation
         try:
-            prepared, oracle_ms = self._oracle(case, evaluation)
+            inputs = self._inputs(case, evaluation)
         except Exception as exc:  # MemoryError, OverflowError, OracleTimeout, a bug of ours ...
             evaluation.results.append(self._own_step_failed(case, exc, "oracle", phase))
             return evaluation
-        outcomes = self.executor.run(case, prepared.inputs, runnable, self.case_timeout_s)
+        handle = submit_run(self.executor, case, inputs, runnable, self.case_timeout_s)
+        try:
+            prepared, oracle_ms = self._oracle(case, inputs, evaluation)
+        except Exception as exc:  # MemoryError, OverflowError, OracleTimeout, a bug of ours ...
+            handle.abandon()  # wait for what runs (the children stay in step); its outcomes are dropped
+            evaluation.results.append(self._own_step_failed(case, exc, "oracle", phase))
+            return evaluation
+        t_wait = time.perf_counter()
+        outcomes = handle.result()
         t0 = time.perf_counter()
+        evaluation.wait_s += t0 - t_wait
         for outcome in outcomes:
             evaluation.kernel_s += outcome.run_ms / 1000.0
             evaluation.compile_s += outcome.compile_ms / 1000.0
@@ -344,22 +368,37 @@ class Evaluator:
         return evaluation
 
     # ------------------------------------------------------------------ attnfuzz's own steps
-    def _oracle(self, case: AttentionCase, evaluation: Evaluation) -> tuple[Any, float]:
-        """Inputs, oracle and the prepared comparison reference of ``case``; the oracle's ms."""
-        from oracle.compare import PreparedReference
+    def _inputs(self, case: AttentionCase, evaluation: Evaluation) -> Any:
+        """The inputs of ``case`` (`oracle.inputs.make_inputs` on the evaluator's device), after
+        `oracle.config.AttentionCase.check_resources`, under the per-case time bound; adds to
+        ``evaluation.inputs_s``. Raises what those raise (`OracleTimeout` past the bound)."""
         from oracle.inputs import make_inputs
-        from oracle.reference import reference
 
         case.check_resources()  # before any allocation (also a case built before a lower bound was set)
+        t0 = time.perf_counter()
         with oracle_time_bound(self.case_timeout_s):
-            t0 = time.perf_counter()
             inputs = make_inputs(case, device=self.device)
+        evaluation.inputs_s += time.perf_counter() - t0
+        return inputs
+
+    def _oracle(self, case: AttentionCase, inputs: Any, evaluation: Evaluation) -> tuple[Any, float]:
+        """The oracle of ``inputs`` and the prepared comparison reference of ``case``, under what
+        the inputs left of the per-case time bound (one bound for both steps, as before the
+        overlap); ``(prepared, oracle ms)``. Main thread only for the bound (`oracle_time_bound`).
+        Adds to ``evaluation.oracle_s`` (the reference) and ``judge_s`` (the preparation)."""
+        from oracle.compare import PreparedReference
+        from oracle.reference import reference
+
+        bound = self.case_timeout_s
+        if bound:
+            bound = max(bound - evaluation.inputs_s, 1e-3)  # > 0: a zero would mean no bound
+        with oracle_time_bound(bound):
             t1 = time.perf_counter()
             ref = reference(case, inputs, backward=case.backward)
             t2 = time.perf_counter()
-        evaluation.inputs_s += t1 - t0
         evaluation.oracle_s += t2 - t1
         prepared = PreparedReference(case, ref, inputs=inputs)
+        evaluation.judge_s += time.perf_counter() - t2  # the comparison's own preparation
         return prepared, (t2 - t1) * 1000.0
 
     def _judge_one(

@@ -18,6 +18,13 @@ intra-op thread, ``$ATTNFUZZ_TORCH_THREADS`` to change it): the worker and its c
 on the cores, and torch's default of one thread per core makes every process spin and contend on a
 loaded machine (4 to 18 times slower per case on a busy 2-core machine than one thread).
 
+Concurrency: with parallelism on (`ChildProcessExecutor`'s ``parallel``; by default on when the
+inputs are on a CUDA device, ``$ATTNFUZZ_PARALLEL_CHILDREN`` ``1``/``0`` to force it) the
+environments of a case run at the same time, one parent thread per environment driving its child,
+and `ChildProcessExecutor.submit` starts them and returns at once, so the worker computes the
+oracle while the children run (`fuzzer.evaluate.Evaluator.evaluate`). Executors without real
+concurrency run when their result is collected (`DeferredRun`, `submit_run`).
+
 A child that dies (segfault, abort, a CUDA fatal error that poisons its context) turns the backend
 call in flight into a ``crash`` outcome with the last lines of the child's stderr; one that runs
 past the timeout is killed and becomes ``timeout``; ``torch.OutOfMemoryError``, ``MemoryError``
@@ -34,12 +41,14 @@ Protocol (parent -> child): ``("run", case_json, pack_inputs(case, inputs), [(ba
 
 from __future__ import annotations
 
+import concurrent.futures
 import multiprocessing
 import os
 import re
 import signal
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections import deque
@@ -68,6 +77,27 @@ _PR_SET_PDEATHSIG = 1
 DECLARATION_GAP = "declaration_gap"
 BYTES_TRANSPORT_MAX = 8 * 2**20  # bytes: tensors up to this size travel as bytes, larger ones as handles
 THREADS_ENV = "ATTNFUZZ_TORCH_THREADS"
+PARALLEL_ENV = "ATTNFUZZ_PARALLEL_CHILDREN"
+_PARALLEL_VALUES = {"1": True, "0": False}
+
+
+def parallel_children_setting() -> bool | None:
+    """``$ATTNFUZZ_PARALLEL_CHILDREN``: whether `ChildProcessExecutor` runs the environments of a
+    case concurrently (and overlaps them with the oracle).
+
+    Returns:
+        True for ``1``, False for ``0``, None when unset or empty (the executor then decides by the
+        inputs' device: on for CUDA, off for the CPU).
+
+    Raises:
+        ExecutorError: any other value (the message names the variable and the allowed values).
+    """
+    text = os.environ.get(PARALLEL_ENV, "").strip()
+    if not text:
+        return None
+    if text not in _PARALLEL_VALUES:
+        raise ExecutorError(f"{PARALLEL_ENV}: must be 1 (children run concurrently) or 0 (one after the other), got {text!r}")
+    return _PARALLEL_VALUES[text]
 
 
 def configure_torch_threads(threads: int | None = None) -> int:
@@ -360,6 +390,104 @@ class InProcessExecutor:
         pass
 
 
+class DeferredRun:
+    """A run of an executor that has no real concurrency, started only when collected: what
+    `submit_run` gives for an executor without ``submit`` (`InProcessExecutor`, the CP
+    executor), and what `ChildProcessExecutor.submit` gives with parallelism off. The caller's
+    order stays the serial one: nothing runs before `result`.
+
+    Args:
+        executor: anything with ``run(case, inputs, tasks, timeout_s) -> list[TaskOutcome]``.
+        case, inputs, tasks, timeout_s: that call's arguments (``timeout_s`` per task, seconds).
+    """
+
+    def __init__(self, executor: Any, case: AttentionCase, inputs: Any, tasks: list[tuple[str, str]], timeout_s: float):
+        self._call = (executor, case, inputs, list(tasks), timeout_s)
+        self._outcomes: list[TaskOutcome] | None = None
+
+    def result(self) -> list[TaskOutcome]:
+        """``executor.run(...)`` (run on the first call, in the calling thread; the same list
+        after): one outcome per task, in task order. Raises what ``run`` raises."""
+        if self._outcomes is None:
+            executor, case, inputs, tasks, timeout_s = self._call
+            self._outcomes = executor.run(case, inputs, tasks, timeout_s)
+        return self._outcomes
+
+    def abandon(self) -> None:
+        """Give the run up: nothing was started, so nothing runs."""
+        self._outcomes = self._outcomes if self._outcomes is not None else []
+
+
+def submit_run(executor: Any, case: AttentionCase, inputs: Any, tasks: list[tuple[str, str]], timeout_s: float) -> Any:
+    """Start ``tasks`` on ``executor`` and return a handle to collect them later:
+    ``executor.submit(...)`` when it has one (`ChildProcessExecutor`: the children start working
+    now), else a `DeferredRun` (runs at ``handle.result()``).
+
+    The handle has ``result() -> list[TaskOutcome]`` (one per task, in task order; waits) and
+    ``abandon()`` (waits for whatever already runs, discards the outcomes and any error: the
+    executor is ready for the next case).
+    """
+    submit = getattr(executor, "submit", None)
+    if callable(submit):
+        return submit(case, inputs, tasks, timeout_s)
+    return DeferredRun(executor, case, inputs, tasks, timeout_s)
+
+
+class _ChildRun:
+    """A run of `ChildProcessExecutor` in flight: one future per environment (its pending loop
+    in a thread of the executor's pool), collected by `result` (see `submit_run`)."""
+
+    def __init__(self, executor: ChildProcessExecutor, tasks: list[tuple[str, str]], futures: dict[str, Any], device: str):
+        self._executor = executor
+        self._tasks = tasks
+        self._futures = futures
+        self._device = device
+        self._outcomes: list[TaskOutcome] | None = None
+        self._error: BaseException | None = None
+
+    def done(self) -> bool:
+        """Whether every environment has finished."""
+        return all(f.done() for f in self._futures.values())
+
+    def _wait(self) -> None:
+        try:
+            concurrent.futures.wait(list(self._futures.values()))
+        finally:
+            if self.done():
+                self._executor._run_finished(self)
+
+    def result(self) -> list[TaskOutcome]:
+        """Wait for every environment; one outcome per task, in task order, outputs on the
+        inputs' device.
+
+        Raises:
+            ExecutorError: a child could not be started (the first such error, in environment
+                order, after every environment finished).
+        """
+        if self._outcomes is None and self._error is None:
+            self._wait()
+            merged: dict[int, TaskOutcome] = {}
+            for future in self._futures.values():
+                error = future.exception()
+                if error is not None:
+                    self._error = self._error or error
+                else:
+                    merged.update(future.result())
+            if self._error is None:
+                self._outcomes = self._executor._collected(self._tasks, merged, self._device)
+        if self._error is not None:
+            raise self._error
+        return self._outcomes
+
+    def abandon(self) -> None:
+        """Wait for every environment (the children stay in step) and discard the outcomes and
+        any error."""
+        try:
+            self.result()
+        except Exception:  # noqa: BLE001 - given up on purpose; the next run meets it again
+            pass
+
+
 # ---------------------------------------------------------------------------------------- child
 # ------------------------------------------------------- what every child process does (both executors)
 def log_stderr_to(log_path: str) -> None:
@@ -570,9 +698,24 @@ class ChildProcessExecutor:
         memory_limit_bytes: kill a child whose resident memory passes this many bytes while it
             runs a task (outcome ``oom``); None: no limit (Linux only: read from ``/proc``).
         memory_poll_s: how often that is checked, seconds.
+        parallel: whether the environments of a case run concurrently (one thread of this
+            process per environment drives its child; `submit` returns while they run, so the
+            caller can compute the oracle meanwhile). True or False forces it; None (default):
+            ``$ATTNFUZZ_PARALLEL_CHILDREN`` (``1`` on, ``0`` off) when set, else on when the
+            inputs are on a CUDA device and off on the CPU (CPU machines of CI have 2 cores: the
+            children would only contend). Off: environments one after the other, and `submit`
+            runs nothing before ``result()`` (the serial order). Per-task semantics are the same
+            either way: the timeout is per task and per child, every way a call ends becomes its
+            `TaskOutcome`, a dead child is restarted, outcomes come in task order.
+
+    One run at a time: `run`, or `submit` and then the handle's ``result()`` / ``abandon()``
+    before the next. Children started by the pool's threads die with them (``PR_SET_PDEATHSIG``
+    is per thread): the pool lives until `close`.
 
     Raises:
-        ExecutorError: (from ``run``) a child could not be started within ``start_timeout_s``.
+        ExecutorError: (constructor) ``$ATTNFUZZ_PARALLEL_CHILDREN`` is neither ``1`` nor ``0``,
+            or ``memory_limit_bytes`` is not positive; (from ``run``/``result()``) a child could
+            not be started within ``start_timeout_s``, or a run is started while one is in flight.
     """
 
     def __init__(
@@ -582,6 +725,7 @@ class ChildProcessExecutor:
         log_dir: str | None = None,
         memory_limit_bytes: int | None = None,
         memory_poll_s: float = 0.05,
+        parallel: bool | None = None,
     ):
         import torch.multiprocessing  # noqa: F401  (registers tensor reductions)
 
@@ -594,9 +738,18 @@ class ChildProcessExecutor:
         self._owns_log_dir = log_dir is None  # a temporary directory of our own: removed by close()
         self.log_dir = log_dir or tempfile.mkdtemp(prefix="attnfuzz-children-")
         self._ctx = multiprocessing.get_context("spawn")
+        #: True/False: forced; None: by the inputs' device (see the class docstring)
+        self.parallel: bool | None = bool(parallel) if parallel is not None else parallel_children_setting()
         self._children: dict[str, _Child] = {}
         self._ever_started: set[str] = set()
         self.restarts = 0  # children started again after a crash, a timeout or a lost pipe
+        # guards _children, _ever_started, restarts, runtime, log names and process starts
+        # (environment_set changes os.environ around the start) across the environment threads
+        self._lock = threading.RLock()
+        self._send_lock = threading.Lock()  # one pickling of shared tensors at a time
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._in_flight: _ChildRun | None = None
+        self._closing = threading.Event()
         from fuzzer.environment import child_library_env, resolve_cudnn_choice
 
         #: the cuDNN every child loads (`fuzzer.environment.resolve_cudnn_choice`)
@@ -618,14 +771,14 @@ class ChildProcessExecutor:
         for b, _ in self.backends.values():
             if b.environment == environment:
                 env_vars.update(b.env_vars)
-        os.makedirs(self.log_dir, exist_ok=True)  # close() removed it: a child started after close
-        log_path = os.path.join(self.log_dir, f"{environment}.{len(os.listdir(self.log_dir))}.log")
         parent_conn, child_conn = self._ctx.Pipe(duplex=True)
-        process = self._ctx.Process(
-            target=_child_main, args=(child_conn, members, env_vars, log_path), daemon=True, name=f"attnfuzz-{environment}"
-        )
-        with environment_set(self._library_env):  # the loader reads LD_LIBRARY_PATH at exec
-            process.start()
+        with self._lock:  # one start at a time; the children then load their libraries concurrently
+            log_path = self._new_log_path(environment)
+            process = self._ctx.Process(
+                target=_child_main, args=(child_conn, members, env_vars, log_path), daemon=True, name=f"attnfuzz-{environment}"
+            )
+            with environment_set(self._library_env):  # the loader reads LD_LIBRARY_PATH at exec
+                process.start()
         child_conn.close()
         if not parent_conn.poll(self.start_timeout_s):
             process.kill()
@@ -635,28 +788,50 @@ class ChildProcessExecutor:
         except EOFError as exc:
             raise ExecutorError(f"child for environment {environment!r} died at start: {_tail(log_path)}") from exc
         child = _Child(process, parent_conn, log_path, message[1])
-        self._note_runtime(message[2] if len(message) > 2 else None)
-        self._children[environment] = child
+        with self._lock:
+            self._note_runtime(message[2] if len(message) > 2 else None)
+            self._children[environment] = child
         return child
+
+    def _new_log_path(self, environment: str) -> str:
+        """A stderr file name of its own for a new child of ``environment``:
+        ``<log_dir>/<environment>.<n>.log``, created here (exclusively) so that no other start,
+        of this executor or another sharing ``log_dir``, takes the same name. Call under the lock."""
+        os.makedirs(self.log_dir, exist_ok=True)  # close() removed it: a child started after close
+        n = len(os.listdir(self.log_dir))
+        while True:
+            log_path = os.path.join(self.log_dir, f"{environment}.{n}.log")
+            try:
+                os.close(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+                return log_path
+            except FileExistsError:
+                n += 1
 
     def _note_runtime(self, runtime: dict[str, dict[str, str]] | None) -> None:
         """Attribute later results to what a child reported it loaded (`Backend.set_runtime`)."""
-        for name, report in (runtime or {}).items():
-            if name in self.backends and self.runtime.get(name) != report:
-                self.runtime[name] = dict(report)
-                self.backends[name][0].set_runtime(report)
+        with self._lock:
+            for name, report in (runtime or {}).items():
+                if name in self.backends and self.runtime.get(name) != report:
+                    self.runtime[name] = dict(report)
+                    self.backends[name][0].set_runtime(report)
 
     def _child(self, environment: str) -> _Child:
-        child = self._children.get(environment)
+        if self._closing.is_set():  # close() ends a run in flight: start nothing new
+            raise ExecutorError("the executor is closing")
+        with self._lock:
+            child = self._children.get(environment)
         if child is None or not child.process.is_alive():
-            if environment in self._ever_started:
-                self.restarts += 1
+            with self._lock:
+                if environment in self._ever_started:
+                    self.restarts += 1
             child = self._start(environment)
-            self._ever_started.add(environment)
+            with self._lock:
+                self._ever_started.add(environment)
         return child
 
     def _kill(self, environment: str) -> None:
-        child = self._children.pop(environment, None)
+        with self._lock:
+            child = self._children.pop(environment, None)
         if child is None:
             return
         if child.process.is_alive():
@@ -681,31 +856,97 @@ class ChildProcessExecutor:
     ) -> list[TaskOutcome]:
         """Run ``tasks`` (``(backend, variant)``) on ``case``; one outcome per task, in order.
 
+        With parallelism on (see the class docstring) the environments run concurrently
+        (``submit(...).result()``); off, one after the other.
+
         Args:
             case: the case.
             inputs: `oracle.inputs.AttentionInputs` on the worker's device.
             tasks: the calls to make.
-            timeout_s: per-task wall-clock limit in seconds.
+            timeout_s: per-task wall-clock limit in seconds (measured in each child from the
+                task's start).
+
+        Raises:
+            ExecutorError: a child could not be started, or a submitted run is still in flight.
         """
-        device = _device_of(inputs)
+        if self._parallel_for(inputs):
+            return self.submit(case, inputs, tasks, timeout_s).result()
+        self._check_idle()
+        packed = pack_inputs(case, inputs)
         outcomes: dict[int, TaskOutcome] = {}
+        for environment, indices in self._by_environment(tasks).items():
+            outcomes.update(self._run_environment(environment, case, packed, tasks, indices, timeout_s))
+        return self._collected(tasks, outcomes, _device_of(inputs))
+
+    def submit(self, case: AttentionCase, inputs: Any, tasks: list[tuple[str, str]], timeout_s: float) -> Any:
+        """Start ``tasks`` on ``case`` and return at once; collect with the handle's ``result()``
+        (the outcomes `run` would return) or ``abandon()`` (see `submit_run`).
+
+        With parallelism on, each environment's tasks start now in a thread of their own (the
+        inputs are packed first, in this thread); off, a `DeferredRun` (nothing runs before
+        ``result()``). Arguments as for `run`.
+
+        Raises:
+            ExecutorError: a run submitted before is still in flight (collect it first).
+        """
+        if not self._parallel_for(inputs):
+            return DeferredRun(self, case, inputs, tasks, timeout_s)
+        self._check_idle()
+        packed = pack_inputs(case, inputs)
+        with self._lock:
+            if self._pool is None:
+                environments = {b.environment for b, _ in self.backends.values()}
+                self._pool = concurrent.futures.ThreadPoolExecutor(
+                    max_workers=max(len(environments), 1), thread_name_prefix="attnfuzz-env"
+                )
+            futures = {
+                environment: self._pool.submit(self._run_environment, environment, case, packed, tasks, indices, timeout_s)
+                for environment, indices in self._by_environment(tasks).items()
+            }
+            self._in_flight = run = _ChildRun(self, list(tasks), futures, _device_of(inputs))
+        return run
+
+    def _parallel_for(self, inputs: Any) -> bool:
+        return self.parallel if self.parallel is not None else _device_of(inputs) == "cuda"
+
+    def _check_idle(self) -> None:
+        with self._lock:
+            if self._in_flight is not None and not self._in_flight.done():
+                raise ExecutorError("a submitted run is still in flight: collect its result() first")
+
+    def _run_finished(self, run: _ChildRun) -> None:
+        with self._lock:
+            if self._in_flight is run:
+                self._in_flight = None
+
+    def _by_environment(self, tasks: list[tuple[str, str]]) -> dict[str, list[int]]:
+        """Task indices by environment, environments in order of first appearance."""
         by_env: dict[str, list[int]] = {}
         for i, (name, _) in enumerate(tasks):
             by_env.setdefault(self._environment(name), []).append(i)
-        packed = pack_inputs(case, inputs)
-        for environment, indices in by_env.items():
-            pending = list(indices)
-            stalls = 0
-            while pending:
-                left = self._run_in_child(environment, case, packed, tasks, pending, timeout_s, outcomes)
-                stalls = stalls + 1 if left == pending else 0
-                if stalls >= 2:  # the child died twice before starting anything: do not loop forever
-                    name, variant = tasks[pending[0]]
-                    outcomes[pending[0]] = TaskOutcome(
-                        name, variant, "crash", detail="child died before starting the task, twice in a row"
-                    )
-                    left, stalls = pending[1:], 0
-                pending = left
+        return by_env
+
+    def _run_environment(self, environment, case, packed, tasks, indices, timeout_s) -> dict[int, TaskOutcome]:
+        """Every task of ``indices`` through the environment's child (restarted after a death):
+        ``{task index: outcome}`` (outputs still packed). The unit one thread drives."""
+        outcomes: dict[int, TaskOutcome] = {}
+        pending = list(indices)
+        stalls = 0
+        while pending:
+            left = self._run_in_child(environment, case, packed, tasks, pending, timeout_s, outcomes)
+            stalls = stalls + 1 if left == pending else 0
+            if stalls >= 2:  # the child died twice before starting anything: do not loop forever
+                name, variant = tasks[pending[0]]
+                outcomes[pending[0]] = TaskOutcome(
+                    name, variant, "crash", detail="child died before starting the task, twice in a row"
+                )
+                left, stalls = pending[1:], 0
+            pending = left
+        return outcomes
+
+    @staticmethod
+    def _collected(tasks: list[tuple[str, str]], outcomes: dict[int, TaskOutcome], device: str) -> list[TaskOutcome]:
+        """The outcomes in task order, outputs unpacked and on ``device``."""
         result = [outcomes[i] for i in range(len(tasks))]
         for outcome in result:
             outcome.output = unpack_output(outcome.output)
@@ -719,7 +960,8 @@ class ChildProcessExecutor:
         child = self._child(environment)
         batch = [tasks[i] for i in pending]
         try:
-            child.conn.send(("run", case.to_json(), inputs, batch))
+            with self._send_lock:
+                child.conn.send(("run", case.to_json(), inputs, batch))
         except (BrokenPipeError, OSError):
             self._kill(environment)
             return pending
@@ -795,14 +1037,35 @@ class ChildProcessExecutor:
 
     def close(self) -> None:
         """Stop every child (politely, then by force) and remove the temporary stderr directory
-        this executor made (one given as ``log_dir`` is kept)."""
-        for environment, child in list(self._children.items()):
-            try:
-                child.conn.send(("stop",))
-            except (BrokenPipeError, OSError):
-                pass
-            child.process.join(5)
-            self._kill(environment)
+        this executor made (one given as ``log_dir`` is kept). A run still in flight (the caller
+        was interrupted while collecting it) is ended first: its children are killed and its
+        threads finish. The executor can be used again after (children start anew)."""
+        self._closing.set()
+        try:
+            run = self._in_flight
+            while run is not None and not run.done():
+                with self._lock:
+                    children = list(self._children.values())
+                for child in children:
+                    if child.process.is_alive():
+                        child.process.kill()  # the thread reading its pipe sees EOF
+                concurrent.futures.wait(list(run._futures.values()), timeout=1.0)
+            if run is not None:
+                self._run_finished(run)
+            with self._lock:
+                children = list(self._children.items())
+            for environment, child in children:
+                try:
+                    child.conn.send(("stop",))
+                except (BrokenPipeError, OSError):
+                    pass
+                child.process.join(5)
+                self._kill(environment)
+            if self._pool is not None:  # after the children: their starting threads may end now
+                self._pool.shutdown(wait=True)
+                self._pool = None
+        finally:
+            self._closing.clear()
         if self._owns_log_dir:
             import shutil
 

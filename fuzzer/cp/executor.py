@@ -75,6 +75,7 @@ from fuzzer.executor import (
     log_stderr_to,
     release_after_oom,
     run_task,
+    submit_run,
 )
 from oracle.config import AttentionCase
 
@@ -757,6 +758,13 @@ class RoutingExecutor:
         """Run ``tasks`` on the executor ``case.cp_size`` selects."""
         executor = self.cp if case.cp_size > 1 else self.default
         return executor.run(case, inputs, tasks, timeout_s)
+
+    def submit(self, case: AttentionCase, inputs: Any, tasks: list[tuple[str, str]], timeout_s: float) -> Any:
+        """`fuzzer.executor.submit_run` on the executor ``case.cp_size`` selects: the default
+        executor's concurrent run, or a `fuzzer.executor.DeferredRun` (the CP executor runs its
+        rank groups when collected)."""
+        executor = self.cp if case.cp_size > 1 else self.default
+        return submit_run(executor, case, inputs, tasks, timeout_s)
 
     def close(self) -> None:
         """Close both executors."""

@@ -20,6 +20,12 @@
   ``block-<case_id>`` file (or any call while ``block-all`` exists) first writes
   ``blocked-<case_id>`` and then waits until that block file is removed: the tests use it to kill a
   worker in the middle of a case, a shrink or a replay.
+* `MarkerWaitBackend` ("standin-marker-wait", environment ``envA``) and `MarkerMakeBackend`
+  ("standin-marker-make", environment ``envB``): correct attention. The maker first creates
+  ``made-<case_id>`` in ``$ATTNFUZZ_MARKER_DIR``; the waiter first waits (bounded:
+  ``$ATTNFUZZ_MARKER_WAIT_S`` seconds, default 20) for that file and says in
+  ``output.extra["saw_marker"]`` whether it appeared: concurrency of two children shown without
+  timing (run one after the other, the waiter, first, cannot see it).
 
 All compute in float32 with PyTorch's math kernel and an explicit mask, so they are cheap.
 """
@@ -245,3 +251,35 @@ class GateBackend(_Base):
         elif variant == "buggy" and case.window_size_left is not None:
             output.out.fill_(math.nan)
         return output
+
+
+MARKER_DIR_ENV = "ATTNFUZZ_MARKER_DIR"
+MARKER_WAIT_ENV = "ATTNFUZZ_MARKER_WAIT_S"
+
+
+def marker_path(case_id: str) -> Path:
+    """``$ATTNFUZZ_MARKER_DIR/made-<case_id>``: the file `MarkerMakeBackend` creates."""
+    return Path(os.environ[MARKER_DIR_ENV]) / f"made-{case_id}"
+
+
+class MarkerWaitBackend(_Base):
+    name = "standin-marker-wait"
+    environment = "envA"
+
+    def run(self, case, inputs, variant):
+        marker = marker_path(case.case_id)
+        deadline = time.monotonic() + float(os.environ.get(MARKER_WAIT_ENV, "20"))
+        while not marker.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)  # waits for the other child's file: the proof of concurrency, not a timing
+        output = self._call(case, inputs, *self._bounds(case))
+        output.extra["saw_marker"] = marker.exists()
+        return output
+
+
+class MarkerMakeBackend(_Base):
+    name = "standin-marker-make"
+    environment = "envB"
+
+    def run(self, case, inputs, variant):
+        marker_path(case.case_id).write_text(str(os.getpid()))
+        return self._call(case, inputs, *self._bounds(case))

@@ -11,8 +11,10 @@ itself, so the machine is never at risk), and a one-hour sleep.
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+import torch
 from sqlalchemy import text
 
 from fuzzer import registry
@@ -118,3 +120,115 @@ def test_close_removes_the_child_stderr_directory_it_made(tmp_path: Path) -> Non
     given = ChildProcessExecutor(backends, log_dir=str(tmp_path))
     given.close()
     assert tmp_path.is_dir()  # a directory the caller gave is the caller's
+
+
+# ------------------------------------------------ environments run concurrently (ATTNFUZZ_PARALLEL_CHILDREN)
+MARKER_SPECS = ["tests.fuzzer.standins:MarkerWaitBackend", "tests.fuzzer.standins:MarkerMakeBackend"]
+SMALL = AttentionCase(seqlen_q=4, seqlen_k=6, head_dim=16, dtype="float32", num_heads=2)
+
+
+@pytest.mark.parametrize("parallel", [True, False], ids=["parallel", "serial"])
+def test_with_parallelism_on_the_children_of_two_environments_work_at_the_same_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, parallel: bool
+) -> None:
+    """The waiter (environment envA, first in task order) sees the maker's (envB) file only when
+    both children run at once; one after the other it gives up after its bounded wait."""
+    from fuzzer.executor import ChildProcessExecutor
+    from oracle.inputs import make_inputs
+
+    monkeypatch.setenv("ATTNFUZZ_MARKER_DIR", str(tmp_path))
+    # bounded waits: reached only by a failing parallel run, or (2 s) by the serial one by design
+    monkeypatch.setenv("ATTNFUZZ_MARKER_WAIT_S", "60" if parallel else "2")
+    backends = registry.select([], MARKER_SPECS)
+    tasks = [("standin-marker-wait", "native"), ("standin-marker-make", "native")]
+    with ChildProcessExecutor(backends, parallel=parallel) as executor:
+        assert executor.availability() == {"standin-marker-wait": None, "standin-marker-make": None}
+        outcomes = executor.run(SMALL, make_inputs(SMALL), tasks, GENEROUS_TIMEOUT_S)
+    assert [(o.backend, o.status) for o in outcomes] == [("standin-marker-wait", "ok"), ("standin-marker-make", "ok")]
+    assert outcomes[0].output.extra["saw_marker"] is parallel
+    assert (tmp_path / f"made-{SMALL.case_id}").exists()
+
+
+def test_with_parallelism_on_a_crash_and_a_hang_leave_the_other_environment_intact_and_the_order_kept() -> None:
+    """Three environments at once: one child segfaults (twice: restarted between), one hangs past
+    the timeout, the correct one's outcomes are those of a clean run; order = task order; the dead
+    children are restarted and the next case passes everywhere."""
+    from fuzzer.executor import ChildProcessExecutor
+    from oracle.inputs import make_inputs
+    from oracle.reference import reference
+
+    backends = registry.select([], ["tests.fuzzer.standins:CorrectBackend", "tests.fuzzer.standins:CrashingBackend",
+                                    "tests.fuzzer.standins:HangingBackend"])
+    crash_case, hang_case, clean_case = _cases(3)[1], _cases(5)[1], _cases(3)[2]
+    crash_tasks = [("standin-crash", "native"), ("standin-ok", "native"), ("standin-crash", "native"),
+                   ("standin-hang", "native"), ("standin-ok", "native")]
+    hang_tasks = [("standin-hang", "native"), ("standin-ok", "native"), ("standin-crash", "native")]
+    with ChildProcessExecutor(backends, parallel=True) as executor:
+        executor.availability()
+        crashed = executor.run(crash_case, make_inputs(crash_case), crash_tasks, HANG_TIMEOUT_S)
+        restarts_after_crash = executor.restarts
+        hung = executor.run(hang_case, make_inputs(hang_case), hang_tasks, HANG_TIMEOUT_S)
+        clean = executor.run(clean_case, make_inputs(clean_case), crash_tasks, GENEROUS_TIMEOUT_S)
+        restarts = executor.restarts
+    assert [(o.backend, o.status) for o in crashed] == [
+        ("standin-crash", "crash"), ("standin-ok", "ok"), ("standin-crash", "crash"), ("standin-hang", "ok"), ("standin-ok", "ok")]
+    assert all("SIGSEGV" in crashed[i].detail for i in (0, 2)), [crashed[i].detail for i in (0, 2)]
+    assert restarts_after_crash == 1  # between the two crashing tasks
+    expected = reference(crash_case, make_inputs(crash_case)).out
+    for i in (1, 3, 4):
+        assert torch.allclose(crashed[i].output.out, expected.to(crashed[i].output.out.dtype), atol=1e-4), i
+    assert [(o.backend, o.status) for o in hung] == [("standin-hang", "timeout"), ("standin-ok", "ok"), ("standin-crash", "ok")]
+    assert f"no result after {HANG_TIMEOUT_S:g} s" in hung[0].detail
+    assert [o.status for o in clean] == ["ok"] * len(crash_tasks)
+    assert restarts == 3  # the crash child twice (inside the first case, before the second), the hung child once
+
+
+def test_the_parallel_setting_reads_its_variable_and_refuses_other_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fuzzer.executor import ChildProcessExecutor, ExecutorError, parallel_children_setting
+
+    backends = registry.select([], ["tests.fuzzer.standins:CorrectBackend"])
+    monkeypatch.delenv("ATTNFUZZ_PARALLEL_CHILDREN", raising=False)
+    assert parallel_children_setting() is None
+    for text, expected in (("1", True), ("0", False), ("", None)):
+        monkeypatch.setenv("ATTNFUZZ_PARALLEL_CHILDREN", text)
+        assert parallel_children_setting() is expected
+    monkeypatch.setenv("ATTNFUZZ_PARALLEL_CHILDREN", "yes")
+    with pytest.raises(ExecutorError, match=r"ATTNFUZZ_PARALLEL_CHILDREN: must be 1 .* or 0 .*, got 'yes'"):
+        ChildProcessExecutor(backends)
+    executor = ChildProcessExecutor(backends, parallel=False)  # an explicit setting does not read it
+    executor.close()
+    monkeypatch.setenv("ATTNFUZZ_PARALLEL_CHILDREN", "1")
+    executor = ChildProcessExecutor(backends)
+    try:
+        assert executor.parallel is True
+    finally:
+        executor.close()
+    monkeypatch.delenv("ATTNFUZZ_PARALLEL_CHILDREN")
+    executor = ChildProcessExecutor(backends)
+    try:  # by device: on for CUDA inputs, off for CPU ones
+        assert executor.parallel is None
+        cpu, cuda = SimpleNamespace(q=torch.empty(0)), SimpleNamespace(q=SimpleNamespace(device=SimpleNamespace(type="cuda")))
+        assert executor._parallel_for(cpu) is False and executor._parallel_for(cuda) is True
+    finally:
+        executor.close()
+
+
+def test_a_submitted_run_is_collected_before_the_next_and_log_names_stay_unique(tmp_path: Path, monkeypatch) -> None:
+    from fuzzer.executor import ChildProcessExecutor, ExecutorError
+    from oracle.inputs import make_inputs
+
+    monkeypatch.setenv("ATTNFUZZ_MARKER_DIR", str(tmp_path / "markers"))
+    (tmp_path / "markers").mkdir()
+    backends = registry.select([], MARKER_SPECS + ["tests.fuzzer.standins:CorrectBackend"])
+    tasks = [("standin-marker-wait", "native"), ("standin-marker-make", "native"), ("standin-ok", "native")]
+    with ChildProcessExecutor(backends, parallel=True, log_dir=str(tmp_path / "logs")) as executor:
+        handle = executor.submit(SMALL, make_inputs(SMALL), tasks, GENEROUS_TIMEOUT_S)
+        if not handle.done():  # a second run may not interleave on the same pipes
+            with pytest.raises(ExecutorError, match="in flight"):
+                executor.submit(SMALL, make_inputs(SMALL), tasks, GENEROUS_TIMEOUT_S)
+        outcomes = handle.result()
+        assert handle.result() is outcomes
+        again = executor.run(SMALL, make_inputs(SMALL), tasks, GENEROUS_TIMEOUT_S)
+    assert [o.status for o in outcomes] == [o.status for o in again] == ["ok"] * 3
+    logs = sorted(p.name for p in (tmp_path / "logs").iterdir())
+    assert len(logs) == 3 and len({name.split(".")[1] for name in logs}) == 3, logs  # three children, three numbers
