@@ -61,7 +61,7 @@ from fuzzer.minimise import MinimiseInterrupted, MinimiseOutcome, minimise
 from fuzzer.results import CaseResult, MinimiseClaim, ResultSink
 from fuzzer.severity import is_ratio_based
 from fuzzer.coverage import DRAW_MODES, count_case, target_plan
-from fuzzer.strategies import attention_cases, default_bounds, merge_capabilities
+from fuzzer.strategies import KernelTemplate, attention_cases, default_bounds, merge_capabilities
 from oracle.config import AttentionCase
 from oracle.errors import AttnFuzzError
 
@@ -124,6 +124,14 @@ class WorkerConfig:
             is killed and the call recorded as ``oom`` (None: no limit).
         corpus_dir: the corpus replayed the first time this worker's build is seen (with a
             ``build_history``; see `fuzzer.builds.replay.replay_on_new_build`). None: no corpus replay.
+        jit_share: the compile budget of JIT backends (``Backend.jit_compiled``): the share of
+            the fuzzing wall time so far that compilation (``stats.compile_s``) may take, in
+            ``(0, 1]``. At each chunk, cases drawn for a JIT backend take one of its
+            `fuzzer.strategies.KernelTemplate` s (the kernel-selecting fields of the non-CP
+            cases it ran, first `MAX_KERNEL_TEMPLATES`) in `TEMPLATE_SHARE_OVER` of the draws
+            while the budget is spent, `TEMPLATE_SHARE_UNDER` while it is not (see
+            `Worker._compile_budget_state`). 1 or None: no budget, draws as before (no templates; the
+            head-dim pool of ``reuse_kernels`` only).
     """
 
     backends: list[tuple[Backend, str]]
@@ -154,8 +162,12 @@ class WorkerConfig:
     minimise_max_attempts: int = 3
     child_memory_limit_bytes: int | None = None
     corpus_dir: str | None = None
+    jit_share: float | None = 0.2
 
     def __post_init__(self) -> None:
+        share = self.jit_share
+        if share is not None and (isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1):
+            raise WorkerError(f"jit_share: must be a number in (0, 1] (1 or None: no compile budget), got {share!r}")
         if self.minimise_lease_s is None:
             self.minimise_lease_s = self.case_timeout_s + 2 * self.heartbeat_s + 30.0
         if not self.minimise_lease_s > 0:
@@ -186,6 +198,21 @@ class WorkerConfig:
 MAX_REDO_ATTEMPTS = 2
 """A journaled evaluation redone this many times without finishing is quarantined."""
 
+MAX_STRATEGIES_PER_TARGET = 4
+"""Cached per-target strategies kept per backend (`Worker._target_strategy`)."""
+MAX_KERNEL_TEMPLATES = 64
+"""Kernel templates kept per JIT backend (the first ones seen; `fuzzer.strategies.KERNEL_TEMPLATE_SLOTS`
+is as large, so the template index keeps its bounds)."""
+TEMPLATE_SHARE_OVER = 0.9
+"""Share of a JIT backend's draws that reuse one of its kernel templates while compilation is over
+``jit_share`` of the wall time: one draw in ten may still open a new kernel key."""
+TEMPLATE_SHARE_UNDER = 0.5
+"""The same share while compilation is within ``jit_share``: half of the draws still reuse a built
+kernel, so the budget is rarely reached at all (measured with a planted JIT backend on CPU, 0.5 s
+per new key against 50 ms per case, 400 cases, ``jit_share=0.2``: free draws below the budget
+(share 0) swing between the two regimes and spend about the whole budget; 0.5 keeps compilation
+below it with fewer keys; `benchmarks/jit_budget.py`)."""
+
 
 @dataclass
 class WorkerStats:
@@ -209,6 +236,15 @@ class WorkerStats:
     compile_s: float = 0.0
     shrink_s: float = 0.0
     wall_s: float = 0.0
+    fuzz_s: float = 0.0  # wall time since fuzzing began (after replays): the compile budget's base
+    kernel_keys: dict = field(default_factory=dict)  # JIT backend -> set of Backend.kernel_key run (fuzz phase)
+    compile_by_backend: Counter = field(default_factory=Counter)  # backend -> compile seconds (fuzz phase)
+    template_chunks: Counter = field(default_factory=Counter)  # "over" / "under" / "none": chunks by budget state
+
+    @property
+    def compile_share(self) -> float:
+        """``compile_s`` as a share of the fuzzing wall time (0 before any)."""
+        return self.compile_s / self.fuzz_s if self.fuzz_s > 0 else 0.0
 
     @property
     def cases_per_s(self) -> float:
@@ -269,7 +305,9 @@ class Worker:
         self._fingerprint = fingerprint
         self._evaluator: Evaluator | None = None
         self._head_dim_pool: list[int] = []
+        self._kernel_templates: dict[str, dict[KernelTemplate, None]] = {}  # JIT backend -> first-seen templates
         self._started = 0.0
+        self._fuzz_started: float | None = None
         self._last_heartbeat = 0.0
         self.build_id: int | None = None
         self.worker_id: int | None = None
@@ -357,6 +395,7 @@ class Worker:
                 self.replay_known_failures()
             self._drain_minimisation()  # what earlier or dead workers left (a shrink-only worker)
             chunk = 0
+            self._fuzz_started = self._clock()
             while not self._budget_spent():
                 self._run_chunk(chunk)
                 chunk += 1
@@ -365,6 +404,8 @@ class Worker:
             status = "stopped"
         finally:
             self.stats.wall_s = self._clock() - self._started
+            if self._fuzz_started is not None:
+                self.stats.fuzz_s = self._clock() - self._fuzz_started
             if self.worker_id is not None:
                 try:
                     self.sink.heartbeat(self.worker_id, self.stats.cases, status=status)
@@ -464,21 +505,55 @@ class Worker:
             preferred_head_dims=tuple(self._head_dim_pool) if c.reuse_kernels else (),
             max_cp_size=getattr(self._executor, "max_cp_size", 1),
         )
-        if c.draw == "union":
+        if c.draw == "union":  # no kernel templates: a union draw has no one backend's kernels to reuse
             caps = merge_capabilities([b.capabilities for b in self.usable])
             return attention_cases(capabilities=caps, **common).map(lambda case: (None, case))
         names = [b.name for b in self.usable]
         plan = target_plan(names, self.stats.runnable, self.stats.targeted, max(c.chunk_size, len(names)), chunk)
-        per_target = {name: self._target_strategy(name, common) for name in dict.fromkeys(plan)}
+        state = self._compile_budget_state()
+        self.stats.template_chunks[state] += 1
+        share = {"over": TEMPLATE_SHARE_OVER, "under": TEMPLATE_SHARE_UNDER}.get(state)
+        per_target = {name: self._target_strategy(name, self._with_templates(name, common, share)) for name in dict.fromkeys(plan)}
         return st.sampled_from(plan).flatmap(per_target.__getitem__)
+
+    def _compile_budget_state(self) -> str:
+        """Where this chunk stands with the compile budget: ``"none"`` without one (``jit_share``
+        None or 1: no templates), ``"over"`` while ``stats.compile_s > jit_share * (seconds since
+        fuzzing began)`` (JIT draws take `TEMPLATE_SHARE_OVER`), else ``"under"``
+        (`TEMPLATE_SHARE_UNDER`).
+
+        A controller in two states, checked per chunk: over the budget nine draws in ten reuse a
+        built kernel (compilation falls back under the share as cases accumulate), under it half
+        do (a JIT backend compiles one kernel per key, so a free draw, which combines dtype,
+        causal, windows, softcap, backward and layout, opens a new key nearly every time)."""
+        c = self.config
+        if c.jit_share is None or c.jit_share >= 1:
+            return "none"
+        started = self._fuzz_started if self._fuzz_started is not None else self._started
+        elapsed = self._clock() - started
+        return "over" if self.stats.compile_s > c.jit_share * elapsed else "under"
+
+    def _with_templates(self, name: str, common: dict[str, Any], share: float | None) -> dict[str, Any]:
+        """``common`` with backend ``name``'s kernel templates and ``share`` when it is a JIT
+        backend with templates under a compile budget; else ``common`` itself."""
+        templates = self._kernel_templates.get(name)
+        if share is None or not templates or not self.backends[name].jit_compiled:
+            return common
+        return {**common, "kernel_templates": tuple(templates), "template_share": share}
 
     def _target_strategy(self, name: str, common: dict[str, Any]):
         """``attention_cases`` inside backend ``name``'s capabilities, mapped to ``(name, case)``;
         kept per ``(name, common)`` so a chunk reuses the strategy objects (and the validation
-        Hypothesis caches on them) of an earlier chunk with the same bounds: the same draws."""
+        Hypothesis caches on them) of an earlier chunk with the same bounds: the same draws.
+        ``common`` includes the kernel templates and their share, so a JIT backend's new template
+        makes a new strategy; a name's entries are kept for its last `MAX_STRATEGIES_PER_TARGET`
+        keys (the templates only grow, so older ones do not come back)."""
         cache = self.__dict__.setdefault("_target_strategies", {})
         key = (name, tuple(sorted(common.items())))
         if key not in cache:
+            mine = [k for k in cache if k[0] == name]
+            for old in mine[: max(0, len(mine) - MAX_STRATEGIES_PER_TARGET + 1)]:
+                del cache[old]
             cache[key] = attention_cases(capabilities=self.backends[name].capabilities, **common).map(
                 lambda case, name=name: (name, case)
             )
@@ -550,6 +625,9 @@ class Worker:
             self.stats.cases += 1
             if evaluation.runnable and case.head_dim not in self._head_dim_pool and len(self._head_dim_pool) < self.config.kernel_pool_size:
                 self._head_dim_pool.append(case.head_dim)
+            self._track_kernels(case, results)
+            if self._fuzz_started is not None:
+                self.stats.fuzz_s = self._clock() - self._fuzz_started
         for r in results:
             self.stats.results[r.status] += 1
             self.stats.per_backend[(r.backend, r.status)] += 1
@@ -562,6 +640,27 @@ class Worker:
             self.reporter.on_case(case, results, self.stats)
             self._heartbeat()
         return results
+
+    def _track_kernels(self, case: AttentionCase, results: list[CaseResult]) -> None:
+        """For each JIT backend that ran ``case`` (a result not ``unsupported``): add its
+        ``kernel_key`` per variant run to ``stats.kernel_keys`` (a key counts when first seen)
+        and, for a non-CP case, its `KernelTemplate` to the backend's templates (first-seen
+        order, at most `MAX_KERNEL_TEMPLATES`). Compile seconds go to ``stats.compile_by_backend``."""
+        for r in results:
+            if r.compile_ms:
+                self.stats.compile_by_backend[r.backend] += r.compile_ms / 1000.0
+            backend = self.backends.get(r.backend)
+            if r.status == "unsupported" or backend is None or not backend.jit_compiled:
+                continue
+            try:
+                key = backend.kernel_key(case, r.variant)
+            except Exception:  # a plugin's key function must not stop the fuzz loop
+                key = ("unkeyed", r.variant)
+            self.stats.kernel_keys.setdefault(r.backend, set()).add(key)
+            if case.cp_size == 1:
+                templates = self._kernel_templates.setdefault(r.backend, {})
+                if len(templates) < MAX_KERNEL_TEMPLATES:
+                    templates.setdefault(KernelTemplate.of(case), None)
 
     def _record(self, case: AttentionCase, results: list[CaseResult], phase: str) -> None:
         """Send ``case`` and its ``results`` to the sink in one write (`record_case_results`, one

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import find, given, settings
 
 from fuzzer.backends.base import Capabilities
-from fuzzer.strategies import StrategyArgumentError, attention_cases, merge_capabilities, seqlens
+from fuzzer.strategies import KernelTemplate, StrategyArgumentError, attention_cases, merge_capabilities, seqlens, usable_templates
 
 CAPS = Capabilities(
     dtypes=("bfloat16", "float16"),
@@ -72,3 +72,78 @@ def test_shrinking_direction_is_toward_the_smallest_case():
     smallest = find(attention_cases(capabilities=CAPS), lambda c: True, settings=settings(database=None))
     assert (smallest.batch_size, smallest.num_heads, smallest.seqlen_q, smallest.seqlen_k) == (1, 1, 1, 1)
     assert not smallest.causal and smallest.window_size_left is None and smallest.seed == 0
+
+
+# --------------------------------------------------------------------------- kernel templates
+JIT_CAPS = Capabilities(
+    dtypes=("bfloat16", "float16"),
+    qkv_formats=("bshd", "thd"),
+    max_head_dim=256,
+    head_dim_multiple=8,
+    windows=True,
+    softcap=True,
+    causal_alignments=("bottom_right", "top_left"),
+    max_seqlen=300,
+)
+TEMPLATES = (
+    KernelTemplate("bfloat16", "thd", 64, 64, 2, True, True, False, True, True, "bottom_right"),
+    KernelTemplate("float32", "bshd", 64, 64, 1, False, False, False, False, False),  # no float32 here
+    KernelTemplate("float16", "bshd", 128, 128, 1, False, False, True, False, False, "top_left"),
+    KernelTemplate("float16", "bshd", 512, 512, 1, False, False, False, False, False),  # above max_head_dim
+    KernelTemplate("float16", "bshd", 100, 100, 1, False, False, False, False, False),  # not a multiple of 8
+    KernelTemplate("bfloat16", "sbhd", 64, 64, 1, False, False, False, False, False),  # no sbhd
+)
+USABLE = (TEMPLATES[0], TEMPLATES[2])
+
+
+def test_only_the_templates_the_capabilities_take_are_used():
+    assert usable_templates(TEMPLATES, JIT_CAPS) == USABLE
+    no_gqa_no_backward = Capabilities(**{**JIT_CAPS.__dict__, "gqa": False, "backward": False})
+    assert usable_templates(TEMPLATES, no_gqa_no_backward) == (TEMPLATES[2],)
+    assert usable_templates(TEMPLATES, JIT_CAPS, allow_backward=False) == (TEMPLATES[2],)
+
+
+@settings(max_examples=300, derandomize=True, database=None, deadline=None)
+@given(attention_cases(capabilities=JIT_CAPS, max_batch_size=3, kernel_templates=TEMPLATES, template_share=1.0))
+def test_with_template_share_1_every_case_has_a_usable_templates_kernel_fields(case):
+    assert [t for t in USABLE if t.matches(case)], case.describe()
+    assert case.cp_size == 1
+
+
+def test_template_draws_vary_everything_else_and_a_share_mixes_in_free_draws():
+    seen = {"lengths": set(), "free": 0}
+
+    @settings(max_examples=200, derandomize=True, database=None, deadline=None)
+    @given(attention_cases(capabilities=JIT_CAPS, kernel_templates=USABLE, template_share=0.5))
+    def draw(case):
+        if any(t.matches(case) for t in USABLE):
+            seen["lengths"].add((case.seqlen_q, case.seqlen_k))
+        else:
+            seen["free"] += 1
+
+    draw()
+    assert len(seen["lengths"]) > 10 and seen["free"] > 20, seen
+
+
+def test_without_usable_templates_the_draw_is_the_one_without_templates():
+    def cases(**kwargs):
+        out = []
+
+        @settings(max_examples=50, derandomize=True, database=None, deadline=None)
+        @given(attention_cases(capabilities=JIT_CAPS, **kwargs))
+        def draw(case):
+            out.append(case)
+
+        draw()
+        return out
+
+    plain = cases()
+    assert cases(kernel_templates=TEMPLATES[3:], template_share=1.0) == plain  # none usable
+    assert cases(kernel_templates=USABLE, template_share=0.0) == plain
+
+
+def test_a_bad_template_share_or_template_is_rejected_before_drawing():
+    with pytest.raises(StrategyArgumentError, match="template_share"):
+        attention_cases(capabilities=JIT_CAPS, kernel_templates=USABLE, template_share=1.5)
+    with pytest.raises(StrategyArgumentError, match="kernel_templates"):
+        attention_cases(capabilities=JIT_CAPS, kernel_templates=(("bfloat16", 64),))

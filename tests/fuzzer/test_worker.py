@@ -168,3 +168,41 @@ def test_a_worker_that_loses_its_lease_mid_shrink_stops_and_records_nothing():
     assert sink.renewals == 4 and stats.leases_lost == 1
     assert bucket.minimised_case is None and stats.minimised == []
     assert len(sink.results) == 1, "no confirm result stored"
+
+
+# --------------------------------------------------------------------------- compile budget
+def _jit_run(jit_share, max_cases=60, draw="targeted"):
+    """A planted JIT backend (500 ms reported per new kernel key) under a frozen clock: the
+    fuzzing wall time stays 0, so once one kernel is built the budget is spent for good."""
+    from tests.fuzzer.planted_jit import FakeClock, PlantedJitBackend
+
+    backend = PlantedJitBackend()
+    config = WorkerConfig(
+        backends=[(backend, "tests.fuzzer.planted_jit:PlantedJitBackend")], isolation="none", seed=7,
+        max_cases=max_cases, time_budget_s=None, shrink=False, replay_known=False, jit_share=jit_share, draw=draw,
+    )
+    stats = Worker(config, MemorySink(), clock=FakeClock()).run()
+    return stats, backend
+
+
+def test_the_compile_budget_reuses_built_kernels_and_counts_the_keys():
+    budgeted, backend = _jit_run(0.2)
+    free, free_backend = _jit_run(1.0)
+    keys, free_keys = len(budgeted.kernel_keys["planted-jit"]), len(free.kernel_keys["planted-jit"])
+    assert budgeted.cases == free.cases == 60
+    assert keys == len(backend.built) and free_keys == len(free_backend.built)  # a key counts once
+    assert keys * 2 <= free_keys, (keys, free_keys)
+    assert budgeted.compile_s == keys * 0.5 and budgeted.compile_by_backend["planted-jit"] == keys * 0.5
+    assert budgeted.template_chunks["over"] >= 2 and free.template_chunks == {"none": 3}
+    # union draws take no templates (and still run)
+    union, _ = _jit_run(0.2, max_cases=20, draw="union")
+    assert union.cases == 20 and union.kernel_keys["planted-jit"]
+
+
+def test_jit_share_must_be_in_0_1():
+    backends = registry.select(["torch-cpu-math"])
+    for bad in (0.0, -0.1, 1.5, "half"):
+        with pytest.raises(WorkerError, match="jit_share"):
+            WorkerConfig(backends=backends, jit_share=bad)
+    assert WorkerConfig(backends=backends, jit_share=None).jit_share is None
+    assert WorkerConfig(backends=backends).jit_share == 0.2
