@@ -4,12 +4,23 @@ as bytes), the prepared comparison equals the plain one, and the worker writes e
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from fuzzer import executor as executor_module
 from fuzzer.backends.base import BackendOutput
 from fuzzer.evaluate import STORED_NONFINITE_RATIO, Evaluator, storable_error_ratio
-from fuzzer.executor import ExecutorError, PackedTensor, configure_torch_threads, pack_inputs, unpack_inputs
+from fuzzer.executor import (
+    ChildProcessExecutor,
+    ExecutorError,
+    InProcessExecutor,
+    PackedTensor,
+    configure_torch_threads,
+    pack_inputs,
+    unpack_inputs,
+)
+from fuzzer.registry import load_spec
 from fuzzer.sinks import MemorySink
 from fuzzer.worker import Worker, WorkerConfig
 from oracle.compare import PreparedReference, compare_outputs
@@ -193,3 +204,109 @@ def test_a_cp_backend_needs_the_cp_executor_and_a_plain_outcome_is_judged_withou
     outcome = TaskOutcome("cp-cpu-ring", "default", "ok")
     assert outcome.twin_outcome() is None
     assert outcome.judged(AttentionCase(), None, lambda case, o: (case.case_id, o.status)) == ((AttentionCase().case_id, "ok"), None)
+
+
+# ------------------------------------------------ the oracle overlaps the children (ChildProcessExecutor.submit)
+MARKER_SPECS = [(b, spec) for spec in ("tests.fuzzer.standins:MarkerMakeBackend", "tests.fuzzer.standins:CorrectBackend")
+                for b in load_spec(spec)]
+
+
+def test_the_oracle_is_computed_while_the_children_run(tmp_path, monkeypatch) -> None:
+    """The reference, in this process, waits (bounded) for the file the maker's child creates when
+    its task starts: it sees it only if the task was sent before the oracle ran."""
+    import oracle.reference
+    from tests.fuzzer.standins import marker_path
+
+    monkeypatch.setenv("ATTNFUZZ_MARKER_DIR", str(tmp_path))
+    real = oracle.reference.reference
+    seen: list[bool] = []
+
+    def waiting_reference(case, inputs, **kwargs):
+        deadline = time.monotonic() + 60.0  # bounded: reached only when the overlap is missing
+        while not marker_path(case.case_id).exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        seen.append(marker_path(case.case_id).exists())
+        return real(case, inputs, **kwargs)
+
+    with Evaluator(MARKER_SPECS, executor=ChildProcessExecutor(MARKER_SPECS, parallel=True)) as evaluator:
+        monkeypatch.setattr(oracle.reference, "reference", waiting_reference)
+        evaluation = evaluator.evaluate(FORWARD)
+    assert seen == [True]
+    assert [(r.backend, r.status) for r in evaluation.results] == [("standin-marker-make", "pass"), ("standin-ok", "pass")]
+
+
+WINDOWED = AttentionCase(batch_size=1, seqlen_q=20, seqlen_k=24, num_heads=2, head_dim=16, window_size_left=3, dtype="float32", backward=True)
+
+
+@pytest.mark.parametrize("case", [FORWARD, BACKWARD, WINDOWED], ids=["forward", "backward", "windowed"])
+def test_the_overlapped_evaluation_gives_the_serial_verdicts(case) -> None:
+    verdicts = {}
+    for parallel in (True, False):
+        with Evaluator(BACKENDS, executor=ChildProcessExecutor(BACKENDS, parallel=parallel)) as evaluator:
+            evaluation = evaluator.evaluate(case)
+        verdicts[parallel] = [(r.backend, r.variant, r.status, r.signature, r.error_ratio, r.metrics) for r in evaluation.results]
+        assert evaluation.runnable == 3 and evaluation.oracle_s > 0 and evaluation.inputs_s > 0
+    assert verdicts[True] == verdicts[False]
+    assert [v[2] for v in verdicts[True]] == ["pass", "pass", "fail"]
+
+
+def test_an_oracle_failure_after_submission_waits_for_the_children_and_returns_the_own_step_error_alone(
+    tmp_path, monkeypatch
+) -> None:
+    import oracle.reference
+    from fuzzer.evaluate import OWN_BACKEND
+    from tests.fuzzer.standins import marker_path
+
+    monkeypatch.setenv("ATTNFUZZ_MARKER_DIR", str(tmp_path))
+
+    def broken(case, inputs, **kwargs):
+        raise OverflowError("Python int too large to convert to C long")
+
+    executor = ChildProcessExecutor(MARKER_SPECS, parallel=True)
+    with Evaluator(MARKER_SPECS, executor=executor) as evaluator:
+        monkeypatch.setattr(oracle.reference, "reference", broken)
+        failed = evaluator.evaluate(FORWARD)
+        assert executor._in_flight is None  # collected: nothing left on the pipes
+        assert marker_path(FORWARD.case_id).exists()  # the tasks had been sent and ran
+        monkeypatch.undo()
+        monkeypatch.setenv("ATTNFUZZ_MARKER_DIR", str(tmp_path))
+        after = evaluator.evaluate(BACKWARD)
+    assert [(r.backend, r.variant, r.status, r.signature) for r in failed.results] == [
+        (OWN_BACKEND, "oracle", "error", "attnfuzz_error:OverflowError")]
+    assert failed.twins == [] and failed.kernel_s == 0.0
+    assert [(r.backend, r.status) for r in after.results] == [("standin-marker-make", "pass"), ("standin-ok", "pass")]
+
+
+def test_executors_without_submit_keep_the_serial_order(monkeypatch) -> None:
+    """An executor with only ``run`` is called after the oracle, and not at all when it fails."""
+    import oracle.reference
+
+    calls: list[str] = []
+
+    class RunOnly:
+        def __init__(self, specs):
+            self.inner = InProcessExecutor(specs)
+
+        def availability(self):
+            return self.inner.availability()
+
+        def run(self, case, inputs, tasks, timeout_s):
+            calls.append("run")
+            return self.inner.run(case, inputs, tasks, timeout_s)
+
+        def close(self):
+            pass
+
+    real = oracle.reference.reference
+
+    def recording(case, inputs, **kwargs):
+        calls.append("oracle")
+        return real(case, inputs, **kwargs)
+
+    with Evaluator(BACKENDS, executor=RunOnly(BACKENDS)) as evaluator:
+        monkeypatch.setattr(oracle.reference, "reference", recording)
+        assert [r.status for r in evaluator.evaluate(FORWARD).results] == ["pass", "pass", "fail"]
+        assert calls == ["oracle", "run"]
+        monkeypatch.setattr(oracle.reference, "reference", lambda *a, **k: 1 / 0)
+        assert [r.signature for r in evaluator.evaluate(FORWARD).results] == ["attnfuzz_error:ZeroDivisionError"]
+        assert calls == ["oracle", "run"]
