@@ -50,6 +50,14 @@ def fuzz(
         float,
         typer.Option(help="Largest share of wall time spent shrinking, served between cases (1 = no bound)."),
     ] = 0.25,
+    jit_share: Annotated[
+        float,
+        typer.Option(
+            "--jit-share",
+            help="Compile budget of JIT backends (FA4, flex): largest share of wall time spent compiling kernels; "
+            "over it, every draw for such a backend reuses a kernel already built, within it half do (1 = no budget).",
+        ),
+    ] = 0.2,
     case_timeout: Annotated[float, typer.Option(help="Seconds per backend call before its child is killed.")] = 120.0,
     isolation: Annotated[
         Isolation,
@@ -137,6 +145,8 @@ def fuzz(
     from fuzzer.worker import Reporter, Worker, WorkerConfig
 
     device, isolation = Device(device).value, Isolation(isolation).value
+    if not 0 < jit_share <= 1:  # a usage error (exit 2), before anything is migrated or run
+        fail(FieldValidationError("jit_share", f"--jit-share must be in (0, 1] (1 = no budget), got {jit_share}"), code=2)
     if device == "cuda" and gpus is None:
         _require_cuda()
     url = db_url(db)
@@ -163,6 +173,7 @@ def fuzz(
             shrink=shrink,
             shrink_deadline_s=shrink_deadline,
             shrink_share=shrink_share,
+            jit_share=jit_share,
             case_timeout_s=case_timeout,
             isolation=isolation,
             max_seqlen=max_seqlen,

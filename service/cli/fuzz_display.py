@@ -47,6 +47,7 @@ class RichReporter:
         # draws), and its most frequent unsupported reasons (fuzzer.coverage)
         table.add_column("cases run", justify="right")
         table.add_column("drawn for", justify="right")
+        table.add_column("JIT s / kernels", justify="right")  # JIT backends: compile seconds, distinct kernel keys
         table.add_column("top unsupported reasons")
         if stats is not None:
             from fuzzer.coverage import format_reasons, top_reasons
@@ -61,6 +62,7 @@ class RichReporter:
                     ],
                     str(stats.runnable.get(name, 0)),
                     str(stats.targeted.get(name, 0)),
+                    _jit_cell(stats, name),
                     format_reasons(top_reasons(stats.unsupported, name, 2)),
                 )
         lines = [self.progress, table]
@@ -84,7 +86,8 @@ class RichReporter:
         self.progress.update(
             self.task,
             completed=elapsed if self.by_time else stats.cases,
-            description=f"{stats.cases} cases, {rate:.2f} cases/s, {len(self.buckets)} new buckets",
+            description=f"{stats.cases} cases, {rate:.2f} cases/s, {len(self.buckets)} new buckets, "
+            f"JIT {_share(stats.compile_s, getattr(stats, 'fuzz_s', 0.0))} of wall",
         )
         if self.live is not None:
             self.live.update(self._render(stats))
@@ -108,10 +111,21 @@ COUNTS_NOTE = (
 )
 
 
+def _jit_cell(stats: WorkerStats, name: str) -> str:
+    """``"12.5 s / 7"``: compile seconds and distinct kernel keys of JIT backend ``name``; ``"-"``
+    for a backend that built none."""
+    keys = getattr(stats, "kernel_keys", {}).get(name)
+    if not keys:
+        return "-"
+    return f"{getattr(stats, 'compile_by_backend', {}).get(name, 0.0):.1f} s / {len(keys)}"
+
+
 def _coverage_data(stats: WorkerStats, top: int = 3) -> dict:
     """Per backend: fuzz cases it ran (``cases_run``: at least one variant not unsupported), cases
-    drawn for it (``drawn_for``, targeted draws) and its ``top`` unsupported reasons with counts of
-    results (`fuzzer.coverage.reason_keys`)."""
+    drawn for it (``drawn_for``, targeted draws), for JIT backends the distinct kernel keys run
+    (``kernel_keys``, `fuzzer.backends.base.Backend.kernel_key`) and compile seconds
+    (``compile_s``), and its ``top`` unsupported reasons with counts of results
+    (`fuzzer.coverage.reason_keys`)."""
     from fuzzer.coverage import top_reasons
 
     names = sorted({b for b, _ in stats.per_backend} | set(stats.runnable) | set(stats.targeted))
@@ -119,6 +133,11 @@ def _coverage_data(stats: WorkerStats, top: int = 3) -> dict:
         name: {
             "cases_run": stats.runnable.get(name, 0),
             "drawn_for": stats.targeted.get(name, 0),
+            **(
+                {"kernel_keys": len(stats.kernel_keys[name]), "compile_s": stats.compile_by_backend.get(name, 0.0)}
+                if name in getattr(stats, "kernel_keys", {})
+                else {}
+            ),
             "top_unsupported": [{"reason": r, "results": n} for r, n in top_reasons(stats.unsupported, name, top)],
         }
         for name in names
@@ -160,6 +179,8 @@ def summary_data(stats: WorkerStats, url: str, *, interrupted: bool = False, spo
             "jit": stats.compile_s,
             "shrinking": stats.shrink_s,
         },
+        "jit_share": stats.compile_share,  # compile time / fuzzing wall time (the compile budget's measure)
+        "budget_chunks": dict(sorted(stats.template_chunks.items())),  # chunks over / under / without the budget
         "new_buckets": buckets,
         "spool": spool or {},
     }
@@ -174,12 +195,15 @@ def print_summary(stats: WorkerStats, url: str, *, interrupted: bool = False) ->
     for status, count in sorted(stats.results.items()):
         table.add_row(status, str(count))
     out.print(table)
-    coverage = Table(title="per backend: cases run, cases drawn for it, top unsupported reasons (results)")
-    for column in ("backend", "cases run", "drawn for", "top unsupported reasons"):
-        coverage.add_column(column, justify="right" if column in ("cases run", "drawn for") else "left")
+    coverage = Table(
+        title="per backend: cases run, cases drawn for it, JIT compile s / kernel keys, top unsupported reasons (results)"
+    )
+    numeric = ("cases run", "drawn for", "JIT s / kernels")
+    for column in ("backend", *numeric, "top unsupported reasons"):
+        coverage.add_column(column, justify="right" if column in numeric else "left")
     for name, row in _coverage_data(stats).items():
         reasons = "; ".join(f"{r['reason']} ({r['results']})" for r in row["top_unsupported"])
-        coverage.add_row(name, str(row["cases_run"]), str(row["drawn_for"]), reasons)
+        coverage.add_row(name, str(row["cases_run"]), str(row["drawn_for"]), _jit_cell(stats, name), reasons)
     out.print(coverage)
     out.print(COUNTS_NOTE, style="dim")
     from fuzzer.environment import jit_cache_description
@@ -188,7 +212,8 @@ def print_summary(stats: WorkerStats, url: str, *, interrupted: bool = False) ->
     out.print(
         f"{stats.cases} cases in {stats.wall_s:.1f} s ({stats.cases_per_s:.2f} cases/s); "
         f"oracle {stats.oracle_s:.1f} s, kernels {stats.kernel_s:.1f} s, JIT {stats.compile_s:.1f} s "
-        f"({_share(stats.compile_s, stats.wall_s)} of wall; FA4 compile cache: {jit_cache_description()}), "
+        f"({_share(stats.compile_s, stats.wall_s)} of wall, {_share(stats.compile_s, stats.fuzz_s)} of fuzzing; "
+        f"{sum(len(k) for k in stats.kernel_keys.values())} kernel keys; FA4 compile cache: {jit_cache_description()}), "
         f"shrinking {stats.shrink_s:.1f} s, attnfuzz's own work (inputs, comparison, storage, "
         f"processes) {other:.1f} s"
     )

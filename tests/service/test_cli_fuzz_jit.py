@@ -1,0 +1,58 @@
+"""``attnfuzz fuzz --jit-share``: the compile budget of JIT backends reaches the worker's config,
+a value outside (0, 1] is a usage error, and the summary shows the compile share and kernel keys."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from service.cli.main import app
+
+
+def _fuzz(tmp_path: Path, *args: str):
+    url = f"sqlite:///{tmp_path / 'jit.db'}"
+    base = ["fuzz", "--backend", "torch-cpu-math", "--max-cases", "2", "--db", url, "--spool-dir", str(tmp_path / "spool"),
+            "--no-replay", "--corpus", "", "--isolation", "none", "--no-shrink", "--seed", "1"]
+    return CliRunner().invoke(app, [*base, *args], env={"COLUMNS": "250"})
+
+
+def test_the_jit_share_flag_reaches_the_worker_config(tmp_path: Path, monkeypatch) -> None:
+    from fuzzer import worker as worker_module
+
+    seen = []
+    real_run = worker_module.Worker.run
+
+    def run(self):
+        seen.append(self.config.jit_share)
+        return real_run(self)
+
+    monkeypatch.setattr(worker_module.Worker, "run", run)
+    result = _fuzz(tmp_path, "--jit-share", "0.35", "--json")
+    assert result.exit_code == 0, result.output
+    assert seen == [0.35]
+    body = json.loads(result.stdout)
+    assert body["jit_share"] == 0.0 and "budget_chunks" in body  # torch-cpu-math compiles nothing
+    assert _fuzz(tmp_path, "--quiet").exit_code == 0 and seen[-1] == 0.2  # the default
+
+
+def test_a_jit_share_outside_0_1_is_a_usage_error_naming_the_flag(tmp_path: Path) -> None:
+    for bad in ("0", "1.5"):
+        result = _fuzz(tmp_path, "--jit-share", bad)
+        assert result.exit_code == 2, result.output
+        assert "--jit-share" in result.output
+
+
+def test_the_summary_shows_the_compile_share_and_kernel_keys_of_jit_backends() -> None:
+    from service.cli.fuzz_display import _jit_cell, summary_data
+    from fuzzer.worker import WorkerStats
+
+    stats = WorkerStats(cases=4, compile_s=1.5, wall_s=6.0, fuzz_s=5.0)
+    stats.kernel_keys["planted-jit"] = {("a",), ("b",), ("c",)}
+    stats.compile_by_backend["planted-jit"] = 1.5
+    stats.runnable["planted-jit"] = 4
+    data = summary_data(stats, "sqlite://")
+    assert data["jit_share"] == 0.3
+    assert data["coverage"]["planted-jit"]["kernel_keys"] == 3
+    assert _jit_cell(stats, "planted-jit") == "1.5 s / 3" and _jit_cell(stats, "torch-cpu-math") == "-"
