@@ -242,6 +242,11 @@ class WorkerStats:
     kernel_s: float = 0.0
     compile_s: float = 0.0
     shrink_s: float = 0.0
+    # wall-clock split of the fuzz phase (kernel_s and compile_s above are summed over the
+    # children, which run side by side on CUDA, so they may add up to more than the wall):
+    inputs_s: float = 0.0  # generating inputs in the worker
+    wait_s: float = 0.0  # waiting for the children after the worker's own oracle was done
+    judge_s: float = 0.0  # comparing outcomes with the reference
     wall_s: float = 0.0
     fuzz_s: float = 0.0  # wall time since fuzzing began (after replays): the compile budget's base
     kernel_keys: dict = field(default_factory=dict)  # JIT backend -> set of Backend.kernel_key run (fuzz phase)
@@ -252,6 +257,13 @@ class WorkerStats:
     def compile_share(self) -> float:
         """``compile_s`` as a share of the fuzzing wall time (0 before any)."""
         return self.compile_s / self.fuzz_s if self.fuzz_s > 0 else 0.0
+
+    @property
+    def own_s(self) -> float:
+        """Wall seconds that were attnfuzz's own work: the wall time less the worker's oracle,
+        its waits for the children (kernels and JIT not hidden behind the oracle) and shrinking;
+        i.e. inputs, comparison, drawing, storage, process start-up (never below 0)."""
+        return max(self.wall_s - self.oracle_s - self.wait_s - self.shrink_s, 0.0)
 
     @property
     def cases_per_s(self) -> float:
@@ -630,6 +642,9 @@ class Worker:
             self.stats.oracle_s += evaluation.oracle_s
             self.stats.kernel_s += evaluation.kernel_s
             self.stats.compile_s += evaluation.compile_s
+            self.stats.inputs_s += evaluation.inputs_s
+            self.stats.wait_s += evaluation.wait_s
+            self.stats.judge_s += evaluation.judge_s
             self.stats.cases += 1
             if evaluation.runnable and case.head_dim not in self._head_dim_pool and len(self._head_dim_pool) < self.config.kernel_pool_size:
                 self._head_dim_pool.append(case.head_dim)

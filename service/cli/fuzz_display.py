@@ -178,6 +178,11 @@ def summary_data(stats: WorkerStats, url: str, *, interrupted: bool = False, spo
             "kernels": stats.kernel_s,
             "jit": stats.compile_s,
             "shrinking": stats.shrink_s,
+            # wall-clock split (kernels and jit above are summed over children running side by side)
+            "wait_for_children": stats.wait_s,
+            "inputs": stats.inputs_s,
+            "comparison": stats.judge_s,
+            "own_work": stats.own_s,
         },
         "jit_share": stats.compile_share,  # compile time / fuzzing wall time (the compile budget's measure)
         "budget_chunks": dict(sorted(stats.template_chunks.items())),  # chunks over / under / without the budget
@@ -208,14 +213,16 @@ def print_summary(stats: WorkerStats, url: str, *, interrupted: bool = False) ->
     out.print(COUNTS_NOTE, style="dim")
     from fuzzer.environment import jit_cache_description
 
-    other = max(stats.wall_s - stats.oracle_s - stats.kernel_s - stats.compile_s - stats.shrink_s, 0.0)
+    wall = stats.wall_s
     out.print(
-        f"{stats.cases} cases in {stats.wall_s:.1f} s ({stats.cases_per_s:.2f} cases/s); "
-        f"oracle {stats.oracle_s:.1f} s, kernels {stats.kernel_s:.1f} s, JIT {stats.compile_s:.1f} s "
-        f"({_share(stats.compile_s, stats.wall_s)} of wall, {_share(stats.compile_s, stats.fuzz_s)} of fuzzing; "
-        f"{sum(len(k) for k in stats.kernel_keys.values())} kernel keys; FA4 compile cache: {jit_cache_description()}), "
-        f"shrinking {stats.shrink_s:.1f} s, attnfuzz's own work (inputs, comparison, storage, "
-        f"processes) {other:.1f} s"
+        f"{stats.cases} cases in {wall:.1f} s ({stats.cases_per_s:.2f} cases/s). Wall: "
+        f"oracle {stats.oracle_s:.1f} s ({_share(stats.oracle_s, wall)}), waiting for the backends "
+        f"{stats.wait_s:.1f} s ({_share(stats.wait_s, wall)}), shrinking {stats.shrink_s:.1f} s "
+        f"({_share(stats.shrink_s, wall)}), attnfuzz's own work (inputs, comparison, drawing, storage, "
+        f"processes) {stats.own_s:.1f} s ({_share(stats.own_s, wall)}). In the backends' children "
+        f"(summed; they run side by side on CUDA): kernels {stats.kernel_s:.1f} s, JIT {stats.compile_s:.1f} s "
+        f"({_share(stats.compile_s, wall)} of wall, {_share(stats.compile_s, stats.fuzz_s)} of fuzzing; "
+        f"{sum(len(k) for k in stats.kernel_keys.values())} kernel keys; FA4 compile cache: {jit_cache_description()})"
     )
     if stats.new_buckets:
         out.print(f"[bold red]{len(stats.new_buckets)} new bucket(s):[/]")
