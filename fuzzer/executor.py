@@ -840,15 +840,34 @@ class ChildProcessExecutor:
         child.conn.close()
 
     def availability(self) -> dict[str, str | None]:
-        """Each backend's availability as its child sees it (starts the children)."""
-        result: dict[str, str | None] = {}
-        for environment in dict.fromkeys(self._environment(n) for n in self.backends):
+        """Each backend's availability as its child sees it (starts the children).
+
+        With parallelism on (or unset and some backend on CUDA) the children start side by side,
+        each from a thread of the executor's pool (which lives until `close`: a child dies with the
+        thread that started it, ``PR_SET_PDEATHSIG``), so the start-up costs the slowest child's
+        imports, not their sum (seven GPU children import torch, TE and FA4 each)."""
+        environments = list(dict.fromkeys(self._environment(n) for n in self.backends))
+        parallel = self.parallel if self.parallel is not None else any(b.device != "cpu" for b, _ in self.backends.values())
+
+        def start(environment: str) -> dict[str, str | None]:
             try:
-                result.update(self._child(environment).availability)
+                return dict(self._child(environment).availability)
             except ExecutorError as exc:
-                for name in self.backends:
-                    if self._environment(name) == environment:
-                        result[name] = str(exc)
+                return {name: str(exc) for name in self.backends if self._environment(name) == environment}
+
+        if parallel and len(environments) > 1:
+            with self._lock:
+                if self._pool is None:
+                    self._pool = concurrent.futures.ThreadPoolExecutor(
+                        max_workers=len(environments), thread_name_prefix="attnfuzz-env"
+                    )
+                pool = self._pool
+            reports = list(pool.map(start, environments))
+        else:
+            reports = [start(environment) for environment in environments]
+        result: dict[str, str | None] = {}
+        for report in reports:
+            result.update(report)
         return result
 
     def run(

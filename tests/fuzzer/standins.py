@@ -283,3 +283,33 @@ class MarkerMakeBackend(_Base):
     def run(self, case, inputs, variant):
         marker_path(case.case_id).write_text(str(os.getpid()))
         return self._call(case, inputs, *self._bounds(case))
+
+
+class StartWaitBackend(CorrectBackend):
+    """Environment ``envA``: its `availability` (asked once, when its child starts) waits, bounded
+    by ``$ATTNFUZZ_MARKER_WAIT_S`` seconds (default 20), for ``started-envB`` in
+    ``$ATTNFUZZ_MARKER_DIR``, which `StartMakeBackend`'s child writes at its start; it reports
+    "saw envB start" or "envB had not started" as its (un)availability reason, so a test sees
+    whether the two children started side by side."""
+
+    name = "standin-start-wait"
+    environment = "envA"
+
+    def availability(self):
+        marker = Path(os.environ[MARKER_DIR_ENV]) / "started-envB"
+        deadline = time.monotonic() + float(os.environ.get(MARKER_WAIT_ENV, "20"))
+        while not marker.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return "saw envB start" if marker.exists() else "envB had not started"
+
+
+class StartMakeBackend(CorrectBackend):
+    """Environment ``envB``: writes ``started-envB`` in ``$ATTNFUZZ_MARKER_DIR`` when asked for
+    its availability (at its child's start); available."""
+
+    name = "standin-start-make"
+    environment = "envB"
+
+    def availability(self):
+        (Path(os.environ[MARKER_DIR_ENV]) / "started-envB").write_text(str(os.getpid()))
+        return None

@@ -128,6 +128,23 @@ SMALL = AttentionCase(seqlen_q=4, seqlen_k=6, head_dim=16, dtype="float32", num_
 
 
 @pytest.mark.parametrize("parallel", [True, False], ids=["parallel", "serial"])
+def test_with_parallelism_on_the_children_start_side_by_side(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, parallel: bool
+) -> None:
+    """availability() starts envA's child (whose start waits for envB's) and envB's at once when
+    parallel; one after the other envA's bounded wait runs out before envB's child exists."""
+    from fuzzer.executor import ChildProcessExecutor
+
+    monkeypatch.setenv("ATTNFUZZ_MARKER_DIR", str(tmp_path))
+    monkeypatch.setenv("ATTNFUZZ_MARKER_WAIT_S", "60" if parallel else "2")
+    backends = registry.select([], ["tests.fuzzer.standins:StartWaitBackend", "tests.fuzzer.standins:StartMakeBackend"])
+    with ChildProcessExecutor(backends, parallel=parallel) as executor:
+        availability = executor.availability()
+    expected = "saw envB start" if parallel else "envB had not started"
+    assert availability == {"standin-start-wait": expected, "standin-start-make": None}
+
+
+@pytest.mark.parametrize("parallel", [True, False], ids=["parallel", "serial"])
 def test_with_parallelism_on_the_children_of_two_environments_work_at_the_same_time(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, parallel: bool
 ) -> None:
