@@ -36,7 +36,7 @@ from typing import Any, Protocol
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from fuzzer.text import MAX_DETAIL, MAX_NAME, MAX_PACKAGE, MAX_SIGNATURE, is_storable, storable_text
+from fuzzer.text import MAX_DETAIL, MAX_NAME, MAX_PACKAGE, MAX_SIGNATURE, MAX_VERSIONS, is_storable, storable_text
 from oracle.config import AttentionCase
 from oracle.errors import AttnFuzzError
 
@@ -134,7 +134,7 @@ class CaseResult:
         plugin produces can fail the write of this result, in the spool or the database."""
         s = object.__setattr__
         for name, limit in (("backend", MAX_NAME), ("variant", MAX_NAME), ("signature", MAX_SIGNATURE),
-                            ("detail", MAX_DETAIL), ("backend_version", MAX_PACKAGE), ("selected_kernel", MAX_PACKAGE)):
+                            ("detail", MAX_DETAIL), ("backend_version", MAX_VERSIONS), ("selected_kernel", MAX_PACKAGE)):
             value = getattr(self, name)
             if value is not None and not is_storable(value, limit):
                 s(self, name, storable_text(value, limit))

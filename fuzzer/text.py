@@ -23,6 +23,9 @@ CUT_MARKER = "...[cut {n} chars]"
 
 MAX_NAME = 64  # backend, variant: String(64) columns
 MAX_PACKAGE = 128  # package names and versions: String(128) columns
+MAX_VERSIONS = 4096  # a result's backend_version line (every package the backend names, then the
+# runtime libraries its child loaded: `runtime:cudnn==...`); an unbounded String column. At 128 the
+# runtime part, which says which cuDNN ran the result, was cut off (H200, 2026-12-01)
 MAX_SIGNATURE = 512
 MAX_DETAIL = 64 * 1024
 
@@ -65,4 +68,4 @@ def is_storable(value: str, max_chars: int | None = None) -> bool:
     return storable_text(value, max_chars) == value
 
 
-__all__ = ["CUT_MARKER", "MAX_DETAIL", "MAX_NAME", "MAX_PACKAGE", "MAX_SIGNATURE", "is_storable", "storable_text"]
+__all__ = ["CUT_MARKER", "MAX_DETAIL", "MAX_NAME", "MAX_PACKAGE", "MAX_SIGNATURE", "MAX_VERSIONS", "is_storable", "storable_text"]

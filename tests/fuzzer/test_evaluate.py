@@ -310,3 +310,17 @@ def test_executors_without_submit_keep_the_serial_order(monkeypatch) -> None:
         monkeypatch.setattr(oracle.reference, "reference", lambda *a, **k: 1 / 0)
         assert [r.signature for r in evaluator.evaluate(FORWARD).results] == ["attnfuzz_error:ZeroDivisionError"]
         assert calls == ["oracle", "run"]
+
+
+def test_a_long_backend_version_line_keeps_its_runtime_part() -> None:
+    """The line names every package a backend declares and then what its child loaded; the
+    runtime part (which cuDNN ran the result) comes last and must not be cut off (at 128
+    characters it was, on the H200, 2026-12-01)."""
+    from fuzzer.results import CaseResult
+
+    packages = " ".join(f"package-{i}==1.{i}.0" for i in range(12))
+    line = f"{packages} runtime:cudnn==9.27.0 runtime:cudnn_path=/root/.cache/attnfuzz/builds/x/site/nvidia/cudnn/lib"
+    assert len(line) > 200
+    result = CaseResult("0" * 16, "te-fused", "mask_type", "pass", backend_version=line)
+    assert result.backend_version == line
+    assert "runtime:cudnn==9.27.0" in result.backend_version
