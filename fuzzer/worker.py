@@ -130,8 +130,12 @@ class WorkerConfig:
             `fuzzer.strategies.KernelTemplate` s (the kernel-selecting fields of the non-CP
             cases it ran, first `MAX_KERNEL_TEMPLATES`) in `TEMPLATE_SHARE_OVER` (all) of the
             draws while the budget is spent, `TEMPLATE_SHARE_UNDER` (half) while it is not (see
-            `Worker._compile_budget_state`). 1 or None: no budget, draws as before (no templates; the
-            head-dim pool of ``reuse_kernels`` only).
+            `Worker._compile_budget_state`). And while it is spent (checked per case) a JIT
+            backend runs no fuzz task that would build a new kernel (`Worker._compile_gated_tasks`:
+            a case drawn for another backend no longer compiles at will). 1 or None: no budget,
+            draws and runs as before (no templates; the head-dim pool of ``reuse_kernels`` only).
+            ``compile_s`` is summed over the children, which run side by side on CUDA, so the
+            budget is a bound on compile seconds, not only on the wall time they cost.
     """
 
     backends: list[tuple[Backend, str]]
@@ -252,6 +256,7 @@ class WorkerStats:
     kernel_keys: dict = field(default_factory=dict)  # JIT backend -> set of Backend.kernel_key run (fuzz phase)
     compile_by_backend: Counter = field(default_factory=Counter)  # backend -> compile seconds (fuzz phase)
     template_chunks: Counter = field(default_factory=Counter)  # "over" / "under" / "none": chunks by budget state
+    compile_gated: Counter = field(default_factory=Counter)  # JIT backend -> fuzz tasks not run: a new kernel while over budget
 
     @property
     def compile_share(self) -> float:
@@ -553,6 +558,38 @@ class Worker:
         elapsed = self._clock() - started
         return "over" if self.stats.compile_s > c.jit_share * elapsed else "under"
 
+    def _compile_gated_tasks(self, case: AttentionCase) -> list[tuple[str, str]] | None:
+        """The fuzz tasks of ``case`` under the compile gate: None (every variant of every usable
+        backend) unless compilation is over its budget now (`_compile_budget_state`, checked per
+        case); then every task but those a JIT backend would have to compile a new kernel for
+        (runnable, its ``kernel_key`` not built yet, no CP), each counted in
+        ``stats.compile_gated`` by backend.
+
+        Why: the templates steer draws *for* a JIT backend to built kernels, but every case runs
+        on every backend that supports it, and a case drawn for a non-JIT target opened new FA4,
+        TE-on-FA4 and flex keys at will: on the H200 (2026-12-01) compilation took 43% of the
+        fuzzing time against a budget of 20%, over it in 7 of 8 chunks, and one new key holds the
+        whole case up (the children run side by side, the slowest decides). Gated tasks leave no
+        result: they were not run."""
+        if self._compile_budget_state() != "over":
+            return None
+        tasks: list[tuple[str, str]] = []
+        gated = 0
+        for backend in self.usable:
+            built = self.stats.kernel_keys.get(backend.name, ())
+            for variant in backend.variants:
+                if backend.jit_compiled and case.cp_size == 1 and not backend.unsupported_reasons(case, variant):
+                    try:
+                        key = backend.kernel_key(case, variant)
+                    except Exception:  # a plugin's key function must not stop the fuzz loop
+                        key = None
+                    if key is not None and key not in built:
+                        self.stats.compile_gated[backend.name] += 1
+                        gated += 1
+                        continue
+                tasks.append((backend.name, variant))
+        return tasks if gated else None
+
     def _with_templates(self, name: str, common: dict[str, Any], share: float | None) -> dict[str, Any]:
         """``common`` with backend ``name``'s kernel templates and ``share`` when it is a JIT
         backend with templates under a compile budget; else ``common`` itself."""
@@ -586,7 +623,7 @@ class Worker:
             if self._budget_spent():
                 return  # finish the chunk quickly (reject() would make Hypothesis report it)
             target_name, case = drawn
-            results = self.evaluate(case, phase="fuzz")
+            results = self.evaluate(case, phase="fuzz", tasks=self._compile_gated_tasks(case))
             for result in results:  # what observability tools (HYPOTHESIS_EXPERIMENTAL_OBSERVABILITY) show
                 event(f"{result.backend}/{result.variant}: {result.status}")
             if target_name is not None:

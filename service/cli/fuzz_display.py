@@ -186,6 +186,8 @@ def summary_data(stats: WorkerStats, url: str, *, interrupted: bool = False, spo
         },
         "jit_share": stats.compile_share,  # compile time / fuzzing wall time (the compile budget's measure)
         "budget_chunks": dict(sorted(stats.template_chunks.items())),  # chunks over / under / without the budget
+        # JIT tasks left out while over the budget (a new kernel to build), by backend
+        "compile_gated": dict(sorted(stats.compile_gated.items())),
         "new_buckets": buckets,
         "spool": spool or {},
     }
@@ -224,6 +226,9 @@ def print_summary(stats: WorkerStats, url: str, *, interrupted: bool = False) ->
         f"({_share(stats.compile_s, wall)} of wall, {_share(stats.compile_s, stats.fuzz_s)} of fuzzing; "
         f"{sum(len(k) for k in stats.kernel_keys.values())} kernel keys; FA4 compile cache: {jit_cache_description()})"
     )
+    if stats.compile_gated:
+        gated = ", ".join(f"{name} {n}" for name, n in sorted(stats.compile_gated.items()))
+        out.print(f"JIT tasks not run because they needed a new kernel while compilation was over its budget (--jit-share): {gated}")
     if stats.new_buckets:
         out.print(f"[bold red]{len(stats.new_buckets)} new bucket(s):[/]")
         shrunk = dict(stats.minimised)

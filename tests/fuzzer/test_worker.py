@@ -206,3 +206,33 @@ def test_jit_share_must_be_in_0_1():
             WorkerConfig(backends=backends, jit_share=bad)
     assert WorkerConfig(backends=backends, jit_share=None).jit_share is None
     assert WorkerConfig(backends=backends).jit_share == 0.2
+
+
+def test_over_the_compile_budget_a_case_drawn_for_another_backend_builds_no_new_kernel():
+    """A non-JIT target's draws are free; over the budget (frozen clock: spent after the first
+    compile) the JIT backend runs only the kernels already built, and says how many tasks it
+    left out; the other backend runs every case."""
+    from tests.fuzzer.planted_jit import FakeClock, PlantedJitBackend
+    from tests.fuzzer.standins import CorrectBackend
+
+    def run(jit_share):
+        backend = PlantedJitBackend()
+        config = WorkerConfig(
+            backends=[(backend, "tests.fuzzer.planted_jit:PlantedJitBackend"),
+                      (CorrectBackend(), "tests.fuzzer.standins:CorrectBackend")],
+            isolation="none", seed=11, max_cases=40, time_budget_s=None, shrink=False, replay_known=False,
+            jit_share=jit_share,
+        )
+        return Worker(config, MemorySink(), clock=FakeClock()).run(), backend
+
+    gated, backend = run(0.2)
+    free, free_backend = run(1.0)
+    assert gated.cases == free.cases == 40
+    assert gated.compile_gated["planted-jit"] > 0 and not free.compile_gated
+    assert "standin-ok" not in gated.compile_gated
+    assert len(backend.built) == len(gated.kernel_keys["planted-jit"])  # what ran is what was built
+    # the kernels of the first case it ran (one per variant, then the budget is spent for good)
+    assert len(backend.built) <= len(PlantedJitBackend.variants) < len(free_backend.built)
+    ran_ok = sum(n for (b, status), n in gated.per_backend.items() if b == "standin-ok" and status != "unsupported")
+    free_ok = sum(n for (b, status), n in free.per_backend.items() if b == "standin-ok" and status != "unsupported")
+    assert ran_ok > 0 and free_ok > 0
