@@ -411,7 +411,7 @@ class FlexBackend(Backend):
                 if hasattr(torch._dynamo.config, limit):
                     setattr(torch._dynamo.config, limit, max(getattr(torch._dynamo.config, limit), 1024))
             self._compiled = torch.compile(flex_attention)  # automatic dynamic shapes after a change
-            self._timer = CompileTimer()
+            self._timer = CompileTimer(compiles=dynamo_graph_count)
         device = inputs.q.device
         off = case.seqlen_k - case.seqlen_q if case.causal_alignment == "bottom_right" else 0
         left, right = case.window_size_left, case.window_size_right
@@ -457,6 +457,15 @@ class FlexBackend(Backend):
             self.kernel_key(case, variant), lambda: run_with_grad(call, case, inputs), inputs.q
         )
         return BackendOutput(out=out, lse=lse, dq=dq, dk=dk, dv=dv, selected_kernel="flex", compile_ms=compile_ms)
+
+
+def dynamo_graph_count() -> int:
+    """How many graphs torch.compile has compiled in this process so far
+    (``torch._dynamo.utils.counters["stats"]["unique_graphs"]``, torch 2.x): `CompileTimer` reads
+    it to see a recompile under a known kernel key."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
 
 
 _CPU_CAPS = Capabilities(

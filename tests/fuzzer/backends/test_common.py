@@ -34,3 +34,46 @@ def test_environment_set_restores_set_and_unset_variables_even_when_the_block_ra
             raise KeyError("inside")
     assert "ATTNFUZZ_TEST_UNSET" not in os.environ
     assert os.environ["ATTNFUZZ_TEST_SET"] == "before"
+
+
+def test_the_compile_timer_times_a_recompile_under_a_known_key_as_compilation():
+    """A known key whose call moved the library's compile count is timed again like a new key
+    (torch.compile recompiles for new shapes under one kernel key); without a count, or when it
+    did not move, a known key reports 0."""
+    import time
+
+    from fuzzer.backends._common import CompileTimer
+
+    compiled = {"n": 0, "slow": False}
+
+    def call():
+        if compiled["slow"]:  # this call compiles: slow once, then the compiled kernel is fast
+            compiled["slow"] = False
+            compiled["n"] += 1
+            time.sleep(0.05)
+        return "out"
+
+    timer = CompileTimer(compiles=lambda: compiled["n"])
+    compiled["slow"] = True
+    assert timer.run(("k",), call, None)[1] > 0  # a new key
+    assert timer.run(("k",), call, None) == ("out", 0.0)  # known, nothing compiled
+    compiled["slow"] = True  # the next call under the same key recompiles
+    result, compile_ms = timer.run(("k",), call, None)
+    assert result == "out" and compile_ms > 0
+    plain = CompileTimer()
+    plain.run(("k",), call, None)
+    compiled["slow"] = True
+    assert plain.run(("k",), call, None)[1] == 0.0  # no count given: a known key is not re-timed
+    broken = CompileTimer(compiles=lambda: 1 / 0)  # a counter that fails counts as no recompile
+    broken.run(("k",), call, None)
+    assert broken.run(("k",), call, None)[1] == 0.0
+
+
+def test_the_dynamo_graph_count_moves_when_torch_compile_compiles():
+    import torch
+
+    from fuzzer.backends.sdpa import dynamo_graph_count
+
+    before = dynamo_graph_count()
+    torch.compile(lambda x: x * 2 + 1, backend="eager")(torch.ones(3))
+    assert dynamo_graph_count() > before
