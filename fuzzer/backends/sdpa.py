@@ -130,6 +130,13 @@ class SDPABackend(Backend):
             reasons.append(f"{variant}: the case has no mask (covered by is_causal)")
         if self.kernel == "flash" and self.device == "cuda" and variant in ("bool_mask", "float_mask"):
             reasons.append("the CUDA flash kernel takes no mask tensor")
+        if self.kernel == "flash" and self.device == "cuda" and case.causal and case.seqlen_q != case.seqlen_k:
+            # PyTorch's check_flash_causal_non_square_seqlens (aten/src/ATen/native/transformers/
+            # cuda/sdp_utils.cpp): FlashAttention 2 aligns causal masks bottom-right, so SDPA refuses
+            # is_causal with seqlen_q != seqlen_k ("No available kernel", 44 results on the H200,
+            # 2026-12-01), and the private op, which does not check, runs the bottom-right mask
+            # where SDPA means top-left (an out:mismatch there was this adapter's, not PyTorch's)
+            reasons.append("the CUDA flash kernel aligns causal masks bottom-right: no causal case with seqlen_q != seqlen_k")
         if (
             self.kernel == "efficient"
             and self.device == "cuda"

@@ -56,6 +56,21 @@ def test_limits_measured_on_the_h200_are_declared():
     assert any("head_dim 8" in r for r in BACKENDS["torch-sdpa-cudnn"].unsupported_reasons(small, "is_causal"))
 
 
+def test_the_cuda_flash_kernel_takes_no_non_square_causal_case():
+    """PyTorch's flash SDPA refuses is_causal with seqlen_q != seqlen_k and its private op would
+    align such a mask bottom-right (FlashAttention 2's convention): declared for every variant;
+    square causal cases and non-causal non-square ones still run."""
+    flash = BACKENDS["torch-sdpa-flash"]
+    wide = AttentionCase(seqlen_q=1, seqlen_k=2, head_dim=8, dtype="bfloat16", causal=True)
+    for variant in ("is_causal", "causal_bias", "aten_lse"):
+        assert any("bottom-right" in r for r in flash.unsupported_reasons(wide, variant)), variant
+    square = AttentionCase(seqlen_q=2, seqlen_k=2, head_dim=8, dtype="bfloat16", causal=True)
+    plain = AttentionCase(seqlen_q=1, seqlen_k=2, head_dim=8, dtype="bfloat16")
+    for variant in ("is_causal", "aten_lse"):
+        assert flash.unsupported_reasons(square, variant) == [] and flash.unsupported_reasons(plain, variant) == []
+    assert not any("bottom-right" in r for r in BACKENDS["torch-sdpa-efficient"].unsupported_reasons(wide, "is_causal"))
+
+
 def test_the_cpu_flash_masked_row_lse_is_mapped_only_on_masked_rows():
     case = AttentionCase(seqlen_q=6, seqlen_k=3, causal=True, causal_alignment="bottom_right", dtype="float32")
     inputs = make_inputs(case)
