@@ -308,7 +308,7 @@ def run_task(backend: Backend, case: AttentionCase, inputs: Any, variant: str) -
     """
     import torch
 
-    inputs = inputs.to(backend.device) if _device_of(inputs) != backend.device else inputs
+    inputs = inputs_on(inputs, backend.device)
     start = time.perf_counter()
     try:
         output = backend.run(case, inputs, variant)
@@ -348,6 +348,30 @@ def _failed(backend: Backend, variant: str, exc: BaseException) -> TaskOutcome:
 
 def _device_of(inputs: Any) -> str:
     return inputs.q.device.type
+
+
+def inputs_on(inputs: Any, device: str) -> Any:
+    """``inputs`` with every tensor on ``device`` (``"cpu"``/``"cuda"``): the same object when all
+    already are, else a copy in which only the tensors elsewhere are moved.
+
+    The inputs a child receives can be on two devices at once: tensors up to
+    ``BYTES_TRANSPORT_MAX`` travel as bytes and arrive on the CPU, larger ones as CUDA handles
+    (`PackedTensor`). Deciding by ``q`` alone left a small ``k`` on the CPU when ``q`` was large:
+    "RuntimeError: k must be on CUDA" from FA2 on the H200 (b2 sq382 sk1 h32/4 d172 fp16,
+    2026-12-01), recorded as the kernel's error."""
+    import dataclasses
+
+    import torch
+
+    present = vars(inputs)  # not getattr: that would build a lazy dout (oracle.inputs.AttentionInputs)
+    elsewhere = [
+        f.name
+        for f in dataclasses.fields(inputs)
+        if isinstance(present.get(f.name), torch.Tensor) and present[f.name].device.type != device
+    ]
+    if not elsewhere:
+        return inputs
+    return dataclasses.replace(inputs, **{name: present[name].to(device) for name in elsewhere})
 
 
 def _output_to(output: BackendOutput, device: str) -> BackendOutput:

@@ -4,6 +4,7 @@ as bytes), the prepared comparison equals the plain one, and the worker writes e
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import torch
@@ -324,3 +325,25 @@ def test_a_long_backend_version_line_keeps_its_runtime_part() -> None:
     result = CaseResult("0" * 16, "te-fused", "mask_type", "pass", backend_version=line)
     assert result.backend_version == line
     assert "runtime:cudnn==9.27.0" in result.backend_version
+
+
+def test_inputs_on_two_devices_all_reach_the_backends_device(monkeypatch) -> None:
+    """Small tensors travel as bytes (host), large ones as handles (their device): a child can get
+    q on one device and k on another. inputs_on moves exactly the tensors elsewhere (here: the
+    "meta" device stands in for a second one, CI has no GPU) and leaves inputs already in place
+    as the same object, without building a lazy dout."""
+    from fuzzer.executor import inputs_on
+    from oracle.inputs import make_inputs
+
+    case = AttentionCase(seqlen_q=3, seqlen_k=4, head_dim=8, dtype="float32", backward=False)
+    inputs = make_inputs(case)
+    assert not inputs.dout_built
+    assert inputs_on(inputs, "cpu") is inputs
+    assert not inputs.dout_built  # checked without reading the lazy dout
+    mixed = dataclasses.replace(inputs, k=inputs.k.to("meta"))
+    moved = inputs_on(mixed, "meta")
+    assert moved.k is mixed.k and moved.q.device.type == "meta" and moved.v.device.type == "meta"
+    # the H200's case: a large q already on the device, a small k from bytes on the host
+    large_q = dataclasses.replace(inputs, q=inputs.q.to("meta"))
+    fixed = inputs_on(large_q, "meta")
+    assert fixed.q is large_q.q and fixed.k.device.type == "meta" and fixed.v.device.type == "meta"
