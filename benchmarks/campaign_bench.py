@@ -61,9 +61,17 @@ FIGURES = {
     "shrink": re.compile(r"shrinking ([\d.]+) s"),
     "own": re.compile(r"own work \([^)]*\) ([\d.]+) s"),
 }
-# The console entry point of the tree on PYTHONPATH (attnfuzz.cli.main, which every tree since issue 18
-# has, whatever module holds the typer app behind it).
+# The console entry point of the tree on PYTHONPATH: attnfuzz.cli.main, which every tree since issue 18
+# has (whatever module holds the typer app behind it); before it, the typer app service.cli:app
+# (992da02). Chosen by what the tree holds: an older tree on PYTHONPATH would otherwise import this
+# tree's attnfuzz package through the editable install and fail on its own service package.
 RUNNER = "import sys; from attnfuzz.cli import main; sys.argv[0] = 'attnfuzz'; main()"
+LEGACY_RUNNER = "import sys; from service.cli import app; sys.argv[0] = 'attnfuzz'; app()"
+
+
+def runner_for(path: Path) -> str:
+    """The ``python -c`` program that runs the CLI of the tree at ``path``."""
+    return RUNNER if (path / "attnfuzz" / "cli.py").exists() else LEGACY_RUNNER
 
 
 class BenchError(RuntimeError):
@@ -167,7 +175,7 @@ def run_once(
     work = Path(tempfile.mkdtemp(prefix=f"attnfuzz-bench-{tree}-", dir=cwd))
     try:
         db = work / "bench.db"
-        command = [sys.executable, "-c", RUNNER, "fuzz", "--time-budget", str(budget), "--db",
+        command = [sys.executable, "-c", runner_for(Path(path)), "fuzz", "--time-budget", str(budget), "--db",
                    f"sqlite:///{db}", "--corpus", "", "--quiet", "--device", args.device]
         command += [] if args.shrink else ["--no-shrink"]
         for name in args.backend or []:
