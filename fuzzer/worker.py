@@ -132,7 +132,8 @@ class WorkerConfig:
             draws while the budget is spent, `TEMPLATE_SHARE_UNDER` (half) while it is not (see
             `Worker._compile_budget_state`). And while it is spent (checked per case) a JIT
             backend runs no fuzz task that would build a new kernel (`Worker._compile_gated_tasks`:
-            a case drawn for another backend no longer compiles at will). 1 or None: no budget,
+            a case drawn for another backend no longer compiles at will; per backend: one whose
+            own compile seconds exceed the share). 1 or None: no budget,
             draws and runs as before (no templates; the head-dim pool of ``reuse_kernels`` only).
             ``compile_s`` is summed over the children, which run side by side on CUDA, so the
             budget is a bound on compile seconds, not only on the wall time they cost.
@@ -560,25 +561,33 @@ class Worker:
 
     def _compile_gated_tasks(self, case: AttentionCase) -> list[tuple[str, str]] | None:
         """The fuzz tasks of ``case`` under the compile gate: None (every variant of every usable
-        backend) unless compilation is over its budget now (`_compile_budget_state`, checked per
-        case); then every task but those a JIT backend would have to compile a new kernel for
-        (runnable, its ``kernel_key`` not built yet, no CP), each counted in
+        backend) unless some JIT backend is over its own budget now, i.e. its compile seconds in
+        this run (``stats.compile_by_backend``) exceed ``jit_share`` of the fuzzing wall time so
+        far (checked per case); then every task but those such a backend would have to build a
+        new kernel for (runnable, its ``kernel_key`` not built yet, no CP), each counted in
         ``stats.compile_gated`` by backend.
 
         Why: the templates steer draws *for* a JIT backend to built kernels, but every case runs
         on every backend that supports it, and a case drawn for a non-JIT target opened new FA4,
         TE-on-FA4 and flex keys at will: on the H200 (2026-12-01) compilation took 43% of the
-        fuzzing time against a budget of 20%, over it in 7 of 8 chunks, and one new key holds the
-        whole case up (the children run side by side, the slowest decides). Gated tasks leave no
-        result: they were not run."""
-        if self._compile_budget_state() != "over":
+        fuzzing time against a budget of 20%, and one new key holds the whole case up (the
+        children run side by side, the slowest decides). Per backend, because they compile side
+        by side: te-fused's cuDNN graphs (21 s of 600) are not held back by FA4's 118 s. Gated
+        tasks leave no result: they were not run."""
+        c = self.config
+        if c.jit_share is None or c.jit_share >= 1:
+            return None
+        started = self._fuzz_started if self._fuzz_started is not None else self._started
+        allowed_s = c.jit_share * (self._clock() - started)
+        over = {b.name for b in self.usable if b.jit_compiled and self.stats.compile_by_backend[b.name] > allowed_s}
+        if not over:
             return None
         tasks: list[tuple[str, str]] = []
         gated = 0
         for backend in self.usable:
             built = self.stats.kernel_keys.get(backend.name, ())
             for variant in backend.variants:
-                if backend.jit_compiled and case.cp_size == 1 and not backend.unsupported_reasons(case, variant):
+                if backend.name in over and case.cp_size == 1 and not backend.unsupported_reasons(case, variant):
                     try:
                         key = backend.kernel_key(case, variant)
                     except Exception:  # a plugin's key function must not stop the fuzz loop

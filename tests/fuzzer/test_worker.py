@@ -236,3 +236,22 @@ def test_over_the_compile_budget_a_case_drawn_for_another_backend_builds_no_new_
     ran_ok = sum(n for (b, status), n in gated.per_backend.items() if b == "standin-ok" and status != "unsupported")
     free_ok = sum(n for (b, status), n in free.per_backend.items() if b == "standin-ok" and status != "unsupported")
     assert ran_ok > 0 and free_ok > 0
+
+
+def test_the_compile_gate_holds_back_only_the_backend_over_its_own_budget():
+    """Two JIT backends compiling side by side: the one whose own compile seconds pass the share
+    is gated, the cheap one keeps opening new kernels."""
+    from tests.fuzzer.planted_jit import CheapJitBackend, FakeClock, PlantedJitBackend
+
+    clock = FakeClock()
+    costly, cheap = PlantedJitBackend(), CheapJitBackend()
+    costly.clock = clock  # each call moves the clock by a case's time plus its compile time
+    config = WorkerConfig(
+        backends=[(costly, "tests.fuzzer.planted_jit:PlantedJitBackend"),
+                  (cheap, "tests.fuzzer.planted_jit:CheapJitBackend")],
+        isolation="none", seed=5, max_cases=40, time_budget_s=None, shrink=False, replay_known=False, jit_share=0.2,
+    )
+    stats = Worker(config, MemorySink(), clock=clock).run()
+    assert stats.compile_gated["planted-jit"] > 0
+    assert "planted-jit-cheap" not in stats.compile_gated
+    assert len(stats.kernel_keys["planted-jit-cheap"]) > len(stats.kernel_keys["planted-jit"])
