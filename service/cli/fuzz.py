@@ -54,8 +54,10 @@ def fuzz(
         float,
         typer.Option(
             "--jit-share",
-            help="Compile budget of JIT backends (FA4, flex): largest share of wall time spent compiling kernels; "
-            "over it, every draw for such a backend reuses a kernel already built, within it half do (1 = no budget).",
+            help="Compile budget of JIT backends (FA4, TE-on-FA4, te-fused's cuDNN graphs, flex), in (0, 1]: the largest "
+            "share of the fuzzing time a backend may spend compiling. Over it, cases drawn for that backend reuse "
+            "kernels it has built and it runs no case that needs a new one; under it, half the draws reuse kernels "
+            "(1 = no budget). See docs/build-matrix.md, compile budget.",
         ),
     ] = 0.2,
     case_timeout: Annotated[float, typer.Option(help="Seconds per backend call before its child is killed.")] = 120.0,
@@ -146,7 +148,13 @@ def fuzz(
 
     device, isolation = Device(device).value, Isolation(isolation).value
     if not 0 < jit_share <= 1:  # a usage error (exit 2), before anything is migrated or run
-        fail(FieldValidationError("jit_share", f"--jit-share must be in (0, 1] (1 = no budget), got {jit_share}"), code=2)
+        fail(FieldValidationError("--jit-share", f"must be in (0, 1] (1 = no budget), got {jit_share}"), code=2)
+    from fuzzer.executor import ExecutorError, parallel_children_setting
+
+    try:  # a bad ATTNFUZZ_PARALLEL_CHILDREN is a usage error too, said before anything starts
+        parallel_children_setting()
+    except ExecutorError as exc:
+        fail(exc, code=2)
     if device == "cuda" and gpus is None:
         _require_cuda()
     url = db_url(db)

@@ -184,7 +184,8 @@ def summary_data(stats: WorkerStats, url: str, *, interrupted: bool = False, spo
             "comparison": stats.judge_s,
             "own_work": stats.own_s,
         },
-        "jit_share": stats.compile_share,  # compile time / fuzzing wall time (the compile budget's measure)
+        "jit_share": stats.compile_share,  # measured: compile time / fuzzing wall time (the compile budget's measure)
+        "compile_share": stats.compile_share,  # the same figure under a name that is not the option's
         "budget_chunks": dict(sorted(stats.template_chunks.items())),  # chunks over / under / without the budget
         # JIT tasks left out while over the budget (a new kernel to build), by backend
         "compile_gated": dict(sorted(stats.compile_gated.items())),
@@ -222,7 +223,7 @@ def print_summary(stats: WorkerStats, url: str, *, interrupted: bool = False) ->
         f"{stats.wait_s:.1f} s ({_share(stats.wait_s, wall)}), shrinking {stats.shrink_s:.1f} s "
         f"({_share(stats.shrink_s, wall)}), attnfuzz's own work (inputs, comparison, drawing, storage, "
         f"processes) {stats.own_s:.1f} s ({_share(stats.own_s, wall)}). In the backends' children "
-        f"(summed; they run side by side on CUDA): kernels {stats.kernel_s:.1f} s, JIT {stats.compile_s:.1f} s "
+        f"(summed over the children, which may run side by side): kernels {stats.kernel_s:.1f} s, JIT {stats.compile_s:.1f} s "
         f"({_share(stats.compile_s, wall)} of wall, {_share(stats.compile_s, stats.fuzz_s)} of fuzzing; "
         f"{sum(len(k) for k in stats.kernel_keys.values())} kernel keys; FA4 compile cache: {jit_cache_description()})"
     )
@@ -238,6 +239,12 @@ def print_summary(stats: WorkerStats, url: str, *, interrupted: bool = False) ->
             if outcome is not None:
                 line += f"\n      {outcome.status}: {outcome.case.describe()}  [case {outcome.case.case_id}]"
             out.print(line)
+    elif stats.results.get("fail", 0) or stats.results.get("error", 0):
+        failing = stats.results.get("fail", 0) + stats.results.get("error", 0)
+        out.print(
+            f"no new bucket: {failing} failing result(s), all in buckets already known "
+            "(replayed or drawn again; see attnfuzz buckets list)"
+        )
     else:
         out.print("[green]no failures found[/]")
     out.print(f"stored in {url}; see them with: attnfuzz serve --db {url}", soft_wrap=True)

@@ -56,3 +56,31 @@ def test_the_summary_shows_the_compile_share_and_kernel_keys_of_jit_backends() -
     assert data["jit_share"] == 0.3
     assert data["coverage"]["planted-jit"]["kernel_keys"] == 3
     assert _jit_cell(stats, "planted-jit") == "1.5 s / 3" and _jit_cell(stats, "torch-cpu-math") == "-"
+
+
+def test_a_bad_parallel_children_setting_is_a_usage_error_before_anything_runs(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'never.db'}"
+    result = CliRunner().invoke(
+        app, ["fuzz", "--backend", "torch-cpu-math", "--max-cases", "1", "--db", url, "--corpus", ""],
+        env={"COLUMNS": "250", "ATTNFUZZ_PARALLEL_CHILDREN": "yes"},
+    )
+    assert result.exit_code == 2, result.output
+    assert "ATTNFUZZ_PARALLEL_CHILDREN" in result.output and "'yes'" in result.output
+    assert not (tmp_path / "never.db").exists()  # refused before the database was made
+
+
+def test_a_run_whose_failures_are_all_known_does_not_say_no_failures() -> None:
+    from service.cli.common import out
+    from service.cli.fuzz_display import print_summary
+    from fuzzer.worker import WorkerStats
+
+    stats = WorkerStats(cases=3, wall_s=1.0)
+    stats.results.update({"pass": 4, "fail": 2})
+    with out.capture() as captured:
+        print_summary(stats, "sqlite://")
+    text = captured.get()
+    assert "no failures found" not in text and "no new bucket: 2 failing result(s)" in text
+    stats.results["fail"] = 0
+    with out.capture() as captured:
+        print_summary(stats, "sqlite://")
+    assert "no failures found" in captured.get()
