@@ -84,7 +84,6 @@ class MemorySink:
                 if sibling.attempts >= max_attempts or (sibling.owner is not None and sibling.lease_expires >= now):
                     continue
                 sibling.owner, sibling.lease_expires = worker_id, now + lease_s
-                sibling.attempts += 1
                 siblings.append((sibling.bucket_id, sibling.key))
             return MinimiseClaim(
                 bucket.bucket_id, key, self.cases[bucket.first_case_id]["config"], bucket.attempts, tuple(sorted(siblings))

@@ -650,13 +650,17 @@ class SqlStore:
                 config = connection.scalar(select(Case.config).where(Case.id == won.first_case_id))
                 # the same failure of the same case through the backend's other variants: one
                 # lease for all, so no other worker shrinks what one minimisation will settle
+                # A sibling's attempts are not counted here: they count tries of its *own*
+                # shrink. Counted, a sibling that the minimised case does not reproduce was left
+                # "abandoned ... its worker died or its lease ran out" after its group's other
+                # buckets had been claimed three times, though no worker died (a new user's short
+                # runs on the CPU, 2026-12-01).
                 siblings = connection.execute(
                     update(Bucket)
                     .where(self._siblings(connection, bucket_id), claimable)
                     .values(
                         minimise_owner_id=worker_id,
                         minimise_lease_expires_at=at + timedelta(seconds=lease_s),
-                        minimise_attempts=Bucket.minimise_attempts + 1,
                     )
                     .returning(Bucket.id, Bucket.backend, Bucket.variant, Bucket.signature)
                 ).all()

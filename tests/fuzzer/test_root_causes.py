@@ -234,3 +234,37 @@ def test_an_attach_spooled_while_the_database_is_away_is_applied_when_it_is_back
     assert sink.flush()
     b = inner.buckets["planted-rootcause", "b", "out:all_zero"]
     assert b.minimised_case == CASE.to_json() and b.note.startswith("attached") and b.owner is None
+
+
+@pytest.mark.parametrize("store", ["memory", "sql"])
+def test_a_sibling_claim_does_not_count_as_an_attempt_of_its_own_shrink(store, tmp_path):
+    """Claimed with its group three times and never reproduced by their minimised cases, a
+    sibling is still claimable on its own: only its own shrinks count toward max_attempts (it was
+    left "abandoned ... its worker died" after a new user's three short runs, no worker dying)."""
+    if store == "memory":
+        sink = MemorySink()
+    else:
+        from service.db import migrations
+        from service.db.engine import make_engine
+        from service.db.store import SqlStore
+
+        url = f"sqlite:///{tmp_path / 'siblings.db'}"
+        migrations.upgrade(url)
+        sink = SqlStore(make_engine(url))
+    build_id = sink.register_build(BuildFingerprint())
+    cases = [CASE.replace(seed=s) for s in (1, 2, 3)]
+    for case in cases:  # three buckets of one backend; "native" fails the same way on each first case
+        sink.record_case(case.to_json(), "fuzz")
+    signatures = ("out:all_zero", "out:mismatch", "lse:neginf")
+    for case, signature in zip(cases, signatures):
+        for variant in ("a", "native"):
+            sink.record_result(CaseResult(case.case_id, "planted-rootcause", variant, "fail", signature=signature), build_id, None)
+    worker_id = sink.register_worker(build_id, "h", 1, "cpu")
+    for _ in range(3):
+        claim = sink.claim_minimisation(worker_id, ["planted-rootcause"], 60.0, 3)
+        assert claim is not None
+        sink.release_minimisation(claim.bucket_id, worker_id, "unchanged: test")
+    # the first bucket used its three attempts; its sibling, claimed with it each time, is next
+    claim = sink.claim_minimisation(worker_id, ["planted-rootcause"], 60.0, 3)
+    assert claim is not None and claim.key == ("planted-rootcause", "native", "out:all_zero"), claim
+    assert claim.attempt == 1
