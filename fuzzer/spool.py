@@ -503,7 +503,10 @@ class SpoolingSink:
         self._retry_until_available("flush", lambda: self.flush() or self._raise_unavailable())
         if previous is not None and int(previous) != worker_id:
             known = self._retry_until_available("mark_worker_lost", lambda: self.inner.mark_worker_lost(int(previous)))
-            if known:
+            if known and self.spool.meta("stopped_worker_id") == previous:
+                # it said it stopped (its final heartbeat): nothing was taken over, nothing to warn of
+                self.taken_over_worker_id = None
+            elif known:
                 self.taken_over_worker_id = int(previous)
                 self._log(f"{self.spool.slot} was last used by worker {previous}: its spool is flushed, its leases ended")
             else:  # the slot outlived its database (deleted and created again at the same path)
@@ -520,6 +523,8 @@ class SpoolingSink:
         payload = {"worker_id": worker_id, "cases_run": cases_run, "status": status}
         if status != "running":
             self._write("heartbeat", payload)
+            if status == "stopped":  # a clean end: the next worker of this slot takes nothing over
+                self.spool.set_meta("stopped_worker_id", str(worker_id))
             return
         if not self._due() or (len(self.spool) and not self.flush()):
             return

@@ -196,6 +196,26 @@ def test_register_retries_with_backoff_and_gives_up_with_a_clear_error(tmp_path)
         sink.register_worker(build_id, "h", 1, "cpu")
 
 
+def test_a_slot_whose_last_worker_stopped_cleanly_is_reused_without_a_warning(tmp_path) -> None:
+    """The final "stopped" heartbeat marks the slot free: the next worker of the slot takes
+    nothing over and logs nothing (a new user saw a takeover warning after every clean run);
+    after a worker that did not stop, the warning stays (the test above)."""
+    root = tmp_path / "spool"
+    inner = FlakySink()
+    first = Spool.acquire(root, "sqlite:///x.db")
+    lines: list[str] = []
+    sink = SpoolingSink(inner, first, log=lines.append)
+    build_id = sink.register_build(BuildFingerprint())
+    done = sink.register_worker(build_id, "h", 1, "cpu")
+    sink.heartbeat(done, 3, status="stopped")
+    first.close()
+    successor = SpoolingSink(inner, Spool.acquire(root, "sqlite:///x.db"), log=lines.append)
+    successor.register_worker(build_id, "h", 2, "cpu")
+    assert successor.taken_over_worker_id is None and inner.workers[done]["status"] == "stopped"
+    assert not any("last used by" in line for line in lines), lines
+    successor.spool.close()
+
+
 def test_a_slot_is_held_by_one_worker_and_taken_over_after_it_dies(tmp_path) -> None:
     root = tmp_path / "spool"
     first = Spool.acquire(root, "sqlite:///x.db")
