@@ -296,7 +296,9 @@ class Worker:
     Args:
         config: `WorkerConfig`.
         sink: where results go (`fuzzer.results.ResultSink`).
-        example_db: Hypothesis example database (shared SQL one in production).
+        example_db: Hypothesis example database (shared SQL one in production) of the
+            minimisations (a shrink resumes from the best case a dead worker found); fuzz chunks
+            run without one (see `_run_chunk`).
         reporter: progress callbacks.
         fingerprint: the build to register (default: this machine's).
         journal: where in-flight evaluations are written down (`fuzzer.spool.Spool`); None
@@ -643,10 +645,16 @@ class Worker:
                     target(min(result.error_ratio, 1e6), label=f"{result.backend}:{result.variant}")
 
         test = given(self.strategy(chunk))(fuzz_case)
+        # No example database for fuzz chunks: with one, Hypothesis keeps a Pareto front of the
+        # target observations (every error ratio) and writes it back, which took about a quarter
+        # of a CPU case (pareto.add and its sort keys, 2.6 s of a 15 s run, cProfile; 1.39x
+        # cases/s without it, side by side, benchmarks/campaign_bench.py --compare). The test
+        # function never fails, so the database held only those target examples; known failures
+        # are replayed from their buckets (replay_known) and shrinking keeps its database.
         test = settings(
-            database=self.example_db,
+            database=None,
             max_examples=c.chunk_size,
-            phases=[Phase.reuse, Phase.generate, Phase.target],
+            phases=[Phase.generate, Phase.target],
             deadline=None,
             suppress_health_check=[HealthCheck.too_slow],  # kernels are slow; other checks flag strategy bugs
             verbosity=Verbosity.quiet,
