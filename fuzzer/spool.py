@@ -542,10 +542,23 @@ class SpoolingSink:
 
     def record_result(self, result: CaseResult, build_id: int, worker_id: int | None) -> BucketUpdate | None:
         """Store or spool ``result``; the `BucketUpdate` when stored now, None when spooled."""
-        written, value = self._write(
-            "record_result", {"result": result.to_json(), "build_id": build_id, "worker_id": worker_id}
-        )
-        if self.ledger is not None:
+        try:
+            written, value = self._write(
+                "record_result", {"result": result.to_json(), "build_id": build_id, "worker_id": worker_id}
+            )
+        except SinkFatalError:  # kept in the spool for a later run: reported as spooled, then the stop
+            self._ledger_results([result], build_id, worker_id, written=False)
+            raise
+        self._ledger_results([result], build_id, worker_id, written=written)
+        return value
+
+    def _ledger_results(self, results: list[CaseResult], build_id: int, worker_id: int | None, *, written: bool) -> None:
+        """One ``result`` line per result in the ledger (if any): ``written`` False for a result
+        kept in the spool, also when the write that spooled it then stops the worker (a database
+        that refuses writes): a later run flushes it, and the ledger must already name it."""
+        if self.ledger is None:
+            return
+        for result in results:
             self.ledger.write(
                 "result",
                 case_id=result.case_id,
@@ -558,7 +571,6 @@ class SpoolingSink:
                 worker_id=worker_id,
                 written=written,
             )
-        return value
 
     def record_case_results(
         self, case_json: dict[str, Any], origin: str, results: list[CaseResult], build_id: int, worker_id: int | None
@@ -578,35 +590,26 @@ class SpoolingSink:
                 "worker_id": worker_id,
             }
 
-        if not len(self.spool) and self._due():  # the usual case: straight to the database
-            try:
-                value = self._record_case_results(case_json, origin, results, build_id, worker_id)
-            except SinkUnavailableError as exc:
-                self._unavailable(exc)
-                written, value = self._write("record_case_results", payload())  # spooled: not due now
-            except SinkFatalError:
-                self.spool.append("record_case_results", payload())  # kept for a later run; the worker stops
-                self.spooled += 1
-                raise
+        try:
+            if not len(self.spool) and self._due():  # the usual case: straight to the database
+                try:
+                    value = self._record_case_results(case_json, origin, results, build_id, worker_id)
+                except SinkUnavailableError as exc:
+                    self._unavailable(exc)
+                    written, value = self._write("record_case_results", payload())  # spooled: not due now
+                except SinkFatalError:
+                    self.spool.append("record_case_results", payload())  # kept for a later run; the worker stops
+                    self.spooled += 1
+                    raise
+                else:
+                    self._available()
+                    written = True
             else:
-                self._available()
-                written = True
-        else:
-            written, value = self._write("record_case_results", payload())
-        if self.ledger is not None:
-            for result in results:
-                self.ledger.write(
-                    "result",
-                    case_id=result.case_id,
-                    build_id=build_id,
-                    backend=result.backend,
-                    variant=result.variant,
-                    phase=result.phase,
-                    status=result.status,
-                    signature=result.signature,
-                    worker_id=worker_id,
-                    written=written,
-                )
+                written, value = self._write("record_case_results", payload())
+        except SinkFatalError:  # spooled for a later run: reported as such before the worker stops
+            self._ledger_results(results, build_id, worker_id, written=False)
+            raise
+        self._ledger_results(results, build_id, worker_id, written=written)
         return list(value) if written else [None] * len(results)
 
     def _record_case_results(

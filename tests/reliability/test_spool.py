@@ -362,3 +362,37 @@ def test_a_slot_that_outlived_its_database_does_not_stop_the_next_worker(tmp_pat
     assert any("does not know" in line for line in lines)
     assert new_database.mark_worker_lost(worker_id + 99) is False
     successor.spool.close()
+
+
+@pytest.mark.parametrize("write", ["record_case_results", "record_result"])
+def test_results_spooled_by_a_write_the_database_refuses_are_in_the_ledger(tmp_path, write) -> None:
+    """A refused write (read-only or full database) keeps the entry in the spool and stops the
+    worker; a later run flushes it. The ledger names those results (written False) before the
+    stop, so stored and reported match after the flush (a CI run on a loaded machine saw results
+    stored but never reported after PostgreSQL was turned read-only)."""
+    import json
+
+    inner = FlakySink()
+    ledger = Ledger(tmp_path / "ledger.jsonl")
+    sink, _ = _sink(tmp_path, inner, ledger=ledger)
+    build_id = sink.register_build(BuildFingerprint())
+    worker_id = sink.register_worker(build_id, "h", 1, "cpu")
+    case = CASES[0]
+    results = [CaseResult(case.case_id, "b", variant, "pass") for variant in ("native", "buggy")]
+    inner.refusing = True
+    with pytest.raises(SinkFatalError):
+        if write == "record_case_results":
+            sink.record_case_results(case.to_json(), "fuzz", results, build_id, worker_id)
+        else:
+            sink.record_case(case.to_json(), "fuzz")
+    if write == "record_result":
+        with pytest.raises(SinkFatalError):
+            sink.record_result(results[0], build_id, worker_id)
+        results = results[:1]
+    lines = [json.loads(line) for line in (tmp_path / "ledger.jsonl").read_text().splitlines()]
+    reported = [(e["variant"], e["written"]) for e in lines if e["event"] == "result"]
+    assert reported == [(r.variant, False) for r in results]
+    assert sink.pending >= 1
+    inner.refusing = False
+    sink.flush()
+    assert len(inner.results) == len(results) and sink.pending == 0
