@@ -882,13 +882,7 @@ class ChildProcessExecutor:
                 return {name: str(exc) for name in self.backends if self._environment(name) == environment}
 
         if parallel and len(environments) > 1:
-            with self._lock:
-                if self._pool is None:
-                    self._pool = concurrent.futures.ThreadPoolExecutor(
-                        max_workers=len(environments), thread_name_prefix="attnfuzz-env"
-                    )
-                pool = self._pool
-            reports = list(pool.map(start, environments))
+            reports = list(self._thread_pool().map(start, environments))
         else:
             reports = [start(environment) for environment in environments]
         result: dict[str, str | None] = {}
@@ -938,18 +932,25 @@ class ChildProcessExecutor:
             return DeferredRun(self, case, inputs, tasks, timeout_s)
         self._check_idle()
         packed = pack_inputs(case, inputs)
+        pool = self._thread_pool()
+        with self._lock:
+            futures = {
+                environment: pool.submit(self._run_environment, environment, case, packed, tasks, indices, timeout_s)
+                for environment, indices in self._by_environment(tasks).items()
+            }
+            self._in_flight = run = _ChildRun(self, list(tasks), futures, _device_of(inputs))
+        return run
+
+    def _thread_pool(self) -> concurrent.futures.ThreadPoolExecutor:
+        """The executor's pool, one thread per environment, made on first use and kept until
+        `close` (a child dies with the thread that started it: ``PR_SET_PDEATHSIG``)."""
         with self._lock:
             if self._pool is None:
                 environments = {b.environment for b, _ in self.backends.values()}
                 self._pool = concurrent.futures.ThreadPoolExecutor(
                     max_workers=max(len(environments), 1), thread_name_prefix="attnfuzz-env"
                 )
-            futures = {
-                environment: self._pool.submit(self._run_environment, environment, case, packed, tasks, indices, timeout_s)
-                for environment, indices in self._by_environment(tasks).items()
-            }
-            self._in_flight = run = _ChildRun(self, list(tasks), futures, _device_of(inputs))
-        return run
+            return self._pool
 
     def _parallel_for(self, inputs: Any) -> bool:
         return self.parallel if self.parallel is not None else _device_of(inputs) == "cuda"

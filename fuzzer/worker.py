@@ -554,12 +554,20 @@ class Worker:
         accumulate), under it half do (a JIT backend compiles one kernel per key, and a free
         draw, which combines dtype, causal, windows, softcap, backward and layout, opens a new
         key nearly every time). See `TEMPLATE_SHARE_OVER` for why not 0.9."""
+        allowed_s = self._compile_allowance_s()
+        if allowed_s is None:
+            return "none"
+        return "over" if self.stats.compile_s > allowed_s else "under"
+
+    def _compile_allowance_s(self) -> float | None:
+        """Compile seconds the budget allows now: ``jit_share`` times the seconds since fuzzing
+        began (since the worker started, before that); None without a budget (``jit_share``
+        None or 1)."""
         c = self.config
         if c.jit_share is None or c.jit_share >= 1:
-            return "none"
+            return None
         started = self._fuzz_started if self._fuzz_started is not None else self._started
-        elapsed = self._clock() - started
-        return "over" if self.stats.compile_s > c.jit_share * elapsed else "under"
+        return c.jit_share * (self._clock() - started)
 
     def _compile_gated_tasks(self, case: AttentionCase) -> list[tuple[str, str]] | None:
         """The fuzz tasks of ``case`` under the compile gate: None (every variant of every usable
@@ -576,11 +584,9 @@ class Worker:
         children run side by side, the slowest decides). Per backend, because they compile side
         by side: te-fused's cuDNN graphs (21 s of 600) are not held back by FA4's 118 s. Gated
         tasks leave no result: they were not run."""
-        c = self.config
-        if c.jit_share is None or c.jit_share >= 1:
+        allowed_s = self._compile_allowance_s()
+        if allowed_s is None:
             return None
-        started = self._fuzz_started if self._fuzz_started is not None else self._started
-        allowed_s = c.jit_share * (self._clock() - started)
         over = {b.name for b in self.usable if b.jit_compiled and self.stats.compile_by_backend[b.name] > allowed_s}
         if not over:
             return None
