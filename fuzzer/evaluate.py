@@ -39,6 +39,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -192,6 +193,13 @@ class Evaluation:
         wait_s: wall seconds spent collecting the outcomes after the oracle (with a
             concurrent executor: what the oracle did not hide; else the whole run).
         judge_s: seconds spent comparing (reference preparation included).
+        task_timing_s: per backend, seconds by part outside the library calls
+            (`fuzzer.executor.TASK_TIMING_PARTS`, summed over this case's outcomes; empty in
+            process), plus ``run`` and ``compile``.
+        not_applicable: by backend, variants not considered: they send no distinct call for
+            this case (`fuzzer.backends.base.Backend.applicable_variants`); no result.
+        slowest: ``(backend, seconds)`` of the environment that took longest on this case (the
+            first backend of its tasks), or None without child timing.
     """
 
     case: AttentionCase
@@ -206,6 +214,21 @@ class Evaluation:
     compile_s: float = 0.0
     wait_s: float = 0.0
     judge_s: float = 0.0
+    task_timing_s: dict[str, dict[str, float]] = field(default_factory=dict)
+    slowest: tuple[str, float] | None = None
+    not_applicable: Counter = field(default_factory=Counter)
+
+    def note_timing(self, outcome: Any) -> None:
+        """Add ``outcome``'s run, compile and `fuzzer.executor.TaskOutcome.timing` parts to
+        `task_timing_s` (seconds) and keep the slowest environment (its ``env_wall``)."""
+        parts = self.task_timing_s.setdefault(outcome.backend, {})
+        parts["tasks"] = parts.get("tasks", 0.0) + 1
+        parts["run"] = parts.get("run", 0.0) + outcome.run_ms / 1000.0
+        parts["compile"] = parts.get("compile", 0.0) + outcome.compile_ms / 1000.0
+        for part, ms in (getattr(outcome, "timing", None) or {}).items():
+            parts[part] = parts.get(part, 0.0) + ms / 1000.0
+            if part == "env_wall" and (self.slowest is None or ms / 1000.0 > self.slowest[1]):
+                self.slowest = (outcome.backend, ms / 1000.0)
 
 
 def make_executor(
@@ -300,10 +323,26 @@ class Evaluator:
             tasks: explicit tasks (any loaded backend); None: every variant of every usable backend.
             phase: recorded with the unsupported results.
         """
+        runnable, unsupported, _ = self.split_applicable(case, tasks, phase)
+        return runnable, unsupported
+
+    def split_applicable(
+        self, case: AttentionCase, tasks: list[tuple[str, str]] | None = None, phase: str = "fuzz"
+    ) -> tuple[list[tuple[str, str]], list[CaseResult], Counter]:
+        """`split`, and the variants left out by backend: with ``tasks`` None, only the
+        `fuzzer.backends.base.Backend.applicable_variants` of each usable backend are
+        considered (no result for a variant that sends no distinct call for ``case``); explicit
+        ``tasks`` are all considered."""
         runnable: list[tuple[str, str]] = []
         unsupported: list[CaseResult] = []
+        left_out: Counter = Counter()
         if tasks is None:
-            tasks = [(b.name, v) for b in self.usable for v in b.variants]
+            tasks = []
+            for b in self.usable:
+                applicable = b.applicable_variants(case)
+                tasks.extend((b.name, v) for v in applicable)
+                left_out[b.name] += len(b.variants) - len(applicable)
+            left_out = +left_out
         for name, variant in tasks:
             backend = self.backends[name]
             reasons = backend.unsupported_reasons(case, variant)
@@ -311,7 +350,7 @@ class Evaluator:
                 unsupported.append(unsupported_result(case, backend, variant, reasons, phase))
             else:
                 runnable.append((name, variant))
-        return runnable, unsupported
+        return runnable, unsupported, left_out
 
     def evaluate(self, case: AttentionCase, phase: str = "fuzz", tasks: list[tuple[str, str]] | None = None) -> Evaluation:
         """Run ``case`` on ``tasks`` (default: every variant of every usable backend) and judge it.
@@ -327,8 +366,8 @@ class Evaluator:
         Raises:
             fuzzer.executor.ExecutorError: the executor could not start a child (as its ``run``).
         """
-        runnable, results = self.split(case, tasks, phase)
-        evaluation = Evaluation(case=case, results=results, runnable=len(runnable))
+        runnable, results, left_out = self.split_applicable(case, tasks, phase)
+        evaluation = Evaluation(case=case, results=results, runnable=len(runnable), not_applicable=left_out)
         if not runnable:
             return evaluation
         try:
@@ -350,6 +389,7 @@ class Evaluator:
         for outcome in outcomes:
             evaluation.kernel_s += outcome.run_ms / 1000.0
             evaluation.compile_s += outcome.compile_ms / 1000.0
+            evaluation.note_timing(outcome)
             try:
                 result, twin_result = self._judge_one(case, prepared, outcome, oracle_ms, phase)
             except Exception as exc:

@@ -42,6 +42,7 @@ Protocol (parent -> child): ``("run", case_json, pack_inputs(case, inputs), [(ba
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import multiprocessing
 import os
 import re
@@ -75,6 +76,21 @@ _HOST_OOM_MARKERS = ("can't allocate memory", "not enough memory")
 _PR_SET_PDEATHSIG = 1
 #: ``exception_type`` (so signature ``error:declaration_gap``) of a `DeclarationGapError`.
 DECLARATION_GAP = "declaration_gap"
+#: The parts of `TaskOutcome.timing` (milliseconds), where a child's task spends time besides the
+#: library call (``run_ms``/``compile_ms``). Child side: ``unpack`` (the message's inputs rebuilt,
+#: on the first task of a message), ``to_device`` (inputs moved to the backend's device),
+#: ``pack`` (the output to the host and packed), ``runtime`` (the check for newly loaded runtime
+#: libraries). Parent side: ``send_wait`` (waiting for the send lock), ``send`` (pickling and
+#: writing the message), ``deliver`` (from the send to the child's first "start": its read and
+#: ``unpack``), ``transfer`` (a task's round trip less the child's own parts: pipes, pickling,
+#: scheduling), ``collect`` (the output unpacked and moved to the worker's device),
+#: ``env_wall`` (on an environment's first outcome of a run: its whole wall time).
+TASK_TIMING_PARTS = (
+    "unpack", "to_device", "pack", "runtime", "send_wait", "send", "deliver", "transfer", "collect", "env_wall",
+)
+#: Set to a directory: every child profiles its serving loop (cProfile) and writes
+#: ``child-<backends>-<pid>.prof`` there when it stops (diagnostics; `benchmarks/gpu/`).
+PROFILE_DIR_ENV = "ATTNFUZZ_PROFILE_DIR"
 BYTES_TRANSPORT_MAX = 8 * 2**20  # bytes: tensors up to this size travel as bytes, larger ones as handles
 THREADS_ENV = "ATTNFUZZ_TORCH_THREADS"
 PARALLEL_ENV = "ATTNFUZZ_PARALLEL_CHILDREN"
@@ -264,6 +280,8 @@ class TaskOutcome:
             `DeclarationGapError`: the library refused a case the adapter declared runnable).
         runtime: set by a child when this call loaded runtime libraries it had not reported yet
             (`child_runtime`, by backend name); the executor attributes later results to it.
+        timing: where the task's time went outside the call itself, milliseconds by part (empty
+            in process): `TASK_TIMING_PARTS`. Diagnostics only; never judged or stored.
     """
 
     backend: str
@@ -275,6 +293,7 @@ class TaskOutcome:
     detail: str = ""
     exception_type: str = ""
     runtime: dict[str, dict[str, str]] | None = None
+    timing: dict[str, float] = field(default_factory=dict)
 
     def twin_outcome(self) -> TaskOutcome | None:
         """The outcome of the same task on this case's non-CP twin, run beside it: None here; a
@@ -308,8 +327,20 @@ def run_task(backend: Backend, case: AttentionCase, inputs: Any, variant: str) -
     """
     import torch
 
+    moved = time.perf_counter()
     inputs = inputs_on(inputs, backend.device)
     start = time.perf_counter()
+    to_device_ms = (start - moved) * 1000.0
+    outcome = _run_task_call(backend, case, inputs, variant, start)
+    outcome.timing["to_device"] = to_device_ms
+    return outcome
+
+
+def _run_task_call(backend: Backend, case: AttentionCase, inputs: Any, variant: str, start: float) -> TaskOutcome:
+    """The call of `run_task`, ``inputs`` already on the backend's device (``start``: its
+    ``time.perf_counter()``)."""
+    import torch
+
     try:
         output = backend.run(case, inputs, variant)
         if backend.device == "cuda":
@@ -585,6 +616,25 @@ def _child_main(conn, specs: list[tuple[str, str]], env_vars: dict[str, str], lo
     if conflict:  # results of this process could not be attributed to one cuDNN
         availability = {name: reason or conflict for name, reason in availability.items()}
     conn.send(("ready", availability, runtime))
+    profile_dir = os.environ.get(PROFILE_DIR_ENV)
+    if profile_dir:  # diagnostics: this child's serving loop under cProfile, written at its end
+        import cProfile
+
+        profiler = cProfile.Profile()
+        profiler.enable()
+        try:
+            _serve(conn, backends, Case, seen, watch_runtime)
+        finally:
+            profiler.disable()
+            with contextlib.suppress(OSError):
+                os.makedirs(profile_dir, exist_ok=True)
+                profiler.dump_stats(os.path.join(profile_dir, f"child-{'+'.join(backends)}-{os.getpid()}.prof"))
+        return
+    _serve(conn, backends, Case, seen, watch_runtime)
+
+
+def _serve(conn, backends: dict[str, Backend], Case: type, seen: frozenset[str], watch_runtime: bool) -> None:
+    """A child's loop: serve ``run`` messages until ``stop`` or the pipe closes."""
     while True:
         try:
             message = conn.recv()
@@ -593,17 +643,25 @@ def _child_main(conn, specs: list[tuple[str, str]], env_vars: dict[str, str], lo
         if message[0] == "stop":
             return
         _, case_json, packed, tasks = message
+        t_unpack = time.perf_counter()
         case = Case.from_json(case_json)
         inputs = unpack_inputs(packed)
+        unpack_ms = (time.perf_counter() - t_unpack) * 1000.0
         for i, (name, variant) in enumerate(tasks):
             conn.send(("start", i))
             outcome = run_task(backends[name], case, inputs, variant)
+            t_pack = time.perf_counter()
             if outcome.output is not None:
                 outcome.output = pack_output(_output_to(outcome.output, "cpu"))
+            t_runtime = time.perf_counter()
             # the runtime libraries are CUDA ones: a child of CPU backends loads none lazily
             now_seen = _mapped_runtime_files() if watch_runtime else seen
             if now_seen != seen:  # a library loaded lazily by this call: report it with the outcome
                 seen, outcome.runtime = now_seen, child_runtime(backends)
+            outcome.timing["pack"] = (t_runtime - t_pack) * 1000.0
+            outcome.timing["runtime"] = (time.perf_counter() - t_runtime) * 1000.0
+            if i == 0:
+                outcome.timing["unpack"] = unpack_ms
             conn.send(("done", i, outcome))
             exit_if_crashed(outcome)  # the CUDA context is poisoned: die, be restarted
             release_after_oom(outcome)
@@ -703,6 +761,20 @@ def _tail(path: str, lines: int = _STDERR_TAIL_LINES) -> str:
     except OSError:
         return ""
     return "\n".join(deque(text.splitlines(), maxlen=lines))
+
+
+def _note_parent_timing(outcome: Any, parent_ms: dict[str, float] | None, t_start: float | None) -> None:
+    """Add the parent's parts to a child's ``outcome.timing`` (`TASK_TIMING_PARTS`): the
+    message's send parts (``parent_ms``, on its first outcome) and the task's ``transfer``, its
+    round trip from "start" to "done" less what the child measured itself."""
+    timing = getattr(outcome, "timing", None)
+    if not isinstance(timing, dict):  # an outcome from another build of the child: no timing
+        return
+    if parent_ms:
+        timing.update(parent_ms)
+    if t_start is not None:
+        own = outcome.run_ms + outcome.compile_ms + sum(timing.get(k, 0.0) for k in ("to_device", "pack", "runtime"))
+        timing["transfer"] = max((time.perf_counter() - t_start) * 1000.0 - own, 0.0)
 
 
 @dataclass
@@ -914,7 +986,7 @@ class ChildProcessExecutor:
         packed = pack_inputs(case, inputs)
         outcomes: dict[int, TaskOutcome] = {}
         for environment, indices in self._by_environment(tasks).items():
-            outcomes.update(self._run_environment(environment, case, packed, tasks, indices, timeout_s))
+            outcomes.update(self._timed_environment(environment, case, packed, tasks, indices, timeout_s))
         return self._collected(tasks, outcomes, _device_of(inputs))
 
     def submit(self, case: AttentionCase, inputs: Any, tasks: list[tuple[str, str]], timeout_s: float) -> Any:
@@ -935,7 +1007,7 @@ class ChildProcessExecutor:
         pool = self._thread_pool()
         with self._lock:
             futures = {
-                environment: pool.submit(self._run_environment, environment, case, packed, tasks, indices, timeout_s)
+                environment: pool.submit(self._timed_environment, environment, case, packed, tasks, indices, timeout_s)
                 for environment, indices in self._by_environment(tasks).items()
             }
             self._in_flight = run = _ChildRun(self, list(tasks), futures, _device_of(inputs))
@@ -995,22 +1067,38 @@ class ChildProcessExecutor:
         """The outcomes in task order, outputs unpacked and on ``device``."""
         result = [outcomes[i] for i in range(len(tasks))]
         for outcome in result:
+            t0 = time.perf_counter()
             outcome.output = unpack_output(outcome.output)
             if outcome.output is not None and device != "cpu":
                 outcome.output = _output_to(outcome.output, device)
+            outcome.timing["collect"] = (time.perf_counter() - t0) * 1000.0
         return result
+
+    def _timed_environment(self, environment, case, packed, tasks, indices, timeout_s) -> dict[int, TaskOutcome]:
+        """`_run_environment`, its wall time noted as ``env_wall`` on its first outcome."""
+        t0 = time.perf_counter()
+        outcomes = self._run_environment(environment, case, packed, tasks, indices, timeout_s)
+        first = outcomes.get(indices[0]) if indices else None
+        if first is not None:
+            first.timing["env_wall"] = (time.perf_counter() - t0) * 1000.0
+        return outcomes
 
     def _run_in_child(self, environment, case, inputs, tasks, pending, timeout_s, outcomes) -> list[int]:
         """Send ``pending`` tasks to the environment's child (``inputs`` packed by `pack_inputs`);
         return those left after a crash."""
         child = self._child(environment)
         batch = [tasks[i] for i in pending]
+        t_lock = time.perf_counter()
         try:
             with self._send_lock:
+                t_send = time.perf_counter()
                 child.conn.send(("run", case.to_json(), inputs, batch))
         except (BrokenPipeError, OSError):
             self._kill(environment)
             return pending
+        t_sent = time.perf_counter()
+        parent_ms = {"send_wait": (t_send - t_lock) * 1000.0, "send": (t_sent - t_send) * 1000.0}
+        t_start: float | None = None  # perf_counter of the current task's "start"
         current: int | None = None
         started_at = time.monotonic()
         while True:
@@ -1047,8 +1135,14 @@ class ChildProcessExecutor:
             if message[0] == "start":
                 current = message[1]
                 started_at = time.monotonic()
+                t_start = time.perf_counter()
+                if parent_ms is not None:
+                    parent_ms["deliver"] = (t_start - t_sent) * 1000.0
             elif message[0] == "done":
-                outcomes[pending[message[1]]] = message[2]
+                outcome = message[2]
+                _note_parent_timing(outcome, parent_ms, t_start)
+                parent_ms = None  # the message's parts go on its first outcome
+                outcomes[pending[message[1]]] = outcome
                 self._note_runtime(getattr(message[2], "runtime", None))
                 current = None
                 if message[1] == len(batch) - 1:

@@ -50,6 +50,7 @@ from typing import Any
 from hypothesis import HealthCheck, Phase, Verbosity, event, given, seed, settings, target
 from hypothesis import strategies as st
 from hypothesis.database import ExampleDatabase
+from hypothesis.errors import Unsatisfiable
 
 from fuzzer.backends.base import Backend
 from fuzzer.backends.cp_layout import cp_unsupported_reasons
@@ -258,6 +259,12 @@ class WorkerStats:
     compile_by_backend: Counter = field(default_factory=Counter)  # backend -> compile seconds (fuzz phase)
     template_chunks: Counter = field(default_factory=Counter)  # "over" / "under" / "none": chunks by budget state
     compile_gated: Counter = field(default_factory=Counter)  # JIT backend -> fuzz tasks not run: a new kernel while over budget
+    # backend -> part -> seconds of its fuzz tasks outside the library calls (Evaluation.task_timing_s)
+    task_timing_s: dict = field(default_factory=dict)
+    slowest_cases: Counter = field(default_factory=Counter)  # backend -> fuzz cases its environment finished last
+    slowest_s: Counter = field(default_factory=Counter)  # backend -> that environment's wall seconds on those cases
+    not_applicable: Counter = field(default_factory=Counter)  # backend -> variants not run: no distinct call for the case
+    unsatisfiable_chunks: int = 0  # chunks in which every draw was filtered out (no case run)
 
     @property
     def compile_share(self) -> float:
@@ -274,6 +281,21 @@ class WorkerStats:
     @property
     def cases_per_s(self) -> float:
         return self.cases / self.wall_s if self.wall_s > 0 else 0.0
+
+
+def _target_runs(backend: Backend, case: AttentionCase) -> bool:
+    """Whether ``backend`` runs ``case`` in at least one variant (no `unsupported_reasons`): the
+    filter of a draw for it. `Capabilities` are coarse (a range and a multiple of head_dim, a
+    set of alignments); the adapters' own rules are finer (cuDNN SDPA: head_dim >= 16 and
+    seqlen_k > 1; TE on FlashAttention: no top-left causal mask with seqlen_q != seqlen_k), and
+    a draw for a backend that the backend then refuses was wasted: on the H200 (2026-12-01) 64
+    draws for torch-sdpa-cudnn gave it 53 cases in all. Hypothesis draws again (three tries,
+    then the example is discarded, not run). A plugin whose check raises counts as running it
+    (the evaluation then records what happens)."""
+    try:
+        return any(not backend.unsupported_reasons(case, v) for v in backend.applicable_variants(case))
+    except Exception:  # noqa: BLE001 - a plugin's check must not stop the fuzz loop
+        return True
 
 
 class Reporter:
@@ -592,9 +614,12 @@ class Worker:
             return None
         tasks: list[tuple[str, str]] = []
         gated = 0
+        left_out: Counter = Counter()
         for backend in self.usable:
             built = self.stats.kernel_keys.get(backend.name, ())
-            for variant in backend.variants:
+            applicable = backend.applicable_variants(case)  # as Evaluator.split_applicable: no result for the others
+            left_out[backend.name] += len(backend.variants) - len(applicable)
+            for variant in applicable:
                 if backend.name in over and case.cp_size == 1 and not backend.unsupported_reasons(case, variant):
                     try:
                         key = backend.kernel_key(case, variant)
@@ -605,6 +630,8 @@ class Worker:
                         gated += 1
                         continue
                 tasks.append((backend.name, variant))
+        if gated:
+            self.stats.not_applicable.update(+left_out)
         return tasks if gated else None
 
     def _with_templates(self, name: str, common: dict[str, Any], share: float | None) -> dict[str, Any]:
@@ -628,8 +655,11 @@ class Worker:
             mine = [k for k in cache if k[0] == name]
             for old in mine[: max(0, len(mine) - MAX_STRATEGIES_PER_TARGET + 1)]:
                 del cache[old]
-            cache[key] = attention_cases(capabilities=self.backends[name].capabilities, **common).map(
-                lambda case, name=name: (name, case)
+            backend = self.backends[name]
+            cache[key] = (
+                attention_cases(capabilities=backend.capabilities, **common)
+                .filter(lambda case, backend=backend: _target_runs(backend, case))
+                .map(lambda case, name=name: (name, case))
             )
         return cache[key]
 
@@ -662,13 +692,18 @@ class Worker:
             max_examples=c.chunk_size,
             phases=[Phase.generate, Phase.target],
             deadline=None,
-            suppress_health_check=[HealthCheck.too_slow],  # kernels are slow; other checks flag strategy bugs
+            # kernels are slow; a draw for one backend is filtered to what it runs (_target_runs),
+            # which a backend with narrow rules may reject often; other checks flag strategy bugs
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
             verbosity=Verbosity.quiet,
             report_multiple_bugs=False,
         )(test)
         if c.seed is not None:
             test = seed(c.seed * 1_000_003 + chunk)(test)
-        test()
+        try:
+            test()
+        except Unsatisfiable:  # every draw of the chunk was filtered out (_target_runs): draw the next chunk
+            self.stats.unsatisfiable_chunks += 1
 
     # ------------------------------------------------------------------ evaluation
     def tasks_for(self, case: AttentionCase) -> tuple[list[tuple[str, str]], list[CaseResult]]:
@@ -705,6 +740,13 @@ class Worker:
             self.stats.inputs_s += evaluation.inputs_s
             self.stats.wait_s += evaluation.wait_s
             self.stats.judge_s += evaluation.judge_s
+            for backend, parts in evaluation.task_timing_s.items():
+                mine = self.stats.task_timing_s.setdefault(backend, Counter())
+                mine.update(parts)
+            if evaluation.slowest is not None:
+                self.stats.slowest_cases[evaluation.slowest[0]] += 1
+                self.stats.slowest_s[evaluation.slowest[0]] += evaluation.slowest[1]
+            self.stats.not_applicable.update(evaluation.not_applicable)
             self.stats.cases += 1
             if evaluation.runnable and case.head_dim not in self._head_dim_pool and len(self._head_dim_pool) < self.config.kernel_pool_size:
                 self._head_dim_pool.append(case.head_dim)

@@ -302,6 +302,33 @@ class Backend(abc.ABC):
             reasons.append("context parallelism (cp_size > 1)")
         return reasons
 
+    def inapplicable_reasons(self, case: AttentionCase, variant: str) -> list[str]:
+        """Why ``variant`` is no distinct call of this library for ``case`` (empty = it is one):
+        it cannot encode the case's mask (a causal-only encoding for a non-causal case, a mask
+        tensor for a case without a mask) or it sends exactly the call another variant sends.
+        These reasons are also among `unsupported_reasons`.
+
+        The worker does not run such a variant and records no result for it, as long as some
+        other variant of the backend is applicable to the case (`applicable_variants`): the
+        case is then covered by that variant's call, and an ``unsupported`` result would only
+        say that two names mean one call. The default: every variant applies.
+        """
+        return []
+
+    def applicable_variants(self, case: AttentionCase) -> tuple[str, ...]:
+        """The variants with no `inapplicable_reasons` for ``case``, in order; all of them when
+        none applies (the backend cannot encode the case at all: each variant then gets its
+        ``unsupported`` result). A plugin's exception counts as "applies"."""
+        applicable = []
+        for variant in self.variants:
+            try:
+                if self.inapplicable_reasons(case, variant):
+                    continue
+            except Exception:  # noqa: BLE001 - a plugin's check must not drop a variant silently
+                pass
+            applicable.append(variant)
+        return tuple(applicable) or tuple(self.variants)
+
     def supports(self, case: AttentionCase, variant: str | None = None) -> str | None:
         """None when ``case`` runs with ``variant`` (default: the first), else the reasons joined."""
         reasons = self.unsupported_reasons(case, variant or self.variants[0])

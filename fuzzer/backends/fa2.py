@@ -172,9 +172,14 @@ class FA2Backend(Backend):
         has_window = case.window_size_left is not None or case.window_size_right is not None
         if has_window and not case.causal and case.causal_alignment != "bottom_right":
             reasons.append("FA2 aligns sliding windows bottom-right only")
-        if variant == "causal_as_window" and not case.causal:
-            reasons.append("causal_as_window: the case is not causal")
+        reasons.extend(self.inapplicable_reasons(case, variant))
         return reasons
+
+    def inapplicable_reasons(self, case: AttentionCase, variant: str) -> list[str]:
+        """``causal_as_window`` encodes causality only: no distinct call for a non-causal case."""
+        if variant == "causal_as_window" and not case.causal:
+            return ["causal_as_window: the case is not causal"]
+        return []
 
     def run(self, case: AttentionCase, inputs: Any, variant: str) -> BackendOutput:
         """Call flash_attn_func / flash_attn_varlen_func with the variant's encoding.

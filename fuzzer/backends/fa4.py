@@ -370,6 +370,11 @@ class FA4Backend(Backend):
         reasons.extend(fa4_variant_reasons(case, variant))
         return reasons
 
+    def inapplicable_reasons(self, case: AttentionCase, variant: str) -> list[str]:
+        """`fa4_variant_reasons`: the variant cannot encode the mask, or sends an earlier
+        variant's call."""
+        return fa4_variant_reasons(case, variant)
+
     def kernel_key(self, case: AttentionCase, variant: str) -> tuple:
         """The base key plus the GQA ratio and the q-tile staging FA4 compiles in."""
         return super().kernel_key(case, variant) + (case.group_size, case.seqlen_q * case.group_size > 128)

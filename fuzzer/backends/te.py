@@ -562,6 +562,11 @@ class TEBackend(Backend):
         reasons.extend(te_cp_unsupported_reasons(case, self.sub_backend))
         return reasons
 
+    def inapplicable_reasons(self, case: AttentionCase, variant: str) -> list[str]:
+        """`te_variant_reasons`: the variant cannot encode the mask, or sends an earlier
+        variant's call."""
+        return te_variant_reasons(case, variant)
+
     # ------------------------------------------------------------------ execution
     def _module(self, case: AttentionCase, variant: str, dtype: Any, device: Any) -> tuple[Any, dict]:
         te = importlib.import_module(TE_MODULE)

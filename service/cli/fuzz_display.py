@@ -144,6 +144,21 @@ def _coverage_data(stats: WorkerStats, top: int = 3) -> dict:
     }
 
 
+def _children_data(stats: WorkerStats) -> dict:
+    """Per backend, where its fuzz tasks' time went (seconds, `fuzzer.executor.TASK_TIMING_PARTS`
+    plus ``run``/``compile`` and ``tasks``) and how often its environment was the case's slowest
+    (``slowest_cases``, ``slowest_s``: the wall seconds of those)."""
+    names = sorted(set(stats.task_timing_s) | set(stats.slowest_cases))
+    return {
+        name: {
+            **{part: round(v, 4) for part, v in sorted(stats.task_timing_s.get(name, {}).items())},
+            "slowest_cases": stats.slowest_cases.get(name, 0),
+            "slowest_s": round(stats.slowest_s.get(name, 0.0), 4),
+        }
+        for name in names
+    }
+
+
 def summary_data(stats: WorkerStats, url: str, *, interrupted: bool = False, spool: dict | None = None) -> dict:
     """The fuzz summary as JSON-ready data (``attnfuzz fuzz --json``); times in seconds."""
     shrunk = dict(stats.minimised)
@@ -189,6 +204,9 @@ def summary_data(stats: WorkerStats, url: str, *, interrupted: bool = False, spo
         "budget_chunks": dict(sorted(stats.template_chunks.items())),  # chunks over / under / without the budget
         # JIT tasks left out while over the budget (a new kernel to build), by backend
         "compile_gated": dict(sorted(stats.compile_gated.items())),
+        # variants not run because they send no distinct call for the case (no result), by backend
+        "not_applicable": dict(sorted(stats.not_applicable.items())),
+        "children": _children_data(stats),
         "new_buckets": buckets,
         "spool": spool or {},
     }

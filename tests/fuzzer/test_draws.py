@@ -320,7 +320,9 @@ def test_the_live_display_and_summary_show_runnable_cases_and_reasons():
     console.print(RichReporter(None, 6)._render(stats))
     text = console.export_text()
     assert "cases run" in text and "top unsupported reasons" in text
-    top = top_reasons(stats.unsupported, "torch-cpu-math", 1)
+    # the narrow stand-in refuses the draws for torch-cpu-math (bf16/fp16, larger head dims);
+    # torch-cpu-math's own variant reasons are no results any more (Backend.applicable_variants)
+    top = top_reasons(stats.unsupported, "standin-ok", 1) or top_reasons(stats.unsupported, "torch-cpu-math", 1)
     assert top and top[0][0][:30] in text
     assert dataclasses.is_dataclass(stats)
 
@@ -340,3 +342,69 @@ def test_no_drawn_case_is_refused_by_the_oracle_memory_bound(monkeypatch):
         assert case.oracle_working_set_bytes <= 2**24
 
     check()
+
+
+class _FinickyBackend(Backend):
+    """A stand-in with a rule its Capabilities do not declare: it refuses head_dim < 32 (as
+    cuDNN SDPA refuses head_dim < 16), and it has a second variant that encodes causal cases
+    only (like FA4's ``causal_as_window``)."""
+
+    name = "standin-finicky"
+    device = "cpu"
+    variants = ("native", "causal_only")
+    capabilities = Capabilities(dtypes=("float32",), max_head_dim=64, max_seqlen=32, backward=False)
+
+    def unsupported_reasons(self, case, variant):
+        reasons = super().unsupported_reasons(case, variant)
+        if case.head_dim < 32:
+            reasons.append(f"head_dim {case.head_dim} < 32")
+        return reasons + self.inapplicable_reasons(case, variant)
+
+    def inapplicable_reasons(self, case, variant):
+        return ["causal_only: the case is not causal"] if variant == "causal_only" and not case.causal else []
+
+    def run(self, case, inputs, variant):  # correct: the oracle's own formula
+        from oracle.reference import reference
+
+        ref = reference(case, inputs, backward=False)
+        from fuzzer.backends.base import BackendOutput
+
+        return BackendOutput(out=ref.out.to(inputs.q.dtype), lse=ref.lse.float())
+
+
+def test_every_case_drawn_for_a_backend_runs_on_it_even_under_rules_its_capabilities_omit():
+    """A draw for a target is filtered to cases the target runs (`fuzzer.worker._target_runs`):
+    with a head_dim rule outside its Capabilities, every case drawn for the stand-in runs on it
+    (without the filter about half of the head dims up to 64 are below 32)."""
+    backend = _FinickyBackend()
+    config = WorkerConfig(backends=[(backend, "tests.fuzzer.test_draws:_FinickyBackend")], isolation="none", seed=3,
+                          max_cases=25, time_budget_s=None, shrink=False, replay_known=False)
+    stats = Worker(config, MemorySink()).run()
+    assert stats.cases == 25 and stats.targeted["standin-finicky"] == 25
+    assert stats.runnable["standin-finicky"] == 25, dict(stats.unsupported)
+
+
+def test_a_variant_with_no_distinct_call_leaves_no_result_unless_no_variant_applies():
+    """`Backend.applicable_variants`: a non-causal case gets no ``causal_only`` result (counted
+    as not applicable); if every variant were inapplicable, each would still be answered."""
+    from fuzzer.evaluate import Evaluator
+
+    backend = _FinickyBackend()
+    plain = AttentionCase(seqlen_q=4, seqlen_k=4, head_dim=32, dtype="float32", backward=False)
+    causal = dataclasses.replace(plain, causal=True)
+    assert backend.applicable_variants(plain) == ("native",)
+    assert backend.applicable_variants(causal) == ("native", "causal_only")
+    evaluator = Evaluator([(backend, "tests.fuzzer.test_draws:_FinickyBackend")], isolation="none")
+    runnable, unsupported, left_out = evaluator.split_applicable(plain)
+    assert runnable == [("standin-finicky", "native")] and not unsupported and left_out == {"standin-finicky": 1}
+    runnable, unsupported, left_out = evaluator.split_applicable(causal)
+    assert len(runnable) == 2 and not left_out
+    # asked for by name, the inapplicable variant is answered: unsupported, with its reason
+    runnable, unsupported, _ = evaluator.split_applicable(plain, [("standin-finicky", "causal_only")])
+    assert not runnable and "not causal" in unsupported[0].detail
+
+    class NothingApplies(_FinickyBackend):
+        def inapplicable_reasons(self, case, variant):
+            return ["never"]
+
+    assert NothingApplies().applicable_variants(plain) == ("native", "causal_only")

@@ -249,3 +249,32 @@ def test_a_submitted_run_is_collected_before_the_next_and_log_names_stay_unique(
     assert [o.status for o in outcomes] == [o.status for o in again] == ["ok"] * 3
     logs = sorted(p.name for p in (tmp_path / "logs").iterdir())
     assert len(logs) == 3 and len({name.split(".")[1] for name in logs}) == 3, logs  # three children, three numbers
+
+
+def test_a_child_outcome_says_where_its_time_went_outside_the_call(tmp_path: Path) -> None:
+    """Each outcome of a child carries the parts of `TASK_TIMING_PARTS` it went through: the
+    message's send and unpack on its first task, packing, the transfer and the collect on every
+    task, and the environment's wall time on its first; an evaluation sums them per backend and
+    names the slowest environment. A planted slow packing shows up as ``pack``, not as ``run``."""
+    from fuzzer.evaluate import Evaluation
+    from fuzzer.executor import TASK_TIMING_PARTS, ChildProcessExecutor
+    from oracle.inputs import make_inputs
+
+    backends = registry.select([], ["tests.fuzzer.standins:CorrectBackend"])
+    tasks = [("standin-ok", "native"), ("standin-ok", "native")]
+    with ChildProcessExecutor(backends, parallel=True) as executor:
+        outcomes = executor.run(SMALL, make_inputs(SMALL), tasks, GENEROUS_TIMEOUT_S)
+    assert [o.status for o in outcomes] == ["ok", "ok"]
+    first, second = (o.timing for o in outcomes)
+    assert set(first) <= set(TASK_TIMING_PARTS) and set(second) <= set(TASK_TIMING_PARTS)
+    assert {"send", "deliver", "unpack", "to_device", "pack", "runtime", "transfer", "collect", "env_wall"} <= set(first)
+    assert "env_wall" not in second and "send" not in second and {"pack", "transfer", "collect"} <= set(second)
+    assert all(v >= 0 for t in (first, second) for v in t.values())
+    # the environment's wall time holds both tasks' calls
+    assert first["env_wall"] >= (outcomes[0].run_ms + outcomes[1].run_ms) * 0.99
+    evaluation = Evaluation(case=SMALL)
+    for outcome in outcomes:
+        evaluation.note_timing(outcome)
+    parts = evaluation.task_timing_s["standin-ok"]
+    assert parts["tasks"] == 2 and parts["pack"] == pytest.approx((first["pack"] + second["pack"]) / 1000.0)
+    assert evaluation.slowest == ("standin-ok", pytest.approx(first["env_wall"] / 1000.0))
