@@ -353,6 +353,11 @@ class PreparedTensor:
         base2_tiles, scale2_tiles, allowed_tiles: float64 ``[G, T]``.
         overflow: float64 ``[G, R, F]``: ``+-inf`` where the reference, rounded to the rounding
             dtype, overflows (the correctly rounded result is that infinity), else 0.
+        masked_count: entries of ``expect_masked``.
+        all_judged: every entry is judged (``ref_finite`` all true, nothing overflowed): the
+            judging then skips the masks.
+        tiles_positive: every allowed tile error is ``> 0`` (so ``err / allowed`` is 0 where the
+            error is).
     """
 
     name: str
@@ -385,14 +390,31 @@ class PreparedTensor:
     allowed_tiles: torch.Tensor
     overflow: torch.Tensor | None = None
     judged: torch.Tensor | None = None  # ref_finite less the overflowed entries (None: ref_finite)
+    masked_count: int | None = None  # None: count expect_masked when judging
+    all_judged: bool = False
+    tiles_positive: bool = False
 
     def to_grid(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` (shaped like the reference) as ``[G, R, F]``."""
         return x.permute(self.perm).reshape(self.num_groups, self.num_rows, self.num_features)
 
+    def to_grid_float64(self, x: torch.Tensor) -> torch.Tensor:
+        """``to_grid(x.to(self.device, float64))`` in one copy (the cast and the permutation
+        together; none when ``x`` is already a float64 grid): the same values."""
+        x = x.detach()
+        if x.device != self.device:
+            x = x.to(self.device)
+        view = x.permute(self.perm)
+        if x.dtype == torch.float64 and view.is_contiguous():
+            return view.reshape(self.num_groups, self.num_rows, self.num_features)
+        grid = torch.empty(view.shape, dtype=torch.float64, device=self.device)
+        grid.copy_(view)
+        return grid.view(self.num_groups, self.num_rows, self.num_features)
+
     def tiles(self, x: torch.Tensor) -> torch.Tensor:
         """Row sums ``[G, R]`` -> tile sums ``[G, T]``."""
-        return torch.nn.functional.pad(x, (0, self.pad)).view(self.num_groups, self.num_tiles, self.tile_rows).sum(-1)
+        x = torch.nn.functional.pad(x, (0, self.pad)) if self.pad else x.contiguous()  # the layout pad gives
+        return x.view(self.num_groups, self.num_tiles, self.tile_rows).sum(-1)
 
 
 @torch.no_grad()
@@ -473,6 +495,7 @@ def prepare_tensor(
         return torch.nn.functional.pad(x, (0, pad)).view(num_groups, num_tiles, tile_rows).sum(-1)
 
     base2_tiles, scale2_tiles = tiles(base2_rows), tiles(scale2_rows)
+    allowed_tiles = allowed_for(base2_tiles, scale2_tiles, tile_rows * num_features)
     return PreparedTensor(
         name=name, dtype=dtype, shape=shape, row_dim=row_dim, tile_rows=tile_rows, u=u, floor=floor,
         factor=factor, group_dims=tuple(group_dims), group_shape=group_shape, has_features=has_features,
@@ -481,9 +504,12 @@ def prepare_tensor(
         ref_finite=ref_finite, ref_finite_any=bool(ref_finite.any()), floor_global=floor_global,
         allowed_global=allowed_global, ref_norm=float(ref2_rows.sum().sqrt()), base2_tiles=base2_tiles,
         scale2_tiles=scale2_tiles,
-        allowed_tiles=allowed_for(base2_tiles, scale2_tiles, tile_rows * num_features),
+        allowed_tiles=allowed_tiles,
         overflow=overflow,
         judged=judged,
+        masked_count=int(expect_masked.sum()),
+        all_judged=judged is None and bool(ref_finite.all()),
+        tiles_positive=bool((allowed_tiles > 0).all()),
     )
 
 
@@ -502,14 +528,20 @@ def judge_tensor(prepared: PreparedTensor, actual: torch.Tensor) -> TensorVerdic
     u, tile_rows, num_rows, num_features = p.u, p.tile_rows, p.num_rows, p.num_features
     num_groups, num_tiles = p.num_groups, p.num_tiles
     ref_v, ref_finite, expect_masked = p.ref_v, p.ref_finite, p.expect_masked
-    act = p.to_grid(actual.detach().to(device=p.device, dtype=torch.float64))
-    act_finite = torch.isfinite(act)
-    if bool(act_finite.all()):  # the usual case: no NaN or infinity to look for (same figures, fewer ops)
+    act = p.to_grid_float64(actual)
+    # all finite (the usual case): a finite sum has no NaN or infinity among its terms; a sum that
+    # overflowed is told apart by the full test
+    all_finite = math.isfinite(float(act.sum())) or bool(torch.isfinite(act).all())
+    valid = None  # None: every entry is judged (diff needs no mask)
+    if all_finite:  # no NaN or infinity to look for (same figures, fewer ops)
         unexpected = expect_masked  # a finite value on a row that sees no key
-        counts = {"nan": 0, "posinf": 0, "neginf": 0, "finite_on_masked": int(expect_masked.sum())}
-        valid = ref_finite if p.judged is None else p.judged
+        masked = int(expect_masked.sum()) if p.masked_count is None else p.masked_count
+        counts = {"nan": 0, "posinf": 0, "neginf": 0, "finite_on_masked": masked}
+        if not p.all_judged:
+            valid = ref_finite if p.judged is None else p.judged
         any_unexpected = counts["finite_on_masked"] > 0
     else:
+        act_finite = torch.isfinite(act)
         nan_mask = torch.isnan(act)
         # An infinity where the reference itself rounds to that infinity in the dtype (e.g. a float16
         # gradient above 65504) is the correctly rounded result, not a defect (IEEE 754-2019 4.3.1:
@@ -525,7 +557,7 @@ def judge_tensor(prepared: PreparedTensor, actual: torch.Tensor) -> TensorVerdic
         }
         valid = (ref_finite if p.judged is None else p.judged) & act_finite
         any_unexpected = any(counts.values())
-    diff = torch.where(valid, act - ref_v, 0.0)
+    diff = act - ref_v if valid is None else torch.where(valid, act - ref_v, 0.0)
     err2_rows = diff.square().sum(-1)
     err_global = float(err2_rows.sum().sqrt())
     floor_global, allowed_global = p.floor_global, p.allowed_global
@@ -533,9 +565,12 @@ def judge_tensor(prepared: PreparedTensor, actual: torch.Tensor) -> TensorVerdic
 
     err_tiles = p.tiles(err2_rows).sqrt()
     allowed_tiles = p.allowed_tiles
-    ratio_tiles = torch.where(err_tiles > 0, err_tiles / allowed_tiles, 0.0)
+    if p.tiles_positive:  # err / allowed is 0 where err is 0 (no NaN: err is finite or +inf)
+        ratio_tiles = err_tiles / allowed_tiles
+    else:
+        ratio_tiles = torch.where(err_tiles > 0, err_tiles / allowed_tiles, 0.0)
     worst_tile = int(ratio_tiles.argmax())
-    worst_tile_ratio = float(ratio_tiles.flatten()[worst_tile])
+    worst_tile_ratio = float(ratio_tiles.reshape(-1)[worst_tile])
 
     if worst_tile_ratio > ratio_global:
         g, t = divmod(worst_tile, num_tiles)
@@ -559,23 +594,33 @@ def judge_tensor(prepared: PreparedTensor, actual: torch.Tensor) -> TensorVerdic
         return tuple(int(i) for i in index)
 
     worst_index = None
+    abs_diff = diff.abs()
+    max_abs = None
     if any_unexpected:
         error_ratio = math.inf
         flat = int(unexpected.flatten().nonzero()[0])
         worst_index = original_index(*_unravel(flat, (num_groups, num_rows, num_features)))
     elif err_backend > 0:
         if region is None:
-            flat = int(diff.abs().argmax())
+            flat = int(abs_diff.argmax())
+            max_abs = float(abs_diff.reshape(-1)[flat])  # the maximum (diff holds no NaN)
             worst_index = original_index(*_unravel(flat, (num_groups, num_rows, num_features)))
         else:
             g, r0, r1 = region
-            flat = int(diff[g, r0:r1].abs().argmax())
+            flat = int(abs_diff[g, r0:r1].argmax())
             row, feature = divmod(flat, num_features)
             worst_index = original_index(g, r0 + row, feature)
+    if max_abs is None:
+        max_abs = float(abs_diff.max()) if diff.numel() else 0.0
 
     ref_norm = p.ref_norm
     rel_l2 = err_global / ref_norm if ref_norm > 0 else (0.0 if err_global == 0 else math.inf)
-    is_all_zero = p.ref_finite_any and not bool(((act != 0) & ref_finite).any())
+    if not p.ref_finite_any:
+        is_all_zero = False
+    elif p.all_judged:  # ref_finite is all true: (act != 0) & ref_finite is act != 0
+        is_all_zero = not bool(act.any())
+    else:
+        is_all_zero = not bool(((act != 0) & ref_finite).any())
     kinds = [kind for kind, count in counts.items() if count]
     if is_all_zero and max(ratio_global, worst_tile_ratio) > 1:  # zero is wrong, not just ~0 (e.g. 1e-17)
         kinds.append("all_zero")
@@ -584,7 +629,7 @@ def judge_tensor(prepared: PreparedTensor, actual: torch.Tensor) -> TensorVerdic
     elif worst_tile_ratio > 1:
         kinds.append("tile_mismatch")
     return _verdict(
-        name, kinds, rel_l2=rel_l2, max_abs=float(diff.abs().max()) if diff.numel() else 0.0,
+        name, kinds, rel_l2=rel_l2, max_abs=max_abs,
         worst_tile_ratio=worst_tile_ratio, error_ratio=error_ratio, err_backend=err_backend,
         err_baseline=err_baseline, worst_index=worst_index, nan_count=counts["nan"],
         posinf_count=counts["posinf"], neginf_count=counts["neginf"], is_all_zero=is_all_zero, allowed=allowed,
@@ -594,26 +639,44 @@ def judge_tensor(prepared: PreparedTensor, actual: torch.Tensor) -> TensorVerdic
 
 class PreparedReference:
     """A `ReferenceResult` with the reference-only part of the comparison (`prepare_tensor`) of
-    each tensor computed at first use and kept: one per case, shared by every backend and variant
+    each tensor computed once and kept: one per case, shared by every backend and variant
     judged against it (`compare_outputs` accepts it where it takes a reference).
+
+    With ``eager`` (the default) every tensor the reference holds is prepared here, at
+    construction: the evaluator builds it while the backends' children run the kernels
+    (`fuzzer.evaluate.Evaluator`), so the preparation is off the path that waits for them (on CPU
+    it was about a third of the judging, done after the wait). A tensor whose preparation raises
+    is left for its first use, which raises the same again there (as without ``eager``).
 
     Args:
         case: the case the reference was computed for.
         reference: its `oracle.reference.ReferenceResult`.
         inputs: the case's inputs (kept for the caller's convenience; not used here).
         tile_rows: rows per tile.
+        eager: prepare every tensor of the reference now (else each at first use).
 
     Attributes:
         reference, inputs: as given; ``out``, ``lse``, ``dq``, ``dk``, ``dv``, ``error_scales`` are
         the reference's.
     """
 
-    def __init__(self, case: AttentionCase, reference: ReferenceResult, inputs: Any = None, tile_rows: int = TILE_ROWS):
+    def __init__(
+        self, case: AttentionCase, reference: ReferenceResult, inputs: Any = None, tile_rows: int = TILE_ROWS,
+        *, eager: bool = True,
+    ):
         self.case = case
         self.reference = reference
         self.inputs = inputs
         self.tile_rows = tile_rows
         self._prepared: dict[str, PreparedTensor] = {}
+        if eager:
+            for name in TENSOR_NAMES:
+                if getattr(reference, name, None) is None:
+                    continue
+                try:
+                    self.tensor(name)
+                except Exception:  # raised again, and reported, where the tensor is judged
+                    pass
 
     def __getattr__(self, name: str) -> Any:  # out, lse, dq, dk, dv, error_scales, ...
         if name.startswith("_") or name in ("case", "reference", "inputs", "tile_rows"):

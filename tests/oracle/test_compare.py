@@ -285,3 +285,75 @@ def test_an_entry_that_overflows_the_dtype_does_not_switch_off_the_check_of_the_
     wrong[40, 2] = wrong[40, 2] + 50.0  # a finite entry far off
     verdict = compare_tensor("dk", wrong, exact, "float16", row_dim=0)
     assert not verdict.passed and verdict.error_ratio > 10, verdict
+
+
+def _slow_path(prepared):
+    """``prepared`` with the judging shortcuts of `prepare_tensor` switched off (the general path)."""
+    import dataclasses
+
+    return dataclasses.replace(prepared, masked_count=None, all_judged=False, tiles_positive=False)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_the_judging_shortcuts_give_the_verdict_of_the_general_path(dtype: str) -> None:
+    """`judge_tensor`'s shortcuts (every entry judged, positive tile allowances, the masked count
+    kept, the finite test by a sum, one cast-and-permute copy) change no figure: the verdicts equal
+    those of the general path, field for field, on outputs that pass, fail, are all zero or hold
+    NaN, infinities or values whose sum overflows, in every layout and for a masked lse."""
+    from dataclasses import fields
+
+    from oracle.compare import judge_tensor, prepare_tensor
+
+    gen = torch.Generator().manual_seed(5)
+    checked = 0
+    for name, shape, row_dim in [("out", (2, 70, 3, 16), 1), ("dq", (1, 5, 1, 8), 1), ("dk", (150, 2, 8), 0),
+                                 ("lse", (2, 3, 70), 2)]:
+        ref = torch.randn(shape, generator=gen, dtype=torch.float64)
+        visible = None
+        if name == "lse":
+            visible = torch.rand(shape, generator=gen) > 0.2
+            ref = torch.where(visible, ref, -math.inf)
+        for tile_rows in (16, 64):
+            fast = prepare_tensor(name, ref, dtype, tile_rows=tile_rows, row_dim=row_dim, visible_rows=visible)
+            slow = _slow_path(fast)
+            rounded = ref.to(torch.float32 if name == "lse" else torch_dtype(dtype))
+            noisy = (ref + 1e-2 * torch.randn(shape, generator=gen, dtype=torch.float64)).to(rounded.dtype)
+            holes = rounded.clone()
+            holes.view(-1)[3] = math.nan
+            holes.view(-1)[-1] = math.inf
+            huge = torch.full(shape, 1e308, dtype=torch.float64)
+            for actual in (rounded, noisy, torch.zeros_like(rounded), holes, huge, rounded.double(),
+                           rounded.double().transpose(0, -1).contiguous().transpose(0, -1)):
+                a, b = judge_tensor(fast, actual), judge_tensor(slow, actual)
+                for f in fields(a):
+                    x, y = getattr(a, f.name), getattr(b, f.name)
+                    if isinstance(x, torch.Tensor):
+                        assert torch.equal(x, y), f.name
+                    elif isinstance(x, float) and math.isnan(x):
+                        assert math.isnan(y), f.name
+                    else:
+                        assert x == y, (name, f.name, x, y)
+                checked += 1
+    assert checked == 4 * 2 * 7
+
+
+def test_a_prepared_reference_prepares_every_tensor_at_once_and_defers_a_failure() -> None:
+    """`PreparedReference` prepares each tensor of the reference when built (the evaluator builds
+    it while the kernels run); a tensor whose preparation fails raises where it is judged, as
+    before."""
+    from oracle.compare import CompareInputError, PreparedReference
+
+    case = AttentionCase(batch_size=1, seqlen_q=8, seqlen_k=8, num_heads=1, head_dim=8, dtype="bfloat16", backward=True)
+    ref = reference(case, make_inputs(case), backward=True)
+    prepared = PreparedReference(case, ref)
+    assert set(prepared._prepared) == {"out", "lse", "dq", "dk", "dv"}
+    forward_only = reference(case, make_inputs(case), backward=False)
+    lazy = PreparedReference(case, forward_only, eager=False)
+    assert lazy._prepared == {}
+    bad = AttentionCase(batch_size=1, seqlen_q=8, seqlen_k=8, num_heads=1, head_dim=8, dtype="bfloat16")
+    broken = PreparedReference(bad, ReferenceResult(out=forward_only.out, lse=forward_only.lse, error_scales={"out": "not a tensor"}))
+    assert "out" not in broken._prepared and "lse" in broken._prepared
+    with pytest.raises(AttributeError):
+        compare_outputs(bad, broken, out=forward_only.out.to(torch.bfloat16))
+    with pytest.raises(CompareInputError):
+        compare_outputs(case, PreparedReference(case, forward_only), out=forward_only.out, dq=forward_only.out)

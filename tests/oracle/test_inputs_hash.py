@@ -129,3 +129,24 @@ def test_hash_normal_on_cuda_is_bit_identical_to_the_original_on_the_cpu():
         for seed, stream in SEEDS_STREAMS[:4]:
             cuda = hash_normal(seed, stream, numel, "cuda").cpu()
             assert_bit_identical(cuda, reference_hash_normal(seed, stream, numel), (seed, stream, numel))
+
+
+def test_the_cpu_cache_gives_the_bits_of_the_original_through_prefixes_growth_and_eviction(monkeypatch) -> None:
+    """A stream asked for again (shorter, equal, longer: its tail computed past the cached part,
+    across block edges) or after it was evicted gives the original bits, and every call returns a
+    fresh tensor: writing into one changes no later result."""
+    import oracle.inputs as inputs
+
+    monkeypatch.setattr(inputs, "_hash_cache", type(inputs._hash_cache)())
+    monkeypatch.setattr(inputs, "_hash_cache_bytes", 0)
+    monkeypatch.setattr(inputs, "_HASH_CACHE_BYTES", 8 * 40_000)  # room for about two streams
+    for seed, stream, numel in [(7, 1, 100), (7, 1, 50), (7, 1, 100), (7, 1, 8192 + 77), (7, 1, 20_000),
+                                (7, 2, 30_000), (8, 1, 30_000), (7, 1, 20_001), (7, 2, 1), (9, 3, 50_000)]:
+        got = hash_normal(seed, stream, numel)
+        assert torch.equal(got.view(torch.int64), reference_hash_normal(seed, stream, numel).view(torch.int64)), (seed, stream, numel)
+        got.fill_(0.0)  # the caller owns its tensor
+        assert inputs._hash_cache_bytes <= inputs._HASH_CACHE_BYTES
+        assert inputs._hash_cache_bytes == sum(a.nbytes for a in inputs._hash_cache.values())
+    assert inputs._hash_keys(9, 3) not in inputs._hash_cache  # larger than the bound: never kept
+    assert torch.equal(hash_normal(9, 3, 5), reference_hash_normal(9, 3, 5))
+    assert len(inputs._hash_cache[inputs._hash_keys(9, 3)]) == 5
