@@ -47,7 +47,7 @@ from typing import Any
 
 from fuzzer.backends.base import Backend, is_cp_backend
 from fuzzer.backends.cp_layout import cp_twin
-from fuzzer.executor import ChildProcessExecutor, InProcessExecutor, TaskOutcome, configure_torch_threads, submit_run
+from fuzzer.executor import SKIPPED, ChildProcessExecutor, InProcessExecutor, TaskOutcome, configure_torch_threads, submit_run
 from fuzzer.results import CaseResult
 from oracle.config import AttentionCase
 
@@ -198,6 +198,8 @@ class Evaluation:
             process), plus ``run`` and ``compile``.
         not_applicable: by backend, variants not considered: they send no distinct call for
             this case (`fuzzer.backends.base.Backend.applicable_variants`); no result.
+        skipped: by backend, tasks not run because another variant of the backend crashed or
+            timed out on this case (fuzz phase only: `fuzzer.executor.SKIPPED`); no result.
         slowest: ``(backend, seconds)`` of the environment that took longest on this case (the
             first backend of its tasks), or None without child timing.
     """
@@ -217,6 +219,7 @@ class Evaluation:
     task_timing_s: dict[str, dict[str, float]] = field(default_factory=dict)
     slowest: tuple[str, float] | None = None
     not_applicable: Counter = field(default_factory=Counter)
+    skipped: Counter = field(default_factory=Counter)
 
     def note_timing(self, outcome: Any) -> None:
         """Add ``outcome``'s run, compile and `fuzzer.executor.TaskOutcome.timing` parts to
@@ -229,6 +232,15 @@ class Evaluation:
             parts[part] = parts.get(part, 0.0) + ms / 1000.0
             if part == "env_wall" and (self.slowest is None or ms / 1000.0 > self.slowest[1]):
                 self.slowest = (outcome.backend, ms / 1000.0)
+
+
+def set_skip_after_crash(executor: Any, on: bool) -> None:
+    """Turn `fuzzer.executor.ChildProcessExecutor.skip_after_crash` on or off for ``executor``
+    and the executor behind it (a CP `fuzzer.cp.executor.RoutingExecutor`'s ``default``);
+    executors without it (in process, CP) are left alone."""
+    for target in (executor, getattr(executor, "default", None)):
+        if target is not None and hasattr(target, "skip_after_crash"):
+            target.skip_after_crash = on
 
 
 def make_executor(
@@ -375,6 +387,7 @@ class Evaluator:
         except Exception as exc:  # MemoryError, OverflowError, OracleTimeout, a bug of ours ...
             evaluation.results.append(self._own_step_failed(case, exc, "oracle", phase))
             return evaluation
+        set_skip_after_crash(self.executor, phase == "fuzz")
         handle = submit_run(self.executor, case, inputs, runnable, self.case_timeout_s)
         try:
             prepared, oracle_ms = self._oracle(case, inputs, evaluation)
@@ -387,6 +400,10 @@ class Evaluator:
         t0 = time.perf_counter()
         evaluation.wait_s += t0 - t_wait
         for outcome in outcomes:
+            if outcome.status == SKIPPED:  # another variant ended the child on this case: not run
+                evaluation.skipped[outcome.backend] += 1
+                evaluation.runnable -= 1
+                continue
             evaluation.kernel_s += outcome.run_ms / 1000.0
             evaluation.compile_s += outcome.compile_ms / 1000.0
             evaluation.note_timing(outcome)

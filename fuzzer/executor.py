@@ -88,6 +88,9 @@ DECLARATION_GAP = "declaration_gap"
 TASK_TIMING_PARTS = (
     "unpack", "to_device", "pack", "runtime", "send_wait", "send", "deliver", "transfer", "collect", "env_wall",
 )
+#: `TaskOutcome.status` of a task not run because another variant of its backend crashed or timed
+#: out on the same case (`ChildProcessExecutor.skip_after_crash`); the evaluator records no result.
+SKIPPED = "skipped"
 #: Set to a directory: every child profiles its serving loop (cProfile) and writes
 #: ``child-<backends>-<pid>.prof`` there when it stops (diagnostics; `benchmarks/gpu/`).
 PROFILE_DIR_ENV = "ATTNFUZZ_PROFILE_DIR"
@@ -270,7 +273,8 @@ class TaskOutcome:
 
     Attributes:
         backend, variant: the task.
-        status: ``"ok"``, ``"unsupported"``, ``"error"``, ``"crash"``, ``"timeout"`` or ``"oom"``.
+        status: ``"ok"``, ``"unsupported"``, ``"error"``, ``"crash"``, ``"timeout"``, ``"oom"``
+            or ``"skipped"`` (`SKIPPED`: not run, no result).
         output: the `BackendOutput` (tensors on the CPU or the worker's device) when ``ok``.
         run_ms: wall time of the call, milliseconds (compile time excluded when the adapter
             measured it).
@@ -548,11 +552,16 @@ class _ChildRun:
 # ---------------------------------------------------------------------------------------- child
 # ------------------------------------------------------- what every child process does (both executors)
 def log_stderr_to(log_path: str) -> None:
-    """Send this process's stderr (fd 2 and ``sys.stderr``, line-buffered) to ``log_path``,
-    appended: what the parent reads back as the stderr tail of a crash or a hang."""
+    """Send this process's stderr (fd 2 and ``sys.stderr``, line-buffered) and its stdout (fd 1
+    and ``sys.stdout``) to ``log_path``, appended: what the parent reads back as the stderr tail
+    of a crash or a hang. Stdout too: a library that prints (FA4's CuTe DSL prints launch errors
+    to fd 1) must not write into the worker's own stdout, which ``attnfuzz fuzz --json`` keeps
+    for its JSON (on the H200, 2026-12-01, FA4's messages came before the JSON document)."""
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(fd, 2)
+    os.dup2(fd, 1)
     sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
+    sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
 
 
 def load_task_backends(specs: list[tuple[str, str]]) -> dict[str, Backend]:
@@ -848,6 +857,9 @@ class ChildProcessExecutor:
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._in_flight: _ChildRun | None = None
         self._closing = threading.Event()
+        #: after a task crashes or times out, give the backend's other tasks of the case a
+        #: ``skipped`` outcome instead of running them (the evaluator sets it for fuzz cases)
+        self.skip_after_crash = False
         from fuzzer.environment import child_library_env, resolve_cudnn_choice
 
         #: the cuDNN every child loads (`fuzzer.environment.resolve_cudnn_choice`)
@@ -1052,6 +1064,8 @@ class ChildProcessExecutor:
         stalls = 0
         while pending:
             left = self._run_in_child(environment, case, packed, tasks, pending, timeout_s, outcomes)
+            if self.skip_after_crash and left:
+                left = self._skipped_after_crash(tasks, pending, left, outcomes)
             stalls = stalls + 1 if left == pending else 0
             if stalls >= 2:  # the child died twice before starting anything: do not loop forever
                 name, variant = tasks[pending[0]]
@@ -1073,6 +1087,26 @@ class ChildProcessExecutor:
                 outcome.output = _output_to(outcome.output, device)
             outcome.timing["collect"] = (time.perf_counter() - t0) * 1000.0
         return result
+
+    @staticmethod
+    def _skipped_after_crash(tasks, pending, left, outcomes) -> list[int]:
+        """``left`` less the tasks of a backend that crashed or timed out in this round (each
+        then gets a ``skipped`` outcome naming the task that did): its other variants on the same
+        case would very likely fail the same way, each costing a child restart or a timeout."""
+        broken = {
+            tasks[p][0]: tasks[p][1] for p in pending if p not in left and outcomes.get(p) is not None and outcomes[p].status in ("crash", "timeout")
+        }
+        if not broken:
+            return left
+        kept = []
+        for p in left:
+            name, variant = tasks[p]
+            if name in broken:
+                detail = f"not run: variant {broken[name]!r} of {name} ended the child on this case (crash or timeout)"
+                outcomes[p] = TaskOutcome(name, variant, SKIPPED, detail=detail)
+            else:
+                kept.append(p)
+        return kept
 
     def _timed_environment(self, environment, case, packed, tasks, indices, timeout_s) -> dict[int, TaskOutcome]:
         """`_run_environment`, its wall time noted as ``env_wall`` on its first outcome."""

@@ -265,6 +265,8 @@ class WorkerStats:
     slowest_s: Counter = field(default_factory=Counter)  # backend -> that environment's wall seconds on those cases
     not_applicable: Counter = field(default_factory=Counter)  # backend -> variants not run: no distinct call for the case
     unsatisfiable_chunks: int = 0  # chunks in which every draw was filtered out (no case run)
+    crash_quarantined: Counter = field(default_factory=Counter)  # backend -> fuzz tasks not run: their kernel key crashed before
+    skipped_after_crash: Counter = field(default_factory=Counter)  # backend -> tasks not run: another variant crashed on the case
 
     @property
     def compile_share(self) -> float:
@@ -354,6 +356,7 @@ class Worker:
         self._fingerprint = fingerprint
         self._evaluator: Evaluator | None = None
         self._head_dim_pool: list[int] = []
+        self._crashed_keys: set[tuple[str, tuple]] = set()  # (backend, kernel_key) that crashed or timed out in a fuzz case
         self._kernel_templates: dict[str, dict[KernelTemplate, None]] = {}  # JIT backend -> first-seen templates
         self._started = 0.0
         self._fuzz_started: float | None = None
@@ -607,10 +610,11 @@ class Worker:
         by side: te-fused's cuDNN graphs (21 s of 600) are not held back by FA4's 118 s. Gated
         tasks leave no result: they were not run."""
         allowed_s = self._compile_allowance_s()
-        if allowed_s is None:
-            return None
-        over = {b.name for b in self.usable if b.jit_compiled and self.stats.compile_by_backend[b.name] > allowed_s}
-        if not over:
+        over = set()
+        if allowed_s is not None:
+            over = {b.name for b in self.usable if b.jit_compiled and self.stats.compile_by_backend[b.name] > allowed_s}
+        crashed = self._crashed_keys if case.cp_size == 1 else set()
+        if not over and not crashed:
             return None
         tasks: list[tuple[str, str]] = []
         gated = 0
@@ -620,12 +624,17 @@ class Worker:
             applicable = backend.applicable_variants(case)  # as Evaluator.split_applicable: no result for the others
             left_out[backend.name] += len(backend.variants) - len(applicable)
             for variant in applicable:
-                if backend.name in over and case.cp_size == 1 and not backend.unsupported_reasons(case, variant):
+                quarantine = any(name == backend.name for name, _ in crashed)
+                if (backend.name in over or quarantine) and case.cp_size == 1 and not backend.unsupported_reasons(case, variant):
                     try:
                         key = backend.kernel_key(case, variant)
                     except Exception:  # a plugin's key function must not stop the fuzz loop
                         key = None
-                    if key is not None and key not in built:
+                    if key is not None and (backend.name, key) in crashed:
+                        self.stats.crash_quarantined[backend.name] += 1
+                        gated += 1
+                        continue
+                    if backend.name in over and key is not None and key not in built:
                         self.stats.compile_gated[backend.name] += 1
                         gated += 1
                         continue
@@ -633,6 +642,27 @@ class Worker:
         if gated:
             self.stats.not_applicable.update(+left_out)
         return tasks if gated else None
+
+    def _note_crashes(self, case: AttentionCase, results: list[CaseResult]) -> None:
+        """Quarantine the ``kernel_key`` of every fuzz task of ``case`` that crashed (a fatal
+        CUDA error) or timed out: later fuzz cases do not run that backend at that key
+        (`_compile_gated_tasks`, counted in ``stats.crash_quarantined``). Each such outcome cost
+        a child restart (seconds for a CUDA process that imports FA4 or TE) or a whole timeout,
+        and its bucket exists and is shrunk already; on the H200 (2026-12-01) one FA4 crash
+        (head_dim 40, head_dim_v 128), met again and again by Hypothesis's target phase, kept
+        the worker restarting children for most of a 240 s run."""
+        if case.cp_size != 1:
+            return
+        for result in results:
+            if result.status not in ("crash", "timeout"):
+                continue
+            backend = self.backends.get(result.backend)
+            try:
+                key = backend.kernel_key(case, result.variant) if backend is not None else None
+            except Exception:  # a plugin's key function must not stop the fuzz loop
+                key = None
+            if key is not None:
+                self._crashed_keys.add((result.backend, key))
 
     def _with_templates(self, name: str, common: dict[str, Any], share: float | None) -> dict[str, Any]:
         """``common`` with backend ``name``'s kernel templates and ``share`` when it is a JIT
@@ -671,6 +701,7 @@ class Worker:
                 return  # finish the chunk quickly (reject() would make Hypothesis report it)
             target_name, case = drawn
             results = self.evaluate(case, phase="fuzz", tasks=self._compile_gated_tasks(case))
+            self._note_crashes(case, results)
             for result in results:  # what observability tools (HYPOTHESIS_EXPERIMENTAL_OBSERVABILITY) show
                 event(f"{result.backend}/{result.variant}: {result.status}")
             if target_name is not None:
@@ -747,6 +778,7 @@ class Worker:
                 self.stats.slowest_cases[evaluation.slowest[0]] += 1
                 self.stats.slowest_s[evaluation.slowest[0]] += evaluation.slowest[1]
             self.stats.not_applicable.update(evaluation.not_applicable)
+            self.stats.skipped_after_crash.update(evaluation.skipped)
             self.stats.cases += 1
             if evaluation.runnable and case.head_dim not in self._head_dim_pool and len(self._head_dim_pool) < self.config.kernel_pool_size:
                 self._head_dim_pool.append(case.head_dim)

@@ -206,6 +206,9 @@ def summary_data(stats: WorkerStats, url: str, *, interrupted: bool = False, spo
         "compile_gated": dict(sorted(stats.compile_gated.items())),
         # variants not run because they send no distinct call for the case (no result), by backend
         "not_applicable": dict(sorted(stats.not_applicable.items())),
+        # fuzz tasks not run: their backend crashed or timed out at that kernel key before / on this case
+        "crash_quarantined": dict(sorted(stats.crash_quarantined.items())),
+        "skipped_after_crash": dict(sorted(stats.skipped_after_crash.items())),
         "children": _children_data(stats),
         "new_buckets": buckets,
         "spool": spool or {},

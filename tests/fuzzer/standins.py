@@ -4,6 +4,8 @@
   way flash-attention after PR #2490 does: ``-1`` is a real bound, so the TE-style causal encoding
   ``causal=True, window_size=(-1, 0)`` gives an empty band: all-zero output and ``-inf`` lse.
 * `CrashingBackend` ("standin-crash"): segfaults (a real SIGSEGV) when seqlen_q == 3.
+* `TwoVariantCrashBackend` ("standin-crash-two"): variants ``first`` and ``second``, both
+  segfault when seqlen_q == 3; ``first`` prints to stdout.
 * `HangingBackend` ("standin-hang"): sleeps for an hour when seqlen_q == 5.
 * `SometimesCrashingBackend` ("standin-crash-some"): segfaults on one case in 16 (by case_id),
   whatever its shape: a backend that crashes now and then during a long run.
@@ -165,6 +167,22 @@ class SometimesCrashingBackend(_Base):
 
     def run(self, case, inputs, variant):
         if int(case.case_id, 16) % 16 == 0:
+            ctypes.string_at(0)  # a real segmentation fault
+        return self._call(case, inputs, *self._bounds(case))
+
+
+class TwoVariantCrashBackend(_Base):
+    """("standin-crash-two") variants ``first`` and ``second``: both segfault when seqlen_q ==
+    3, and ``first`` prints a line to stdout on every call (a library that prints)."""
+
+    name = "standin-crash-two"
+    environment = "standin-crash-two"
+    variants = ("first", "second")
+
+    def run(self, case, inputs, variant):
+        if variant == "first":
+            print("standin-crash-two says hello on stdout", flush=True)
+        if case.seqlen_q == 3:
             ctypes.string_at(0)  # a real segmentation fault
         return self._call(case, inputs, *self._bounds(case))
 

@@ -10,6 +10,7 @@ itself, so the machine is never at risk), and a one-hour sleep.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -18,6 +19,7 @@ import torch
 from sqlalchemy import text
 
 from fuzzer import registry
+from fuzzer.sinks import MemorySink
 from fuzzer.worker import Worker, WorkerConfig
 from oracle.config import AttentionCase
 from service.db import migrations
@@ -278,3 +280,69 @@ def test_a_child_outcome_says_where_its_time_went_outside_the_call(tmp_path: Pat
     parts = evaluation.task_timing_s["standin-ok"]
     assert parts["tasks"] == 2 and parts["pack"] == pytest.approx((first["pack"] + second["pack"]) / 1000.0)
     assert evaluation.slowest == ("standin-ok", pytest.approx(first["env_wall"] / 1000.0))
+
+
+@pytest.mark.parametrize("skip", [True, False], ids=["skip-after-crash", "run-every-task"])
+def test_after_a_crash_the_backends_other_variants_of_the_case_are_skipped_only_when_asked(skip: bool) -> None:
+    """`ChildProcessExecutor.skip_after_crash`: the second variant of a backend whose first
+    variant crashed the child gets a ``skipped`` outcome (no second restart); off, it runs (and
+    crashes too). The other backend's tasks run either way."""
+    from fuzzer.executor import SKIPPED, ChildProcessExecutor
+    from oracle.inputs import make_inputs
+
+    backends = registry.select([], ["tests.fuzzer.standins:CorrectBackend", "tests.fuzzer.standins:TwoVariantCrashBackend"])
+    case = AttentionCase(seqlen_q=3, seqlen_k=4, head_dim=8, dtype="float32")
+    tasks = [("standin-crash-two", "first"), ("standin-crash-two", "second"), ("standin-ok", "native")]
+    with ChildProcessExecutor(backends, parallel=False) as executor:
+        executor.skip_after_crash = skip
+        outcomes = executor.run(case, make_inputs(case), tasks, GENEROUS_TIMEOUT_S)
+        restarts = executor.restarts
+    assert outcomes[0].status == "crash" and outcomes[2].status == "ok"
+    if skip:
+        assert outcomes[1].status == SKIPPED and "'first'" in outcomes[1].detail
+        assert restarts == 0  # the child died once and was not needed again
+    else:
+        assert outcomes[1].status == "crash"
+        assert restarts == 1
+
+
+def test_a_childs_stdout_goes_to_its_log_not_to_the_workers_stdout(capfd: pytest.CaptureFixture) -> None:
+    """A library that prints (FA4's CuTe DSL prints launch errors to fd 1) must not write into
+    the worker's stdout, which ``fuzz --json`` keeps for its JSON."""
+    from fuzzer.executor import ChildProcessExecutor
+    from oracle.inputs import make_inputs
+
+    backends = registry.select([], ["tests.fuzzer.standins:TwoVariantCrashBackend"])
+    case = AttentionCase(seqlen_q=2, seqlen_k=4, head_dim=8, dtype="float32")
+    with ChildProcessExecutor(backends, log_dir=None) as executor:
+        outcomes = executor.run(case, make_inputs(case), [("standin-crash-two", "first")], GENEROUS_TIMEOUT_S)
+        logs = [Path(executor.log_dir, name).read_text() for name in sorted(os.listdir(executor.log_dir))]
+    assert outcomes[0].status == "ok"
+    captured = capfd.readouterr()
+    assert "says hello" not in captured.out
+    assert any("says hello on stdout" in text for text in logs)
+
+
+def test_a_kernel_key_that_crashed_is_not_run_again_by_later_fuzz_cases() -> None:
+    """`Worker._note_crashes` quarantines the crashed task's ``kernel_key``; a later fuzz case
+    with the same key runs every other task but not that one (counted in
+    ``stats.crash_quarantined``), and a case with another key runs it. Within the case, the
+    second variant was skipped, not run (``stats.skipped_after_crash``)."""
+    import dataclasses
+
+    backends = registry.select([], ["tests.fuzzer.standins:CorrectBackend", "tests.fuzzer.standins:TwoVariantCrashBackend"])
+    config = WorkerConfig(backends=backends, isolation="process", shrink=False, case_timeout_s=GENEROUS_TIMEOUT_S)
+    crashing = AttentionCase(seqlen_q=3, seqlen_k=4, head_dim=8, dtype="float32", backward=False)
+    with Worker(config, MemorySink()) as worker:
+        results = worker.evaluate(crashing)
+        worker._note_crashes(crashing, results)
+        assert {(r.backend, r.variant): r.status for r in results}[("standin-crash-two", "first")] == "crash"
+        assert ("standin-crash-two", "second") not in {(r.backend, r.variant) for r in results}
+        assert worker.stats.skipped_after_crash["standin-crash-two"] == 1
+        same_key = dataclasses.replace(crashing, seqlen_k=9, seed=4)
+        tasks = worker._compile_gated_tasks(same_key)
+        assert ("standin-crash-two", "first") not in tasks and ("standin-ok", "native") in tasks
+        assert ("standin-crash-two", "second") in tasks  # never crashed: its own key is not quarantined
+        assert worker.stats.crash_quarantined["standin-crash-two"] == 1
+        other_key = dataclasses.replace(crashing, head_dim=16)
+        assert worker._compile_gated_tasks(other_key) is None or ("standin-crash-two", "first") in worker._compile_gated_tasks(other_key)
