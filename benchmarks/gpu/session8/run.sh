@@ -9,7 +9,8 @@
 #                        "profile" the worker runs under cProfile and every child profiles its
 #                        serving loop (ATTNFUZZ_PROFILE_DIR), which slows attnfuzz's own code
 #   run.sh wait [S]      wait until the worker exits (at most S seconds), print the log tail
-#   run.sh finish        report, summary, profiles, files to $OUT
+#   run.sh finish [check] report, summary, profiles (and with check the hand checks of one bucket
+#                        per root-cause group, benchmarks/gpu/session7/check_groups.py), files to $OUT
 # No environment variable is set by hand for the campaign itself: the default command must
 # start on the image as it is.
 set -uo pipefail
@@ -62,6 +63,15 @@ finish)
     timeout 120 python3 -m service.cli.main report --db "$DB" > "$O/campaign_report.txt" 2> "$O/report.err"
     timeout 60 python3 benchmarks/gpu/session7/summarise.py /tmp/campaign.db /tmp/campaign.t0 > "$O/summary.json" 2> "$O/summary.err"
     [ -d /tmp/prof ] && timeout 120 python3 benchmarks/gpu/session8/profile_summary.py /tmp/prof > "$O/profiles.txt" 2>&1
+    # one bucket per root-cause group, most severe first, against the naive float64 computation
+    if [ "${2:-}" = check ]; then
+        CUDNN_LIB=$(python3 -c "from fuzzer.environment import resolve_cudnn_choice as r; print(r().directory or '')")
+        LD_LIBRARY_PATH=$CUDNN_LIB CUDNN_PATH=$CUDNN_LIB CUDNN_HOME=$CUDNN_LIB FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 \
+        FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=$HOME/.cache/attnfuzz/fa4-jit \
+        timeout "${CHECK_S:-110}" python3 benchmarks/gpu/session7/check_groups.py /tmp/campaign.db "$O/bucket_checks.json" --budget-s "${CHECK_BUDGET:-90}" \
+            > "$O/bucket_checks.log" 2>&1
+        tail -c 2000 "$O/bucket_checks.log"
+    fi
     R=${OUT:-/tmp/attnfuzz-out}; mkdir -p "$R"
     gzip -c /tmp/campaign.db > "$R/campaign.db.gz"
     [ -d /tmp/prof ] && tar czf "$R/prof.tgz" -C /tmp prof
