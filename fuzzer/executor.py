@@ -336,6 +336,8 @@ def run_task(backend: Backend, case: AttentionCase, inputs: Any, variant: str) -
     start = time.perf_counter()
     to_device_ms = (start - moved) * 1000.0
     outcome = _run_task_call(backend, case, inputs, variant, start)
+    if outcome.status != "ok":  # a call that raised took its time too (a compile that failed: a minute of flex)
+        outcome.run_ms = (time.perf_counter() - start) * 1000.0
     outcome.timing["to_device"] = to_device_ms
     return outcome
 

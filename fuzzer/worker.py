@@ -356,6 +356,7 @@ class Worker:
         self._fingerprint = fingerprint
         self._evaluator: Evaluator | None = None
         self._head_dim_pool: list[int] = []
+        self._shrink_overrun_s = 0.0  # recent time minimisations ran past their slice (_shrink_slice)
         self._crashed_keys: set[tuple[str, tuple]] = set()  # (backend, kernel_key) that crashed or timed out in a fuzz case
         self._kernel_templates: dict[str, dict[KernelTemplate, None]] = {}  # JIT backend -> first-seen templates
         self._started = 0.0
@@ -595,24 +596,23 @@ class Worker:
         return c.jit_share * (self._clock() - started)
 
     def _compile_gated_tasks(self, case: AttentionCase) -> list[tuple[str, str]] | None:
-        """The fuzz tasks of ``case`` under the compile gate: None (every variant of every usable
-        backend) unless some JIT backend is over its own budget now, i.e. its compile seconds in
-        this run (``stats.compile_by_backend``) exceed ``jit_share`` of the fuzzing wall time so
-        far (checked per case); then every task but those such a backend would have to build a
-        new kernel for (runnable, its ``kernel_key`` not built yet, no CP), each counted in
-        ``stats.compile_gated`` by backend.
+        """The fuzz tasks of ``case`` under the compile gate and the crash quarantine: None
+        (every applicable variant of every usable backend) unless some JIT backend is held back
+        now (`_over_compile_budget`: the JIT backends' compile seconds in this run together past
+        ``jit_share`` of the fuzzing wall time so far, checked per case) or some kernel key
+        crashed (`_note_crashes`); then every task but those a held-back backend would have to
+        build a new kernel for (runnable, its ``kernel_key`` not built yet, no CP), counted in
+        ``stats.compile_gated``, and those at a crashed key, counted in
+        ``stats.crash_quarantined``.
 
         Why: the templates steer draws *for* a JIT backend to built kernels, but every case runs
         on every backend that supports it, and a case drawn for a non-JIT target opened new FA4,
         TE-on-FA4 and flex keys at will: on the H200 (2026-12-01) compilation took 43% of the
         fuzzing time against a budget of 20%, and one new key holds the whole case up (the
-        children run side by side, the slowest decides). Per backend, because they compile side
-        by side: te-fused's cuDNN graphs (21 s of 600) are not held back by FA4's 118 s. Gated
-        tasks leave no result: they were not run."""
+        children run side by side, the slowest decides). Gated and quarantined tasks leave no
+        result: they were not run."""
         allowed_s = self._compile_allowance_s()
-        over = set()
-        if allowed_s is not None:
-            over = {b.name for b in self.usable if b.jit_compiled and self.stats.compile_by_backend[b.name] > allowed_s}
+        over = self._over_compile_budget(allowed_s)
         crashed = self._crashed_keys if case.cp_size == 1 else set()
         if not over and not crashed:
             return None
@@ -642,6 +642,27 @@ class Worker:
         if gated:
             self.stats.not_applicable.update(+left_out)
         return tasks if gated else None
+
+    def _over_compile_budget(self, allowed_s: float | None) -> set[str]:
+        """The JIT backends the compile gate holds back now: none while the compile seconds of
+        every JIT backend together are within ``allowed_s``; past it, each whose own compile
+        seconds exceed its fair part, ``allowed_s`` divided by the number of usable JIT backends.
+
+        Why together: the budget is a share of the wall time, and a case waits for its slowest
+        child, so one backend's compilation holds every case it is in up. Gated each against the
+        whole allowance, four JIT backends could compile for up to four times it: on the H200
+        (2026-12-01, default campaign, jit_share 0.2) fa4 73.5 s, torch-flex 100 s, te-fa4 56.5 s
+        and te-fused 16.7 s, 41% of the fuzzing time, and the gate held back 2 tasks. Why a fair
+        part: a backend whose kernels build cheaply (te-fused's cuDNN graphs) is not held back
+        by another's expensive ones."""
+        if allowed_s is None:
+            return set()
+        jit = [b.name for b in self.usable if b.jit_compiled]
+        spent = {name: self.stats.compile_by_backend[name] for name in jit}
+        if not jit or sum(spent.values()) <= allowed_s:
+            return set()
+        fair = allowed_s / len(jit)
+        return {name for name, seconds in spent.items() if seconds > fair}
 
     def _note_crashes(self, case: AttentionCase, results: list[CaseResult]) -> None:
         """Quarantine the ``kernel_key`` of every fuzz task of ``case`` that crashed (a fatal
@@ -915,7 +936,10 @@ class Worker:
         ``shrink_deadline_s`` and to the time budget left, and none starts below
         ``min(shrink_min_s, shrink_deadline_s)``. So the share of wall time spent shrinking stays
         at most ``f`` at every point between cases, apart from the last predicate call that
-        runs past a deadline and the re-checks after it (a few evaluations).
+        runs past a deadline and the re-checks after it (a few evaluations): the slice is also
+        cut by the largest recent such overrun (``_shrink_overrun_s``, halved per minimisation
+        without one), which on a GPU, where one predicate call can compile for seconds, took the
+        share past ``f`` (25.15% of 602 s on the H200, 2026-12-01).
 
         Once ``max_cases`` cases are done (from the start with ``max_cases=0``: a shrink-only
         worker) there is no fuzzing left to share the time with, and with ``shrink_share >= 1``
@@ -929,7 +953,8 @@ class Worker:
                 return None
             return c.shrink_deadline_s
         left = None if c.time_budget_s is None else c.time_budget_s - wall
-        slice_s = min(c.shrink_deadline_s, (c.shrink_share * wall - self.stats.shrink_s) / (1.0 - c.shrink_share))
+        room = (c.shrink_share * wall - self.stats.shrink_s) / (1.0 - c.shrink_share) - self._shrink_overrun_s
+        slice_s = min(c.shrink_deadline_s, room)
         if left is not None:
             slice_s = min(slice_s, left)
         return slice_s if slice_s >= min(c.shrink_min_s, c.shrink_deadline_s) else None
@@ -946,7 +971,12 @@ class Worker:
             )
             if claim is None:
                 return
+            t0 = self._clock()
             self.minimise_claimed(claim, deadline_s=slice_s)
+            # what ran past the slice (the last predicate call, the re-checks): the next slices
+            # leave room for as much (halved per minimisation that runs within its slice)
+            overrun = max(self._clock() - t0 - slice_s, 0.0)
+            self._shrink_overrun_s = max(overrun, 0.5 * self._shrink_overrun_s)
 
     def minimise_claimed(self, claim: MinimiseClaim, deadline_s: float | None = None) -> MinimiseOutcome | None:
         """Shrink the claimed bucket's first case and store the result with the bucket (which

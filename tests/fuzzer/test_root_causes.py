@@ -268,3 +268,22 @@ def test_a_sibling_claim_does_not_count_as_an_attempt_of_its_own_shrink(store, t
     claim = sink.claim_minimisation(worker_id, ["planted-rootcause"], 60.0, 3)
     assert claim is not None and claim.key == ("planted-rootcause", "native", "out:all_zero"), claim
     assert claim.attempt == 1
+
+
+def test_a_minimisation_that_ran_past_its_slice_shortens_the_next_slices():
+    """`Worker._shrink_slice` leaves room for the last overrun (a predicate call past the
+    deadline, the re-checks): with 100 s of wall, 20 s shrunk and a 25% share the room is
+    (25 - 20) / 0.75 = 6.67 s; after a 4 s overrun it is 2.67 s, and under ``shrink_min_s`` none
+    starts."""
+    backends = registry.select([], [f"{ME}:TickingBackend"])
+    config = WorkerConfig(backends=backends, max_cases=None, time_budget_s=1000.0, isolation="none",
+                          shrink_share=0.25, shrink_deadline_s=40.0, shrink_min_s=1.0)
+    CLOCK.t = 100.0
+    worker = Worker(config, MemorySink(), clock=CLOCK)
+    worker._started = 0.0
+    worker.stats.shrink_s = 20.0
+    assert worker._shrink_slice() == pytest.approx(5.0 / 0.75)
+    worker._shrink_overrun_s = 4.0
+    assert worker._shrink_slice() == pytest.approx(5.0 / 0.75 - 4.0)
+    worker._shrink_overrun_s = 6.0
+    assert worker._shrink_slice() is None

@@ -260,3 +260,23 @@ def test_the_compile_gate_holds_back_only_the_backend_over_its_own_budget():
     assert stats.compile_gated["planted-jit"] > 0
     assert "planted-jit-cheap" not in stats.compile_gated
     assert len(stats.kernel_keys["planted-jit-cheap"]) > len(stats.kernel_keys["planted-jit"])
+
+
+def test_the_compile_gate_counts_every_jit_backend_together():
+    """Two equally costly JIT backends, each within the whole allowance but together past it,
+    are both held back (the budget is a share of the wall time, and a case waits for its slowest
+    child); a cheap third one, under its fair part, is not (`Worker._over_compile_budget`)."""
+    from tests.fuzzer.planted_jit import CheapJitBackend, PlantedJitBackend
+
+    class OtherCostly(PlantedJitBackend):
+        name = "planted-jit-other"
+
+    backends = [(PlantedJitBackend(), "tests.fuzzer.planted_jit:PlantedJitBackend"),
+                (OtherCostly(), "x:OtherCostly"), (CheapJitBackend(), "tests.fuzzer.planted_jit:CheapJitBackend")]
+    config = WorkerConfig(backends=backends, isolation="none", shrink=False, jit_share=0.2)
+    worker = Worker(config, MemorySink())
+    worker.usable = [b for b, _ in backends]
+    worker.stats.compile_by_backend.update({"planted-jit": 7.0, "planted-jit-other": 7.0, "planted-jit-cheap": 0.5})
+    assert worker._over_compile_budget(10.0) == {"planted-jit", "planted-jit-other"}  # 14.5 > 10; fair part 3.3
+    assert worker._over_compile_budget(20.0) == set()  # together within the allowance
+    assert worker._over_compile_budget(None) == set()  # no budget
