@@ -68,6 +68,10 @@ def main():
         groups.setdefault(key, []).append(row[0])
         if len(groups[key]) == 1:
             rows.append(row[:6])
+    # error/crash/timeout/oom groups need no numeric check and may poison this process's CUDA
+    # context (FA4's CUDA error 700 on the H200, 2026-12-01, made every later check fail): last
+    non_numeric = ("error:", "crash", "timeout", "oom")
+    rows.sort(key=lambda r: r[3].startswith(non_numeric))
     print(json.dumps({"buckets": len(every), "groups": len(rows)}), flush=True)
     report, cache = [], {}
     for bid, backend_name, variant, signature, case_id, config in rows[:limit]:
