@@ -248,6 +248,19 @@ def print_summary(stats: WorkerStats, url: str, *, interrupted: bool = False) ->
         f"({_share(stats.compile_s, wall)} of wall, {_share(stats.compile_s, stats.fuzz_s)} of fuzzing; "
         f"{sum(len(k) for k in stats.kernel_keys.values())} kernel keys; FA4 compile cache: {jit_cache_description()})"
     )
+    if stats.slowest_cases:
+        slowest = ", ".join(
+            f"{name} {n} ({stats.slowest_s[name]:.1f} s)" for name, n in stats.slowest_cases.most_common(4)
+        )
+        out.print(f"Slowest backend of a case (the case waits for it), cases (its seconds on them): {slowest}")
+    skipped = {
+        "variants with no distinct call for the case": stats.not_applicable,
+        "tasks at a kernel key that crashed or timed out before": stats.crash_quarantined,
+        "tasks after another variant crashed on the case": stats.skipped_after_crash,
+    }
+    for what, counts in skipped.items():
+        if counts:
+            out.print(f"Not run, no result ({what}): " + ", ".join(f"{n} {c}" for n, c in sorted(counts.items())))
     if stats.compile_gated:
         gated = ", ".join(f"{name} {n}" for name, n in sorted(stats.compile_gated.items()))
         out.print(f"JIT tasks not run because they needed a new kernel while compilation was over its budget (--jit-share): {gated}")
