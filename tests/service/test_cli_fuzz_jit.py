@@ -84,3 +84,29 @@ def test_a_run_whose_failures_are_all_known_does_not_say_no_failures() -> None:
     with out.capture() as captured:
         print_summary(stats, "sqlite://")
     assert "no failures found" in captured.get()
+
+
+def test_the_json_summary_says_where_the_tasks_time_went_and_what_was_not_run(tmp_path: Path) -> None:
+    """``fuzz --json``: per backend the timing parts of its tasks (`fuzzer.executor.TASK_TIMING_PARTS`
+    plus run, compile and tasks) and how often it was the case's slowest; the variants left out as
+    no distinct call; the quarantine counters. In process there is no child timing, only run."""
+    from collections import Counter
+
+    from fuzzer.worker import WorkerStats
+    from service.cli.fuzz_display import summary_data
+
+    stats = WorkerStats(cases=3, wall_s=2.0)
+    stats.task_timing_s["te-fa4"] = Counter({"tasks": 3, "run": 0.5, "send": 0.01, "env_wall": 4.0})
+    stats.slowest_cases["te-fa4"], stats.slowest_s["te-fa4"] = 2, 3.5
+    stats.not_applicable["fa4"] = 5
+    stats.crash_quarantined["fa4"] = 2
+    data = summary_data(stats, "sqlite://")
+    assert data["children"]["te-fa4"] == {"env_wall": 4.0, "run": 0.5, "send": 0.01, "tasks": 3,
+                                          "slowest_cases": 2, "slowest_s": 3.5}
+    assert data["not_applicable"] == {"fa4": 5} and data["crash_quarantined"] == {"fa4": 2}
+    assert data["skipped_after_crash"] == {}
+    result = _fuzz(tmp_path, "--json")
+    assert result.exit_code == 0, result.output
+    body = json.loads(result.stdout)
+    assert body["children"]["torch-cpu-math"]["tasks"] >= 1 and "slowest_cases" in body["children"]["torch-cpu-math"]
+    assert body["not_applicable"].get("torch-cpu-math", 0) >= 0
