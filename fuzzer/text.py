@@ -64,8 +64,11 @@ def storable_text(value: Any, max_chars: int | None = None) -> str:
 
 
 def is_storable(value: str, max_chars: int | None = None) -> bool:
-    """True when `storable_text` would return ``value`` unchanged."""
-    return storable_text(value, max_chars) == value
+    """True when `storable_text` would return ``value`` unchanged (nothing to escape, not too
+    long; tested without building the text: every string of every result's metrics is tested)."""
+    if isinstance(value, str) and _UNSTORABLE.search(value) is None and (max_chars is None or len(value) <= max_chars):
+        return True
+    return storable_text(value, max_chars) == value  # (raises as it does for a too small max_chars)
 
 
 __all__ = ["CUT_MARKER", "MAX_DETAIL", "MAX_NAME", "MAX_PACKAGE", "MAX_SIGNATURE", "MAX_VERSIONS", "is_storable", "storable_text"]

@@ -352,7 +352,8 @@ class PreparedTensor:
         floor_global, allowed_global, ref_norm: floats of the whole tensor.
         base2_tiles, scale2_tiles, allowed_tiles: float64 ``[G, T]``.
         overflow: float64 ``[G, R, F]``: ``+-inf`` where the reference, rounded to the rounding
-            dtype, overflows (the correctly rounded result is that infinity), else 0.
+            dtype, overflows (the correctly rounded result is that infinity), else 0; None when
+            no entry overflows.
         masked_count: entries of ``expect_masked``.
         all_judged: every entry is judged (``ref_finite`` all true, nothing overflowed): the
             judging then skips the masks.
@@ -456,24 +457,31 @@ def prepare_tensor(
         return x.permute(row_perm).reshape(num_groups, num_rows)
 
     ref = reference.to(torch.float64).permute(perm).reshape(num_groups, num_rows, num_features)
+    finite = torch.isfinite(ref)
     if visible_rows is not None:
         expect_masked = ~rows_to_grid(visible_rows.to(reference.device, torch.bool))[..., None].expand_as(ref)
-    else:
-        expect_masked = ~torch.isfinite(ref)
-    ref_finite = torch.isfinite(ref) & ~expect_masked
+        ref_finite = finite & ~expect_masked
+    else:  # masked: the non-finite entries (then finite & ~masked is finite)
+        expect_masked = ~finite
+        ref_finite = finite
+    ref_finite_all = bool(ref_finite.all())
     ref_v = torch.where(ref_finite, ref, 0.0)
     rounded = ref_v.to(getattr(torch, round_to)).to(torch.float64)
-    overflowed = torch.isinf(rounded) & ref_finite
-    overflow = torch.where(overflowed, rounded, 0.0)
+    overflow = None  # None: no entry overflows (as all zeros for `judge_tensor`)
     judged = None
-    if bool(overflowed.any()):
-        # An entry whose correctly rounded value is +-inf is left out of the error sums (the
-        # kernel's infinity of that sign there is right, see `judge_tensor`; the other sign or NaN
-        # is still flagged): its rounding error is infinite, and one such entry must not make the
-        # allowance of its row, tile and tensor infinite (that switched the tensor's check off).
-        judged = ref_finite & ~overflowed
-        ref_v = torch.where(judged, ref_v, 0.0)
-        rounded = torch.where(judged, rounded, 0.0)
+    # rounded holds no NaN (ref_v is finite): a finite sum means no infinity either
+    if not math.isfinite(float(rounded.sum())):
+        overflowed = torch.isinf(rounded) & ref_finite
+        if bool(overflowed.any()):
+            # An entry whose correctly rounded value is +-inf is left out of the error sums (the
+            # kernel's infinity of that sign there is right, see `judge_tensor`; the other sign or
+            # NaN is still flagged): its rounding error is infinite, and one such entry must not
+            # make the allowance of its row, tile and tensor infinite (that switched the tensor's
+            # check off).
+            overflow = torch.where(overflowed, rounded, 0.0)
+            judged = ref_finite & ~overflowed
+            ref_v = torch.where(judged, ref_v, 0.0)
+            rounded = torch.where(judged, rounded, 0.0)
     base = rounded - ref_v
     base2_rows = base.square().sum(-1)
     ref2_rows = ref_v.square().sum(-1)
@@ -486,8 +494,9 @@ def prepare_tensor(
     def allowed_for(base2: torch.Tensor, scale2: torch.Tensor, numel: int) -> torch.Tensor:
         return factor * torch.maximum(base2.sqrt(), u * scale2.sqrt()) + floor * math.sqrt(numel)
 
-    floor_global = max(float(base2_rows.sum().sqrt()), u * float(scale2_rows.sum().sqrt()))
-    allowed_global = float(allowed_for(base2_rows.sum(), scale2_rows.sum(), ref.numel()))
+    base2_sum, scale2_sum = base2_rows.sum(), scale2_rows.sum()
+    floor_global = max(float(base2_sum.sqrt()), u * float(scale2_sum.sqrt()))
+    allowed_global = float(allowed_for(base2_sum, scale2_sum, ref.numel()))
     pad = (-num_rows) % tile_rows
     num_tiles = (num_rows + pad) // tile_rows
 
@@ -507,8 +516,8 @@ def prepare_tensor(
         allowed_tiles=allowed_tiles,
         overflow=overflow,
         judged=judged,
-        masked_count=int(expect_masked.sum()),
-        all_judged=judged is None and bool(ref_finite.all()),
+        masked_count=0 if visible_rows is None and ref_finite_all else int(expect_masked.sum()),
+        all_judged=judged is None and ref_finite_all,
         tiles_positive=bool((allowed_tiles > 0).all()),
     )
 

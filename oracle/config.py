@@ -401,13 +401,23 @@ class AttentionCase:
         return cls(**data)
 
     def to_json_str(self) -> str:
-        """Canonical JSON text (sorted keys, no spaces): the input of ``case_id``."""
-        return json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
+        """Canonical JSON text (sorted keys, no spaces): the input of ``case_id``. Computed once
+        per case (the case is immutable) and kept in the instance's ``__dict__``: a fuzz case
+        asked for its id about 17 times (every result carries it)."""
+        text = self.__dict__.get("_json_str")
+        if text is None:
+            text = json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
+            self.__dict__["_json_str"] = text  # not a field: eq, hash, repr and replace ignore it
+        return text
 
     @property
     def case_id(self) -> str:
-        """First 16 hex digits of the SHA-256 of the canonical JSON."""
-        return hashlib.sha256(self.to_json_str().encode()).hexdigest()[:16]
+        """First 16 hex digits of the SHA-256 of the canonical JSON (computed once per case)."""
+        case_id = self.__dict__.get("_case_id")
+        if case_id is None:
+            case_id = hashlib.sha256(self.to_json_str().encode()).hexdigest()[:16]
+            self.__dict__["_case_id"] = case_id
+        return case_id
 
     def replace(self, **changes: Any) -> AttentionCase:
         """A copy with ``changes`` applied and validated.
