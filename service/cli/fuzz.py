@@ -33,9 +33,23 @@ from service.cli.fuzz_display import RichReporter, print_summary, summary_data
 from service.errors import FieldValidationError
 
 
+def _positive(value: float | None) -> float | None:
+    """An option that must be > 0 (None: not given): else a usage error naming it (exit 2)."""
+    if value is not None and not value > 0:
+        raise typer.BadParameter(f"must be > 0, got {value:g}")
+    return value
+
+
+def _share(value: float) -> float:
+    """A share of wall time: in (0, 1], else a usage error naming the option (exit 2)."""
+    if not 0 < value <= 1:
+        raise typer.BadParameter(f"must be in (0, 1] (1 = no bound), got {value:g}")
+    return value
+
+
 def fuzz(
-    time_budget: Annotated[Optional[float], typer.Option("--time-budget", help="Seconds to fuzz (default 60).")] = None,
-    max_cases: Annotated[Optional[int], typer.Option("--max-cases", help="Stop after N generated cases.")] = None,
+    time_budget: Annotated[Optional[float], typer.Option("--time-budget", callback=_positive, help="Seconds to fuzz, > 0 (default 60).")] = None,
+    max_cases: Annotated[Optional[int], typer.Option("--max-cases", min=0, help="Stop after N generated cases (0: only shrink what is queued).")] = None,
     backend: Annotated[
         Optional[list[str]],
         typer.Option("--backend", help="Backend name, or module:attr of a plugin; repeatable (default: all available)."),
@@ -45,10 +59,13 @@ def fuzz(
     device: Annotated[Device, typer.Option(help="Where inputs and the oracle live.")] = Device.auto,
     gpus: Annotated[Optional[str], typer.Option("--gpus", help="'all' or a list like 0,1: one worker process per GPU.")] = None,
     shrink: Annotated[bool, typer.Option("--shrink/--no-shrink", help="Minimise new buckets.")] = True,
-    shrink_deadline: Annotated[float, typer.Option(help="Seconds per minimisation.")] = 120.0,
+    shrink_deadline: Annotated[float, typer.Option(callback=_positive, help="Seconds per minimisation, > 0.")] = 120.0,
     shrink_share: Annotated[
         float,
-        typer.Option(help="Largest share of wall time spent shrinking, served between cases (1 = no bound)."),
+        typer.Option(
+            callback=_share,
+            help="Largest share of wall time spent shrinking, in (0, 1], served between cases (1 = no bound).",
+        ),
     ] = 0.25,
     jit_share: Annotated[
         float,
@@ -60,7 +77,9 @@ def fuzz(
             "(1 = no budget). See docs/build-matrix.md, compile budget.",
         ),
     ] = 0.2,
-    case_timeout: Annotated[float, typer.Option(help="Seconds per backend call before its child is killed.")] = 120.0,
+    case_timeout: Annotated[
+        float, typer.Option(callback=_positive, help="Seconds per backend call before its child is killed, > 0.")
+    ] = 120.0,
     isolation: Annotated[
         Isolation,
         typer.Option(
@@ -69,17 +88,17 @@ def fuzz(
     ] = Isolation.process,
     max_seqlen: Annotated[
         Optional[int],
-        typer.Option(help="Largest seqlen_q/seqlen_k drawn (default: each backend's declared cap on cpu, 8192 on cuda)."),
+        typer.Option(min=1, help="Largest seqlen_q/seqlen_k drawn (default: each backend's declared cap on cpu, 8192 on cuda)."),
     ] = None,
-    max_batch_size: Annotated[int, typer.Option(help="Largest batch_size drawn.")] = 2,
-    max_heads_kv: Annotated[int, typer.Option(help="Largest num_heads_kv drawn.")] = 4,
+    max_batch_size: Annotated[int, typer.Option(min=1, help="Largest batch_size drawn.")] = 2,
+    max_heads_kv: Annotated[int, typer.Option(min=1, help="Largest num_heads_kv drawn.")] = 4,
     max_work: Annotated[
         Optional[int],
-        typer.Option(help="Bound on batch*heads*seqlen_q*seqlen_k*head_dim (default 2**23 on cpu, 2**32 on cuda)."),
+        typer.Option(min=1, help="Work budget: batch*heads*seqlen_q*seqlen_k*head_dim (default 2**23 cpu, 2**32 cuda)."),
     ] = None,
     max_elements: Annotated[
         Optional[int],
-        typer.Option(help="Bound on the elements of each of q, k, v (default 2**18 on cpu, 2**25 on cuda)."),
+        typer.Option(min=1, help="Bound on the elements of each of q, k, v (default 2**18 on cpu, 2**25 on cuda)."),
     ] = None,
     draw: Annotated[
         DrawMode,
@@ -110,21 +129,21 @@ def fuzz(
             envvar="ATTNFUZZ_SPOOL_DIR", show_envvar=True, help="Root of the local spool slots (default ~/.cache/attnfuzz/spool)."
         ),
     ] = None,
-    spool_max_bytes: Annotated[int, typer.Option(help="Bound on one worker's spool, bytes.")] = 256 * 2**20,
+    spool_max_bytes: Annotated[int, typer.Option(min=1, help="Bound on one worker's spool, bytes.")] = 256 * 2**20,
     ledger: Annotated[
         Optional[str], typer.Option(help="Append every result handed to storage to this JSON-lines file.")
     ] = None,
     db_timeout: Annotated[
         Optional[float],
-        typer.Option(help="Seconds: SQLite busy timeout / PostgreSQL connect timeout (default 30 s / libpq's)."),
+        typer.Option(callback=_positive, help="Seconds: SQLite busy timeout / PostgreSQL connect timeout (default 30 s / libpq's)."),
     ] = None,
-    db_wait: Annotated[float, typer.Option(help="Seconds to wait for an unreachable database at start.")] = 300.0,
-    heartbeat: Annotated[float, typer.Option(help="Seconds between heartbeats.")] = 10.0,
+    db_wait: Annotated[float, typer.Option(min=0, help="Seconds to wait for an unreachable database at start.")] = 300.0,
+    heartbeat: Annotated[float, typer.Option(callback=_positive, help="Seconds between heartbeats.")] = 10.0,
     minimise_lease: Annotated[
-        Optional[float], typer.Option(help="Seconds a minimisation claim lasts without renewal.")
+        Optional[float], typer.Option(callback=_positive, help="Seconds a minimisation claim lasts without renewal.")
     ] = None,
     child_memory_limit_bytes: Annotated[
-        Optional[int], typer.Option(help="Kill a backend child past this resident memory, bytes (outcome oom).")
+        Optional[int], typer.Option(min=1, help="Kill a backend child past this resident memory, bytes (outcome oom).")
     ] = None,
     corpus: Annotated[
         str,

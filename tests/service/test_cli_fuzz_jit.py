@@ -110,3 +110,18 @@ def test_the_json_summary_says_where_the_tasks_time_went_and_what_was_not_run(tm
     body = json.loads(result.stdout)
     assert body["children"]["torch-cpu-math"]["tasks"] >= 1 and "slowest_cases" in body["children"]["torch-cpu-math"]
     assert body["not_applicable"].get("torch-cpu-math", 0) >= 0
+
+
+def test_out_of_range_numbers_are_usage_errors_naming_the_option(tmp_path: Path) -> None:
+    """A new user's bad values (a trial, 2026-12-01): ``--case-timeout 0`` was accepted and made
+    every call a timeout (fake crash buckets stored), ``--time-budget -5`` and ``--max-cases -3``
+    ran, ``--shrink-share -1`` exited 4 naming ``shrink_share``. Each is now exit 2 naming the
+    option, before anything is stored."""
+    url = f"sqlite:///{tmp_path / 'bad.db'}"
+    for option, value in [("--case-timeout", "0"), ("--time-budget", "-5"), ("--max-cases", "-3"),
+                          ("--shrink-share", "-1"), ("--shrink-share", "1.5"), ("--shrink-deadline", "0"),
+                          ("--max-seqlen", "0"), ("--max-work", "-1"), ("--max-batch-size", "0"), ("--heartbeat", "0")]:
+        result = CliRunner().invoke(app, ["fuzz", option, value, "--db", url], env={"COLUMNS": "200"})
+        assert result.exit_code == 2, (option, value, result.output)
+        assert option in result.output, (option, result.output)
+    assert not (tmp_path / "bad.db").exists()
