@@ -82,7 +82,8 @@ def export_case(
         return
     console.print(
         f"wrote {path}: {target.backend} / {target.variant} / {target.signature or '(no recorded failure)'}; "
-        f"run it with: pytest {path} (needs pytest: pip install pytest)"
+        f"run it with: pytest -c /dev/null {path} (-c /dev/null: without the pytest settings of the project you "
+        "are in, which may add options this file does not need; needs pytest: pip install pytest)"
     )
 
 

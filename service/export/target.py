@@ -69,7 +69,8 @@ def load_export(
 
     Raises:
         NotFoundError: no such case.
-        ExportError: ``force`` (misleading export without ``force``), ``allowance`` (no stored
+        ExportError: ``variant`` (a variant that is no distinct call for the case, with or
+            without ``force``), ``force`` (misleading export without ``force``), ``allowance`` (no stored
             allowance and ``compute_missing`` off), or anything `render_repro` raises.
     """
     from service.db import repository
@@ -107,6 +108,15 @@ def export_target(
     check_names(target.backend, target.variant, target.signature)
     adapter = adapter or resolve_backend(target.backend)
     repro_call(adapter, case, target.variant)  # the backend's and the variant's errors before the store's
+    inapplicable = _inapplicable(adapter, case, target.variant)
+    if inapplicable:  # refused even with force: the file would call another attention than the case's
+        applicable = ", ".join(v for v in adapter.applicable_variants(case) if v != target.variant) or "none"
+        raise ExportError(
+            "variant",
+            f"{target.backend}/{target.variant} is no distinct call for this case ({'; '.join(inapplicable)}), "
+            f"so the fuzzer records no result for it and a file would test another mask or call; "
+            f"variants that apply here: {applicable}",
+        )
     if not force:
         reason = misleading_reason(stored_statuses(session, case_id, target.backend, target.variant), target.backend, target.variant)
         if reason is not None:
@@ -124,6 +134,15 @@ def export_target(
             )
     recorded = _recorded_figures(session, case_id, target.backend, target.variant)
     return render_repro(case, adapter, target.variant, target.signature, allowance=allowance, recorded=recorded)
+
+
+def _inapplicable(adapter: Backend, case: Any, variant: str) -> list[str]:
+    """`fuzzer.backends.base.Backend.inapplicable_reasons` of the variant (an adapter whose check
+    raises counts as applicable: the export then goes on as before)."""
+    try:
+        return list(adapter.inapplicable_reasons(case, variant))
+    except Exception:  # noqa: BLE001 - a plugin's check must not stop an export
+        return []
 
 
 def _failing_backends(session: Any, case_id: str) -> list[tuple[str, str]]:

@@ -114,3 +114,32 @@ def test_service_bad_input_errors_share_exit_code_2_with_the_rest_of_the_cli() -
     assert exit_code(FieldValidationError("jobs", "must be at least 1")) == 2
     assert exit_code(NotFoundError("case", "0123456789abcdef")) == 2
     assert exit_code(ServiceError("database unreachable")) == 5
+
+
+def test_a_variant_with_no_distinct_call_for_the_case_is_refused_even_with_force(
+    cli: typer.Typer, fresh_database_url: str, tmp_path: Path
+) -> None:
+    """A new user forced ``is_causal`` on a windowed non-causal case: the file called plain
+    attention and failed (error ratio 554), a fake bug. A variant that cannot encode the case's
+    mask (`Backend.inapplicable_reasons`) is refused with or without ``--force``, naming the
+    variants that apply."""
+    migrations.upgrade(fresh_database_url)
+    engine = make_engine(fresh_database_url)
+    store = SqlStore(engine)
+    build_id = store.register_build(BuildFingerprint(torch="2.13.0"))
+    case = AttentionCase(seqlen_q=4, seqlen_k=6, num_heads=1, head_dim=8, window_size_left=3, dtype="float32")
+    store.record_case(case.to_json(), "fuzz")
+    store.record_result(CaseResult(case.case_id, "torch-cpu-math", "bool_mask", "fail", signature="out:mismatch"), build_id, None)
+    engine.dispose()
+    target = tmp_path / "t.py"
+    for extra in ([], ["--force"]):
+        args = ["export", case.case_id, "--backend", "torch-cpu-math", "--variant", "is_causal", "-o", str(target),
+                "--db", fresh_database_url, *extra]
+        result = CliRunner().invoke(cli, args)
+        text = " ".join(result.output.split())
+        assert result.exit_code == 2, result.output
+        assert "no distinct call" in text and "windows need a mask tensor" in text and "bool_mask" in text
+        assert not target.exists()
+    ok = CliRunner().invoke(cli, ["export", case.case_id, "--backend", "torch-cpu-math", "--variant", "bool_mask",
+                                  "-o", str(target), "--db", fresh_database_url])
+    assert ok.exit_code == 0, ok.output
