@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -373,15 +374,28 @@ def _fuzz_on_gpus(gpus: str, url: str) -> None:
         cmd = [sys.executable, "-m", "attnfuzz", *cleaned, "--quiet", "--device", "cuda"]
         processes.append((index, subprocess.Popen(cmd, env=env, stdout=log_file, stderr=subprocess.STDOUT), log_file))
         log.warning("worker on GPU %s: pid %s, log attnfuzz-gpu%s.log", index, processes[-1][1].pid, index)
-    failed = 0
+    failed = []
     for index, process, log_file in processes:
         code = process.wait()
         log_file.close()
         if code:
-            failed += 1
+            failed.append(f"GPU {index} (exit {code}): {_last_error_line(f'attnfuzz-gpu{index}.log')}")
             log.error("worker on GPU %s exited with %s", index, code)
     if failed:
-        raise WorkerError(f"{failed} of {len(processes)} GPU workers failed (see attnfuzz-gpu*.log)")
+        raise WorkerError(
+            f"{len(failed)} of {len(processes)} GPU workers failed (logs: attnfuzz-gpu*.log): " + "; ".join(failed)
+        )
+
+
+def _last_error_line(path: str) -> str:
+    """The last line of a GPU worker's log that says ``error`` (else its last line), for the
+    failure message: the reason should not be only in the log (a new user's trial, 2026-12-01)."""
+    try:
+        lines = [line.strip() for line in Path(path).read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return "no log"
+    errors = [line for line in lines if "error" in line.lower()]
+    return (errors or lines or ["empty log"])[-1][:300]
 
 
 def register(app: typer.Typer) -> None:
