@@ -146,12 +146,18 @@ def _coverage_data(stats: WorkerStats, top: int = 3) -> dict:
 
 def _children_data(stats: WorkerStats) -> dict:
     """Per backend, where its fuzz tasks' time went (seconds, `fuzzer.executor.TASK_TIMING_PARTS`
-    plus ``run``/``compile`` and ``tasks``) and how often its environment was the case's slowest
-    (``slowest_cases``, ``slowest_s``: the wall seconds of those)."""
+    plus ``run``/``compile``; ``tasks`` a count) and how often its environment was the case's
+    slowest (``slowest_cases``, ``slowest_s``: the wall seconds of those). Backends that share a
+    child process (one environment, e.g. the two CPU SDPA backends) carry the parts of a whole
+    message (``send``, ``deliver``, ``unpack``, ``env_wall``) and the slowest counts on the
+    environment's first backend only."""
     names = sorted(set(stats.task_timing_s) | set(stats.slowest_cases))
     return {
         name: {
-            **{part: round(v, 4) for part, v in sorted(stats.task_timing_s.get(name, {}).items())},
+            **{
+                part: int(v) if part == "tasks" else round(v, 4)
+                for part, v in sorted(stats.task_timing_s.get(name, {}).items())
+            },
             "slowest_cases": stats.slowest_cases.get(name, 0),
             "slowest_s": round(stats.slowest_s.get(name, 0.0), 4),
         }
