@@ -25,8 +25,19 @@ from oracle.errors import AttnFuzzError, CaseValidationError
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
 
-console = Console(stderr=True)
-out = Console()
+def _width_off_terminal(stream: Any) -> int | None:
+    """Rich's width for a console on ``stream``: its own choice on a terminal or with ``COLUMNS``
+    set; 160 columns otherwise (rich falls back to 80, which cut the live and summary tables'
+    headers and reasons to "pa…" when the output went to a file or a pipe)."""
+    try:
+        is_tty = stream.isatty()
+    except (AttributeError, ValueError):
+        is_tty = False
+    return None if is_tty or os.environ.get("COLUMNS") else 160
+
+
+console = Console(stderr=True, width=_width_off_terminal(sys.stderr))
+out = Console(width=_width_off_terminal(sys.stdout))
 log = logging.getLogger("attnfuzz.cli")
 
 EXIT_CODES = {
