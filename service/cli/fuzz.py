@@ -73,8 +73,9 @@ def fuzz(
         typer.Option(
             "--jit-share",
             help="Compile budget of JIT backends (FA4, TE-on-FA4, te-fused's cuDNN graphs, flex), in (0, 1]: the largest "
-            "share of the fuzzing time a backend may spend compiling. Over it, cases drawn for that backend reuse "
-            "kernels it has built and it runs no case that needs a new one; under it, half the draws reuse kernels "
+            "share of the fuzzing time the JIT backends together may spend compiling. Over it, cases drawn for a "
+            "JIT backend reuse kernels it has built, and each over its fair part runs no case that needs a new one; "
+            "under it, half the draws reuse kernels "
             "(1 = no budget). See docs/build-matrix.md, compile budget.",
         ),
     ] = 0.2,
