@@ -145,8 +145,18 @@ TOLERANCE_FACTORS: dict[str, dict[str, float]] = {
     "float32": {"out": 1.7, "lse": 7.5, "dq": 1.5, "dk": 2.5, "dv": 3.6},
 }
 # Absolute floor per element: half the spacing of the dtype's subnormals (u * smallest normal), the
-# rounding error of a value that is exactly 0 in float64 but tiny in the kernel's dtype.
-ABSOLUTE_FLOOR = {name: u * torch.finfo(getattr(torch, name)).tiny for name, u in UNIT_ROUNDOFF.items()}
+# rounding error of a value that is exactly 0 in float64 but tiny in the kernel's dtype; for the
+# dtypes with float32's exponent range (bfloat16, float32) at least float32's smallest normal
+# (2**-126, `FLUSH_TO_ZERO_FLOOR`): kernels accumulate in float32 and may flush subnormal
+# intermediates and results to zero (CUDA's -ftz=true, x86 DAZ/FTZ), an absolute error up to that
+# value per entry. Without it a tile whose reference is ~1e-38 (keys a peaked row never attends:
+# P ~ exp(-87)) failed at 4.5x its allowance on PyTorch's CPU flash kernel, whose dv was the
+# float64 value rounded to bfloat16 everywhere else (relative L2 error 1.9e-11; 2026-12-01).
+FLUSH_TO_ZERO_FLOOR = torch.finfo(torch.float32).tiny
+ABSOLUTE_FLOOR = {
+    name: max(u * torch.finfo(getattr(torch, name)).tiny, FLUSH_TO_ZERO_FLOOR if name in ("bfloat16", "float32") else 0.0)
+    for name, u in UNIT_ROUNDOFF.items()
+}
 
 
 class CompareInputError(AttnFuzzError, ValueError):
@@ -778,6 +788,7 @@ def compare_outputs(
 
 __all__ = [
     "ABSOLUTE_FLOOR",
+    "FLUSH_TO_ZERO_FLOOR",
     "LSE_DTYPE",
     "SEVERITY",
     "TENSOR_NAMES",

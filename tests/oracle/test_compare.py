@@ -357,3 +357,29 @@ def test_a_prepared_reference_prepares_every_tensor_at_once_and_defers_a_failure
         compare_outputs(bad, broken, out=forward_only.out.to(torch.bfloat16))
     with pytest.raises(CompareInputError):
         compare_outputs(case, PreparedReference(case, forward_only), out=forward_only.out, dq=forward_only.out)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_a_subnormal_flushed_to_zero_in_a_tile_of_tiny_values_is_no_tile_mismatch(dtype):
+    """Kernels accumulate in float32 and may flush subnormals to zero: a tile whose float64
+    reference is ~1e-38 (keys a peaked row never attends) and whose kernel values are 0 there is
+    within `FLUSH_TO_ZERO_FLOOR` per entry (PyTorch's CPU flash dv, relative L2 1.9e-11, was a
+    ``dv:tile_mismatch`` at 4.5x). The same zeros where the reference is 1e-30 still fail."""
+    import torch
+
+    from oracle.compare import compare_tensor
+
+    FLUSH_TO_ZERO_FLOOR = torch.finfo(torch.float32).tiny  # oracle.compare.FLUSH_TO_ZERO_FLOOR
+    torch.manual_seed(0)
+    reference = torch.randn(1, 128, 2, 16, dtype=torch.float64)
+    reference[:, 64:] *= 0.5 * FLUSH_TO_ZERO_FLOOR  # the second tile of rows: float32 subnormals
+    actual = reference.to(getattr(torch, dtype)).clone()
+    actual[:, 64:] = 0  # flushed
+    verdict = compare_tensor("dv", actual, reference, dtype)
+    assert verdict.passed, verdict
+    tiny_but_normal = reference.clone()
+    tiny_but_normal[:, 64:] = reference[:, 64:] / (0.5 * FLUSH_TO_ZERO_FLOOR) * 1e-30
+    wrong = tiny_but_normal.to(getattr(torch, dtype)).clone()
+    wrong[:, 64:] = 0
+    verdict = compare_tensor("dv", wrong, tiny_but_normal, dtype)
+    assert not verdict.passed and "dv:tile_mismatch" in verdict.signatures, verdict
