@@ -234,6 +234,19 @@ class Evaluation:
                 self.slowest = (outcome.backend, ms / 1000.0)
 
 
+def applicable_tasks(backends: Iterable[Backend], case: AttentionCase) -> tuple[list[tuple[str, str]], Counter]:
+    """The default tasks of ``case``: each backend's `fuzzer.backends.base.Backend.applicable_variants`
+    as ``(backend, variant)`` in order, and by backend how many variants were left out (no
+    distinct call for the case; backends with none left out are not in the counter)."""
+    tasks: list[tuple[str, str]] = []
+    left_out: Counter = Counter()
+    for backend in backends:
+        applicable = backend.applicable_variants(case)
+        tasks.extend((backend.name, v) for v in applicable)
+        left_out[backend.name] += len(backend.variants) - len(applicable)
+    return tasks, +left_out
+
+
 def set_skip_after_crash(executor: Any, on: bool) -> None:
     """Turn `fuzzer.executor.ChildProcessExecutor.skip_after_crash` on or off for ``executor``
     and the executor behind it (a CP `fuzzer.cp.executor.RoutingExecutor`'s ``default``);
@@ -349,12 +362,7 @@ class Evaluator:
         unsupported: list[CaseResult] = []
         left_out: Counter = Counter()
         if tasks is None:
-            tasks = []
-            for b in self.usable:
-                applicable = b.applicable_variants(case)
-                tasks.extend((b.name, v) for v in applicable)
-                left_out[b.name] += len(b.variants) - len(applicable)
-            left_out = +left_out
+            tasks, left_out = applicable_tasks(self.usable, case)
         for name, variant in tasks:
             backend = self.backends[name]
             reasons = backend.unsupported_reasons(case, variant)

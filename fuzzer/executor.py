@@ -329,8 +329,6 @@ def run_task(backend: Backend, case: AttentionCase, inputs: Any, variant: str) -
     ``ok`` outcomes carry the output on the backend's device; a fatal CUDA error is reported as
     ``crash`` with ``detail`` starting with ``"fatal CUDA error"``.
     """
-    import torch
-
     moved = time.perf_counter()
     inputs = inputs_on(inputs, backend.device)
     start = time.perf_counter()
@@ -822,8 +820,9 @@ class ChildProcessExecutor:
             inputs are on a CUDA device; on the CPU, on when the children and this process have a
             core each (environments + 1 <= usable cores: the README's CPU job has one child, so
             on 2 cores its kernels run while this process computes the oracle, 1.17x cases/s side
-            by side, 2026-12-01), else off (more children than cores would only contend). Off: environments one after the other, and `submit`
-            runs nothing before ``result()`` (the serial order). Per-task semantics are the same
+            by side, 2026-12-01), else off (more children than cores would only contend). Off:
+            environments one after the other, and `submit` runs nothing before ``result()`` (the
+            serial order). Per-task semantics are the same
             either way: the timeout is per task and per child, every way a call ends becomes its
             `TaskOutcome`, a dead child is restarted, outcomes come in task order.
 
@@ -851,6 +850,7 @@ class ChildProcessExecutor:
         if memory_limit_bytes is not None and memory_limit_bytes <= 0:
             raise ExecutorError(f"memory_limit_bytes: must be positive, got {memory_limit_bytes}")
         self.backends = {b.name: (b, spec) for b, spec in backends}
+        self._environments = {b.environment for b, _ in backends}  # one child each
         self.start_timeout_s = start_timeout_s
         self.memory_limit_bytes = memory_limit_bytes
         self.memory_poll_s = memory_poll_s
@@ -1042,9 +1042,8 @@ class ChildProcessExecutor:
         `close` (a child dies with the thread that started it: ``PR_SET_PDEATHSIG``)."""
         with self._lock:
             if self._pool is None:
-                environments = {b.environment for b, _ in self.backends.values()}
                 self._pool = concurrent.futures.ThreadPoolExecutor(
-                    max_workers=max(len(environments), 1), thread_name_prefix="attnfuzz-env"
+                    max_workers=max(len(self._environments), 1), thread_name_prefix="attnfuzz-env"
                 )
             return self._pool
 
@@ -1053,8 +1052,7 @@ class ChildProcessExecutor:
             return self.parallel
         if _device_of(inputs) == "cuda":
             return True
-        environments = {b.environment for b, _ in self.backends.values()}
-        return len(environments) + 1 <= _usable_cores()
+        return len(self._environments) + 1 <= _usable_cores()
 
     def _check_idle(self) -> None:
         with self._lock:

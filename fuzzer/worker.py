@@ -55,7 +55,7 @@ from hypothesis.errors import Unsatisfiable
 from fuzzer.backends.base import Backend
 from fuzzer.backends.cp_layout import cp_unsupported_reasons
 from fuzzer.cp.executor import make_executor_with_cp
-from fuzzer.evaluate import Evaluation, Evaluator, judge, with_phase
+from fuzzer.evaluate import Evaluation, Evaluator, applicable_tasks, judge, with_phase
 from fuzzer.evaluate import normalise_masked_lse as _normalise_masked_lse
 from fuzzer.executor import TaskOutcome
 from fuzzer.minimise import MinimiseInterrupted, MinimiseOutcome, minimise
@@ -618,29 +618,26 @@ class Worker:
             return None
         tasks: list[tuple[str, str]] = []
         gated = 0
-        left_out: Counter = Counter()
-        for backend in self.usable:
-            built = self.stats.kernel_keys.get(backend.name, ())
-            applicable = backend.applicable_variants(case)  # as Evaluator.split_applicable: no result for the others
-            left_out[backend.name] += len(backend.variants) - len(applicable)
-            for variant in applicable:
-                quarantine = any(name == backend.name for name, _ in crashed)
-                if (backend.name in over or quarantine) and case.cp_size == 1 and not backend.unsupported_reasons(case, variant):
-                    try:
-                        key = backend.kernel_key(case, variant)
-                    except Exception:  # a plugin's key function must not stop the fuzz loop
-                        key = None
-                    if key is not None and (backend.name, key) in crashed:
-                        self.stats.crash_quarantined[backend.name] += 1
-                        gated += 1
-                        continue
-                    if backend.name in over and key is not None and key not in built:
-                        self.stats.compile_gated[backend.name] += 1
-                        gated += 1
-                        continue
-                tasks.append((backend.name, variant))
-        if gated:
-            self.stats.not_applicable.update(+left_out)
+        held = over | {name for name, _ in crashed}  # backends some of whose tasks may be left out
+        applicable, left_out = applicable_tasks(self.usable, case)  # as Evaluator.split_applicable
+        for name, variant in applicable:
+            backend = self.backends[name]
+            if name in held and case.cp_size == 1 and not backend.unsupported_reasons(case, variant):
+                try:
+                    key = backend.kernel_key(case, variant)
+                except Exception:  # a plugin's key function must not stop the fuzz loop
+                    key = None
+                if key is not None and (name, key) in crashed:
+                    self.stats.crash_quarantined[name] += 1
+                    gated += 1
+                    continue
+                if name in over and key is not None and key not in self.stats.kernel_keys.get(name, ()):
+                    self.stats.compile_gated[name] += 1
+                    gated += 1
+                    continue
+            tasks.append((name, variant))
+        if gated:  # explicit tasks: the evaluator counts no variant left out, so count them here
+            self.stats.not_applicable.update(left_out)
         return tasks if gated else None
 
     def _over_compile_budget(self, allowed_s: float | None) -> set[str]:

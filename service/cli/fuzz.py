@@ -72,6 +72,7 @@ def fuzz(
         float,
         typer.Option(
             "--jit-share",
+            callback=_share,
             help="Compile budget of JIT backends (FA4, TE-on-FA4, te-fused's cuDNN graphs, flex), in (0, 1]: the largest "
             "share of the fuzzing time the JIT backends together may spend compiling. Over it, cases drawn for a "
             "JIT backend reuse kernels it has built, and each over its fair part runs no case that needs a new one; "
@@ -168,8 +169,6 @@ def fuzz(
     from fuzzer.worker import Reporter, Worker, WorkerConfig
 
     device, isolation = Device(device).value, Isolation(isolation).value
-    if not 0 < jit_share <= 1:  # a usage error (exit 2), before anything is migrated or run
-        fail(FieldValidationError("--jit-share", f"must be in (0, 1] (1 = no budget), got {jit_share}"), code=2)
     from fuzzer.executor import ExecutorError, parallel_children_setting
 
     try:  # a bad ATTNFUZZ_PARALLEL_CHILDREN is a usage error too, said before anything starts

@@ -21,26 +21,21 @@ DB=sqlite:////tmp/campaign.db
 CUDNN_WHL=nvidia_cudnn_cu13-9.27.0.42-py3-none-manylinux_2_27_x86_64.whl
 CUDNN_SHA=9677e76f21862eb5da7ee5ed69d544738b2d8b5c3ce7e5ec125c5592e6cdbdc8
 export PYTHONUNBUFFERED=1
+. benchmarks/gpu/staging.sh  # stage_recv, stage_install, stage_wait_install (run from the project root)
 af() { python3 -m service.cli.main "$@"; }
 case "${1:-}" in
 recv)
-    python3 ".gpu-wheels/p$2/gpu_stage.py" receive ".gpu-wheels/p$2" | tail -2
+    stage_recv "$2"
     ;;
 install)
-    cp ".gpu-wheels/p${2:-8}/gpu_stage.py" /tmp/gpu_stage.py
-    rm -f /tmp/install.done
-    setsid nohup bash -c "python3 /tmp/gpu_stage.py install > /tmp/install.log 2>&1; echo \$? > /tmp/install.done" \
-        < /dev/null > /dev/null 2>&1 &
-    sleep 2; tail -3 /tmp/install.log
+    stage_install "${2:-8}"
     ;;
 cudnn)
     mkdir -p /tmp/cudnn-parts && cp .gpu-cudnn/c"$2"/part.* /tmp/cudnn-parts/ && ls /tmp/cudnn-parts | wc -l
     tail -2 /tmp/install.log 2>/dev/null
     ;;
 start)
-    for _ in $(seq 1 400); do [ -f /tmp/install.done ] && break; sleep 1; done
-    echo "install rc $(cat /tmp/install.done 2>/dev/null || echo 'not done')"; tail -3 /tmp/install.log
-    cp /tmp/install.log "$O/install_tail.txt"
+    stage_wait_install "$O"
     mkdir -p /tmp/cudnn-wh && cat /tmp/cudnn-parts/part.* > "/tmp/cudnn-wh/$CUDNN_WHL"
     echo "$CUDNN_SHA  /tmp/cudnn-wh/$CUDNN_WHL" | sha256sum -c - | tee "$O/cudnn_sha.txt"
     rm -rf "$S" && cp -r "$PWD" "$S" && rm -rf "$S/.gpu-wheels" "$S/.gpu-cudnn" && cd "$S"

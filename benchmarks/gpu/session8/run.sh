@@ -18,21 +18,16 @@ O=/tmp/s8; mkdir -p "$O"
 S=/tmp/snap
 DB=sqlite:////tmp/campaign.db
 export PYTHONUNBUFFERED=1
+. benchmarks/gpu/staging.sh  # stage_recv, stage_install, stage_wait_install (run from the project root)
 case "${1:-}" in
 recv)
-    python3 ".gpu-wheels/p$2/gpu_stage.py" receive ".gpu-wheels/p$2" | tail -2
+    stage_recv "$2"
     ;;
 install)
-    cp ".gpu-wheels/p${2:-8}/gpu_stage.py" /tmp/gpu_stage.py
-    rm -f /tmp/install.done
-    setsid nohup bash -c "python3 /tmp/gpu_stage.py install > /tmp/install.log 2>&1; echo \$? > /tmp/install.done" \
-        < /dev/null > /dev/null 2>&1 &
-    sleep 2; tail -3 /tmp/install.log
+    stage_install "${2:-8}"
     ;;
 start)
-    for _ in $(seq 1 400); do [ -f /tmp/install.done ] && break; sleep 1; done
-    echo "install rc $(cat /tmp/install.done 2>/dev/null || echo 'not done')"; tail -3 /tmp/install.log
-    cp /tmp/install.log "$O/install_tail.txt"
+    stage_wait_install "$O"
     rm -rf "$S" && cp -r "$PWD" "$S" && rm -rf "$S/.gpu-wheels" "$S/.gpu-cudnn" && cd "$S"
     export PYTHONPATH=$S:/tmp/gpu-site
     rm -f /tmp/campaign.db* /tmp/campaign.pid; rm -rf /tmp/attnfuzz-children-* ~/.cache/attnfuzz/fa4-jit /tmp/prof
