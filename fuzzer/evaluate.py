@@ -47,7 +47,7 @@ from typing import Any
 
 from fuzzer.backends.base import Backend, is_cp_backend
 from fuzzer.backends.cp_layout import cp_twin
-from fuzzer.executor import SKIPPED, ChildProcessExecutor, InProcessExecutor, TaskOutcome, configure_torch_threads, submit_run
+from fuzzer.executor import BUSY, SKIPPED, ChildProcessExecutor, InProcessExecutor, TaskOutcome, configure_torch_threads, submit_run
 from fuzzer.results import CaseResult
 from oracle.config import AttentionCase
 
@@ -202,6 +202,10 @@ class Evaluation:
             timed out on this case (fuzz phase only: `fuzzer.executor.SKIPPED`); no result.
         slowest: ``(backend, seconds)`` of the environment that took longest on this case (the
             first backend of its tasks), or None without child timing.
+        busy: by backend, tasks not run because the backend's environment was still working on an
+            earlier case (lanes, ``lane_grace_s``: `fuzzer.executor.BUSY`); no result.
+        late: lanes: the environments still working when the grace time ran out (`LateRun`); their
+            results come from `Evaluator.collect_late`, not in ``results``. None otherwise.
     """
 
     case: AttentionCase
@@ -220,6 +224,8 @@ class Evaluation:
     slowest: tuple[str, float] | None = None
     not_applicable: Counter = field(default_factory=Counter)
     skipped: Counter = field(default_factory=Counter)
+    busy: Counter = field(default_factory=Counter)
+    late: LateRun | None = None
 
     def note_timing(self, outcome: Any) -> None:
         """Add ``outcome``'s run, compile and `fuzzer.executor.TaskOutcome.timing` parts to
@@ -232,6 +238,37 @@ class Evaluation:
             parts[part] = parts.get(part, 0.0) + ms / 1000.0
             if part == "env_wall" and (self.slowest is None or ms / 1000.0 > self.slowest[1]):
                 self.slowest = (outcome.backend, ms / 1000.0)
+
+
+@dataclass
+class LateRun:
+    """The part of a case's run still in flight when the evaluator stopped waiting (lanes): what
+    `Evaluator.collect_late` needs to judge it later. Holds the inputs (a child may read them
+    through shared memory until it is done) and the prepared reference, so at most one per
+    environment is alive at a time.
+
+    Attributes:
+        case: the case.
+        tasks: the ``(backend, variant)`` tasks still running, in order.
+        handle: the executor's handle of those tasks (``done()``, ``result()``).
+        prepared: the case's `oracle.compare.PreparedReference`.
+        inputs: the case's inputs (kept alive while the children read them).
+        oracle_ms: the oracle's time for the case, milliseconds (recorded with each result).
+        phase: recorded with each result.
+    """
+
+    case: AttentionCase
+    tasks: list[tuple[str, str]]
+    handle: Any
+    prepared: Any
+    inputs: Any
+    oracle_ms: float
+    phase: str
+
+    def done(self) -> bool:
+        """Whether every task has finished (collecting then does not wait)."""
+        done = getattr(self.handle, "done", None)
+        return bool(done()) if callable(done) else True
 
 
 def applicable_tasks(backends: Iterable[Backend], case: AttentionCase) -> tuple[list[tuple[str, str]], Counter]:
@@ -372,13 +409,26 @@ class Evaluator:
                 runnable.append((name, variant))
         return runnable, unsupported, left_out
 
-    def evaluate(self, case: AttentionCase, phase: str = "fuzz", tasks: list[tuple[str, str]] | None = None) -> Evaluation:
+    def evaluate(
+        self,
+        case: AttentionCase,
+        phase: str = "fuzz",
+        tasks: list[tuple[str, str]] | None = None,
+        *,
+        lane_grace_s: float | None = None,
+    ) -> Evaluation:
         """Run ``case`` on ``tasks`` (default: every variant of every usable backend) and judge it.
 
         Args:
             case: the case.
             phase: recorded with each result (``fuzz``, ``shrink``, ``confirm``, ``replay``).
             tasks: explicit ``(backend, variant)`` list; unsupported ones come back as such.
+            lane_grace_s: lanes (None: off, the whole run is waited for). An environment still
+                busy with an earlier case's late part is left out of this case (`Evaluation.busy`),
+                and after the oracle the evaluator waits at most this many seconds for the
+                others: what is still running then becomes ``Evaluation.late``, judged later by
+                `collect_late`. With an executor without lanes (in process, serial children, a CP
+                case) the whole run is waited for.
 
         Returns:
             The `Evaluation` (nothing is stored).
@@ -396,7 +446,8 @@ class Evaluator:
             evaluation.results.append(self._own_step_failed(case, exc, "oracle", phase))
             return evaluation
         set_skip_after_crash(self.executor, phase == "fuzz")
-        handle = submit_run(self.executor, case, inputs, runnable, self.case_timeout_s)
+        lanes = lane_grace_s is not None
+        handle = submit_run(self.executor, case, inputs, runnable, self.case_timeout_s, skip_busy=lanes)
         try:
             prepared, oracle_ms = self._oracle(case, inputs, evaluation)
         except Exception as exc:  # MemoryError, OverflowError, OracleTimeout, a bug of ours ...
@@ -404,12 +455,51 @@ class Evaluator:
             evaluation.results.append(self._own_step_failed(case, exc, "oracle", phase))
             return evaluation
         t_wait = time.perf_counter()
-        outcomes = handle.result()
+        if lanes:
+            outcomes, rest = handle.partial(lane_grace_s)
+        else:
+            outcomes, rest = handle.result(), None
         t0 = time.perf_counter()
         evaluation.wait_s += t0 - t_wait
+        self._judge_outcomes(case, prepared, oracle_ms, phase, outcomes, evaluation)
+        evaluation.judge_s += time.perf_counter() - t0
+        if rest is not None:
+            evaluation.late = LateRun(case, rest.tasks, rest, prepared, inputs, oracle_ms, phase)
+            evaluation.runnable -= len(rest.tasks)
+        if evaluation.twin_results:
+            evaluation.twin_case = cp_twin(case)
+        return evaluation
+
+    def collect_late(self, late: LateRun, wait: bool = False) -> Evaluation | None:
+        """Judge the outcomes of ``late`` (the part of an `evaluate` with ``lane_grace_s`` still
+        running then): an `Evaluation` of the same case holding only those results (and their
+        kernel, compile and judging seconds; ``wait_s`` is what this call waited), or None when
+        they are not all done and ``wait`` is false.
+
+        Raises:
+            fuzzer.executor.ExecutorError: a child could not be started (as ``result()``).
+        """
+        if not wait and not late.done():
+            return None
+        evaluation = Evaluation(case=late.case, runnable=len(late.tasks))
+        t_wait = time.perf_counter()
+        outcomes = late.handle.result()
+        t0 = time.perf_counter()
+        evaluation.wait_s += t0 - t_wait
+        self._judge_outcomes(late.case, late.prepared, late.oracle_ms, late.phase, outcomes, evaluation)
+        evaluation.judge_s += time.perf_counter() - t0
+        if evaluation.twin_results:
+            evaluation.twin_case = cp_twin(late.case)
+        return evaluation
+
+    def _judge_outcomes(
+        self, case: AttentionCase, prepared: Any, oracle_ms: float, phase: str, outcomes: list[TaskOutcome], evaluation: Evaluation
+    ) -> None:
+        """Judge ``outcomes`` into ``evaluation`` (results, twins, seconds, timing); `SKIPPED`
+        and `BUSY` outcomes leave no result and are counted instead."""
         for outcome in outcomes:
-            if outcome.status == SKIPPED:  # another variant ended the child on this case: not run
-                evaluation.skipped[outcome.backend] += 1
+            if outcome.status in (SKIPPED, BUSY):  # not run: another variant ended the child, or its environment was busy
+                (evaluation.skipped if outcome.status == SKIPPED else evaluation.busy)[outcome.backend] += 1
                 evaluation.runnable -= 1
                 continue
             evaluation.kernel_s += outcome.run_ms / 1000.0
@@ -419,7 +509,7 @@ class Evaluator:
                 result, twin_result = self._judge_one(case, prepared, outcome, oracle_ms, phase)
             except Exception as exc:
                 result, twin_result = self._own_step_failed(case, exc, "compare", phase, outcome), None
-            results.append(result)
+            evaluation.results.append(result)
             evaluation.twins.append(twin_result)
             if twin_result is not None:
                 evaluation.twin_results.append(twin_result)
@@ -427,10 +517,6 @@ class Evaluator:
                 if twin_outcome is not None:
                     evaluation.kernel_s += twin_outcome.run_ms / 1000.0
                     evaluation.compile_s += twin_outcome.compile_ms / 1000.0
-        evaluation.judge_s += time.perf_counter() - t0
-        if evaluation.twin_results:
-            evaluation.twin_case = cp_twin(case)
-        return evaluation
 
     # ------------------------------------------------------------------ attnfuzz's own steps
     def _inputs(self, case: AttentionCase, evaluation: Evaluation) -> Any:
@@ -548,6 +634,7 @@ def with_phase(result: CaseResult, phase: str) -> CaseResult:
 
 __all__ = [
     "Evaluation",
+    "LateRun",
     "Evaluator",
     "ISOLATIONS",
     "OWN_BACKEND",

@@ -91,6 +91,10 @@ TASK_TIMING_PARTS = (
 #: `TaskOutcome.status` of a task not run because another variant of its backend crashed or timed
 #: out on the same case (`ChildProcessExecutor.skip_after_crash`); the evaluator records no result.
 SKIPPED = "skipped"
+#: `TaskOutcome.status` of a task not run because its environment's child was still busy with an
+#: earlier case when this one was submitted with ``skip_busy`` (lanes: `ChildProcessExecutor.submit`);
+#: the evaluator records no result and counts it (`fuzzer.evaluate.Evaluation.busy`).
+BUSY = "busy"
 #: Set to a directory: every child profiles its serving loop (cProfile) and writes
 #: ``child-<backends>-<pid>.prof`` there when it stops (diagnostics; `benchmarks/gpu/`).
 PROFILE_DIR_ENV = "ATTNFUZZ_PROFILE_DIR"
@@ -474,45 +478,79 @@ class DeferredRun:
             self._outcomes = executor.run(case, inputs, tasks, timeout_s)
         return self._outcomes
 
+    def partial(self, timeout_s: float) -> tuple[list[TaskOutcome], None]:
+        """`result` (nothing runs in the background here): every outcome, and no rest."""
+        return self.result(), None
+
     def abandon(self) -> None:
         """Give the run up: nothing was started, so nothing runs."""
         self._outcomes = self._outcomes if self._outcomes is not None else []
 
 
-def submit_run(executor: Any, case: AttentionCase, inputs: Any, tasks: list[tuple[str, str]], timeout_s: float) -> Any:
+def submit_run(
+    executor: Any, case: AttentionCase, inputs: Any, tasks: list[tuple[str, str]], timeout_s: float, *, skip_busy: bool = False
+) -> Any:
     """Start ``tasks`` on ``executor`` and return a handle to collect them later:
     ``executor.submit(...)`` when it has one (`ChildProcessExecutor`: the children start working
     now), else a `DeferredRun` (runs at ``handle.result()``).
 
-    The handle has ``result() -> list[TaskOutcome]`` (one per task, in task order; waits) and
-    ``abandon()`` (waits for whatever already runs, discards the outcomes and any error: the
-    executor is ready for the next case).
+    The handle has ``result() -> list[TaskOutcome]`` (one per task, in task order; waits),
+    ``partial(timeout_s)`` (the outcomes finished within ``timeout_s`` seconds, in task order, and
+    a handle of the rest or None) and ``abandon()`` (waits for whatever already runs, discards the
+    outcomes and any error: the executor is ready for the next case).
+
+    ``skip_busy`` (lanes): an environment still working on an earlier run gets no task of this
+    one (`BUSY` outcomes); only executors whose ``submit`` takes it (`ChildProcessExecutor`, and
+    a CP `RoutingExecutor` for cases without CP) are asked.
     """
     submit = getattr(executor, "submit", None)
     if callable(submit):
+        if skip_busy and getattr(executor, "supports_lanes", False):
+            return submit(case, inputs, tasks, timeout_s, skip_busy=True)
         return submit(case, inputs, tasks, timeout_s)
     return DeferredRun(executor, case, inputs, tasks, timeout_s)
 
 
 class _ChildRun:
     """A run of `ChildProcessExecutor` in flight: one future per environment (its pending loop
-    in a thread of the executor's pool), collected by `result` (see `submit_run`)."""
+    in a thread of the executor's pool), collected by `result` (see `submit_run`), or part by part
+    with `partial` (lanes). ``preset`` holds outcomes known at submission (`BUSY` tasks)."""
 
-    def __init__(self, executor: ChildProcessExecutor, tasks: list[tuple[str, str]], futures: dict[str, Any], device: str):
+    def __init__(
+        self,
+        executor: ChildProcessExecutor,
+        tasks: list[tuple[str, str]],
+        futures: dict[str, Any],
+        device: str,
+        preset: dict[int, TaskOutcome] | None = None,
+        indices: dict[str, list[int]] | None = None,
+    ):
         self._executor = executor
         self._tasks = tasks
         self._futures = futures
         self._device = device
+        self._preset = dict(preset or {})
+        #: task indices by environment (of ``futures``); the tasks a `partial` rest keeps
+        self._indices = indices if indices is not None else {}
         self._outcomes: list[TaskOutcome] | None = None
         self._error: BaseException | None = None
+
+    @property
+    def tasks(self) -> list[tuple[str, str]]:
+        """The tasks whose outcomes `result` returns, in order."""
+        return list(self._tasks)
 
     def done(self) -> bool:
         """Whether every environment has finished."""
         return all(f.done() for f in self._futures.values())
 
+    def environments_done(self) -> set[str]:
+        """The environments of this run that have finished."""
+        return {env for env, f in self._futures.items() if f.done()}
+
     def _wait(self) -> None:
         try:
-            concurrent.futures.wait(list(self._futures.values()))
+            concurrent.futures.wait(_futures_of(self._futures.values()))
         finally:
             if self.done():
                 self._executor._run_finished(self)
@@ -527,7 +565,7 @@ class _ChildRun:
         """
         if self._outcomes is None and self._error is None:
             self._wait()
-            merged: dict[int, TaskOutcome] = {}
+            merged: dict[int, TaskOutcome] = dict(self._preset)
             for future in self._futures.values():
                 error = future.exception()
                 if error is not None:
@@ -540,6 +578,43 @@ class _ChildRun:
             raise self._error
         return self._outcomes
 
+    def partial(self, timeout_s: float) -> tuple[list[TaskOutcome], _ChildRun | None]:
+        """Wait up to ``timeout_s`` seconds for the environments, then split the run: the outcomes
+        of every environment that finished (and the `BUSY` ones), in task order, and a run of the
+        environments still working (None when all finished), collected later with its own
+        `result`. Environments keep working after this returns: a rest's children stay busy
+        until they finish (a later `ChildProcessExecutor.submit` waits for them or, with
+        ``skip_busy``, leaves them out).
+
+        Raises:
+            ExecutorError: as `result` (after every environment finished) when a child of a
+                finished environment could not be started.
+        """
+        if not self._futures or self._outcomes is not None or self._error is not None:
+            return self.result(), None
+        concurrent.futures.wait(_futures_of(self._futures.values()), timeout=max(timeout_s, 0.0))
+        finished = {env: f for env, f in self._futures.items() if f.done()}
+        if any(f.exception() is not None for f in finished.values()) or len(finished) == len(self._futures):
+            return self.result(), None
+        merged: dict[int, TaskOutcome] = dict(self._preset)
+        for future in finished.values():
+            merged.update(future.result())
+        keep = sorted(merged)
+        done = self._executor._collected([self._tasks[i] for i in keep], {k: merged[i] for k, i in enumerate(keep)}, self._device)
+        rest_futures = {env: f for env, f in self._futures.items() if env not in finished}
+        rest_indices = sorted(i for env in rest_futures for i in self._indices.get(env, ()))
+        position = {i: k for k, i in enumerate(rest_indices)}
+        rest = _ChildRun(
+            self._executor,
+            [self._tasks[i] for i in rest_indices],
+            {env: _Reindexed(f, position) for env, f in rest_futures.items()},
+            self._device,
+            indices={env: [position[i] for i in self._indices.get(env, ())] for env in rest_futures},
+        )
+        self._outcomes = done
+        self._executor._run_finished(self)
+        return done, rest
+
     def abandon(self) -> None:
         """Wait for every environment (the children stay in step) and discard the outcomes and
         any error."""
@@ -547,6 +622,35 @@ class _ChildRun:
             self.result()
         except Exception:  # noqa: BLE001 - given up on purpose; the next run meets it again
             pass
+
+
+class _Reindexed:
+    """A future of one environment's ``{task index: outcome}`` seen with other indices (the
+    positions of those tasks in a `_ChildRun.partial` rest); the rest of the future's interface
+    is the wrapped one's."""
+
+    def __init__(self, future: Any, position: dict[int, int]):
+        self._future = future
+        self._position = position
+
+    def done(self) -> bool:
+        return self._future.done()
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        return self._future.exception(timeout)
+
+    def result(self, timeout: float | None = None) -> dict[int, TaskOutcome]:
+        return {self._position[i]: outcome for i, outcome in self._future.result(timeout).items()}
+
+    @property
+    def future(self) -> Any:
+        """The wrapped `concurrent.futures.Future` (what ``concurrent.futures.wait`` takes)."""
+        return self._future
+
+
+def _futures_of(futures: Any) -> list[Any]:
+    """The `concurrent.futures.Future` s behind ``futures`` (a `_Reindexed` unwrapped)."""
+    return [getattr(f, "future", f) for f in futures]
 
 
 # ---------------------------------------------------------------------------------------- child
@@ -826,14 +930,15 @@ class ChildProcessExecutor:
             either way: the timeout is per task and per child, every way a call ends becomes its
             `TaskOutcome`, a dead child is restarted, outcomes come in task order.
 
-    One run at a time: `run`, or `submit` and then the handle's ``result()`` / ``abandon()``
-    before the next. Children started by the pool's threads die with them (``PR_SET_PDEATHSIG``
-    is per thread): the pool lives until `close`.
+    One run per environment at a time: `submit` waits for an environment still working on an
+    earlier submitted run (or, with ``skip_busy``, leaves it out: lanes), and `run` without
+    parallelism waits for every one. Children started by the pool's threads die with them
+    (``PR_SET_PDEATHSIG`` is per thread): the pool lives until `close`.
 
     Raises:
         ExecutorError: (constructor) ``$ATTNFUZZ_PARALLEL_CHILDREN`` is neither ``1`` nor ``0``,
             or ``memory_limit_bytes`` is not positive; (from ``run``/``result()``) a child could
-            not be started within ``start_timeout_s``, or a run is started while one is in flight.
+            not be started within ``start_timeout_s``.
     """
 
     def __init__(
@@ -867,7 +972,9 @@ class ChildProcessExecutor:
         self._lock = threading.RLock()
         self._send_lock = threading.Lock()  # one pickling of shared tensors at a time
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
-        self._in_flight: _ChildRun | None = None
+        self._in_flight: _ChildRun | None = None  # the last run submitted, until it is collected
+        self._busy: dict[str, concurrent.futures.Future] = {}  # environment -> its submitted run's future
+        self.supports_lanes = True  # submit(..., skip_busy=True) (see submit_run)
         self._closing = threading.Event()
         #: after a task crashes or times out, give the backend's other tasks of the case a
         #: ``skipped`` outcome instead of running them (the evaluator sets it for fuzz cases)
@@ -1002,7 +1109,7 @@ class ChildProcessExecutor:
                 task's start).
 
         Raises:
-            ExecutorError: a child could not be started, or a submitted run is still in flight.
+            ExecutorError: a child could not be started.
         """
         if self._parallel_for(inputs):
             return self.submit(case, inputs, tasks, timeout_s).result()
@@ -1013,29 +1120,67 @@ class ChildProcessExecutor:
             outcomes.update(self._timed_environment(environment, case, packed, tasks, indices, timeout_s))
         return self._collected(tasks, outcomes, _device_of(inputs))
 
-    def submit(self, case: AttentionCase, inputs: Any, tasks: list[tuple[str, str]], timeout_s: float) -> Any:
+    def submit(
+        self, case: AttentionCase, inputs: Any, tasks: list[tuple[str, str]], timeout_s: float, *, skip_busy: bool = False
+    ) -> Any:
         """Start ``tasks`` on ``case`` and return at once; collect with the handle's ``result()``
-        (the outcomes `run` would return) or ``abandon()`` (see `submit_run`).
+        (the outcomes `run` would return), ``partial(timeout_s)`` (what finished within the time,
+        and a handle of the rest) or ``abandon()`` (see `submit_run`).
 
         With parallelism on, each environment's tasks start now in a thread of their own (the
         inputs are packed first, in this thread); off, a `DeferredRun` (nothing runs before
         ``result()``). Arguments as for `run`.
 
-        Raises:
-            ExecutorError: a run submitted before is still in flight (collect it first).
+        Lanes: an environment whose child still works on an earlier run (the rest of a
+        ``partial``) takes no new tasks until it is done. By default this waits for it; with
+        ``skip_busy`` its tasks of this case are not run and come back as `BUSY` outcomes, so the
+        fast environments go on with new cases while a slow one (a JIT compile, a long backward)
+        finishes its own.
         """
         if not self._parallel_for(inputs):
             return DeferredRun(self, case, inputs, tasks, timeout_s)
-        self._check_idle()
-        packed = pack_inputs(case, inputs)
+        by_env = self._by_environment(tasks)
+        preset: dict[int, TaskOutcome] = {}
+        for environment in list(by_env):
+            if not self._is_busy(environment):
+                continue
+            if skip_busy:
+                for i in by_env.pop(environment):
+                    name, variant = tasks[i]
+                    preset[i] = TaskOutcome(name, variant, BUSY, detail=f"not run: environment {environment!r} busy with an earlier case")
+            else:
+                self._wait_idle([environment])
+        packed = pack_inputs(case, inputs) if by_env else None
         pool = self._thread_pool()
         with self._lock:
             futures = {
                 environment: pool.submit(self._timed_environment, environment, case, packed, tasks, indices, timeout_s)
-                for environment, indices in self._by_environment(tasks).items()
+                for environment, indices in by_env.items()
             }
-            self._in_flight = run = _ChildRun(self, list(tasks), futures, _device_of(inputs))
+            self._busy.update(futures)
+            self._in_flight = run = _ChildRun(self, list(tasks), futures, _device_of(inputs), preset=preset, indices=by_env)
         return run
+
+    def _is_busy(self, environment: str) -> bool:
+        """Whether ``environment``'s child still works on a submitted run."""
+        with self._lock:
+            future = self._busy.get(environment)
+        return future is not None and not future.done()
+
+    def busy_environments(self) -> list[str]:
+        """The environments whose child still works on a submitted run (lanes)."""
+        with self._lock:
+            return [env for env, future in self._busy.items() if not future.done()]
+
+    def environment_of(self, backend: str) -> str:
+        """The environment (child process) that runs ``backend``."""
+        return self._environment(backend)
+
+    def _wait_idle(self, environments: list[str] | None = None) -> None:
+        """Wait until ``environments`` (default: all) have finished their submitted runs."""
+        with self._lock:
+            futures = [f for env, f in self._busy.items() if environments is None or env in environments]
+        concurrent.futures.wait(futures)
 
     def _thread_pool(self) -> concurrent.futures.ThreadPoolExecutor:
         """The executor's pool, one thread per environment, made on first use and kept until
@@ -1055,9 +1200,8 @@ class ChildProcessExecutor:
         return len(self._environments) + 1 <= _usable_cores()
 
     def _check_idle(self) -> None:
-        with self._lock:
-            if self._in_flight is not None and not self._in_flight.done():
-                raise ExecutorError("a submitted run is still in flight: collect its result() first")
+        """Before a serial run: wait for every environment's submitted run (lanes) to finish."""
+        self._wait_idle()
 
     def _run_finished(self, run: _ChildRun) -> None:
         with self._lock:
@@ -1232,15 +1376,18 @@ class ChildProcessExecutor:
         self._closing.set()
         try:
             run = self._in_flight
-            while run is not None and not run.done():
+            while self.busy_environments():
                 with self._lock:
                     children = list(self._children.values())
+                    futures = [f for f in self._busy.values() if not f.done()]
                 for child in children:
                     if child.process.is_alive():
                         child.process.kill()  # the thread reading its pipe sees EOF
-                concurrent.futures.wait(list(run._futures.values()), timeout=1.0)
+                concurrent.futures.wait(futures, timeout=1.0)
             if run is not None:
                 self._run_finished(run)
+            with self._lock:
+                self._busy.clear()
             with self._lock:
                 children = list(self._children.items())
             for environment, child in children:

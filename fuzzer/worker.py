@@ -138,6 +138,22 @@ class WorkerConfig:
             draws and runs as before (no templates; the head-dim pool of ``reuse_kernels`` only).
             ``compile_s`` is summed over the children, which run side by side on CUDA, so the
             budget is a bound on compile seconds, not only on the wall time they cost.
+        lanes: ``"on"``, ``"off"`` or ``"auto"`` (on when ``device`` is ``"cuda"`` with child
+            processes). With lanes a fuzz case does not wait for its slowest backend: the
+            worker waits for the oracle and then at most ``lane_grace_s`` for the children; an
+            environment still working then (a JIT compile, a long backward) finishes the case in
+            the background, its results judged and stored when it is done (`_collect_late`, at
+            the next cases), and it takes no task of the cases drawn meanwhile (counted in
+            ``stats.busy``: not run, no result). So the fast environments set the case rate and
+            each slow one runs the next case it supports as soon as it is free. Why: on the
+            H200 (2026-12-01) a case waited for its slowest child, mostly a compile of FA4, TE on
+            FA4 or flex, and the worker ran 616 cases an hour; fa2 and te-fa2 alone ran 28,800.
+            Shrinking, replays, confirmations and CP cases always run whole.
+        lane_grace_s: lanes: seconds to wait for the children after the oracle before a case's
+            slower environments go on in the background.
+        late_drain_s: lanes: at the end of the run, seconds to wait for the background parts
+            still running (their results are stored); what is still running after it is stopped
+            and leaves no result.
     """
 
     backends: list[tuple[Backend, str]]
@@ -169,6 +185,9 @@ class WorkerConfig:
     child_memory_limit_bytes: int | None = None
     corpus_dir: str | None = None
     jit_share: float | None = 0.2
+    lanes: str = "auto"
+    lane_grace_s: float = 0.25
+    late_drain_s: float = 15.0
 
     def __post_init__(self) -> None:
         share = self.jit_share
@@ -188,6 +207,12 @@ class WorkerConfig:
             raise WorkerError(f"isolation: unknown value {self.isolation!r} (allowed: process, none)")
         if self.device not in ("cpu", "cuda"):
             raise WorkerError(f"device: unknown value {self.device!r} (allowed: cpu, cuda)")
+        if self.lanes not in LANE_MODES:
+            raise WorkerError(f"lanes: unknown value {self.lanes!r} (allowed: {', '.join(LANE_MODES)})")
+        if not (isinstance(self.lane_grace_s, (int, float)) and self.lane_grace_s >= 0):
+            raise WorkerError(f"lane_grace_s: must be a number of seconds >= 0, got {self.lane_grace_s!r}")
+        if not (isinstance(self.late_drain_s, (int, float)) and self.late_drain_s >= 0):
+            raise WorkerError(f"late_drain_s: must be a number of seconds >= 0, got {self.late_drain_s!r}")
         if self.draw not in DRAW_MODES:
             raise WorkerError(f"draw: unknown value {self.draw!r} (allowed: {', '.join(DRAW_MODES)})")
         defaults = default_bounds(self.device)
@@ -200,6 +225,9 @@ class WorkerConfig:
         if not self.backends:
             raise WorkerError("backends: at least one backend is needed")
 
+
+LANE_MODES = ("auto", "on", "off")
+"""`WorkerConfig.lanes` values."""
 
 MAX_REDO_ATTEMPTS = 2
 """A journaled evaluation redone this many times without finishing is quarantined."""
@@ -267,6 +295,9 @@ class WorkerStats:
     unsatisfiable_chunks: int = 0  # chunks in which every draw was filtered out (no case run)
     crash_quarantined: Counter = field(default_factory=Counter)  # backend -> fuzz tasks not run: their kernel key crashed before
     skipped_after_crash: Counter = field(default_factory=Counter)  # backend -> tasks not run: another variant crashed on the case
+    busy: Counter = field(default_factory=Counter)  # backend -> fuzz tasks not run: its environment was busy with an earlier case (lanes)
+    late: Counter = field(default_factory=Counter)  # backend -> fuzz tasks finished after their case's loop went on (lanes)
+    late_dropped: Counter = field(default_factory=Counter)  # backend -> background tasks still running at the end, stopped (no result)
 
     @property
     def compile_share(self) -> float:
@@ -357,6 +388,7 @@ class Worker:
         self._evaluator: Evaluator | None = None
         self._head_dim_pool: list[int] = []
         self._shrink_overrun_s = 0.0  # recent time minimisations ran past their slice (_shrink_slice)
+        self._late: list[Any] = []  # fuzzer.evaluate.LateRun of fuzz cases still running in the background (lanes)
         self._crashed_keys: set[tuple[str, tuple]] = set()  # (backend, kernel_key) that crashed or timed out in a fuzz case
         self._kernel_templates: dict[str, dict[KernelTemplate, None]] = {}  # JIT backend -> first-seen templates
         self._started = 0.0
@@ -400,6 +432,10 @@ class Worker:
             device=self.config.device,
             case_timeout_s=self.config.case_timeout_s,
         )
+        if self.lanes_on:  # lanes need the children side by side (the CPU default may run them in turn)
+            for executor in (self._executor, getattr(self._executor, "default", None)):
+                if executor is not None and getattr(executor, "supports_lanes", False) and getattr(executor, "parallel", False) is None:
+                    executor.parallel = True
         self.unavailable = dict(self._evaluator.open())
         usable = list(self._evaluator.usable)
         if not usable:
@@ -452,10 +488,13 @@ class Worker:
             while not self._budget_spent():
                 self._run_chunk(chunk)
                 chunk += 1
+                self._collect_late()
                 self._drain_minimisation()  # as far as the shrink share allows
                 self._heartbeat(force=True)
+            self._collect_late(wait_s=self.config.late_drain_s)
             status = "stopped"
         finally:
+            self._drop_late()
             self.stats.wall_s = self._clock() - self._started
             if self._fuzz_started is not None:
                 self.stats.fuzz_s = self._clock() - self._fuzz_started
@@ -718,6 +757,7 @@ class Worker:
             if self._budget_spent():
                 return  # finish the chunk quickly (reject() would make Hypothesis report it)
             target_name, case = drawn
+            self._collect_late()  # background parts of earlier cases that are done: judged, stored
             results = self.evaluate(case, phase="fuzz", tasks=self._compile_gated_tasks(case))
             self._note_crashes(case, results)
             for result in results:  # what observability tools (HYPOTHESIS_EXPERIMENTAL_OBSERVABILITY) show
@@ -780,9 +820,16 @@ class Worker:
         """
         if record and self.journal is not None:
             self.journal.begin_evaluation(case.to_json(), phase, None if tasks is None else [list(t) for t in tasks])
-        evaluation = self._evaluator.evaluate(case, phase=phase, tasks=tasks)
+        lanes = phase == "fuzz" and self.lanes_on
+        evaluation = self._evaluator.evaluate(
+            case, phase=phase, tasks=tasks, lane_grace_s=self.config.lane_grace_s if lanes else None
+        )
         results = evaluation.results
+        if evaluation.late is not None:
+            self._late.append(evaluation.late)
+            self.stats.late.update(name for name, _ in evaluation.late.tasks)
         if phase == "fuzz":  # shrink/confirm time is counted whole in stats.shrink_s
+            self.stats.busy.update(evaluation.busy)
             self.stats.oracle_s += evaluation.oracle_s
             self.stats.kernel_s += evaluation.kernel_s
             self.stats.compile_s += evaluation.compile_s
@@ -815,6 +862,72 @@ class Worker:
             self.reporter.on_case(case, results, self.stats)
             self._heartbeat()
         return results
+
+    @property
+    def lanes_on(self) -> bool:
+        """Whether fuzz cases run in lanes (`WorkerConfig.lanes`: ``"auto"`` is on for CUDA with
+        child processes)."""
+        c = self.config
+        if c.lanes == "auto":
+            return c.device == "cuda" and c.isolation == "process"
+        return c.lanes == "on"
+
+    def _collect_late(self, wait_s: float | None = None) -> None:
+        """Judge and store the background parts of earlier fuzz cases (lanes) that are done; with
+        ``wait_s``, first wait up to that many seconds (in all) for those still running.
+
+        Each part's results are stored with their case in one more write (the case row exists:
+        the write adds results), counted like a case's results (`WorkerStats` results, backends'
+        cases run, kernel and compile seconds, new buckets, crash quarantine, kernel keys), but
+        not in ``stats.cases`` (the case counted when it ran) and with no ``target()`` (the
+        Hypothesis example is over). A part whose child could not start is dropped with a
+        warning (nothing of it was stored)."""
+        if not self._late:
+            return
+        deadline = None if wait_s is None else time.monotonic() + wait_s
+        still = []
+        for late in self._late:
+            while deadline is not None and not late.done() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            if not late.done():
+                still.append(late)
+                continue
+            try:
+                evaluation = self._evaluator.collect_late(late)
+            except AttnFuzzError as exc:
+                import logging
+
+                logging.getLogger("attnfuzz.worker").warning("background part of case %s lost: %s", late.case.case_id, exc)
+                continue
+            self._absorb_late(evaluation)
+        self._late = still
+
+    def _absorb_late(self, evaluation: Evaluation) -> None:
+        """Count and store a finished background part (see `_collect_late`)."""
+        case, results = evaluation.case, evaluation.results
+        self.stats.kernel_s += evaluation.kernel_s
+        self.stats.compile_s += evaluation.compile_s
+        self.stats.judge_s += evaluation.judge_s
+        for backend, parts in evaluation.task_timing_s.items():
+            self.stats.task_timing_s.setdefault(backend, Counter()).update(parts)
+        self.stats.skipped_after_crash.update(evaluation.skipped)
+        self._track_kernels(case, results)
+        self._note_crashes(case, results)
+        count_case(results, self.stats.runnable, self.stats.unsupported)
+        for r in results:
+            self.stats.results[r.status] += 1
+            self.stats.per_backend[(r.backend, r.status)] += 1
+        self._record(case, results, "fuzz")
+        if evaluation.twin_results:
+            self._record(evaluation.twin_case, evaluation.twin_results, "fuzz")
+        self.reporter.on_case(case, results, self.stats)
+
+    def _drop_late(self) -> None:
+        """Give up the background parts still running (the end of the run, or an error): counted
+        in ``stats.late_dropped``; `close` stops their children. Nothing of them was stored."""
+        for late in self._late:
+            self.stats.late_dropped.update(name for name, _ in late.tasks)
+        self._late = []
 
     def _track_kernels(self, case: AttentionCase, results: list[CaseResult]) -> None:
         """For each JIT backend that ran ``case`` (a result not ``unsupported``): add its

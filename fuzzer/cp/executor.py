@@ -759,12 +759,19 @@ class RoutingExecutor:
         executor = self.cp if case.cp_size > 1 else self.default
         return executor.run(case, inputs, tasks, timeout_s)
 
-    def submit(self, case: AttentionCase, inputs: Any, tasks: list[tuple[str, str]], timeout_s: float) -> Any:
+    def submit(
+        self, case: AttentionCase, inputs: Any, tasks: list[tuple[str, str]], timeout_s: float, *, skip_busy: bool = False
+    ) -> Any:
         """`fuzzer.executor.submit_run` on the executor ``case.cp_size`` selects: the default
-        executor's concurrent run, or a `fuzzer.executor.DeferredRun` (the CP executor runs its
-        rank groups when collected)."""
+        executor's concurrent run (with ``skip_busy``: lanes, when it supports them), or a
+        `fuzzer.executor.DeferredRun` (the CP executor runs its rank groups when collected)."""
         executor = self.cp if case.cp_size > 1 else self.default
-        return submit_run(executor, case, inputs, tasks, timeout_s)
+        return submit_run(executor, case, inputs, tasks, timeout_s, skip_busy=skip_busy)
+
+    @property
+    def supports_lanes(self) -> bool:
+        """Whether the default executor takes ``skip_busy`` (CP cases always run whole)."""
+        return bool(getattr(self.default, "supports_lanes", False))
 
     def close(self) -> None:
         """Close both executors."""

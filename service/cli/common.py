@@ -92,6 +92,16 @@ class DrawMode(str, enum.Enum):
     targeted = "targeted"
     union = "union"
 
+
+class LaneMode(str, enum.Enum):
+    """``fuzz --lanes`` choices (`fuzzer.worker.LANE_MODES`): a fuzz case waits for the oracle and
+    at most ``--lane-grace`` seconds for its backends, slower ones finishing in the background
+    (``on``), waits for every backend (``off``), or ``auto`` (on with CUDA and child processes)."""
+
+    auto = "auto"
+    on = "on"
+    off = "off"
+
 DbOption = Annotated[
     Optional[str],
     typer.Option(

@@ -22,6 +22,7 @@ from service.cli.common import (
     Device,
     DrawMode,
     Isolation,
+    LaneMode,
     cwd_importable,
     db_url,
     fail,
@@ -111,6 +112,20 @@ def fuzz(
             "union: for the union of the selected backends'.",
         ),
     ] = DrawMode.targeted,
+    lanes: Annotated[
+        LaneMode,
+        typer.Option(
+            "--lanes",
+            help="on: a fuzz case waits for the oracle and at most --lane-grace seconds for its backends; a slower "
+            "one (a JIT compile) finishes the case in the background, its results stored when done, and skips the "
+            "cases drawn meanwhile; off: every case waits for every backend; auto: on with --device cuda and "
+            "child processes.",
+        ),
+    ] = LaneMode.auto,
+    lane_grace: Annotated[
+        float,
+        typer.Option("--lane-grace", min=0, help="Lanes: seconds to wait for the backends after the oracle, >= 0."),
+    ] = 0.25,
     forward_only: Annotated[bool, typer.Option("--forward-only", help="Do not fuzz gradients.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", help="No live display.")] = False,
     as_json: Annotated[
@@ -210,6 +225,8 @@ def fuzz(
             max_work=max_work,
             max_elements=max_elements,
             draw=DrawMode(draw).value,
+            lanes=LaneMode(lanes).value,
+            lane_grace_s=lane_grace,
             allow_backward=not forward_only,
             replay_known=replay,
             heartbeat_s=heartbeat,

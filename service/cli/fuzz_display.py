@@ -215,6 +215,11 @@ def summary_data(stats: WorkerStats, url: str, *, interrupted: bool = False, spo
         # fuzz tasks not run: their backend crashed or timed out at that kernel key before / on this case
         "crash_quarantined": dict(sorted(stats.crash_quarantined.items())),
         "skipped_after_crash": dict(sorted(stats.skipped_after_crash.items())),
+        # lanes: fuzz tasks not run because their environment was busy with an earlier case; tasks
+        # that finished in the background (stored later); background tasks stopped at the end
+        "busy": dict(sorted(getattr(stats, "busy", {}).items())),
+        "late": dict(sorted(getattr(stats, "late", {}).items())),
+        "late_dropped": dict(sorted(getattr(stats, "late_dropped", {}).items())),
         "children": _children_data(stats),
         "new_buckets": buckets,
         "spool": spool or {},
@@ -263,10 +268,14 @@ def print_summary(stats: WorkerStats, url: str, *, interrupted: bool = False) ->
         "variants with no distinct call for the case": stats.not_applicable,
         "tasks at a kernel key that crashed or timed out before": stats.crash_quarantined,
         "tasks after another variant crashed on the case": stats.skipped_after_crash,
+        "lanes: tasks whose backend was busy with an earlier case": getattr(stats, "busy", {}),
+        "lanes: background tasks still running at the end": getattr(stats, "late_dropped", {}),
     }
     for what, counts in skipped.items():
         if counts:
             out.print(f"Not run, no result ({what}): " + ", ".join(f"{n} {c}" for n, c in sorted(counts.items())))
+    if getattr(stats, "late", None):
+        out.print("Lanes: tasks finished in the background after their case (stored): " + ", ".join(f"{n} {c}" for n, c in sorted(stats.late.items())))
     if stats.compile_gated:
         gated = ", ".join(f"{name} {n}" for name, n in sorted(stats.compile_gated.items()))
         out.print(f"JIT tasks not run because they needed a new kernel while compilation was over its budget (--jit-share): {gated}")

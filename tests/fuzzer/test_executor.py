@@ -11,6 +11,7 @@ itself, so the machine is never at risk), and a one-hour sleep.
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -242,8 +243,8 @@ def test_the_parallel_setting_reads_its_variable_and_refuses_other_values(monkey
         two.close()
 
 
-def test_a_submitted_run_is_collected_before_the_next_and_log_names_stay_unique(tmp_path: Path, monkeypatch) -> None:
-    from fuzzer.executor import ChildProcessExecutor, ExecutorError
+def test_a_second_submit_waits_for_the_first_runs_environments_and_log_names_stay_unique(tmp_path: Path, monkeypatch) -> None:
+    from fuzzer.executor import ChildProcessExecutor
     from oracle.inputs import make_inputs
 
     monkeypatch.setenv("ATTNFUZZ_MARKER_DIR", str(tmp_path / "markers"))
@@ -252,15 +253,55 @@ def test_a_submitted_run_is_collected_before_the_next_and_log_names_stay_unique(
     tasks = [("standin-marker-wait", "native"), ("standin-marker-make", "native"), ("standin-ok", "native")]
     with ChildProcessExecutor(backends, parallel=True, log_dir=str(tmp_path / "logs")) as executor:
         handle = executor.submit(SMALL, make_inputs(SMALL), tasks, GENEROUS_TIMEOUT_S)
-        if not handle.done():  # a second run may not interleave on the same pipes
-            with pytest.raises(ExecutorError, match="in flight"):
-                executor.submit(SMALL, make_inputs(SMALL), tasks, GENEROUS_TIMEOUT_S)
+        second = executor.submit(SMALL, make_inputs(SMALL), tasks, GENEROUS_TIMEOUT_S)
+        assert handle.done()  # a second run never interleaves with the first on the same pipes
         outcomes = handle.result()
         assert handle.result() is outcomes
+        assert [o.status for o in second.result()] == ["ok"] * 3
         again = executor.run(SMALL, make_inputs(SMALL), tasks, GENEROUS_TIMEOUT_S)
     assert [o.status for o in outcomes] == [o.status for o in again] == ["ok"] * 3
     logs = sorted(p.name for p in (tmp_path / "logs").iterdir())
     assert len(logs) == 3 and len({name.split(".")[1] for name in logs}) == 3, logs  # three children, three numbers
+
+
+def _wait_for(predicate, what: str, limit_s: float = GENEROUS_TIMEOUT_S) -> None:
+    """Poll ``predicate`` until true (a bound against a hung child, not a timing)."""
+    deadline = time.monotonic() + limit_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"gave up waiting for {what}"
+        time.sleep(0.02)
+
+
+def test_lanes_leave_a_busy_environment_out_and_split_a_run_into_done_and_rest(tmp_path: Path, monkeypatch) -> None:
+    """With ``skip_busy`` an environment still working on an earlier run gets `BUSY` outcomes for
+    the new case while the others run it; ``partial`` returns what finished, in task order, and a
+    rest whose ``result()`` gives the slow environment's outcomes once it is free."""
+    from fuzzer.executor import BUSY, ChildProcessExecutor
+    from oracle.inputs import make_inputs
+
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    monkeypatch.setenv("ATTNFUZZ_GATE_DIR", str(gate))
+    (gate / "block-all").write_text("")
+    backends = registry.select([], ["tests.fuzzer.standins:GateBackend", "tests.fuzzer.standins:CorrectBackend"])
+    other = AttentionCase(seqlen_q=5, seqlen_k=6, head_dim=16, dtype="float32", num_heads=2)
+    tasks = [("standin-gate", "native"), ("standin-ok", "native"), ("standin-gate", "buggy")]
+    with ChildProcessExecutor(backends, parallel=True) as executor:
+        first = executor.submit(SMALL, make_inputs(SMALL), tasks, GENEROUS_TIMEOUT_S, skip_busy=True)
+        _wait_for(lambda: "standin" in first.environments_done(), "the fast environment")
+        done, rest = first.partial(0.0)
+        assert [(o.backend, o.variant, o.status) for o in done] == [("standin-ok", "native", "ok")]
+        assert rest is not None and rest.tasks == [("standin-gate", "native"), ("standin-gate", "buggy")]
+        assert executor.busy_environments() == ["standin-gate"]
+        second = executor.submit(other, make_inputs(other), tasks, GENEROUS_TIMEOUT_S, skip_busy=True)
+        statuses = [(o.backend, o.status) for o in second.result()]
+        assert statuses == [("standin-gate", BUSY), ("standin-ok", "ok"), ("standin-gate", BUSY)]
+        assert not rest.done()
+        (gate / "block-all").unlink()
+        assert [(o.variant, o.status) for o in rest.result()] == [("native", "ok"), ("buggy", "ok")]
+        assert executor.busy_environments() == []
+        third = executor.submit(other, make_inputs(other), tasks, GENEROUS_TIMEOUT_S, skip_busy=True)
+        assert [o.status for o in third.result()] == ["ok", "ok", "ok"]
 
 
 def test_a_child_outcome_says_where_its_time_went_outside_the_call(tmp_path: Path) -> None:

@@ -280,3 +280,57 @@ def test_the_compile_gate_counts_every_jit_backend_together():
     assert worker._over_compile_budget(10.0) == {"planted-jit", "planted-jit-other"}  # 14.5 > 10; fair part 3.3
     assert worker._over_compile_budget(20.0) == set()  # together within the allowance
     assert worker._over_compile_budget(None) == set()  # no budget
+
+
+def test_lanes_let_fast_backends_go_on_while_a_slow_one_finishes_its_case_in_the_background(tmp_path, monkeypatch):
+    """Lanes (``lanes="on"``): while the gate backend's child is stuck on the first case (a JIT
+    compile, say), the worker goes on with new cases on the fast backend, leaves the busy one out
+    of them (``stats.busy``: no result), and stores the stuck case's results once they come
+    (``stats.late``), in the same run, each exactly once."""
+    from tests.fuzzer.standins import GATE_DIR_ENV
+
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    monkeypatch.setenv(GATE_DIR_ENV, str(gate))
+    (gate / "block-all").write_text("")
+
+    class Unblock:
+        """Reporter: unblock the gate once three fuzz cases have run without it."""
+
+        def __getattr__(self, name):
+            return lambda *args, **kwargs: None
+
+        def on_case(self, case, results, stats):
+            if stats.cases >= 3 and (gate / "block-all").exists():
+                (gate / "block-all").unlink()
+
+    backends = registry.select([], ["tests.fuzzer.standins:GateBackend", "tests.fuzzer.standins:CorrectBackend"])
+    sink = MemorySink()
+    config = WorkerConfig(
+        backends=backends, max_cases=8, time_budget_s=None, seed=3, isolation="process", shrink=False,
+        replay_known=False, lanes="on", lane_grace_s=1.0, case_timeout_s=120.0,
+    )
+    stats = Worker(config, sink, reporter=Unblock()).run()
+    first_case = (gate / "calls.log").read_text().split()[0]
+    assert stats.cases == 8
+    assert stats.busy["standin-gate"] >= 2 * 2, stats.busy  # cases 2 and 3, both variants, at least
+    assert stats.late["standin-gate"] == 2 and not stats.late_dropped, (stats.late, stats.late_dropped)
+    stored = [r for r in sink.results.values() if r.case_id == first_case]
+    assert sorted((r.backend, r.variant) for r in stored if r.backend == "standin-gate") == [
+        ("standin-gate", "buggy"), ("standin-gate", "native"),
+    ]
+    assert all(r.phase == "fuzz" and r.status in ("pass", "fail") for r in stored)
+    gate_stored = [r for r in sink.results.values() if r.backend == "standin-gate"]
+    assert len(gate_stored) == stats.per_backend[("standin-gate", "pass")] + stats.per_backend[("standin-gate", "fail")]
+    assert stats.runnable["standin-gate"] <= stats.cases - 2  # it sat out at least cases 2 and 3
+
+
+def test_lanes_are_off_by_default_on_the_cpu_and_on_for_cuda_children():
+    backends = registry.select([], ["tests.fuzzer.standins:CorrectBackend"])
+    assert not Worker(WorkerConfig(backends=backends), MemorySink()).lanes_on
+    assert Worker(WorkerConfig(backends=backends, device="cuda"), MemorySink()).lanes_on
+    assert not Worker(WorkerConfig(backends=backends, device="cuda", isolation="none"), MemorySink()).lanes_on
+    with pytest.raises(WorkerError, match="lanes: unknown value 'sometimes'"):
+        WorkerConfig(backends=backends, lanes="sometimes")
+    with pytest.raises(WorkerError, match="lane_grace_s"):
+        WorkerConfig(backends=backends, lane_grace_s=-1)
