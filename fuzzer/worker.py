@@ -297,6 +297,7 @@ class WorkerStats:
     skipped_after_crash: Counter = field(default_factory=Counter)  # backend -> tasks not run: another variant crashed on the case
     busy: Counter = field(default_factory=Counter)  # backend -> fuzz tasks not run: its environment was busy with an earlier case (lanes)
     late: Counter = field(default_factory=Counter)  # backend -> fuzz tasks finished after their case's loop went on (lanes)
+    all_busy: int = 0  # fuzz cases not counted in ``cases``: every backend that runs them was busy (lanes)
     late_dropped: Counter = field(default_factory=Counter)  # backend -> background tasks still running at the end, stopped (no result)
 
     @property
@@ -844,7 +845,10 @@ class Worker:
                 self.stats.slowest_s[evaluation.slowest[0]] += evaluation.slowest[1]
             self.stats.not_applicable.update(evaluation.not_applicable)
             self.stats.skipped_after_crash.update(evaluation.skipped)
-            self.stats.cases += 1
+            if evaluation.busy and not evaluation.runnable and evaluation.late is None:
+                self.stats.all_busy += 1  # every backend that runs it was busy: ran nowhere, not a case
+            else:
+                self.stats.cases += 1
             if evaluation.runnable and case.head_dim not in self._head_dim_pool and len(self._head_dim_pool) < self.config.kernel_pool_size:
                 self._head_dim_pool.append(case.head_dim)
             self._track_kernels(case, results)

@@ -220,6 +220,7 @@ def summary_data(stats: WorkerStats, url: str, *, interrupted: bool = False, spo
         "busy": dict(sorted(getattr(stats, "busy", {}).items())),
         "late": dict(sorted(getattr(stats, "late", {}).items())),
         "late_dropped": dict(sorted(getattr(stats, "late_dropped", {}).items())),
+        "all_busy_cases": getattr(stats, "all_busy", 0),  # drawn, but every backend that runs them was busy: not in "cases"
         "children": _children_data(stats),
         "new_buckets": buckets,
         "spool": spool or {},

@@ -12,6 +12,11 @@ oracle's (the oracle agrees with the naive computation) and the judge still give
 
 Usage: python check_groups.py DB.sqlite OUT.json [--limit N] [--budget-s S]
 
+A fatal CUDA error (an illegal memory access poisons this process's context: every later check of
+the eighth session failed to allocate) ends the process's checks: the entry is recorded, and the
+script starts itself again (``--resume``, the same deadline) to go on with the next group in a
+fresh process.
+
 The fifth session's check_buckets.py walked every bucket in id order and ran out of time after 7.
 """
 import importlib.util
@@ -58,6 +63,13 @@ def main():
     con = sqlite3.connect(db)
     budget = float(sys.argv[sys.argv.index("--budget-s") + 1]) if "--budget-s" in sys.argv else 140.0
     started = time.time()
+    if "--deadline" in sys.argv:  # a resumed run keeps the first run's time budget
+        started = float(sys.argv[sys.argv.index("--deadline") + 1]) - budget
+    done_ids = set()
+    report = []
+    if "--resume" in sys.argv and os.path.exists(out_path):
+        report = json.load(open(out_path))
+        done_ids = {e["bucket"] for e in report}
     every = con.execute(
         "select b.id, b.backend, b.variant, b.signature, coalesce(b.minimised_case_id, b.first_case_id), "
         "c.config, b.defect_id, b.severity from buckets b join cases c on c.id = coalesce(b.minimised_case_id, b.first_case_id) "
@@ -72,9 +84,11 @@ def main():
     # context (FA4's CUDA error 700 on the H200, 2026-12-01, made every later check fail): last
     non_numeric = ("error:", "crash", "timeout", "oom")
     rows.sort(key=lambda r: r[3].startswith(non_numeric))
-    print(json.dumps({"buckets": len(every), "groups": len(rows)}), flush=True)
-    report, cache = [], {}
+    print(json.dumps({"buckets": len(every), "groups": len(rows), "already_checked": len(done_ids)}), flush=True)
+    cache = {}
     for bid, backend_name, variant, signature, case_id, config in rows[:limit]:
+        if bid in done_ids:
+            continue
         if time.time() - started > budget:
             report.append({"bucket": bid, "backend": backend_name, "signature": signature, "skipped": "time budget"})
             continue
@@ -113,12 +127,23 @@ def main():
                    and t["kernel_vs_naive"] > 100 * max(t["oracle_vs_naive"], 1e-12) and t["kernel_vs_naive"] > 1e-3]
             entry["confirmed_by_naive"] = bool(bad) or any(t["kernel_all_zero"] or t["kernel_nonfinite"] for t in tensors.values())
             entry["differs_in"] = bad
-        except Exception:
+        except Exception as exc:
             entry["error"] = traceback.format_exc()[-1500:]
+            fatal = any(m in str(exc) for m in ("illegal memory access", "CUDA error", "unspecified launch failure", "misaligned address"))
+        else:
+            fatal = False
         entry["seconds"] = round(time.time() - t0, 2)
         report.append(entry)
         json.dump(report, open(out_path, "w"), indent=1)  # kept as it grows: a timeout loses nothing
         print(json.dumps({k: entry.get(k) for k in ("bucket", "backend", "variant", "signature", "confirmed_by_naive", "differs_in", "error")})[:400], flush=True)
+        if fatal:  # this process's CUDA context is gone: go on in a fresh one
+            entry["context_poisoned"] = True
+            json.dump(report, open(out_path, "w"), indent=1)
+            args = [a for a in sys.argv[1:] if a != "--resume"]
+            if "--deadline" not in args:
+                args += ["--deadline", str(started + budget)]
+            sys.stdout.flush()
+            os.execv(sys.executable, [sys.executable, os.path.abspath(__file__), *args, "--resume"])
     json.dump(report, open(out_path, "w"), indent=1)
 
 
