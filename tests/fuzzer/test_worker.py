@@ -334,3 +334,27 @@ def test_lanes_are_off_by_default_on_the_cpu_and_on_for_cuda_children():
         WorkerConfig(backends=backends, lanes="sometimes")
     with pytest.raises(WorkerError, match="lane_grace_s"):
         WorkerConfig(backends=backends, lane_grace_s=-1)
+
+
+def test_lanes_stop_a_background_part_still_running_at_the_end_and_store_nothing_of_it(tmp_path, monkeypatch):
+    """A backend stuck past the run's end (``late_drain_s``): its background part is counted in
+    ``late_dropped``, nothing of it is stored, the worker stops (its child killed) instead of
+    waiting for it, and the fast backend's results of every case are stored."""
+    from tests.fuzzer.standins import GATE_DIR_ENV
+
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    monkeypatch.setenv(GATE_DIR_ENV, str(gate))
+    (gate / "block-all").write_text("")  # never lifted: the gate's first call outlives the run
+    backends = registry.select([], ["tests.fuzzer.standins:GateBackend", "tests.fuzzer.standins:CorrectBackend"])
+    sink = MemorySink()
+    config = WorkerConfig(
+        backends=backends, max_cases=3, time_budget_s=None, seed=3, isolation="process", shrink=False,
+        replay_known=False, lanes="on", lane_grace_s=0.5, late_drain_s=0.5, case_timeout_s=120.0,
+    )
+    stats = Worker(config, sink).run()
+    assert stats.cases == 3
+    assert stats.late_dropped["standin-gate"] == 2, stats.late_dropped  # the first case's two variants
+    assert not [r for r in sink.results.values() if r.backend == "standin-gate"]
+    ok_stored = len([r for r in sink.results.values() if r.backend == "standin-ok"])
+    assert 0 < ok_stored <= stats.per_backend[("standin-ok", "pass")] + stats.per_backend[("standin-ok", "fail")]  # a case drawn twice is stored once
