@@ -287,6 +287,31 @@ def test_an_entry_that_overflows_the_dtype_does_not_switch_off_the_check_of_the_
     assert not verdict.passed and verdict.error_ratio > 10, verdict
 
 
+def test_an_infinity_within_the_rows_allowed_error_of_the_overflow_threshold_passes_and_one_far_from_it_fails():
+    """float16 rounds past 65504 to inf. A float64 entry just below the threshold, closer to it than
+    its row's allowed error, may come out infinite from a kernel within the tolerance (a large dout
+    on the H200: dk of about 6e4 infinite in every float16 backend); an infinity where the value is
+    far below the threshold is still a ``posinf`` (the planted bug)."""
+    torch.manual_seed(0)
+    exact = torch.randn(64, 16, dtype=torch.float64) * 4000.0
+    exact[3, 5] = 65_460.0  # finite in float16, 44 below the largest value (the row allows about 1e2)
+    rounded = exact.to(torch.float16)
+    assert torch.isfinite(rounded[3, 5])
+    edge = rounded.clone()
+    edge[3, 5] = math.inf
+    verdict = compare_tensor("dk", edge, exact, "float16", row_dim=0)
+    assert verdict.passed, verdict
+    assert compare_tensor("dk", rounded, exact, "float16", row_dim=0).passed  # finite there is judged and right
+    wrong_sign = rounded.clone()
+    wrong_sign[3, 5] = -math.inf
+    assert compare_tensor("dk", wrong_sign, exact, "float16", row_dim=0).signatures[0] == "dk:neginf"
+    planted = rounded.clone()
+    planted[10, 1] = math.inf  # |value| about 4e3: far from the threshold
+    verdict = compare_tensor("dk", planted, exact, "float16", row_dim=0)
+    assert not verdict.passed and verdict.signatures[0] == "dk:posinf", verdict
+    assert verdict.posinf_count == 1
+
+
 def _slow_path(prepared):
     """``prepared`` with the judging shortcuts of `prepare_tensor` switched off (the general path)."""
     import dataclasses
