@@ -365,7 +365,7 @@ class PreparedTensor:
             dtype, overflows (the correctly rounded result is that infinity), else 0; None when
             no entry overflows.
         overflow_edge: float64 ``[G, R, F]``: ``+-inf`` (the reference's sign) where a finite
-            reference entry lies within its row's allowed error of the rounding dtype's largest
+            reference entry lies within its tile's allowed error of the rounding dtype's largest
             finite value, so a kernel within the tolerance may round it to that infinity; else 0.
             None when no entry is that close. Such entries stay judged when the kernel's value is
             finite.
@@ -522,17 +522,18 @@ def prepare_tensor(
     base2_tiles, scale2_tiles = tiles(base2_rows), tiles(scale2_rows)
     allowed_tiles = allowed_for(base2_tiles, scale2_tiles, tile_rows * num_features)
     overflow_edge = None
-    # The overflow edge. A kernel's error on one entry may be as large as its row's allowed error
-    # (an L2 bound over the row bounds each entry), so where the float64 value lies within that of
+    # The overflow edge. A kernel's error on one entry may be as large as its tile's allowed error
+    # (an L2 bound over the tile bounds each entry), so where the float64 value lies within that of
     # the largest finite value, an infinity of the same sign is within the tolerance: IEEE 754-2019
     # 4.3.1, round-to-nearest overflows to +-inf past the largest finite value. Seen on the H200
     # (2026-12-01, eighth and ninth sessions): float16 dk of about 6.0e4 to 6.5e4 with a large dout,
-    # infinite in every float16 backend. Checked only when some entry can be that close: the row
-    # allowance is at most the tensor's and no entry exceeds the tensor's norm (no extra sync).
+    # infinite in every float16 backend. Checked only when some entry can be that close: a tile's
+    # allowance is at most the tensor's and no entry exceeds the tensor's norm (no extra sync). The
+    # exported repro's judge applies the same rule with the stored tile allowances.
     largest = torch.finfo(getattr(torch, round_to)).max
     ref_norm = float(ref2_rows.sum().sqrt())
     if ref_norm + allowed_global >= largest:
-        allowed_rows = allowed_for(base2_rows, scale2_rows, num_features)
+        allowed_rows = allowed_tiles.repeat_interleave(tile_rows, dim=1)[:, :num_rows]  # each row: its tile's
         edge = (ref_v.abs() >= largest - allowed_rows[..., None]) & ref_finite
         if judged is not None:
             edge &= judged

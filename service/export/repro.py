@@ -18,6 +18,7 @@ from oracle.config import AttentionCase
 from service.export.allowance import TENSOR_NAMES, Allowance, computed_allowance, needed_tensors, required_tensors
 from service.export.backend import repro_call, resolve_backend
 from service.export.safety import SIGNATURE_PATTERN, ExportError, Slot, check_names, docstring_literal, fill_template
+from oracle.config import INPUT_FAMILY_DEFAULTS
 from service.export.template import HEADER, INPUT_FUNCTIONS, JUDGE, RUNTIME
 
 
@@ -197,6 +198,16 @@ def render_repro(
         "outlier_z": inputs.OUTLIER_Z,
         "outlier_gain": inputs.OUTLIER_GAIN,
         "near_constant_noise": inputs.NEAR_CONSTANT_NOISE,
+        "streams_families": (
+            inputs.STREAM_Q_BASIS, inputs.STREAM_K_BASIS, inputs.STREAM_MASSIVE, inputs.STREAM_PEAKED,
+            inputs.STREAM_OFFSET, inputs.STREAM_DOUT_SPARSE,
+        ),
+        "massive_gains": (inputs.MASSIVE_Q_GAIN, inputs.MASSIVE_K_GAIN),
+        "sink_peak": (inputs.SINK_CHANNEL, inputs.SINK_MARGIN, inputs.PEAK_LOGIT),
+        "dout_scales": (inputs.DOUT_TINY, inputs.DOUT_LARGE, inputs.DOUT_SPARSE_ROWS),
+        "ln2": inputs._LN2,
+        "input_families": {name: getattr(case, name) for name in INPUT_FAMILY_DEFAULTS},
+        "family_defaults": dict(INPUT_FAMILY_DEFAULTS),
     }
     if not isinstance(call.values, dict):
         raise ExportError("backend", f"{name}.repro: values must be a dict")

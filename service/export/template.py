@@ -8,7 +8,14 @@ go the sources of `INPUT_FUNCTIONS`, copied verbatim from `oracle.inputs`.
 One idea, long because it is the generated file itself.
 """
 
-INPUT_FUNCTIONS = ("_mix32", "_horner", "_sqrt", "_hash_keys", "hash_normal_torch")
+INPUT_FUNCTIONS = (
+    "_mix32", "_horner", "_sqrt", "_hash_keys", "hash_normal_torch",
+    # the input families (low-rank q/k, massive channels, per-sequence scales, the attention sink,
+    # peaked rows, score offsets, dout families): copied too, so that a case drawn with them
+    # regenerates its inputs bit for bit
+    "hash_uniform", "_power_of_two_near_sqrt", "seq_scale_exponents", "massive_channel_indices",
+    "score_offset_channel", "_token_layout", "_low_rank", "_llm_like_and_offsets", "_dout",
+)
 
 HEADER = '''$docstring
 
@@ -67,10 +74,38 @@ MAX_Q_GAIN = $max_q_gain
 OUTLIER_Z = $outlier_z
 OUTLIER_GAIN = $outlier_gain
 NEAR_CONSTANT_NOISE = $near_constant_noise
+STREAM_Q_BASIS, STREAM_K_BASIS, STREAM_MASSIVE, STREAM_PEAKED, STREAM_OFFSET, STREAM_DOUT_SPARSE = $streams_families
+MASSIVE_Q_GAIN, MASSIVE_K_GAIN = $massive_gains
+SINK_CHANNEL, SINK_MARGIN, PEAK_LOGIT = $sink_peak
+DOUT_TINY, DOUT_LARGE, DOUT_SPARSE_ROWS = $dout_scales
+_LN2 = $ln2
+# the case's input families: every family field with its value (attnfuzz oracle/config.py
+# INPUT_FAMILY_DEFAULTS; the defaults leave the plain inputs unchanged)
+INPUT_FAMILIES = $input_families
+FAMILY_DEFAULTS = $family_defaults
 
 '''
 
 RUNTIME = '''
+
+def hash_normal(seed, stream, numel, device="cpu"):
+    """attnfuzz's hash_normal: the same samples on every device as hash_normal_torch."""
+    return hash_normal_torch(seed, stream, numel, device)
+
+
+class _InputCase:
+    """The fields of the case that the input-family functions above read (attnfuzz's
+    oracle/config.py AttentionCase, these fields only)."""
+
+    def __init__(self):
+        self.seed, self.batch_size, self.seqlen_k = SEED, BATCH_SIZE, SEQLEN_K
+        self.num_heads, self.num_heads_kv, self.head_dim, self.head_dim_v = NUM_HEADS, NUM_HEADS_KV, HEAD_DIM, HEAD_DIM_V
+        self.group_size = NUM_HEADS // NUM_HEADS_KV
+        self.softmax_scale, self.is_varlen = SOFTMAX_SCALE, QKV_FORMAT == "thd"
+        self.seqlens_q_list, self.seqlens_k_list = tuple(SEQLENS_Q), tuple(SEQLENS_K)
+        for name, value in INPUT_FAMILIES.items():
+            setattr(self, name, value)
+
 
 def make_inputs(device):
     """q, k, v, dout in the canonical layout (bit-identical to attnfuzz), cu_seqlens for thd."""
@@ -87,7 +122,11 @@ def make_inputs(device):
     def normal(stream, shape):
         return hash_normal_torch(SEED, stream, math.prod(shape), device).view(shape)
 
+    case = _InputCase()
     q, k = normal(STREAM_Q, shape_q), normal(STREAM_K, shape_k)
+    if case.qk_rank:
+        q = _low_rank(case, q.view(-1, NUM_HEADS, HEAD_DIM), STREAM_Q_BASIS).view(shape_q)
+        k = _low_rank(case, k.view(-1, NUM_HEADS_KV, HEAD_DIM), STREAM_K_BASIS).view(shape_k)
     if INPUT_DISTRIBUTION == "large_logits":
         q = q * min(LARGE_LOGITS_STD / (SOFTMAX_SCALE * math.sqrt(HEAD_DIM)), MAX_Q_GAIN)
     elif INPUT_DISTRIBUTION == "outliers":
@@ -96,7 +135,13 @@ def make_inputs(device):
     elif INPUT_DISTRIBUTION == "near_constant":
         base = normal(STREAM_K_BASE, (NUM_HEADS_KV, HEAD_DIM)).to(torch.bfloat16).to(torch.float64)
         k = base * (1.0 + NEAR_CONSTANT_NOISE * k.clamp(-1.0, 1.0))
-    v, dout = normal(STREAM_V, shape_v), normal(STREAM_DOUT, shape_out)
+    v = normal(STREAM_V, shape_v)
+    if any(value != FAMILY_DEFAULTS[name] for name, value in INPUT_FAMILIES.items() if name != "dout_distribution"):
+        q, k = q.contiguous(), k.contiguous()
+        _llm_like_and_offsets(
+            case, q.view(-1, NUM_HEADS, HEAD_DIM), k.view(-1, NUM_HEADS_KV, HEAD_DIM), v.view(-1, NUM_HEADS_KV, HEAD_DIM_V), dtype,
+        )
+    dout = _dout(case, normal(STREAM_DOUT, shape_out))
     cu_seqlens_q = cu_seqlens_k = None
     if QKV_FORMAT == "thd":
         cu_seqlens_q = torch.tensor([0, *torch.tensor(SEQLENS_Q).cumsum(0).tolist()], dtype=torch.int32, device=device)
@@ -266,7 +311,8 @@ def describe_group(name, groups, g):
 def judge(name, actual, expected):
     """attnfuzz's verdict on one tensor: (signatures, figures as text).
 
-    Checks as oracle/compare.py: shape; NaN; +-inf where the reference is finite; a finite lse on
+    Checks as oracle/compare.py: shape; NaN; +-inf where the reference is finite (but for a
+    correctly rounded overflow, or one within the allowed error of the largest value); a finite lse on
     a row that sees no key (the reference's -inf; +-inf accepted there); all zero (outside the
     tolerance); the whole tensor's L2 error against ALLOWED[name]["whole"] (mismatch); else every
     tile's against ALLOWED[name]["tiles"] (tile_mismatch).
@@ -284,8 +330,17 @@ def judge(name, actual, expected):
     finite = ~masked
     # where the reference rounded to the kernel's dtype overflows, that infinity is the correctly
     # rounded result (IEEE 754-2019 4.3.1), not +-inf where the reference is finite
-    rounded = torch.where(finite, ref, 0.0).to(getattr(torch, "float32" if name == "lse" else DTYPE)).double()
+    round_to = getattr(torch, "float32" if name == "lse" else DTYPE)
+    rounded = torch.where(finite, ref, 0.0).to(round_to).double()
     wrong_inf = finite & ~(torch.isinf(rounded) & (act == rounded))
+    # the overflow edge: within its tile's allowed error of the largest finite value, an infinity of
+    # the reference's sign is within the tolerance (the whole tensor's allowance without tiles)
+    if allowed["tiles"] is None:
+        slack = torch.full(ref.shape[:2], allowed["whole"], dtype=torch.float64)
+    else:
+        slack = torch.tensor(allowed["tiles"], dtype=torch.float64).repeat_interleave(TILE_ROWS, dim=1)[:, : ref.shape[1]]
+    near = finite & (torch.where(finite, ref, 0.0).abs() >= torch.finfo(round_to).max - slack[..., None])
+    wrong_inf &= ~(near & (act == torch.sign(torch.where(finite, ref, 0.0)) * math.inf))
     counts = {
         "nan": int(torch.isnan(act).sum()),
         "posinf": int(((act == math.inf) & wrong_inf).sum()),

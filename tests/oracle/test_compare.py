@@ -287,14 +287,14 @@ def test_an_entry_that_overflows_the_dtype_does_not_switch_off_the_check_of_the_
     assert not verdict.passed and verdict.error_ratio > 10, verdict
 
 
-def test_an_infinity_within_the_rows_allowed_error_of_the_overflow_threshold_passes_and_one_far_from_it_fails():
+def test_an_infinity_within_the_tiles_allowed_error_of_the_overflow_threshold_passes_and_one_far_from_it_fails():
     """float16 rounds past 65504 to inf. A float64 entry just below the threshold, closer to it than
-    its row's allowed error, may come out infinite from a kernel within the tolerance (a large dout
+    its tile's allowed error, may come out infinite from a kernel within the tolerance (a large dout
     on the H200: dk of about 6e4 infinite in every float16 backend); an infinity where the value is
     far below the threshold is still a ``posinf`` (the planted bug)."""
     torch.manual_seed(0)
     exact = torch.randn(64, 16, dtype=torch.float64) * 4000.0
-    exact[3, 5] = 65_460.0  # finite in float16, 44 below the largest value (the row allows about 1e2)
+    exact[3, 5] = 65_460.0  # finite in float16, 44 below the largest value (its tile allows about 2e2)
     rounded = exact.to(torch.float16)
     assert torch.isfinite(rounded[3, 5])
     edge = rounded.clone()

@@ -36,6 +36,16 @@ INPUT_CASES = [
     AttentionCase(batch_size=3, seqlen_q=6, seqlen_k=9, num_heads=2, head_dim=8, qkv_format="thd",
                   seqlens_q=(6, 1, 4), seqlens_k=(9, 2, 3), dtype="float32"),
     AttentionCase(batch_size=2, seqlen_q=5, seqlen_k=5, num_heads=2, head_dim=8, qkv_format="sbhd", seed=99),
+    # the input families: every one of them (found by a new-user trial: a repro of a case drawn with
+    # families regenerated plain inputs and passed while the case failed)
+    AttentionCase(batch_size=2, seqlen_q=6, seqlen_k=9, num_heads=4, num_heads_kv=2, head_dim=16, dtype="float16",
+                  qk_rank=4, massive_channels=2, seq_scale_log2=2, attention_sink=True, peaked_rows=0.5,
+                  score_offset=-60.0, score_offset_mode="row", dout_distribution="sparse", seed=5),
+    AttentionCase(batch_size=3, seqlen_q=6, seqlen_k=9, num_heads=2, head_dim=8, qkv_format="thd",
+                  seqlens_q=(6, 1, 4), seqlens_k=(9, 2, 3), dtype="bfloat16", qk_rank=2, score_offset=120.0,
+                  peaked_rows=0.25, dout_distribution="large", seed=11),
+    AttentionCase(seqlen_q=3, seqlen_k=40, num_heads=2, head_dim=8, dtype="float16", input_distribution="outliers",
+                  dout_distribution="tiny", seed=17),
 ]
 
 REFERENCE_CASES = [
@@ -433,3 +443,23 @@ def test_the_files_judge_takes_the_correctly_rounded_overflow_as_no_defect(tmp_p
     assert module.judge("out", actual, expected)[0] == []
     actual[0, 1, 0, 0] = math.inf
     assert module.judge("out", actual, expected)[0] == ["out:posinf"]
+
+
+def test_the_files_judge_takes_an_infinity_at_the_overflow_edge_as_no_defect_as_the_oracle_does(tmp_path: Path) -> None:
+    """As `oracle.compare`: +inf where the reference is finite but within its tile's allowed error
+    of float16's largest value is no posinf; +inf where it is far below is (a planted one); the
+    file and the oracle agree on both."""
+    from oracle.compare import compare_tensor
+
+    case = AttentionCase(seqlen_q=4, seqlen_k=4, num_heads=1, head_dim=8, dtype="float16", backward=False)
+    module = load_generated(render_repro(case, "torch-cpu-math", "is_causal", None,
+                                         allowed={"out": 100.0, "lse": 1.0}).source, tmp_path)
+    expected = torch.ones(1, 4, 1, 8, dtype=torch.float64)
+    expected[0, 2, 0, 3] = 65_460.0  # finite in float16, 44 below its largest value; allowed 100
+    actual = expected.to(torch.float16)
+    actual[0, 2, 0, 3] = math.inf
+    assert module.judge("out", actual, expected)[0] == []
+    assert compare_tensor("out", actual, expected, "float16", factor=3.0).passed  # its tile allows about 1e2 there too
+    actual[0, 1, 0, 0] = math.inf
+    assert module.judge("out", actual, expected)[0] == ["out:posinf"]
+    assert compare_tensor("out", actual, expected, "float16", factor=3.0).signatures[0] == "out:posinf"
