@@ -209,10 +209,10 @@ class WorkerConfig:
             raise WorkerError(f"device: unknown value {self.device!r} (allowed: cpu, cuda)")
         if self.lanes not in LANE_MODES:
             raise WorkerError(f"lanes: unknown value {self.lanes!r} (allowed: {', '.join(LANE_MODES)})")
-        if not (isinstance(self.lane_grace_s, (int, float)) and self.lane_grace_s >= 0):
-            raise WorkerError(f"lane_grace_s: must be a number of seconds >= 0, got {self.lane_grace_s!r}")
-        if not (isinstance(self.late_drain_s, (int, float)) and self.late_drain_s >= 0):
-            raise WorkerError(f"late_drain_s: must be a number of seconds >= 0, got {self.late_drain_s!r}")
+        for name in ("lane_grace_s", "late_drain_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value >= 0):
+                raise WorkerError(f"{name}: must be a finite number of seconds >= 0, got {value!r}")
         if self.draw not in DRAW_MODES:
             raise WorkerError(f"draw: unknown value {self.draw!r} (allowed: {', '.join(DRAW_MODES)})")
         defaults = default_bounds(self.device)
@@ -874,7 +874,7 @@ class Worker:
         c = self.config
         if c.lanes == "auto":
             return c.device == "cuda" and c.isolation == "process"
-        return c.lanes == "on"
+        return c.lanes == "on" and c.isolation == "process"  # in process nothing runs in the background
 
     def _collect_late(self, wait_s: float | None = None) -> None:
         """Judge and store the background parts of earlier fuzz cases (lanes) that are done; with

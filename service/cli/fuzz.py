@@ -8,6 +8,8 @@ loaded, 4 no usable backend, 5 database, 6 the database refuses writes, 7 spool,
 
 from __future__ import annotations
 
+import math
+
 import os
 import subprocess
 import sys
@@ -39,6 +41,13 @@ def _positive(value: float | None) -> float | None:
     """An option that must be > 0 (None: not given): else a usage error naming it (exit 2)."""
     if value is not None and not value > 0:
         raise typer.BadParameter(f"must be > 0, got {value:g}")
+    return value
+
+
+def _finite_non_negative(value: float) -> float:
+    """Seconds that must be finite and >= 0: else a usage error naming the option (exit 2)."""
+    if not (math.isfinite(value) and value >= 0):
+        raise typer.BadParameter(f"must be a finite number of seconds >= 0, got {value:g}")
     return value
 
 
@@ -124,7 +133,9 @@ def fuzz(
     ] = LaneMode.auto,
     lane_grace: Annotated[
         float,
-        typer.Option("--lane-grace", min=0, help="Lanes: seconds to wait for the backends after the oracle, >= 0."),
+        typer.Option(
+            "--lane-grace", callback=_finite_non_negative, help="Lanes: seconds to wait for the backends after the oracle, >= 0."
+        ),
     ] = 0.25,
     forward_only: Annotated[bool, typer.Option("--forward-only", help="Do not fuzz gradients.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", help="No live display.")] = False,
@@ -192,6 +203,8 @@ def fuzz(
         fail(exc, code=2)
     if device == "cuda" and gpus is None:
         _require_cuda()
+    if LaneMode(lanes) is LaneMode.on and isolation == "none":
+        log.warning("--lanes on has no effect with --isolation none: lanes need the backends' child processes")
     url = db_url(db)
     budget = time_budget if time_budget is not None else (None if max_cases is not None else 60.0)
     try:

@@ -102,6 +102,7 @@ class RichReporter:
         if self.live is not None:
             self.live.update(self._render(stats))
             self.live.stop()
+            console.line()  # the summary goes to stdout: do not glue it to the live display's last line
 
 
 COUNTS_NOTE = (
@@ -275,6 +276,11 @@ def print_summary(stats: WorkerStats, url: str, *, interrupted: bool = False) ->
     for what, counts in skipped.items():
         if counts:
             out.print(f"Not run, no result ({what}): " + ", ".join(f"{n} {c}" for n, c in sorted(counts.items())))
+    if getattr(stats, "all_busy", 0):
+        out.print(
+            f"Lanes: {stats.all_busy} drawn case(s) ran nowhere (every backend that runs them was busy with an "
+            "earlier case); not counted as cases"
+        )
     if getattr(stats, "late", None):
         out.print("Lanes: tasks finished in the background after their case (stored): " + ", ".join(f"{n} {c}" for n, c in sorted(stats.late.items())))
     if stats.compile_gated:

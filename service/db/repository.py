@@ -460,9 +460,17 @@ def repro_target(session: Session, case_id: str, *, backend: str | None = None, 
             " results) and add --force (API: force=true) for a variant that did not fail",
         )
     if len(pairs) > 1:
-        field = "backend" if not backend else "variant"
+        backends = list(dict.fromkeys(b for b, _ in pairs))
+        # name what is ambiguous: the variant when every failure is of one backend (new-user trial:
+        # "backend: required" for four variants of one backend, then "variant: required")
+        field = "backend" if not backend and len(backends) > 1 else "variant"
         listed = ", ".join(f"{b}/{v}" for b, v in pairs)
-        raise FieldValidationError(field, f"required: the case failed on several backend variants ({listed})")
+        hint = (
+            f"; name one with --variant (API: variant=), e.g. --variant {pairs[0][1]}"
+            if field == "variant"
+            else f"; name one with --backend and --variant (API: backend=, variant=), e.g. --backend {pairs[0][0]} --variant {pairs[0][1]}"
+        )
+        raise FieldValidationError(field, f"required: the case failed on several backend variants ({listed}){hint}")
     chosen = pairs[0]
     return ReproTarget(case, chosen[0], chosen[1], rows[0].signature)
 

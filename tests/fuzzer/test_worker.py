@@ -334,6 +334,9 @@ def test_lanes_are_off_by_default_on_the_cpu_and_on_for_cuda_children():
         WorkerConfig(backends=backends, lanes="sometimes")
     with pytest.raises(WorkerError, match="lane_grace_s"):
         WorkerConfig(backends=backends, lane_grace_s=-1)
+    with pytest.raises(WorkerError, match="lane_grace_s: must be a finite number"):
+        WorkerConfig(backends=backends, lane_grace_s=float("inf"))
+    assert not Worker(WorkerConfig(backends=backends, lanes="on", isolation="none"), MemorySink()).lanes_on
 
 
 def test_lanes_stop_a_background_part_still_running_at_the_end_and_store_nothing_of_it(tmp_path, monkeypatch):

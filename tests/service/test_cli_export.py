@@ -143,3 +143,28 @@ def test_a_variant_with_no_distinct_call_for_the_case_is_refused_even_with_force
     ok = CliRunner().invoke(cli, ["export", case.case_id, "--backend", "torch-cpu-math", "--variant", "bool_mask",
                                   "-o", str(target), "--db", fresh_database_url])
     assert ok.exit_code == 0, ok.output
+
+
+def test_a_case_failing_in_several_variants_of_one_backend_asks_for_the_variant_not_the_backend(
+    cli: typer.Typer, stored, tmp_path: Path
+) -> None:
+    """New-user trial: four failing variants of one backend answered "backend: required", and then
+    "variant: required"; the variant is what is ambiguous, and the message says how to name it.
+    Failures on two backends still ask for the backend."""
+    url, case = stored
+    engine = make_engine(url)
+    store = SqlStore(engine)
+    build_id = store.register_build(BuildFingerprint(torch="2.13.0"))
+    store.record_result(CaseResult(case.case_id, "torch-cpu-math", "is_causal", "fail", signature="out:mismatch"), build_id, None)
+    engine.dispose()
+    result = CliRunner().invoke(cli, ["export", case.case_id, "-o", str(tmp_path / "t.py"), "--db", url])
+    text = " ".join(result.output.split())
+    assert result.exit_code == 2 and "variant: required" in text and "--variant" in text, text
+    assert "backend: required" not in text
+    engine = make_engine(url)
+    SqlStore(engine).record_result(
+        CaseResult(case.case_id, "torch-cpu-flash", "aten_lse", "fail", signature="out:mismatch"), build_id, None
+    )
+    engine.dispose()
+    result = CliRunner().invoke(cli, ["export", case.case_id, "-o", str(tmp_path / "t.py"), "--db", url])
+    assert result.exit_code == 2 and "backend: required" in " ".join(result.output.split()), result.output

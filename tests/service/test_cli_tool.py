@@ -402,3 +402,21 @@ def test_backends_finds_a_plugin_module_in_the_current_directory(tmp_path: Path)
     assert listed.returncode == 0, listed.stdout + listed.stderr
     rows = {row["name"]: row for row in json.loads(listed.stdout)}
     assert rows["sample-plugin"]["spec"] == "my_sample_kernel:SampleBackend" and rows["sample-plugin"]["available"], rows
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--lane-grace", "inf"], "--lane-grace"),
+        (["--lane-grace", "-1"], "--lane-grace"),
+        (["--lanes", "sometimes"], "--lanes"),
+    ],
+)
+def test_bad_lane_options_are_usage_errors_naming_the_option(args: list, message: str) -> None:
+    """New-user trial: ``--lane-grace inf`` passed the range check and crashed the worker with an
+    OverflowError; every bad lane value is exit 2 naming the option, before anything starts."""
+    from service.cli.main import app
+
+    result = CliRunner().invoke(app, ["fuzz", "--time-budget", "1", *args])
+    assert result.exit_code == 2, result.output
+    assert message in result.output
