@@ -26,7 +26,10 @@ must be 0 like the reference (judged by the error checks).
 Overflow: where the float64 reference rounded to the kernel's dtype is ``+-inf`` (a float16
 gradient above 65504, reachable with large ``dout`` or score offsets, `oracle.inputs`), the same
 infinity is the correctly rounded result (IEEE 754-2019, 4.3.1) and is no ``posinf``/``neginf``;
-such entries are left out of the error checks (their rounding baseline is infinite).
+such entries are left out of the error checks (their rounding baseline is infinite). The overflow
+edge: an infinity of the reference's sign is also accepted where the finite reference lies within
+its tile's allowed error of the dtype's largest finite value (a kernel within the tolerance may
+round there to infinity); a finite kernel value there is judged as usual.
 
 Tolerance model. For a tensor ``T`` with kernel values ``A`` and float64 reference ``R``, over the
 whole tensor and over each tile (``tile_rows`` consecutive rows of one (batch, head), all features):
