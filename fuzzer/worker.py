@@ -226,6 +226,10 @@ class WorkerConfig:
             raise WorkerError("backends: at least one backend is needed")
 
 
+COMPILE_ERROR_TYPES = ("MLIRError", "CUDADialectError", "InductorError", "BackendCompilerFailed")
+"""Exception types of a JIT backend's ``error`` that mean its kernel did not build (CuTe DSL's MLIR
+and CUDA dialect errors, torch.compile's): `Worker._note_crashes` quarantines the kernel key."""
+
 LANE_MODES = ("auto", "on", "off")
 """`WorkerConfig.lanes` values."""
 
@@ -708,13 +712,25 @@ class Worker:
         a child restart (seconds for a CUDA process that imports FA4 or TE) or a whole timeout,
         and its bucket exists and is shrunk already; on the H200 (2026-12-01) one FA4 crash
         (head_dim 40, head_dim_v 128), met again and again by Hypothesis's target phase, kept
-        the worker restarting children for most of a 240 s run."""
+        the worker restarting children for most of a 240 s run.
+
+        A JIT backend's ``error`` whose exception is a compile failure (`COMPILE_ERROR_TYPES`) is
+        quarantined the same way: the kernel of that key does not build, so every later case at
+        the key compiles and fails again (on the H200, 2026-12-01, FA4 4.0.0b36 at head_dim 112:
+        131 ``error:MLIRError`` results on 40 cases of a 140 s run). Other errors are not: a
+        library's refusal can depend on fields the key leaves out (lengths)."""
         if case.cp_size != 1:
             return
         for result in results:
-            if result.status not in ("crash", "timeout"):
-                continue
             backend = self.backends.get(result.backend)
+            compile_failed = (
+                result.status == "error"
+                and backend is not None
+                and backend.jit_compiled
+                and (result.signature or "").removeprefix("error:") in COMPILE_ERROR_TYPES
+            )
+            if result.status not in ("crash", "timeout") and not compile_failed:
+                continue
             try:
                 key = backend.kernel_key(case, result.variant) if backend is not None else None
             except Exception:  # a plugin's key function must not stop the fuzz loop

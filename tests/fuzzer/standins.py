@@ -331,3 +331,24 @@ class StartMakeBackend(CorrectBackend):
     def availability(self):
         (Path(os.environ[MARKER_DIR_ENV]) / "started-envB").write_text(str(os.getpid()))
         return None
+
+
+class MLIRError(RuntimeError):
+    """Named as CuTe DSL's compile failure (the exception type is what attnfuzz sees)."""
+
+
+class FailingCompileJitBackend(_Base):
+    """("standin-jit-compile-fails") a JIT backend whose kernel does not build for head_dim 8: every
+    call at that head dim raises `MLIRError`, as FA4 4.0.0b36 did at head_dim 112 on the H200; a
+    ``ValueError`` (not a compile failure) at head_dim 24."""
+
+    name = "standin-jit-compile-fails"
+    environment = "standin-jit-compile-fails"
+    jit_compiled = True
+
+    def run(self, case, inputs, variant):
+        if case.head_dim == 8:
+            raise MLIRError("failed to partition input with tiled_mma")
+        if case.head_dim == 24:
+            raise ValueError("a refusal that may depend on the lengths")
+        return self._call(case, inputs, *self._bounds(case))

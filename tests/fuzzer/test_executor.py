@@ -397,3 +397,25 @@ def test_a_kernel_key_that_crashed_is_not_run_again_by_later_fuzz_cases() -> Non
         assert worker.stats.crash_quarantined["standin-crash-two"] == 1
         other_key = dataclasses.replace(crashing, head_dim=16)
         assert worker._compile_gated_tasks(other_key) is None or ("standin-crash-two", "first") in worker._compile_gated_tasks(other_key)
+
+
+def test_a_jit_kernel_key_that_failed_to_compile_is_not_run_again_and_other_errors_are() -> None:
+    """A JIT backend's ``error:MLIRError`` (its kernel did not build) quarantines the key like a
+    crash; a plain error (a refusal that may depend on the lengths) does not."""
+    import dataclasses
+
+    backends = registry.select([], ["tests.fuzzer.standins:CorrectBackend", "tests.fuzzer.standins:FailingCompileJitBackend"])
+    config = WorkerConfig(backends=backends, isolation="none", shrink=False)
+    failing = AttentionCase(seqlen_q=3, seqlen_k=4, head_dim=8, dtype="float32", backward=False)
+    refused = AttentionCase(seqlen_q=3, seqlen_k=4, head_dim=24, dtype="float32", backward=False)
+    with Worker(config, MemorySink()) as worker:
+        for case in (failing, refused):
+            results = worker.evaluate(case)
+            worker._note_crashes(case, results)
+        statuses = {r.signature for r in results if r.backend == "standin-jit-compile-fails"}
+        assert statuses == {"error:ValueError"}
+        tasks = worker._compile_gated_tasks(dataclasses.replace(failing, seqlen_k=9, seed=4))
+        assert tasks is not None and ("standin-jit-compile-fails", "native") not in tasks and ("standin-ok", "native") in tasks
+        assert worker.stats.crash_quarantined["standin-jit-compile-fails"] == 1
+        again = worker._compile_gated_tasks(dataclasses.replace(refused, seqlen_k=9, seed=4))
+        assert again is None or ("standin-jit-compile-fails", "native") in again
