@@ -22,6 +22,11 @@ Every caller that runs a case and judges it goes through here: the fuzz worker
    which runs the Evaluator in its campaign; CP backends need the CP executor,
    `fuzzer.cp.executor.make_executor_with_cp`).
 
+Lanes (``lane_grace_s``, the worker's fuzz cases on CUDA): an environment still busy with an
+earlier case is left out (`fuzzer.executor.BUSY`), and after the oracle the evaluator waits at most
+``lane_grace_s`` for the others; what still runs becomes ``Evaluation.late`` (a `LateRun`), judged
+later by `Evaluator.collect_late`.
+
 It stores nothing: the `Evaluation` it returns holds the results (and, for a CP case, the twin
 case and its results) for the caller to record.
 

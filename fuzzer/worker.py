@@ -11,6 +11,10 @@ every selected (backend, variant) that declares support run through the executor
 processes by default; every outcome judged); the worker records the case with all its results in
 one write to the `ResultSink` (``record_case_results``).
 
+Lanes (`WorkerConfig.lanes`, on for CUDA): a fuzz case waits for the oracle and at most
+``lane_grace_s`` for its backends; slower environments finish it in the background and their results
+are judged and stored later (`Worker._collect_late`), in a second write for the same case.
+
 Minimisation is shared between workers: after each chunk (and once at start, to resume what a
 dead worker left) the worker claims buckets of its backends that have no minimised case
 (`ResultSink.claim_minimisation`, a lease renewed with its heartbeats, so one worker at a time
