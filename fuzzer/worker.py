@@ -865,7 +865,7 @@ class Worker:
                 self.stats.slowest_s[evaluation.slowest[0]] += evaluation.slowest[1]
             self.stats.not_applicable.update(evaluation.not_applicable)
             self.stats.skipped_after_crash.update(evaluation.skipped)
-            if evaluation.busy and not evaluation.runnable and evaluation.late is None:
+            if evaluation.busy and not evaluation.runnable and evaluation.late is None:  # ran nowhere (below)
                 self.stats.all_busy += 1  # every backend that runs it was busy: ran nowhere, not a case
             else:
                 self.stats.cases += 1
@@ -877,8 +877,12 @@ class Worker:
         for r in results:
             self.stats.results[r.status] += 1
             self.stats.per_backend[(r.backend, r.status)] += 1
+        # lanes: every backend able to run the case was busy; the case ran nowhere and is not stored
+        # (a new-user trial found such cases stored without a result)
+        ran_nowhere = bool(evaluation.busy) and not evaluation.runnable and evaluation.late is None
         if record:
-            self._record(case, results, phase)
+            if not ran_nowhere:
+                self._record(case, results, phase)
             if evaluation.twin_results:  # the non-CP twin: same inputs and oracle, run by the CP executor
                 self._record(evaluation.twin_case, evaluation.twin_results, phase)
             if self.journal is not None:

@@ -323,6 +323,9 @@ def test_lanes_let_fast_backends_go_on_while_a_slow_one_finishes_its_case_in_the
     gate_stored = [r for r in sink.results.values() if r.backend == "standin-gate"]
     assert len(gate_stored) == stats.per_backend[("standin-gate", "pass")] + stats.per_backend[("standin-gate", "fail")]
     assert stats.runnable["standin-gate"] <= stats.cases - 2  # it sat out at least cases 2 and 3
+    stored_ids = set(sink.cases)
+    with_results = {r.case_id for r in sink.results.values()}
+    assert stored_ids <= with_results, sorted(stored_ids - with_results)  # no case stored without a result
 
 
 def test_lanes_are_off_by_default_on_the_cpu_and_on_for_cuda_children():
@@ -361,3 +364,34 @@ def test_lanes_stop_a_background_part_still_running_at_the_end_and_store_nothing
     assert not [r for r in sink.results.values() if r.backend == "standin-gate"]
     ok_stored = len([r for r in sink.results.values() if r.backend == "standin-ok"])
     assert 0 < ok_stored <= stats.per_backend[("standin-ok", "pass")] + stats.per_backend[("standin-ok", "fail")]  # a case drawn twice is stored once
+
+
+def test_lanes_store_no_case_that_ran_nowhere(tmp_path, monkeypatch):
+    """Lanes with one backend, stuck on its first case: the cases drawn meanwhile run nowhere; they
+    are counted in ``stats.all_busy``, not in ``stats.cases``, and not stored (a new-user trial found
+    such cases stored without a single result)."""
+    from tests.fuzzer.standins import GATE_DIR_ENV
+
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    monkeypatch.setenv(GATE_DIR_ENV, str(gate))
+    (gate / "block-all").write_text("")
+
+    class Unblock:
+        def __getattr__(self, name):
+            return lambda *args, **kwargs: None
+
+        def on_case(self, case, results, stats):
+            if stats.all_busy >= 3 and (gate / "block-all").exists():
+                (gate / "block-all").unlink()
+
+    backends = registry.select([], ["tests.fuzzer.standins:GateBackend"])
+    sink = MemorySink()
+    config = WorkerConfig(
+        backends=backends, max_cases=3, time_budget_s=None, seed=5, isolation="process", shrink=False,
+        replay_known=False, lanes="on", lane_grace_s=0.2, case_timeout_s=120.0,
+    )
+    stats = Worker(config, sink, reporter=Unblock()).run()
+    assert stats.cases == 3 and stats.all_busy >= 3, (stats.cases, stats.all_busy)
+    with_results = {r.case_id for r in sink.results.values()}
+    assert set(sink.cases) == with_results, sorted(set(sink.cases) - with_results)
