@@ -61,6 +61,10 @@ def cases_list(
     if as_json:
         print_json({"total": page.total, "items": rows})
         return
+    if not rows:  # an empty table says less than a sentence (new-user trial)
+        what = ("no failing stored case" if failing else "no stored case") + (f" with results of {backend}" if backend else "")
+        out.print(f"{what} in {db_url(db)}")
+        return
     table = Table(title=f"{len(rows)} of {page.total} cases")
     id_column(table, "case_id", [r["case_id"] for r in rows])
     table.add_column("origin", no_wrap=True)

@@ -56,3 +56,13 @@ def test_cases_list_refuses_a_bad_limit_naming_the_field(fresh_database_url: str
     result = CliRunner().invoke(app, ["cases", "list", "--limit", "0", "--db", fresh_database_url])
     assert result.exit_code == 2, result.output
     assert "limit" in result.output
+
+
+def test_an_empty_list_says_so_in_a_sentence(fresh_database_url: str) -> None:
+    """New-user trial: ``cases list --failing`` on a run without failures printed an empty table
+    titled "0 of 0 cases"."""
+    migrations.upgrade(fresh_database_url)
+    result = CliRunner().invoke(app, ["cases", "list", "--failing", "--db", fresh_database_url])
+    assert result.exit_code == 0 and "no failing stored case in" in result.stdout, result.output
+    result = CliRunner().invoke(app, ["cases", "list", "--db", fresh_database_url])
+    assert "no stored case in" in result.stdout and "0 of 0" not in result.stdout
