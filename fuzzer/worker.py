@@ -846,27 +846,25 @@ class Worker:
             case, phase=phase, tasks=tasks, lane_grace_s=self.config.lane_grace_s if lanes else None
         )
         results = evaluation.results
+        # lanes: every backend able to run the case was busy with an earlier one; the case ran
+        # nowhere: not counted as a case and not stored (a new-user trial found such cases stored
+        # without a result)
+        ran_nowhere = bool(evaluation.busy) and not evaluation.runnable and evaluation.late is None
         if evaluation.late is not None:
             self._late.append(evaluation.late)
             self.stats.late.update(name for name, _ in evaluation.late.tasks)
         if phase == "fuzz":  # shrink/confirm time is counted whole in stats.shrink_s
             self.stats.busy.update(evaluation.busy)
             self.stats.oracle_s += evaluation.oracle_s
-            self.stats.kernel_s += evaluation.kernel_s
-            self.stats.compile_s += evaluation.compile_s
             self.stats.inputs_s += evaluation.inputs_s
             self.stats.wait_s += evaluation.wait_s
-            self.stats.judge_s += evaluation.judge_s
-            for backend, parts in evaluation.task_timing_s.items():
-                mine = self.stats.task_timing_s.setdefault(backend, Counter())
-                mine.update(parts)
+            self._add_backend_time(evaluation)
             if evaluation.slowest is not None:
                 self.stats.slowest_cases[evaluation.slowest[0]] += 1
                 self.stats.slowest_s[evaluation.slowest[0]] += evaluation.slowest[1]
             self.stats.not_applicable.update(evaluation.not_applicable)
-            self.stats.skipped_after_crash.update(evaluation.skipped)
-            if evaluation.busy and not evaluation.runnable and evaluation.late is None:  # ran nowhere (below)
-                self.stats.all_busy += 1  # every backend that runs it was busy: ran nowhere, not a case
+            if ran_nowhere:
+                self.stats.all_busy += 1  # not a case
             else:
                 self.stats.cases += 1
             if evaluation.runnable and case.head_dim not in self._head_dim_pool and len(self._head_dim_pool) < self.config.kernel_pool_size:
@@ -874,12 +872,7 @@ class Worker:
             self._track_kernels(case, results)
             if self._fuzz_started is not None:
                 self.stats.fuzz_s = self._clock() - self._fuzz_started
-        for r in results:
-            self.stats.results[r.status] += 1
-            self.stats.per_backend[(r.backend, r.status)] += 1
-        # lanes: every backend able to run the case was busy; the case ran nowhere and is not stored
-        # (a new-user trial found such cases stored without a result)
-        ran_nowhere = bool(evaluation.busy) and not evaluation.runnable and evaluation.late is None
+        self._count_statuses(results)
         if record:
             if not ran_nowhere:
                 self._record(case, results, phase)
@@ -933,22 +926,32 @@ class Worker:
     def _absorb_late(self, evaluation: Evaluation) -> None:
         """Count and store a finished background part (see `_collect_late`)."""
         case, results = evaluation.case, evaluation.results
+        self._add_backend_time(evaluation)
+        self._track_kernels(case, results)
+        self._note_crashes(case, results)
+        count_case(results, self.stats.runnable, self.stats.unsupported)
+        self._count_statuses(results)
+        self._record(case, results, "fuzz")
+        if evaluation.twin_results:
+            self._record(evaluation.twin_case, evaluation.twin_results, "fuzz")
+        self.reporter.on_case(case, results, self.stats)
+
+    def _add_backend_time(self, evaluation: Evaluation) -> None:
+        """Add a fuzz evaluation's kernel, compile and judging seconds, its per-backend task timing
+        and its tasks skipped after a crash to `stats` (a case, or a background part of one)."""
         self.stats.kernel_s += evaluation.kernel_s
         self.stats.compile_s += evaluation.compile_s
         self.stats.judge_s += evaluation.judge_s
         for backend, parts in evaluation.task_timing_s.items():
             self.stats.task_timing_s.setdefault(backend, Counter()).update(parts)
         self.stats.skipped_after_crash.update(evaluation.skipped)
-        self._track_kernels(case, results)
-        self._note_crashes(case, results)
-        count_case(results, self.stats.runnable, self.stats.unsupported)
+
+    def _count_statuses(self, results: list[CaseResult]) -> None:
+        """Count ``results`` by status, overall and per backend (`WorkerStats` ``results``,
+        ``per_backend``)."""
         for r in results:
             self.stats.results[r.status] += 1
             self.stats.per_backend[(r.backend, r.status)] += 1
-        self._record(case, results, "fuzz")
-        if evaluation.twin_results:
-            self._record(evaluation.twin_case, evaluation.twin_results, "fuzz")
-        self.reporter.on_case(case, results, self.stats)
 
     def _drop_late(self) -> None:
         """Give up the background parts still running (the end of the run, or an error): counted

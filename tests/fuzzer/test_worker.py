@@ -282,35 +282,46 @@ def test_the_compile_gate_counts_every_jit_backend_together():
     assert worker._over_compile_budget(None) == set()  # no budget
 
 
-def test_lanes_let_fast_backends_go_on_while_a_slow_one_finishes_its_case_in_the_background(tmp_path, monkeypatch):
-    """Lanes (``lanes="on"``): while the gate backend's child is stuck on the first case (a JIT
-    compile, say), the worker goes on with new cases on the fast backend, leaves the busy one out
-    of them (``stats.busy``: no result), and stores the stuck case's results once they come
-    (``stats.late``), in the same run, each exactly once."""
+@pytest.fixture
+def blocked_gate(tmp_path, monkeypatch):
+    """A gate directory for `tests.fuzzer.standins.GateBackend` with ``block-all`` in it: every
+    call of the gate backend waits until the file is removed (a stuck kernel, a long compile)."""
     from tests.fuzzer.standins import GATE_DIR_ENV
 
     gate = tmp_path / "gate"
     gate.mkdir()
     monkeypatch.setenv(GATE_DIR_ENV, str(gate))
     (gate / "block-all").write_text("")
+    return gate
 
-    class Unblock:
-        """Reporter: unblock the gate once three fuzz cases have run without it."""
 
-        def __getattr__(self, name):
-            return lambda *args, **kwargs: None
+class UnblockWhen:
+    """Reporter: removes the gate's ``block-all`` once ``when(stats)`` is true at a case."""
 
-        def on_case(self, case, results, stats):
-            if stats.cases >= 3 and (gate / "block-all").exists():
-                (gate / "block-all").unlink()
+    def __init__(self, gate, when):
+        self.gate, self.when = gate, when
 
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: None
+
+    def on_case(self, case, results, stats):
+        if self.when(stats) and (self.gate / "block-all").exists():
+            (self.gate / "block-all").unlink()
+
+
+def test_lanes_let_fast_backends_go_on_while_a_slow_one_finishes_its_case_in_the_background(blocked_gate):
+    """Lanes (``lanes="on"``): while the gate backend's child is stuck on the first case (a JIT
+    compile, say), the worker goes on with new cases on the fast backend, leaves the busy one out
+    of them (``stats.busy``: no result), and stores the stuck case's results once they come
+    (``stats.late``), in the same run, each exactly once."""
+    gate = blocked_gate
     backends = registry.select([], ["tests.fuzzer.standins:GateBackend", "tests.fuzzer.standins:CorrectBackend"])
     sink = MemorySink()
     config = WorkerConfig(
         backends=backends, max_cases=8, time_budget_s=None, seed=3, isolation="process", shrink=False,
         replay_known=False, lanes="on", lane_grace_s=1.0, case_timeout_s=120.0,
     )
-    stats = Worker(config, sink, reporter=Unblock()).run()
+    stats = Worker(config, sink, reporter=UnblockWhen(gate, lambda stats: stats.cases >= 3)).run()
     first_case = (gate / "calls.log").read_text().split()[0]
     assert stats.cases == 8
     assert stats.busy["standin-gate"] >= 2 * 2, stats.busy  # cases 2 and 3, both variants, at least
@@ -342,16 +353,11 @@ def test_lanes_are_off_by_default_on_the_cpu_and_on_for_cuda_children():
     assert not Worker(WorkerConfig(backends=backends, lanes="on", isolation="none"), MemorySink()).lanes_on
 
 
-def test_lanes_stop_a_background_part_still_running_at_the_end_and_store_nothing_of_it(tmp_path, monkeypatch):
+def test_lanes_stop_a_background_part_still_running_at_the_end_and_store_nothing_of_it(blocked_gate):
     """A backend stuck past the run's end (``late_drain_s``): its background part is counted in
     ``late_dropped``, nothing of it is stored, the worker stops (its child killed) instead of
     waiting for it, and the fast backend's results of every case are stored."""
-    from tests.fuzzer.standins import GATE_DIR_ENV
-
-    gate = tmp_path / "gate"
-    gate.mkdir()
-    monkeypatch.setenv(GATE_DIR_ENV, str(gate))
-    (gate / "block-all").write_text("")  # never lifted: the gate's first call outlives the run
+    # block-all is never lifted: the gate's first call outlives the run
     backends = registry.select([], ["tests.fuzzer.standins:GateBackend", "tests.fuzzer.standins:CorrectBackend"])
     sink = MemorySink()
     config = WorkerConfig(
@@ -366,32 +372,17 @@ def test_lanes_stop_a_background_part_still_running_at_the_end_and_store_nothing
     assert 0 < ok_stored <= stats.per_backend[("standin-ok", "pass")] + stats.per_backend[("standin-ok", "fail")]  # a case drawn twice is stored once
 
 
-def test_lanes_store_no_case_that_ran_nowhere(tmp_path, monkeypatch):
+def test_lanes_store_no_case_that_ran_nowhere(blocked_gate):
     """Lanes with one backend, stuck on its first case: the cases drawn meanwhile run nowhere; they
     are counted in ``stats.all_busy``, not in ``stats.cases``, and not stored (a new-user trial found
     such cases stored without a single result)."""
-    from tests.fuzzer.standins import GATE_DIR_ENV
-
-    gate = tmp_path / "gate"
-    gate.mkdir()
-    monkeypatch.setenv(GATE_DIR_ENV, str(gate))
-    (gate / "block-all").write_text("")
-
-    class Unblock:
-        def __getattr__(self, name):
-            return lambda *args, **kwargs: None
-
-        def on_case(self, case, results, stats):
-            if stats.all_busy >= 3 and (gate / "block-all").exists():
-                (gate / "block-all").unlink()
-
     backends = registry.select([], ["tests.fuzzer.standins:GateBackend"])
     sink = MemorySink()
     config = WorkerConfig(
         backends=backends, max_cases=3, time_budget_s=None, seed=5, isolation="process", shrink=False,
         replay_known=False, lanes="on", lane_grace_s=0.2, case_timeout_s=120.0,
     )
-    stats = Worker(config, sink, reporter=Unblock()).run()
+    stats = Worker(config, sink, reporter=UnblockWhen(blocked_gate, lambda stats: stats.all_busy >= 3)).run()
     assert stats.cases == 3 and stats.all_busy >= 3, (stats.cases, stats.all_busy)
     with_results = {r.case_id for r in sink.results.values()}
     assert set(sink.cases) == with_results, sorted(set(sink.cases) - with_results)
