@@ -347,3 +347,41 @@ def test_inputs_on_two_devices_all_reach_the_backends_device(monkeypatch) -> Non
     large_q = dataclasses.replace(inputs, q=inputs.q.to("meta"))
     fixed = inputs_on(large_q, "meta")
     assert fixed.q is large_q.q and fixed.k.device.type == "meta" and fixed.v.device.type == "meta"
+
+
+def test_a_case_s_outcomes_are_judged_together_with_the_verdicts_of_judging_each_alone(monkeypatch) -> None:
+    """The evaluator judges a case's plain outcomes in one batch (`fuzzer.evaluate.judge_many`):
+    each result equals `judge` of its outcome alone (status, signatures, figures), the planted
+    all-zero variant fails among passing ones, and the batch is really used (the one-by-one path
+    is not taken). When the batch raises, each outcome is judged on its own and the failure names
+    its outcome."""
+    from fuzzer import evaluate as evaluate_module
+
+    calls = []
+    real = evaluate_module.judge_many
+    monkeypatch.setattr(evaluate_module, "judge_many", lambda *a, **k: calls.append(len(a[2])) or real(*a, **k))
+    with Evaluator(BACKENDS, isolation="none") as evaluator:
+        found = evaluator.evaluate(BACKWARD)
+        batches = list(calls)
+        ref = reference(BACKWARD, make_inputs(BACKWARD), backward=True)
+        alone = {}
+        for (backend, _), name in zip(BACKENDS, ("standin-ok", "standin-zero")):
+            for variant in backend.variants:
+                outcome = executor_module.run_task(backend, BACKWARD, make_inputs(BACKWARD), variant)
+                alone[(name, variant)] = evaluate_module.judge(BACKWARD, ref, outcome, backend)
+    assert batches == [3]  # the three runnable tasks of the case, together
+    results = _by_task(found.results)
+    assert results[("standin-zero", "zero")].signature == "out:all_zero"
+    assert results[("standin-ok", "native")].status == results[("standin-zero", "native")].status == "pass"
+    for key, result in results.items():
+        assert (result.status, result.signatures, result.metrics) == (alone[key].status, alone[key].signatures, alone[key].metrics)
+
+    def broken(*a, **k):
+        raise RuntimeError("planted batch failure")
+
+    monkeypatch.setattr(evaluate_module, "judge_many", broken)
+    with Evaluator(BACKENDS, isolation="none") as evaluator:
+        fallback = _by_task(evaluator.evaluate(BACKWARD).results)
+    # judge() calls judge_many too, so each one-by-one judging raises: an own-step error per outcome
+    assert {r.signature for r in fallback.values()} == {"attnfuzz_error:RuntimeError"}
+    assert set(fallback) == set(results)

@@ -408,3 +408,58 @@ def test_a_subnormal_flushed_to_zero_in_a_tile_of_tiny_values_is_no_tile_mismatc
     wrong[:, 64:] = 0
     verdict = compare_tensor("dv", wrong, tiny_but_normal, dtype)
     assert not verdict.passed and "dv:tile_mismatch" in verdict.signatures, verdict
+
+
+def _same_verdict(a, b) -> None:
+    from dataclasses import fields
+
+    for f in fields(a):
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        if isinstance(x, torch.Tensor):
+            assert torch.equal(x, y), f.name
+        elif isinstance(x, float) and math.isnan(x):
+            assert math.isnan(y), f.name
+        else:
+            assert x == y, (f.name, x, y)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_judging_a_batch_gives_each_tensor_the_verdict_of_judging_it_alone(dtype: str) -> None:
+    """`judge_tensors` (the evaluator judges a case's outputs together) gives every tensor the
+    verdict `judge_tensor` gives it alone, field for field, in a batch mixing right, noisy, planted
+    (one wrong row), all-zero, NaN, infinite and wrong-shaped tensors; the planted one fails and its
+    right neighbours pass, so no figure leaks between the entries of a batch."""
+    from oracle.compare import JUDGE_BATCH_ELEMENTS, judge_tensor, judge_tensors, prepare_tensor
+
+    gen = torch.Generator().manual_seed(11)
+    for name, shape, row_dim in [("out", (2, 70, 3, 16), 1), ("dk", (150, 2, 8), 0), ("lse", (2, 3, 70), 2)]:
+        ref = torch.randn(shape, generator=gen, dtype=torch.float64)
+        visible = None
+        if name == "lse":
+            visible = torch.rand(shape, generator=gen) > 0.2
+            ref = torch.where(visible, ref, -math.inf)
+        prepared = prepare_tensor(name, ref, dtype, tile_rows=16, row_dim=row_dim, visible_rows=visible)
+        rounded = ref.to(torch.float32 if name == "lse" else torch_dtype(dtype))
+        planted = rounded.clone()
+        planted.select(row_dim, 5).copy_(planted.select(row_dim, 6))  # an off-by-one row
+        holes = rounded.clone()
+        holes.view(-1)[7] = math.nan
+        batch = [rounded, (ref * (1 + 1e-3 * torch.randn(shape, generator=gen, dtype=torch.float64))).to(rounded.dtype),
+                 planted, rounded.double(), torch.zeros_like(rounded), holes, rounded.flatten()[:-1], rounded]
+        together = judge_tensors(prepared, batch)
+        for actual, verdict in zip(batch, together):
+            _same_verdict(verdict, judge_tensor(prepared, actual))
+        assert together[0].passed and together[3].passed and together[7].passed
+        assert not together[2].passed and together[2].worst_index[row_dim] in (5, 6)
+        assert together[5].signatures[0] == f"{name}:nan" and together[6].signatures == (f"{name}:shape",)
+    # a batch larger than one buffer is judged in parts, with the same verdicts
+    import oracle.compare as compare
+
+    small = max(1, math.prod(prepared.shape) * 2)
+    try:
+        compare.JUDGE_BATCH_ELEMENTS = small
+        parts = judge_tensors(prepared, batch)
+    finally:
+        compare.JUDGE_BATCH_ELEMENTS = JUDGE_BATCH_ELEMENTS
+    for a, b in zip(parts, together):
+        _same_verdict(a, b)
