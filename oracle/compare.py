@@ -563,39 +563,127 @@ def prepare_tensor(
 @torch.no_grad()
 def judge_tensor(prepared: PreparedTensor, actual: torch.Tensor) -> TensorVerdict:
     """`compare_tensor` of ``actual`` against a `prepare_tensor` result (same verdict, figure
-    for figure, as `compare_tensor` with the arguments ``prepared`` was made from): `judge_tensors`
-    of one tensor."""
-    return judge_tensors(prepared, [actual])[0]
+    for figure, as `compare_tensor` with the arguments ``prepared`` was made from). One tensor's
+    checks with the fewest operations (figures fetched as needed): the engine of the CPU, where
+    an operation costs about a microsecond; `judge_tensors` batches the same checks for a GPU."""
+    p = prepared
+    if tuple(actual.shape) != p.shape:
+        return _shape_verdict(p.name)
+    ref_v, ref_finite, expect_masked = p.ref_v, p.ref_finite, p.expect_masked
+    act = p.to_grid_float64(actual)
+    # all finite (the usual case): a finite sum has no NaN or infinity among its terms; a sum that
+    # overflowed is told apart by the full test
+    all_finite = math.isfinite(float(act.sum())) or bool(torch.isfinite(act).all())
+    valid = None  # None: every entry is judged (diff needs no mask)
+    s: dict[str, Any] = {}
+    if all_finite:  # no NaN or infinity to look for (same figures, fewer ops)
+        unexpected = expect_masked  # a finite value on a row that sees no key
+        masked = int(expect_masked.sum()) if p.masked_count is None else p.masked_count
+        s.update(nan=0, posinf=0, neginf=0, finite_on_masked=masked)
+        if not p.all_judged:
+            valid = ref_finite if p.judged is None else p.judged
+    else:
+        act_finite = torch.isfinite(act)
+        nan_mask = torch.isnan(act)
+        # An infinity where the reference itself rounds to that infinity in the dtype (e.g. a float16
+        # gradient above 65504) is the correctly rounded result, not a defect (IEEE 754-2019 4.3.1:
+        # round-to-nearest overflows to +-inf); those entries stay unjudged by the error checks too.
+        correct_inf = act == p.overflow if p.overflow is not None else torch.zeros_like(act_finite)
+        if p.overflow_edge is not None:  # within the tolerance of the overflow threshold: see prepare_tensor
+            correct_inf = correct_inf | (act == p.overflow_edge)
+        posinf_mask = (act == math.inf) & ref_finite & ~correct_inf
+        neginf_mask = (act == -math.inf) & ref_finite & ~correct_inf
+        finite_masked = expect_masked & act_finite
+        unexpected = nan_mask | posinf_mask | neginf_mask | finite_masked
+        s.update(nan=int(nan_mask.sum()), posinf=int(posinf_mask.sum()), neginf=int(neginf_mask.sum()),
+                 finite_on_masked=int(finite_masked.sum()))
+        valid = (ref_finite if p.judged is None else p.judged) & act_finite
+    diff = act - ref_v if valid is None else torch.where(valid, act - ref_v, 0.0)
+    err2_rows = diff.square().sum(-1)
+    err_global = float(err2_rows.sum().sqrt())
+    ratio_global = err_global / p.allowed_global if err_global > 0 else 0.0
+    err_tiles = p.tiles(err2_rows).sqrt()
+    if p.tiles_positive:  # err / allowed is 0 where err is 0 (no NaN: err is finite or +inf)
+        ratio_tiles = err_tiles / p.allowed_tiles
+    else:
+        ratio_tiles = torch.where(err_tiles > 0, err_tiles / p.allowed_tiles, 0.0)
+    worst_tile = int(ratio_tiles.argmax())
+    s.update(err_global=err_global, ratio_global=ratio_global, worst_tile_ratio=float(ratio_tiles.reshape(-1)[worst_tile]))
+    s["region"] = None
+    err_backend = err_global
+    if s["worst_tile_ratio"] > ratio_global:
+        g, t = divmod(worst_tile, p.num_tiles)
+        s.update(
+            region=(g, t * p.tile_rows), err_tile=float(err_tiles[g, t]), base_tile=float(p.base2_tiles[g, t].sqrt()),
+            scale_tile=float(p.scale2_tiles[g, t].sqrt()), allowed_tile=float(p.allowed_tiles[g, t]),
+        )
+        err_backend = s["err_tile"]
+    abs_diff = diff.abs()
+    s["worst_flat"] = s["max_abs"] = None
+    if any(s[k] for k in ("nan", "posinf", "neginf", "finite_on_masked")):
+        s["worst_flat"] = int(unexpected.flatten().nonzero()[0])
+    elif err_backend > 0:
+        if s["region"] is None:
+            s["worst_flat"] = int(abs_diff.argmax())
+            s["max_abs"] = float(abs_diff.reshape(-1)[s["worst_flat"]])  # the maximum (diff holds no NaN)
+        else:
+            g, r0 = s["region"]
+            r1 = min(r0 + p.tile_rows, p.num_rows)
+            s["worst_flat"] = (g * p.num_rows + r0) * p.num_features + int(abs_diff[g, r0:r1].argmax())
+    if s["max_abs"] is None:
+        s["max_abs"] = float(abs_diff.max()) if diff.numel() else 0.0
+    if not p.ref_finite_any:
+        s["is_all_zero"] = False
+    elif p.all_judged:  # ref_finite is all true: (act != 0) & ref_finite is act != 0
+        s["is_all_zero"] = not bool(act.any())
+    else:
+        s["is_all_zero"] = not bool(((act != 0) & ref_finite).any())
+    return _finish_verdict(p, s)
 
 
 JUDGE_BATCH_ELEMENTS = 1 << 24
 """At most this many float64 entries (128 MiB a buffer) are judged in one batch of `judge_tensors`;
-a longer list is judged in several batches (each tensor is judged whole)."""
+a longer list is judged in several batches (each tensor whole)."""
 
 # The per-tensor figures one batch brings back to the host in one transfer (columns of `_batch_stats`).
 _STATS = (
     "err_global", "worst_tile", "worst_tile_ratio", "err_tile", "base_tile", "scale_tile", "allowed_tile",
-    "global_flat", "max_abs", "tile_flat", "is_all_zero", "nan", "posinf", "neginf", "finite_on_masked",
-    "unexpected_flat",
+    "max_abs", "is_all_zero", "nan", "posinf", "neginf", "finite_on_masked", "unexpected_flat",
 )
 
 
 @torch.no_grad()
-def judge_tensors(prepared: PreparedTensor, actuals: list[torch.Tensor]) -> list[TensorVerdict]:
+def judge_tensors(prepared: PreparedTensor, actuals: list[torch.Tensor], *, batched: bool | None = None) -> list[TensorVerdict]:
     """`judge_tensor` of each of ``actuals`` (kernel tensors shaped like the reference, any float
     dtype and device) against one `prepare_tensor` result, batched: the tensors of the right shape
     are copied into one float64 ``[N, G, R, F]`` buffer and every check runs once over the batch,
-    with two host transfers per batch (the finiteness test and the figures) instead of about ten
-    per tensor. On a GPU a case's 20 results cost about 50 kernel launches per tensor name instead
-    of about 45 each (the ninth H200 session judged at 1.5 ms a result, 15.7% of the wall time).
+    with three host transfers per batch (the finiteness test, the figures, the worst entries)
+    instead of about ten per tensor. On a GPU a case's 20 results cost about 40 kernel launches per
+    tensor name instead of about 45 each (the ninth H200 session judged at 1.5 ms a result, 15.7%
+    of the wall time); on the CPU the batch takes the fewest passes over the entries (no
+    full-tensor ``argmax``: the worst entry is looked for in the worst tile only).
+
+    Args:
+        prepared: the reference's `prepare_tensor`.
+        actuals: the kernels' tensors.
+        batched: use the batch (True) or `judge_tensor` on each (False); None: the batch on a
+            GPU, one by one on the CPU. On the CPU, where an operation costs about a microsecond
+            and the passes over the entries dominate, the one-tensor checks were faster (a fuzz
+            run's comparison: 5.5 ms a case one by one, 6.4 batched; 8 tensors of 32,768 entries:
+            1.6 against 2.5 ms; the batch, about twice the operations for one tensor, wins only
+            for tensors of about a thousand entries).
 
     Returns:
         One `TensorVerdict` per entry of ``actuals``, in order (a wrong shape: the ``shape``
-        verdict). The figures are those of the one-tensor checks, in the same order of rounded
-        operations per entry; sums over the whole tensor may differ from a one-tensor sum in the
-        last bit (the reduction order of a batch).
+        verdict). The figures are those of the one-tensor checks, by the same rounded operations
+        per entry; a sum over a whole tensor may differ from a one-tensor sum in the last bit (the
+        reduction order of a batch).
     """
     p = prepared
+    if batched is None:
+        batched = torch.device(p.device).type != "cpu"
+    if not batched:
+        return [judge_tensor(p, actual) for actual in actuals]
     verdicts: list[TensorVerdict | None] = [None] * len(actuals)
     batch: list[int] = []
     for i, actual in enumerate(actuals):
@@ -621,14 +709,17 @@ def _shape_verdict(name: str) -> TensorVerdict:
 
 
 def _batch_stats(p: PreparedTensor, actuals: list[torch.Tensor]) -> list[dict[str, float]]:
-    """The figures of `_STATS` for each of ``actuals`` (all of shape ``p.shape``), one dict each.
+    """The figures of `_STATS`, the worst place (``region``: None for the whole tensor, else
+    ``(group, first row)`` of the worst tile) and the worst entry (``worst_flat``: a flat index
+    into ``[G, R, F]``, None where no entry is looked for) of each of ``actuals`` (all of shape
+    ``p.shape``), one dict each.
 
     ``act`` is ``[N, G, R, F]`` float64. Entries judged: ``p.judged`` (or ``p.ref_finite``) where
     the kernel's value is finite; an infinity equal to ``p.overflow`` or ``p.overflow_edge`` is the
-    correctly rounded result (IEEE 754-2019 4.3.1) and no ``posinf``/``neginf``. Indices are flat
-    indices into ``[G, R, F]`` (``global_flat``, ``unexpected_flat``) or into the rows of the worst
-    tile (``tile_flat``: ``row * F + feature``); torch's ``argmax`` returns the first maximum, so a
-    tie gives the same index as the one-tensor checks."""
+    correctly rounded result (IEEE 754-2019 4.3.1) and no ``posinf``/``neginf``. The worst entry is
+    the first unexpected non-finite value, else the largest ``|A - R|`` of the worst place when
+    the error there is not 0 (torch's ``argmax`` returns the first maximum: a tie gives the index
+    of the one-tensor checks)."""
     n = len(actuals)
     G, R, F, T = p.num_groups, p.num_rows, p.num_features, p.num_tiles
     act = torch.empty((n, G, R, F), dtype=torch.float64, device=p.device)
@@ -641,16 +732,14 @@ def _batch_stats(p: PreparedTensor, actuals: list[torch.Tensor]) -> list[dict[st
     flat = act.view(n, -1)
     # all finite (the usual case): a finite sum has no NaN or infinity among its terms; a sum that
     # overflowed is told apart by the full test
-    sums = flat.sum(1)
-    all_finite = bool(torch.isfinite(sums).all()) or bool(torch.isfinite(flat).all())
+    all_finite = bool(torch.isfinite(flat.sum(1)).all()) or bool(torch.isfinite(flat).all())
     base_valid = p.ref_finite if p.judged is None else p.judged
     zeros = torch.zeros(n, dtype=torch.float64, device=p.device)
     if all_finite:  # no NaN or infinity to look for (same figures, fewer ops)
         masked = int(p.expect_masked.sum()) if p.masked_count is None else p.masked_count
         nan_c = posinf_c = neginf_c = zeros
         finite_masked_c = zeros + masked
-        first_masked = int(p.expect_masked.flatten().nonzero()[0]) if masked else 0
-        unexpected_flat = zeros + first_masked
+        unexpected_flat = zeros + (int(p.expect_masked.flatten().nonzero()[0]) if masked else 0)
         valid = None if p.all_judged else base_valid
     else:
         act_finite = torch.isfinite(act)
@@ -662,11 +751,15 @@ def _batch_stats(p: PreparedTensor, actuals: list[torch.Tensor]) -> list[dict[st
         neginf_mask = (act == -math.inf) & p.ref_finite & ~correct_inf
         finite_masked = p.expect_masked & act_finite
         unexpected = (nan_mask | posinf_mask | neginf_mask | finite_masked).reshape(n, -1)
-        nan_c, posinf_c, neginf_c, finite_masked_c = (m.reshape(n, -1).sum(1).to(torch.float64) for m in (nan_mask, posinf_mask, neginf_mask, finite_masked))
+        nan_c, posinf_c, neginf_c, finite_masked_c = (
+            m.reshape(n, -1).sum(1).to(torch.float64) for m in (nan_mask, posinf_mask, neginf_mask, finite_masked)
+        )
         unexpected_flat = unexpected.to(torch.uint8).argmax(1).to(torch.float64) if unexpected.shape[1] else zeros
         valid = base_valid & act_finite
-    diff = act - p.ref_v if valid is None else torch.where(valid, act - p.ref_v, 0.0)
-    err2_rows = diff.square().sum(-1)  # [N, G, R]
+    diff = torch.sub(act, p.ref_v)  # [N, G, R, F], contiguous
+    if valid is not None:
+        diff.masked_fill_(~valid, 0.0)
+    err2_rows = torch.mul(diff, diff).sum(-1)  # [N, G, R]: square() then sum, as one tensor
     err_global = err2_rows.reshape(n, -1).sum(1).sqrt()
     padded = torch.nn.functional.pad(err2_rows, (0, p.pad)) if p.pad else err2_rows
     err_tiles = padded.reshape(n, G, T, p.tile_rows).sum(-1).sqrt()  # [N, G, T]
@@ -678,75 +771,97 @@ def _batch_stats(p: PreparedTensor, actuals: list[torch.Tensor]) -> list[dict[st
     worst = ratio_flat.argmax(1)  # [N]
     pick = lambda x: x.reshape(-1)[worst]  # noqa: E731  a [G, T] figure of the reference at each worst tile
     take = lambda x: x.reshape(n, -1).gather(1, worst[:, None])[:, 0]  # noqa: E731  an [N, G, T] figure there
-    abs_diff = diff.abs()
-    abs_flat = abs_diff.reshape(n, -1)
-    if abs_flat.shape[1]:
-        global_flat = abs_flat.argmax(1)
-        max_abs = abs_flat.gather(1, global_flat[:, None])[:, 0]  # the maximum (diff holds no NaN)
-        by_tile = torch.nn.functional.pad(abs_diff, (0, 0, 0, p.pad)) if p.pad else abs_diff
-        tile_flat = take(by_tile.reshape(n, G, T, p.tile_rows * F).argmax(-1))
-    else:
-        global_flat = max_abs = tile_flat = zeros
+    abs_flat = diff.abs_().view(n, -1)  # |A - R| (diff is not needed any more)
+    max_abs = abs_flat.amax(1) if abs_flat.shape[1] else zeros  # diff holds no NaN
     if not p.ref_finite_any:
         is_all_zero = torch.zeros(n, dtype=torch.bool, device=p.device)
-    elif p.all_judged:  # ref_finite is all true: (act != 0) & ref_finite is act != 0
-        is_all_zero = ~flat.any(1)
-    else:
-        is_all_zero = ~((act != 0) & p.ref_finite).reshape(n, -1).any(1)
+    else:  # every judged entry exactly 0 (NaN is no zero: amax/amin propagate it)
+        seen = flat if p.all_judged else torch.where(p.ref_finite, act, 0.0).view(n, -1)
+        is_all_zero = (seen.amax(1) == 0) & (seen.amin(1) == 0)
     columns = {
         "err_global": err_global, "worst_tile": worst, "worst_tile_ratio": take(ratio_flat),
         "err_tile": take(err_tiles), "base_tile": pick(p.base2_tiles).sqrt(), "scale_tile": pick(p.scale2_tiles).sqrt(),
-        "allowed_tile": pick(p.allowed_tiles), "global_flat": global_flat, "max_abs": max_abs, "tile_flat": tile_flat,
+        "allowed_tile": pick(p.allowed_tiles), "max_abs": max_abs,
         "is_all_zero": is_all_zero, "nan": nan_c, "posinf": posinf_c, "neginf": neginf_c,
         "finite_on_masked": finite_masked_c, "unexpected_flat": unexpected_flat,
     }
-    rows = torch.stack([columns[k].to(torch.float64) for k in _STATS], dim=1).tolist()  # the one transfer
-    return [dict(zip(_STATS, row)) for row in rows]
+    rows = torch.stack([columns[k].to(torch.float64) for k in _STATS], dim=1).tolist()  # the figures' one transfer
+    stats = [dict(zip(_STATS, row)) for row in rows]
+    _worst_entries(p, abs_flat, stats)
+    return stats
 
 
-def _finish_verdict(p: PreparedTensor, s: dict[str, float]) -> TensorVerdict:
+def _worst_entries(p: PreparedTensor, abs_flat: torch.Tensor, stats: list[dict[str, Any]]) -> None:
+    """Add ``region``, ``ratio_global`` and ``worst_flat`` (see `_batch_stats`) to each of
+    ``stats``, from ``abs_flat`` (``|A - R|`` as ``[N, G * R * F]``): the worst tile's entries of
+    every tensor looked at in one gather, the tensors whose worst place is the whole tensor in one
+    ``argmax``; one host transfer for all."""
+    R, F, tile_rows = p.num_rows, p.num_features, p.tile_rows
+    in_tile: list[int] = []
+    starts: list[int] = []
+    whole: list[int] = []
+    for j, s in enumerate(stats):
+        ratio_global = s["err_global"] / p.allowed_global if s["err_global"] > 0 else 0.0
+        s["ratio_global"] = ratio_global
+        s["worst_flat"] = None
+        if s["worst_tile_ratio"] > ratio_global:
+            g, t = divmod(int(s["worst_tile"]), p.num_tiles)
+            s["region"] = (g, t * tile_rows)
+            err_backend = s["err_tile"]
+        else:
+            s["region"] = None
+            err_backend = s["err_global"]
+        if any(s[k] for k in ("nan", "posinf", "neginf", "finite_on_masked")):
+            s["worst_flat"] = int(s["unexpected_flat"])
+        elif err_backend > 0:
+            if s["region"] is None:
+                whole.append(j)
+            else:
+                in_tile.append(j)
+                starts.append((s["region"][0] * R + s["region"][1]) * F)
+    found: list[int] = []
+    if in_tile:
+        span = tile_rows * F  # a tile's entries: rows r0 .. r0 + tile_rows - 1 of its group, all features
+        device = abs_flat.device
+        start = torch.tensor(starts, dtype=torch.int64, device=device)
+        group_end = (start // (R * F) + 1) * (R * F) - 1  # the last entry of each tile's group
+        index = torch.minimum(start[:, None] + torch.arange(span, device=device), group_end[:, None])
+        # past the last row the index repeats the group's last entry: argmax keeps the first maximum
+        rows = abs_flat[torch.tensor(in_tile, device=device)[:, None], index]  # [k, span]: only those entries
+        found_tile = rows.argmax(1) + start
+    else:
+        found_tile = None
+    found_whole = abs_flat[torch.tensor(whole, device=abs_flat.device)].argmax(1) if whole else None
+    parts = [x for x in (found_tile, found_whole) if x is not None]
+    if parts:
+        found = torch.cat(parts).tolist()
+        for j, flat in zip(in_tile + whole, found):
+            stats[j]["worst_flat"] = int(flat)
+
+
+def _finish_verdict(p: PreparedTensor, s: dict[str, Any]) -> TensorVerdict:
     """The `TensorVerdict` of one tensor from its `_batch_stats` figures (host arithmetic only)."""
-    name, u, tile_rows, num_rows, num_features = p.name, p.u, p.tile_rows, p.num_rows, p.num_features
-    num_groups, num_tiles = p.num_groups, p.num_tiles
+    name, u = p.name, p.u
     counts = {key: int(s[key]) for key in ("nan", "posinf", "neginf", "finite_on_masked")}
-    any_unexpected = any(counts.values())
-    err_global = s["err_global"]
-    floor_global, allowed_global = p.floor_global, p.allowed_global
-    ratio_global = err_global / allowed_global if err_global > 0 else 0.0
-    worst_tile, worst_tile_ratio = int(s["worst_tile"]), s["worst_tile_ratio"]
-    if worst_tile_ratio > ratio_global:
-        g, t = divmod(worst_tile, num_tiles)
+    err_global, ratio_global = s["err_global"], s["ratio_global"]
+    worst_tile_ratio = s["worst_tile_ratio"]
+    if s["region"] is not None:
         err_backend = s["err_tile"]
         err_baseline = max(s["base_tile"], u * s["scale_tile"])
         allowed = s["allowed_tile"]
-        region = (g, t * tile_rows)
     else:
-        err_backend, err_baseline, allowed = err_global, floor_global, allowed_global
-        region = None
-    error_ratio = max(ratio_global, worst_tile_ratio)
-    ndim, group_dims, group_shape, row_dim, has_features = len(p.shape), p.group_dims, p.group_shape, p.row_dim, p.has_features
-
-    def original_index(g: int, row: int, feature: int) -> tuple[int, ...]:
-        index = [0] * ndim
-        for dim, value in zip(group_dims, _unravel(g, group_shape) if group_shape else ()):
-            index[dim] = value
-        index[row_dim] = row
-        if has_features:
-            index[ndim - 1] = feature
-        return tuple(int(i) for i in index)
-
+        err_backend, err_baseline, allowed = err_global, p.floor_global, p.allowed_global
+    error_ratio = math.inf if any(counts.values()) else max(ratio_global, worst_tile_ratio)
     worst_index = None
-    if any_unexpected:
-        error_ratio = math.inf
-        worst_index = original_index(*_unravel(int(s["unexpected_flat"]), (num_groups, num_rows, num_features)))
-    elif err_backend > 0:
-        if region is None:
-            worst_index = original_index(*_unravel(int(s["global_flat"]), (num_groups, num_rows, num_features)))
-        else:
-            g, r0 = region
-            row, feature = divmod(int(s["tile_flat"]), num_features)
-            worst_index = original_index(g, r0 + row, feature)
-    max_abs = s["max_abs"]
+    if s["worst_flat"] is not None:
+        g, row, feature = _unravel(s["worst_flat"], (p.num_groups, p.num_rows, p.num_features))
+        worst_index = [0] * len(p.shape)
+        for dim, value in zip(p.group_dims, _unravel(g, p.group_shape) if p.group_shape else ()):
+            worst_index[dim] = value
+        worst_index[p.row_dim] = row
+        if p.has_features:
+            worst_index[-1] = feature
+        worst_index = tuple(int(i) for i in worst_index)
     ref_norm = p.ref_norm
     rel_l2 = err_global / ref_norm if ref_norm > 0 else (0.0 if err_global == 0 else math.inf)
     is_all_zero = bool(s["is_all_zero"])
@@ -758,13 +873,12 @@ def _finish_verdict(p: PreparedTensor, s: dict[str, float]) -> TensorVerdict:
     elif worst_tile_ratio > 1:
         kinds.append("tile_mismatch")
     return _verdict(
-        name, kinds, rel_l2=rel_l2, max_abs=max_abs,
+        name, kinds, rel_l2=rel_l2, max_abs=s["max_abs"],
         worst_tile_ratio=worst_tile_ratio, error_ratio=error_ratio, err_backend=err_backend,
         err_baseline=err_baseline, worst_index=worst_index, nan_count=counts["nan"],
         posinf_count=counts["posinf"], neginf_count=counts["neginf"], is_all_zero=is_all_zero, allowed=allowed,
-        allowed_global=allowed_global, allowed_tiles=p.allowed_tiles,
+        allowed_global=p.allowed_global, allowed_tiles=p.allowed_tiles,
     )
-
 
 class PreparedReference:
     """A `ReferenceResult` with the reference-only part of the comparison (`prepare_tensor`) of

@@ -446,9 +446,10 @@ def test_judging_a_batch_gives_each_tensor_the_verdict_of_judging_it_alone(dtype
         holes.view(-1)[7] = math.nan
         batch = [rounded, (ref * (1 + 1e-3 * torch.randn(shape, generator=gen, dtype=torch.float64))).to(rounded.dtype),
                  planted, rounded.double(), torch.zeros_like(rounded), holes, rounded.flatten()[:-1], rounded]
-        together = judge_tensors(prepared, batch)
-        for actual, verdict in zip(batch, together):
+        together = judge_tensors(prepared, batch, batched=True)
+        for actual, verdict, alone in zip(batch, together, judge_tensors(prepared, batch)):  # the CPU's default: one by one
             _same_verdict(verdict, judge_tensor(prepared, actual))
+            _same_verdict(alone, verdict)
         assert together[0].passed and together[3].passed and together[7].passed
         assert not together[2].passed and together[2].worst_index[row_dim] in (5, 6)
         assert together[5].signatures[0] == f"{name}:nan" and together[6].signatures == (f"{name}:shape",)
@@ -458,7 +459,7 @@ def test_judging_a_batch_gives_each_tensor_the_verdict_of_judging_it_alone(dtype
     small = max(1, math.prod(prepared.shape) * 2)
     try:
         compare.JUDGE_BATCH_ELEMENTS = small
-        parts = judge_tensors(prepared, batch)
+        parts = judge_tensors(prepared, batch, batched=True)
     finally:
         compare.JUDGE_BATCH_ELEMENTS = JUDGE_BATCH_ELEMENTS
     for a, b in zip(parts, together):
