@@ -902,14 +902,18 @@ class Worker:
         cases run, kernel and compile seconds, new buckets, crash quarantine, kernel keys), but
         not in ``stats.cases`` (the case counted when it ran) and with no ``target()`` (the
         Hypothesis example is over). A part whose child could not start is dropped with a
-        warning (nothing of it was stored)."""
+        warning (nothing of it was stored). The seconds waited count as waiting for the children
+        (``stats.wait_s``, as the grace of a case), not as attnfuzz's own work."""
         if not self._late:
             return
         deadline = None if wait_s is None else time.monotonic() + wait_s
         still = []
         for late in self._late:
-            while deadline is not None and not late.done() and time.monotonic() < deadline:
-                time.sleep(0.01)
+            if deadline is not None and not late.done():
+                t0 = time.perf_counter()
+                while not late.done() and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                self.stats.wait_s += time.perf_counter() - t0  # waiting for the backends, not attnfuzz's own work
             if not late.done():
                 still.append(late)
                 continue
