@@ -83,14 +83,16 @@ def normalise_masked_lse(lse: Any, ref_lse: Any, sentinel: float) -> Any:
         sentinel: the value the backend declares for such rows (`Backend.masked_row_lse`).
 
     Returns:
-        ``lse`` with those entries replaced (unchanged when the shapes differ: the comparison
-        reports the shape).
+        ``lse`` with those entries replaced, on ``ref_lse``'s device (unchanged when the shapes
+        differ: the comparison reports the shape).
     """
     import torch
 
     if lse.shape != ref_lse.shape:
         return lse
-    masked = torch.isneginf(ref_lse.to(lse.device)) & (lse == sentinel)
+    if lse.device != ref_lse.device:  # an output that came back as bytes (on the host): to the reference's device
+        lse = lse.to(ref_lse.device)
+    masked = torch.isneginf(ref_lse) & (lse == sentinel)
     return lse.masked_fill(masked, -math.inf)
 
 

@@ -483,13 +483,15 @@ def prepare_tensor(
     else:  # masked: the non-finite entries (then finite & ~masked is finite)
         expect_masked = ~finite
         ref_finite = finite
-    ref_finite_all = bool(ref_finite.all())
     ref_v = torch.where(ref_finite, ref, 0.0)
     rounded = ref_v.to(getattr(torch, round_to)).to(torch.float64)
+    # the figures the host needs come in two transfers (on a GPU each is a synchronisation)
+    ref_finite_all, rounded_sum = torch.stack([ref_finite.all().to(torch.float64), rounded.sum()]).tolist()
+    ref_finite_all = bool(ref_finite_all)
     overflow = None  # None: no entry overflows (as all zeros for `judge_tensor`)
     judged = None
     # rounded holds no NaN (ref_v is finite): a finite sum means no infinity either
-    if not math.isfinite(float(rounded.sum())):
+    if not math.isfinite(rounded_sum):
         overflowed = torch.isinf(rounded) & ref_finite
         if bool(overflowed.any()):
             # An entry whose correctly rounded value is +-inf is left out of the error sums (the
@@ -514,8 +516,6 @@ def prepare_tensor(
         return factor * torch.maximum(base2.sqrt(), u * scale2.sqrt()) + floor * math.sqrt(numel)
 
     base2_sum, scale2_sum = base2_rows.sum(), scale2_rows.sum()
-    floor_global = max(float(base2_sum.sqrt()), u * float(scale2_sum.sqrt()))
-    allowed_global = float(allowed_for(base2_sum, scale2_sum, ref.numel()))
     pad = (-num_rows) % tile_rows
     num_tiles = (num_rows + pad) // tile_rows
 
@@ -534,7 +534,12 @@ def prepare_tensor(
     # allowance is at most the tensor's and no entry exceeds the tensor's norm (no extra sync). The
     # exported repro's judge applies the same rule with the stored tile allowances.
     largest = torch.finfo(getattr(torch, round_to)).max
-    ref_norm = float(ref2_rows.sum().sqrt())
+    figures = torch.stack([
+        base2_sum.sqrt(), scale2_sum.sqrt(), allowed_for(base2_sum, scale2_sum, ref.numel()), ref2_rows.sum().sqrt(),
+        ref_finite.any().to(torch.float64), expect_masked.sum().to(torch.float64), (allowed_tiles > 0).all().to(torch.float64),
+    ]).tolist()
+    base_global, scale_global, allowed_global, ref_norm, ref_finite_any, masked_count, tiles_positive = figures
+    floor_global = max(base_global, u * scale_global)
     if ref_norm + allowed_global >= largest:
         allowed_rows = allowed_tiles.repeat_interleave(tile_rows, dim=1)[:, :num_rows]  # each row: its tile's
         edge = (ref_v.abs() >= largest - allowed_rows[..., None]) & ref_finite
@@ -547,16 +552,16 @@ def prepare_tensor(
         factor=factor, group_dims=tuple(group_dims), group_shape=group_shape, has_features=has_features,
         num_groups=num_groups, num_rows=num_rows, num_features=num_features, num_tiles=num_tiles, pad=pad,
         perm=tuple(perm), device=reference.device, ref_v=ref_v, expect_masked=expect_masked,
-        ref_finite=ref_finite, ref_finite_any=bool(ref_finite.any()), floor_global=floor_global,
+        ref_finite=ref_finite, ref_finite_any=bool(ref_finite_any), floor_global=floor_global,
         allowed_global=allowed_global, ref_norm=ref_norm, base2_tiles=base2_tiles,
         scale2_tiles=scale2_tiles,
         allowed_tiles=allowed_tiles,
         overflow=overflow,
         overflow_edge=overflow_edge,
         judged=judged,
-        masked_count=0 if visible_rows is None and ref_finite_all else int(expect_masked.sum()),
+        masked_count=0 if visible_rows is None and ref_finite_all else int(masked_count),
         all_judged=judged is None and ref_finite_all,
-        tiles_positive=bool((allowed_tiles > 0).all()),
+        tiles_positive=bool(tiles_positive),
     )
 
 
@@ -724,11 +729,18 @@ def _batch_stats(p: PreparedTensor, actuals: list[torch.Tensor]) -> list[dict[st
     G, R, F, T = p.num_groups, p.num_rows, p.num_features, p.num_tiles
     act = torch.empty((n, G, R, F), dtype=torch.float64, device=p.device)
     permuted = tuple(p.shape[d] for d in p.perm)
-    for j, actual in enumerate(actuals):  # one cast-and-permute copy each (as `PreparedTensor.to_grid_float64`)
+    by_dtype: dict[torch.dtype, list[int]] = {}  # tensors on the host for a reference elsewhere (a GPU)
+    for j, actual in enumerate(actuals):
         x = actual.detach()
+        if x.device.type == "cpu" and torch.device(p.device).type != "cpu":
+            by_dtype.setdefault(x.dtype, []).append(j)
+            continue
         if x.device != p.device:
             x = x.to(p.device)
-        act[j].view(permuted).copy_(x.permute(p.perm))
+        act[j].view(permuted).copy_(x.permute(p.perm))  # one cast-and-permute copy (as `PreparedTensor.to_grid_float64`)
+    for dtype, js in by_dtype.items():  # one host-to-device transfer per dtype, in the kernels' dtype
+        staged = torch.stack([actuals[j].detach().permute(p.perm) for j in js]).to(p.device)
+        act.index_copy_(0, torch.tensor(js, device=p.device), staged.reshape(len(js), G, R, F).to(torch.float64))
     flat = act.view(n, -1)
     # all finite (the usual case): a finite sum has no NaN or infinity among its terms; a sum that
     # overflowed is told apart by the full test
