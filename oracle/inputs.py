@@ -110,7 +110,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -217,18 +216,11 @@ def hash_normal(
     checks them against the original implementation, and ``benchmarks/hash_normal_bench.py``
     measures the speed-up side by side. The CPU samples are also cached per ``(seed, stream)``
     (`_hash_normal_cached`, 32 MiB): a later call of the same stream copies what was computed and
-    computes only the elements past it; every call returns a fresh tensor. A range still to compute
-    of at least 262144 elements is split over ``$ATTNFUZZ_INPUT_THREADS`` threads (an integer
-    ``>= 1``; default ``min(2, usable cores)``; `_hash_normal_threaded`): numpy releases the GIL
-    inside each ufunc, so the pieces run on separate cores, and each element still sees the same
-    operations, so the bits do not depend on the thread count (the pieces use blocks of 65536:
-    fewer handoffs). Shorter ranges stay in the calling thread, where the GIL handoffs between the
-    ufunc calls cost more than a second core saves (measured on 2 cores: see `INPUT_THREADS_ENV`).
+    computes only the elements past it; every call returns a fresh tensor.
 
     Raises:
         ValueError: ``engine`` is not one of ``"auto"``, ``"numpy"``, ``"torch"``, or ``"numpy"``
-            with a device other than the CPU; or ``$ATTNFUZZ_INPUT_THREADS`` is not an integer
-            ``>= 1`` (checked when the numpy engine computes samples, not on a cache hit).
+            with a device other than the CPU.
 
     Source: Box & Muller, "A Note on the Generation of Random Normal Deviates", Ann. Math. Statist.
     29(2), 1958; hash constants from https://github.com/skeeto/hash-prospector.
@@ -257,9 +249,8 @@ _hash_cache_lock = threading.Lock()
 
 def _hash_normal_cached(key1: int, key2: int, numel: int) -> Any:
     """`hash_normal`'s ``numel`` samples of the keys ``(key1, key2)`` on the CPU (numpy engine):
-    a fresh ``[numel] float64`` numpy array (the caller may change it), its prefix from the cache,
-    the rest computed by `_hash_normal_threaded` (`_hash_normal_numpy`, split over threads when
-    long) and then cached."""
+    a fresh ``float64`` numpy array (the caller may change it), its prefix from the cache, the
+    rest computed by `_hash_normal_numpy` and then cached."""
     import numpy as np
 
     global _hash_cache_bytes
@@ -274,7 +265,7 @@ def _hash_normal_cached(key1: int, key2: int, numel: int) -> Any:
         result[:have] = cached[:have]
     if have == numel:
         return result
-    _hash_normal_threaded(key1, key2, have, numel, result[have:])
+    _hash_normal_numpy(key1, key2, have, numel, result[have:])
     if result.nbytes <= _HASH_CACHE_BYTES:
         with _hash_cache_lock:
             old = _hash_cache.pop(key, None)
@@ -289,131 +280,14 @@ def _hash_normal_cached(key1: int, key2: int, numel: int) -> Any:
     return result
 
 
-# Threads of the CPU engine: numpy's ufuncs release the GIL while they loop over an array, so
-# `_hash_normal_numpy` on disjoint pieces of a range in two threads runs on two cores; in a CPU
-# fuzz run the worker generates a case's inputs while its child (the kernels) waits, so a second
-# core is free then. But each of the ~90 ufunc calls of a block hands the GIL over between the
-# threads, and a handoff wakes a sleeping thread: measured on the 2-core KVM sandbox, a thread
-# round trip takes 55-70 us (8 at times), against 2-10 us per ufunc call on 16384 elements. The
-# split pays only on long ranges, with longer ufunc calls (blocks of `_HASH_SPLIT_BLOCK`: fewer
-# handoffs per element). `benchmarks/hash_normal_bench.py` measures it (one thread / two, the split forced on
-# every size); on the quiet sandbox, 2 threads, blocks of 65536 in the pieces: 32k elements
-# 0.65-0.83x, 106k 0.94-1.04x, 131k-197k 0.85-0.89x, 262k-336k 1.04-1.31x, 1M 1.28-1.42x; with
-# blocks of 16384 in the pieces 0.8-0.9x at every size up to 2M. Hence a range is split only from
-# `_HASH_SPLIT_MIN` elements (below it the split is slower, at it about even, past it faster).
-INPUT_THREADS_ENV = "ATTNFUZZ_INPUT_THREADS"
-_HASH_BLOCK = 16384  # elements per block of `_hash_normal_numpy` in one thread
-_HASH_SPLIT_BLOCK = 65536  # elements per block of each piece of a split range
-_HASH_SPLIT_MIN = 1 << 18  # elements: shorter ranges are not split (pieces >= half of this)
-_hash_pool: Any = None  # concurrent.futures.ThreadPoolExecutor, created on first use
-_hash_pool_workers = 0
-_hash_pool_lock = threading.Lock()
-_usable_cores: int | None = None
-
-
-def input_threads() -> int:
-    """How many threads the CPU engine of `hash_normal` uses for a long range.
-
-    Returns:
-        ``$ATTNFUZZ_INPUT_THREADS`` when set (and not empty), else ``min(2, usable cores)``
-        (cores: ``len(os.sched_getaffinity(0))`` where it exists, else ``os.cpu_count()``).
-        ``1`` computes in the calling thread only; the bits are the same for every value.
-
-    Raises:
-        ValueError: ``$ATTNFUZZ_INPUT_THREADS`` is not an integer ``>= 1`` (the message names the
-            variable and the allowed values).
-    """
-    global _usable_cores
-    text = os.environ.get(INPUT_THREADS_ENV, "").strip()
-    if text:
-        try:
-            threads = int(text)
-        except ValueError:
-            threads = 0
-        if threads < 1:
-            raise ValueError(f"{INPUT_THREADS_ENV}: must be an integer >= 1 (1: no extra threads), got {text!r}")
-        return threads
-    if _usable_cores is None:
-        try:
-            _usable_cores = len(os.sched_getaffinity(0))
-        except (AttributeError, OSError):  # not on every platform
-            _usable_cores = os.cpu_count() or 1
-    return max(1, min(2, _usable_cores))
-
-
-def _hash_thread_pool(workers: int) -> Any:
-    """The module's ``ThreadPoolExecutor`` with at least ``workers`` threads (created on first
-    use, replaced by a larger one if a later call asks for more; thread-safe)."""
-    global _hash_pool, _hash_pool_workers
-    with _hash_pool_lock:
-        if _hash_pool is None or _hash_pool_workers < workers:
-            from concurrent.futures import ThreadPoolExecutor
-
-            # a smaller pool is dropped, not shut down: a caller holding it may still submit;
-            # its idle threads exit once it is garbage
-            _hash_pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="attnfuzz-inputs")
-            _hash_pool_workers = workers
-        return _hash_pool
-
-
-def _forget_hash_pool() -> None:
-    """After a fork the child has the pool object but not its threads: start afresh."""
-    global _hash_pool, _hash_pool_workers
-    _hash_pool, _hash_pool_workers = None, 0
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_hash_pool)
-
-
-def _hash_normal_threaded(key1: int, key2: int, start0: int, stop: int, result: Any) -> None:
-    """`_hash_normal_numpy` (same arguments: samples ``start0 .. stop - 1`` of the keys
-    ``(key1, key2)`` into ``result``, ``[stop - start0] float64``), over `input_threads` threads.
-
-    A range of at least `_HASH_SPLIT_MIN` (262144) elements is cut into ``min(input_threads(),
-    2 * length // _HASH_SPLIT_MIN)`` contiguous pieces of nearly equal length; the calling thread
-    computes the first and the module's thread pool the others, each a `_hash_normal_numpy` call
-    (blocks of `_HASH_SPLIT_BLOCK`) with its own scratch buffers that writes only its own slice
-    of ``result``; the call returns when every piece is written. Every element is computed from
-    its index by the same operations whatever the cut and the block size (block boundaries move,
-    no element's arithmetic does), so the bits equal those of one call. Shorter ranges, or one
-    thread, run in the calling thread only: there the GIL handoffs cost more than the second core
-    saves (see the comment above `INPUT_THREADS_ENV`).
-
-    Raises:
-        ValueError: ``$ATTNFUZZ_INPUT_THREADS`` is set to something other than an integer ``>= 1``.
-    """
-    length = stop - start0
-    pieces = min(input_threads(), 2 * length // _HASH_SPLIT_MIN)
-    if pieces < 2:
-        _hash_normal_numpy(key1, key2, start0, stop, result)
-        return
-    cuts = [start0 + length * i // pieces for i in range(pieces + 1)]
-    pool = _hash_thread_pool(pieces - 1)
-    futures = [
-        pool.submit(_hash_normal_numpy, key1, key2, lo, hi, result[lo - start0 : hi - start0], _HASH_SPLIT_BLOCK)
-        for lo, hi in zip(cuts[1:-1], cuts[2:])
-    ]
-    try:
-        _hash_normal_numpy(key1, key2, cuts[0], cuts[1], result[: cuts[1] - start0], _HASH_SPLIT_BLOCK)
-    finally:
-        for future in futures:
-            future.result()  # waits; re-raises a piece's error
-
-
-def _hash_normal_numpy(key1: int, key2: int, start0: int, stop: int, result: Any, block: int = 0) -> None:
+def _hash_normal_numpy(key1: int, key2: int, start0: int, stop: int, result: Any) -> None:
     """Samples ``start0 .. stop - 1`` of the stream with keys ``(key1, key2)`` into ``result``
-    (``[stop - start0] float64``, a numpy array or a contiguous slice of one): the numpy engine of
-    `hash_normal` (see its Implementation note), in the calling thread, in blocks of ``block``
-    elements (``0``: `_HASH_BLOCK`, 16384; 8192 was 5-10% slower (numpy call overhead), 32768 no
-    faster). Every element is computed on its own from its index by the same operations whatever
-    ``block``, so a range has the bits of the whole stream there, and disjoint ranges may run at
-    the same time in different threads (`_hash_normal_threaded` does): each call allocates its
-    own scratch buffers (12 arrays, ~105 bytes per element of ``min(block, stop - start0)``:
-    ~1.7 MiB for 16384) and writes only ``result``."""
+    (``[stop - start0] float64``): the numpy engine of `hash_normal` (see its Implementation note;
+    every element is computed on its own from its index, so a range has the bits of the whole
+    stream there)."""
     import numpy as np
 
-    block = block or _HASH_BLOCK
+    block = 16384  # elements per block: 8192 was 5-10% slower (numpy call overhead), 32768 no faster
     ncoef = max(len(_COS_COEFFS), len(_ATANH_COEFFS))
     pad = lambda coeffs: [0.0] * (ncoef - len(coeffs)) + list(reversed(coeffs))  # noqa: E731
     table = np.array([pad(_ATANH_COEFFS), pad(_COS_COEFFS)]).T.copy()[:, :, None]  # [ncoef, 2, 1]
