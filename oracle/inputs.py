@@ -225,13 +225,57 @@ def hash_normal(
     Source: Box & Muller, "A Note on the Generation of Random Normal Deviates", Ann. Math. Statist.
     29(2), 1958; hash constants from https://github.com/skeeto/hash-prospector.
     """
+    return hash_normal_many(seed, [(stream, numel)], device, engine=engine)[0]
+
+
+def hash_normal_many(
+    seed: int, requests: list[tuple[int, int]], device: torch.device | str = "cpu", *, engine: str = "auto"
+) -> list[torch.Tensor]:
+    """`hash_normal` of several streams of one seed, computed in one pass.
+
+    Args:
+        seed: ``0 <= seed < 2**32``.
+        requests: ``(stream, numel)`` pairs (streams as in `hash_normal`, ``0 <= numel < 2**31``;
+            a stream may repeat, a ``numel`` may be 0).
+        device, engine: as in `hash_normal`.
+
+    Returns:
+        One ``[numel] float64`` tensor on ``device`` per request, in order, each bit-identical to
+        ``hash_normal(seed, stream, numel, device)``. With several requests they are disjoint
+        views of one buffer (writing to one never changes another); one request gets a fresh
+        tensor of its own, as `hash_normal` returns.
+
+    Why: the cost of a case's inputs was per-call overhead, not arithmetic. In a CPU fuzz run a
+    case asks for ~140k samples in all, but the median `hash_normal` call is only 3,860 samples
+    (commit 04c98f7, 5,078 calls of a CPU run), and the numpy engine issues ~90 numpy calls per
+    block whatever its size; on CUDA `hash_normal_torch` is ~100 small kernel launches per call,
+    4+ calls per case (inputs were 3.3% of an H200 campaign's wall time). `make_inputs` therefore
+    asks for all its streams at once: the counters of every request are concatenated and each
+    element is xored with its own stream's keys (``key1``, ``key2`` of `_hash_keys`, broadcast
+    per element as arrays/tensors instead of scalars); every element then goes through exactly
+    the integer and IEEE float64 operations of the one-stream path (an xor with a key array has
+    the bits of an xor with the scalar key), so the bits are unchanged
+    (``tests/oracle/test_inputs_many.py``; ``benchmarks/make_inputs_bench.py`` measures it).
+
+    On the CPU (numpy engine) the per-``(seed, stream)`` prefix cache of `hash_normal` is used as
+    there: a request whose stream is cached far enough is copied from the cache, the missing
+    tails of the others are computed in one combined pass (`_hash_normal_numpy_segments`) and
+    cached. Elsewhere (torch engine) one pass of `hash_normal_torch`'s operations runs with
+    per-element key tensors (`_hash_normal_torch_many`; one request: `hash_normal_torch` itself).
+
+    Raises:
+        ValueError: as `hash_normal`.
+    """
     on_cpu = torch.device(device).type == "cpu"
     if engine not in ("auto", "numpy", "torch") or (engine == "numpy" and not on_cpu):
         raise ValueError(f"engine: {engine!r} on device {device!r}; allowed: 'auto', 'torch', 'numpy' (CPU only)")
-    key1, key2 = _hash_keys(seed, stream)
+    requests = [(int(stream), int(numel)) for stream, numel in requests]
     if on_cpu and engine != "torch":
-        return torch.from_numpy(_hash_normal_cached(key1, key2, numel))
-    return hash_normal_torch(seed, stream, numel, device)
+        keys = [_hash_keys(seed, stream) for stream, _ in requests]
+        return [torch.from_numpy(a) for a in _hash_normal_cached_many(keys, [n for _, n in requests])]
+    if len(requests) == 1:
+        return [hash_normal_torch(seed, requests[0][0], requests[0][1], device)]
+    return _hash_normal_torch_many(seed, requests, device)
 
 
 # Per-process cache of `hash_normal` samples on the CPU: element ``i`` of a stream is a pure
@@ -251,22 +295,50 @@ def _hash_normal_cached(key1: int, key2: int, numel: int) -> Any:
     """`hash_normal`'s ``numel`` samples of the keys ``(key1, key2)`` on the CPU (numpy engine):
     a fresh ``float64`` numpy array (the caller may change it), its prefix from the cache, the
     rest computed by `_hash_normal_numpy` and then cached."""
+    return _hash_normal_cached_many([(key1, key2)], [numel])[0]
+
+
+def _hash_normal_cached_many(keys: list[tuple[int, int]], numels: list[int]) -> list[Any]:
+    """`_hash_normal_cached` of several ``(key1, key2)`` streams: one ``[numel] float64`` numpy
+    array per stream (one request: a fresh array; several: disjoint views of one fresh buffer),
+    the cached prefixes copied, every missing tail computed in ONE `_hash_normal_numpy_segments`
+    pass, then each stream cached as `_hash_normal_cached` does."""
     import numpy as np
 
     global _hash_cache_bytes
-    key = (key1, key2)
-    with _hash_cache_lock:
-        cached = _hash_cache.get(key)
-        if cached is not None:
-            _hash_cache.move_to_end(key)
-    have = 0 if cached is None else min(len(cached), numel)
-    result = np.empty(numel, dtype=np.float64)
-    if have:
-        result[:have] = cached[:have]
-    if have == numel:
-        return result
-    _hash_normal_numpy(key1, key2, have, numel, result[have:])
-    if result.nbytes <= _HASH_CACHE_BYTES:
+    if len(numels) == 1:
+        results = [np.empty(numels[0], dtype=np.float64)]
+    else:
+        buffer = np.empty(sum(numels), dtype=np.float64)
+        bounds = np.cumsum([0, *numels]).tolist()
+        results = [buffer[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+    segments, targets, computed = [], [], []
+    for key, numel, result in zip(keys, numels, results):
+        with _hash_cache_lock:
+            cached = _hash_cache.get(key)
+            if cached is not None:
+                _hash_cache.move_to_end(key)
+        have = 0 if cached is None else min(len(cached), numel)
+        if have:
+            result[:have] = cached[:have]
+        computed.append(have)
+        if have < numel:
+            segments.append((key[0], key[1], have, numel))
+            targets.append(result[have:])
+    if not segments:
+        return results
+    if len(segments) == 1:
+        _hash_normal_numpy(*segments[0], targets[0])
+    else:
+        tails = np.empty(sum(stop - start for _, _, start, stop in segments), dtype=np.float64)
+        _hash_normal_numpy_segments(segments, tails)
+        offset = 0
+        for target in targets:
+            target[...] = tails[offset : offset + len(target)]
+            offset += len(target)
+    for key, numel, result, have in zip(keys, numels, results, computed):
+        if have == numel or result.nbytes > _HASH_CACHE_BYTES:  # fully cached: nothing new
+            continue
         with _hash_cache_lock:
             old = _hash_cache.pop(key, None)
             if old is not None:
@@ -277,7 +349,7 @@ def _hash_normal_cached(key1: int, key2: int, numel: int) -> Any:
             while _hash_cache_bytes > _HASH_CACHE_BYTES:
                 _, dropped = _hash_cache.popitem(last=False)
                 _hash_cache_bytes -= dropped.nbytes
-    return result
+    return results
 
 
 def _hash_normal_numpy(key1: int, key2: int, start0: int, stop: int, result: Any) -> None:
@@ -285,13 +357,41 @@ def _hash_normal_numpy(key1: int, key2: int, start0: int, stop: int, result: Any
     (``[stop - start0] float64``): the numpy engine of `hash_normal` (see its Implementation note;
     every element is computed on its own from its index, so a range has the bits of the whole
     stream there)."""
+    _hash_normal_numpy_segments([(key1, key2, start0, stop)], result)
+
+
+def _hash_normal_numpy_segments(segments: list[tuple[int, int, int, int]], result: Any) -> None:
+    """Several `_hash_normal_numpy` ranges in one pass: ``segments`` are ``(key1, key2, start,
+    stop)``, their samples go one after the other into ``result`` (``[sum(stop - start)]
+    float64``). One segment runs with scalar keys and counters from ``arange`` per block; several
+    with per-element ``uint32`` arrays of the counters ``2 i`` and of both keys, built once, whose
+    blocks of ``16384`` elements may straddle segments: every element sees the same operations
+    either way (xor with its key, then the same hash, Box-Muller, polynomials and Newton steps)."""
     import numpy as np
+
+    total = sum(stop - start for _, _, start, stop in segments)
+    if total == 0:
+        return
+    if len(segments) == 1:
+        key1, key2, start0, _ = segments[0]
+        k1, k2, counters = np.uint32(key1), np.uint32(key2), None
+    else:
+        lengths = np.array([stop - start for _, _, start, stop in segments], dtype=np.int64)
+        offsets = np.cumsum(lengths) - lengths  # first element of each segment in ``result``
+        starts = np.array([start for _, _, start, _ in segments], dtype=np.int64)
+        counters = np.arange(total, dtype=np.int64)
+        counters += np.repeat(starts - offsets, lengths)  # element index i within its stream
+        counters = (counters * 2).astype(np.uint32)  # 2 i < 2**32 (numel < 2**31)
+        k1 = np.repeat(np.array([s[0] for s in segments], dtype=np.uint32), lengths)
+        k2 = np.repeat(np.array([s[1] for s in segments], dtype=np.uint32), lengths)
+        start0 = 0
+    stop = start0 + total
 
     block = 16384  # elements per block: 8192 was 5-10% slower (numpy call overhead), 32768 no faster
     ncoef = max(len(_COS_COEFFS), len(_ATANH_COEFFS))
     pad = lambda coeffs: [0.0] * (ncoef - len(coeffs)) + list(reversed(coeffs))  # noqa: E731
     table = np.array([pad(_ATANH_COEFFS), pad(_COS_COEFFS)]).T.copy()[:, :, None]  # [ncoef, 2, 1]
-    k1, k2, half_sqrt = np.uint32(key1), np.uint32(key2), math.sqrt(0.5)
+    half_sqrt = math.sqrt(0.5)
     mult = (np.uint32(0x21F0AAAD), np.uint32(0x735A2D97))
     n = min(block, stop - start0)
     c, t = np.empty((2, n), np.uint32), np.empty((2, n), np.uint32)
@@ -314,11 +414,16 @@ def _hash_normal_numpy(key1: int, key2: int, start0: int, stop: int, result: Any
             n = stop - start
             c, t, f, x, acc = c[:, :n], t[:, :n], f[:, :n], x[:, :n], acc[:, :n]
             m, r, w, g, e, flag, bit = m[:n], r[:n], w[:n], g[:n], e[:n], flag[:n], bit[:n]
-        c[0] = np.arange(2 * start, 2 * (start + n), 2, dtype=np.uint32)
+        if counters is None:
+            c[0] = np.arange(2 * start, 2 * (start + n), 2, dtype=np.uint32)
+            b1, b2 = k1, k2
+        else:  # start0 == 0: ``start`` indexes the concatenated elements
+            c[0] = counters[start : start + n]
+            b1, b2 = k1[start : start + n], k2[start : start + n]  # broadcast over both counters
         np.add(c[0], np.uint32(1), out=c[1])
-        c ^= k1
+        c ^= b1
         mix(c)
-        c ^= k2
+        c ^= b2
         mix(c)
         f[...] = c
         u1, a = f[0], f[1]
@@ -399,6 +504,45 @@ def hash_normal_torch(seed: int, stream: int, numel: int, device: torch.device |
     return _sqrt(-2.0 * log_u1) * cos_2pi_u2
 
 
+def _hash_normal_torch_many(seed: int, requests: list[tuple[int, int]], device: torch.device | str) -> list[torch.Tensor]:
+    """`hash_normal_torch` of several ``(stream, numel)`` requests in one pass (the torch engine of
+    `hash_normal_many`): element ``j`` of the concatenation belongs to request ``r`` (found with
+    ``searchsorted`` on the device from one small host table of offsets and keys) and gets the
+    counters ``2 i``, ``2 i + 1`` (``i`` its index in its stream) xored with ``key1[r]``, then
+    ``key2[r]``, as int64 tensors; everything after the hash is `hash_normal_torch`'s code on the
+    whole ``[total]`` tensor. About 110 kernel launches for all the requests (against ~100 per
+    request). Returns ``[numel] float64`` views, one per request, of one buffer."""
+    numels = [numel for _, numel in requests]
+    total = sum(numels)
+    keys = [_hash_keys(seed, stream) for stream, _ in requests]
+    ends, offsets, acc = [], [], 0
+    for numel in numels:
+        offsets.append(acc)
+        acc += numel
+        ends.append(acc)
+    table = torch.tensor([ends, offsets, [k for k, _ in keys], [k for _, k in keys]], dtype=torch.int64)
+    table = table.to(device)  # one host-to-device copy
+    element = torch.arange(total, dtype=torch.int64, device=device)
+    owner = torch.searchsorted(table[0], element, right=True)  # request of each element
+    index = element - table[1][owner]
+    counter = (index * 2)[:, None] + torch.arange(2, dtype=torch.int64, device=device)  # [total, 2]: 2i, 2i+1
+    counter ^= table[2][owner][:, None]
+    bits = _mix32(_mix32(counter) ^ table[3][owner][:, None]).to(torch.float64)
+    u1 = (bits[:, 0] + 0.5) * 2.0**-32  # from here on: hash_normal_torch's operations
+    mantissa, exponent = torch.frexp(u1)
+    low = mantissa < math.sqrt(0.5)
+    mantissa = torch.where(low, mantissa * 2.0, mantissa)
+    exponent = (exponent - low.to(exponent.dtype)).to(torch.float64)
+    s = (mantissa - 1.0) / (mantissa + 1.0)
+    log_u1 = 2.0 * s * _horner(s * s, _ATANH_COEFFS) + exponent * math.log(2.0)
+    a = (bits[:, 1] * 2.0**-31 - 1.0).abs()
+    b = torch.where(a > 0.5, 1.0 - a, a)
+    cos_pi_b = _horner(b * b, _COS_COEFFS)
+    cos_2pi_u2 = torch.where(a > 0.5, cos_pi_b, -cos_pi_b)
+    values = _sqrt(-2.0 * log_u1) * cos_2pi_u2
+    return list(values.split(numels))
+
+
 def hash_uniform(seed: int, stream: int, numel: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """``numel`` uniforms in ``(0, 1)``, a pure function of ``(seed, stream, index)``.
 
@@ -469,13 +613,17 @@ def _token_layout(case: AttentionCase, side: str, device) -> tuple[torch.Tensor,
     return sequence, position, key_starts[sequence]
 
 
-def _low_rank(case: AttentionCase, x: torch.Tensor, stream: int) -> torch.Tensor:
+def _low_rank(case: AttentionCase, x: torch.Tensor, stream: int, basis: torch.Tensor | None = None) -> torch.Tensor:
     """``x`` ``[tokens, heads, dim]`` float64 -> ``sum_r x[..., r] * basis[head, r, :] / sqrt(rank)``
     with ``basis`` from ``stream``, summed in index order with separate IEEE operations (no
-    matmul, whose summation order differs between devices)."""
+    matmul, whose summation order differs between devices). ``basis``: that stream's
+    ``[heads * rank * dim] float64`` samples when already drawn (`make_inputs` prefetches them);
+    None draws them here."""
     heads, dim = x.shape[-2], x.shape[-1]
     rank = min(case.qk_rank, dim)
-    basis = hash_normal(case.seed, stream, heads * rank * dim, x.device).view(heads, rank, dim)
+    if basis is None:
+        basis = hash_normal(case.seed, stream, heads * rank * dim, x.device)
+    basis = basis.view(heads, rank, dim)
     acc = x[..., 0:1] * basis[:, 0, :]
     for r in range(1, rank):
         acc = acc + x[..., r : r + 1] * basis[:, r, :]
@@ -608,6 +756,24 @@ def _cu_seqlens(lengths: tuple[int, ...], device: torch.device | str) -> torch.T
     return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=device)
 
 
+def _prefetch_requests(case: AttentionCase, shape_q, shape_k, shape_v, shape_out) -> list[tuple[int, int]]:
+    """The ``(stream, numel)`` `hash_normal` draws `make_inputs` certainly makes for ``case``, with
+    the numel of each (shapes as there; dout only with ``case.backward``)."""
+    numel = math.prod
+    requests = [(STREAM_Q, numel(shape_q)), (STREAM_K, numel(shape_k)), (STREAM_V, numel(shape_v))]
+    if case.qk_rank:
+        rank = min(case.qk_rank, case.head_dim)
+        requests.append((STREAM_Q_BASIS, case.num_heads * rank * case.head_dim))
+        requests.append((STREAM_K_BASIS, case.num_heads_kv * rank * case.head_dim))
+    if case.input_distribution == "outliers":
+        requests += [(STREAM_Q_OUTLIERS, numel(shape_q)), (STREAM_K_OUTLIERS, numel(shape_k))]
+    elif case.input_distribution == "near_constant":
+        requests.append((STREAM_K_BASE, case.num_heads_kv * case.head_dim))
+    if case.backward:
+        requests.append((STREAM_DOUT, numel(shape_out)))
+    return requests
+
+
 def make_inputs(case: AttentionCase, device: torch.device | str = "cpu") -> AttentionInputs:
     """Build the inputs of ``case``: deterministic, in ``case.dtype``, on ``device``.
 
@@ -617,6 +783,14 @@ def make_inputs(case: AttentionCase, device: torch.device | str = "cpu") -> Atte
 
     Returns:
         `AttentionInputs` in the canonical layout; bit-identical for equal cases on any device.
+
+    Every `hash_normal` stream the case certainly reads (q, k, v; dout when ``case.backward``;
+    the outlier selections of ``outliers``; the key base of ``near_constant``; the q/k bases of
+    ``qk_rank``) is drawn up front in ONE `hash_normal_many` call (`_prefetch_requests`), with the
+    numel each later draw asks for: per-call overhead, not arithmetic, dominated the cost (see
+    `hash_normal_many`). The draws below take their tensor from it (a stream absent from it is
+    drawn directly, as before); a forward-only case's dout stays lazy and drawn on its own. The
+    bits are those of the per-stream draws (``tests/oracle/test_inputs_many.py``).
     """
     dtype = torch_dtype(case.dtype)
     if case.is_varlen:
@@ -628,13 +802,27 @@ def make_inputs(case: AttentionCase, device: torch.device | str = "cpu") -> Atte
     shape_v = (*rows_k, case.num_heads_kv, case.head_dim_v)
     shape_out = (*rows_q, case.num_heads, case.head_dim_v)
 
+    requests = _prefetch_requests(case, shape_q, shape_k, shape_v, shape_out)
+    drawn = dict(zip(requests, hash_normal_many(case.seed, requests, device)))
+
+    def samples(stream: int, numel: int) -> torch.Tensor:
+        values = drawn.pop((stream, numel), None)
+        return hash_normal(case.seed, stream, numel, device) if values is None else values
+
     def normal(stream: int, shape: tuple[int, ...]) -> torch.Tensor:
-        return hash_normal(case.seed, stream, math.prod(shape), device).view(shape)
+        return samples(stream, math.prod(shape)).view(shape)
+
+    def basis(stream: int, heads: int) -> torch.Tensor:
+        return samples(stream, heads * min(case.qk_rank, case.head_dim) * case.head_dim)
 
     q, k = normal(STREAM_Q, shape_q), normal(STREAM_K, shape_k)
     if case.qk_rank:
-        q = _low_rank(case, q.view(-1, case.num_heads, case.head_dim), STREAM_Q_BASIS).view(shape_q)
-        k = _low_rank(case, k.view(-1, case.num_heads_kv, case.head_dim), STREAM_K_BASIS).view(shape_k)
+        q = _low_rank(
+            case, q.view(-1, case.num_heads, case.head_dim), STREAM_Q_BASIS, basis(STREAM_Q_BASIS, case.num_heads)
+        ).view(shape_q)
+        k = _low_rank(
+            case, k.view(-1, case.num_heads_kv, case.head_dim), STREAM_K_BASIS, basis(STREAM_K_BASIS, case.num_heads_kv)
+        ).view(shape_k)
     if case.input_distribution == "large_logits":
         q = q * min(LARGE_LOGITS_STD / (case.softmax_scale * math.sqrt(case.head_dim)), MAX_Q_GAIN)
     elif case.input_distribution == "outliers":
@@ -666,6 +854,7 @@ def make_inputs(case: AttentionCase, device: torch.device | str = "cpu") -> Atte
 __all__ = [
     "AttentionInputs",
     "hash_normal",
+    "hash_normal_many",
     "hash_uniform",
     "make_inputs",
     "massive_channel_indices",
