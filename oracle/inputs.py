@@ -327,15 +327,7 @@ def _hash_normal_cached_many(keys: list[tuple[int, int]], numels: list[int]) -> 
             targets.append(result[have:])
     if not segments:
         return results
-    if len(segments) == 1:
-        _hash_normal_numpy(*segments[0], targets[0])
-    else:
-        tails = np.empty(sum(stop - start for _, _, start, stop in segments), dtype=np.float64)
-        _hash_normal_numpy_segments(segments, tails)
-        offset = 0
-        for target in targets:
-            target[...] = tails[offset : offset + len(target)]
-            offset += len(target)
+    _hash_normal_numpy_segments(segments, targets)
     for key, numel, result, have in zip(keys, numels, results, computed):
         if have == numel or result.nbytes > _HASH_CACHE_BYTES:  # fully cached: nothing new
             continue
@@ -357,47 +349,51 @@ def _hash_normal_numpy(key1: int, key2: int, start0: int, stop: int, result: Any
     (``[stop - start0] float64``): the numpy engine of `hash_normal` (see its Implementation note;
     every element is computed on its own from its index, so a range has the bits of the whole
     stream there)."""
-    _hash_normal_numpy_segments([(key1, key2, start0, stop)], result)
+    _hash_normal_numpy_segments([(key1, key2, start0, stop)], [result])
 
 
-def _hash_normal_numpy_segments(segments: list[tuple[int, int, int, int]], result: Any) -> None:
-    """Several `_hash_normal_numpy` ranges in one pass: ``segments`` are ``(key1, key2, start,
-    stop)``, their samples go one after the other into ``result`` (``[sum(stop - start)]
-    float64``). One segment runs with scalar keys and counters from ``arange`` per block; several
-    with per-element ``uint32`` arrays of the counters ``2 i`` and of both keys, built once, whose
-    blocks of ``16384`` elements may straddle segments: every element sees the same operations
-    either way (xor with its key, then the same hash, Box-Muller, polynomials and Newton steps)."""
+def _hash_normal_numpy_segments(segments: list[tuple[int, int, int, int]], targets: list[Any]) -> None:
+    """Several `_hash_normal_numpy` ranges in one pass: segment ``(key1, key2, start, stop)``
+    writes its samples into ``targets[j]`` (``[stop - start] float64``). The segments are packed
+    one after the other into blocks of ``16384`` elements: a block inside one segment runs with
+    scalar keys and counters from ``arange`` (as one stream always did, written straight into its
+    target); a block straddling segments (the point: many small streams share one block's ~90
+    numpy calls) gets per-element ``uint32`` arrays of the counters ``2 i`` and of both keys,
+    filled per piece, and is copied to the targets' pieces after. Every element sees the same
+    operations either way (xor with its key, then the same hash, Box-Muller, polynomials and
+    Newton steps), so the bits are those of one stream at a time."""
     import numpy as np
 
-    total = sum(stop - start for _, _, start, stop in segments)
+    block = 16384  # elements per block: 8192 was 5-10% slower (numpy call overhead), 32768 no faster
+
+    def blocks():  # lists of pieces (key1, key2, start, stop, target piece), all but the last full
+        pieces, fill = [], 0
+        for (key1, key2, lo, hi), target in zip(segments, targets):
+            pos = lo
+            while pos < hi:
+                take = min(hi - pos, block - fill)
+                pieces.append((key1, key2, pos, pos + take, target[pos - lo : pos - lo + take]))
+                fill, pos = fill + take, pos + take
+                if fill == block:
+                    yield pieces
+                    pieces, fill = [], 0
+        if pieces:
+            yield pieces
+
+    total = sum(hi - lo for _, _, lo, hi in segments)
     if total == 0:
         return
-    if len(segments) == 1:
-        key1, key2, start0, _ = segments[0]
-        k1, k2, counters = np.uint32(key1), np.uint32(key2), None
-    else:
-        lengths = np.array([stop - start for _, _, start, stop in segments], dtype=np.int64)
-        offsets = np.cumsum(lengths) - lengths  # first element of each segment in ``result``
-        starts = np.array([start for _, _, start, _ in segments], dtype=np.int64)
-        counters = np.arange(total, dtype=np.int64)
-        counters += np.repeat(starts - offsets, lengths)  # element index i within its stream
-        counters = (counters * 2).astype(np.uint32)  # 2 i < 2**32 (numel < 2**31)
-        k1 = np.repeat(np.array([s[0] for s in segments], dtype=np.uint32), lengths)
-        k2 = np.repeat(np.array([s[1] for s in segments], dtype=np.uint32), lengths)
-        start0 = 0
-    stop = start0 + total
-
-    block = 16384  # elements per block: 8192 was 5-10% slower (numpy call overhead), 32768 no faster
     ncoef = max(len(_COS_COEFFS), len(_ATANH_COEFFS))
     pad = lambda coeffs: [0.0] * (ncoef - len(coeffs)) + list(reversed(coeffs))  # noqa: E731
     table = np.array([pad(_ATANH_COEFFS), pad(_COS_COEFFS)]).T.copy()[:, :, None]  # [ncoef, 2, 1]
     half_sqrt = math.sqrt(0.5)
     mult = (np.uint32(0x21F0AAAD), np.uint32(0x735A2D97))
-    n = min(block, stop - start0)
+    n = min(block, total)
     c, t = np.empty((2, n), np.uint32), np.empty((2, n), np.uint32)
     f, x, acc = np.empty((2, n)), np.empty((2, n)), np.empty((2, n))
     m, r, w, g = np.empty(n), np.empty(n), np.empty(n), np.empty(n)
     e, flag, bit = np.empty(n, np.int32), np.empty(n, bool), np.empty(n, np.int32)
+    kk1, kk2, scratch = np.empty(n, np.uint32), np.empty(n, np.uint32), np.empty(n)
     # no masked (``where=``) ufuncs below: they are several times slower than plain ones; each
     # select is an exact multiplication by 1.0/2.0/-1.0, an integer subtraction of 0/1 or a
     # minimum, the same bits as the select it replaces
@@ -409,17 +405,24 @@ def _hash_normal_numpy_segments(segments: list[tuple[int, int, int, int]], resul
             if multiplier is not None:
                 v *= multiplier
 
-    for start in range(start0, stop, block):
-        if stop - start < n:
-            n = stop - start
+    for pieces in blocks():
+        size = sum(hi - lo for _, _, lo, hi, _ in pieces)
+        if size < n:
+            n = size
             c, t, f, x, acc = c[:, :n], t[:, :n], f[:, :n], x[:, :n], acc[:, :n]
             m, r, w, g, e, flag, bit = m[:n], r[:n], w[:n], g[:n], e[:n], flag[:n], bit[:n]
-        if counters is None:
-            c[0] = np.arange(2 * start, 2 * (start + n), 2, dtype=np.uint32)
-            b1, b2 = k1, k2
-        else:  # start0 == 0: ``start`` indexes the concatenated elements
-            c[0] = counters[start : start + n]
-            b1, b2 = k1[start : start + n], k2[start : start + n]  # broadcast over both counters
+        if len(pieces) == 1:
+            key1, key2, lo, hi, out = pieces[0]
+            c[0] = np.arange(2 * lo, 2 * hi, 2, dtype=np.uint32)
+            b1, b2 = np.uint32(key1), np.uint32(key2)
+        else:
+            at = 0
+            for key1, key2, lo, hi, _ in pieces:
+                c[0, at : at + hi - lo] = np.arange(2 * lo, 2 * hi, 2, dtype=np.uint32)
+                kk1[at : at + hi - lo] = key1
+                kk2[at : at + hi - lo] = key2
+                at += hi - lo
+            b1, b2, out = kk1[:n], kk2[:n], scratch[:n]  # keys broadcast over both counters
         np.add(c[0], np.uint32(1), out=c[1])
         c ^= b1
         mix(c)
@@ -474,7 +477,12 @@ def _hash_normal_numpy_segments(segments: list[tuple[int, int, int, int]], resul
         bits64 += 1023
         bits64 <<= 52  # 2**(e / 2), exactly
         r *= w
-        np.multiply(r, acc[1], out=result[start - start0 : start - start0 + n])
+        np.multiply(r, acc[1], out=out)
+        if len(pieces) > 1:
+            at = 0
+            for _, _, lo, hi, piece in pieces:
+                piece[...] = out[at : at + hi - lo]
+                at += hi - lo
 
 
 def _hash_keys(seed: int, stream: int) -> tuple[int, int]:
