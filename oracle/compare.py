@@ -729,18 +729,11 @@ def _batch_stats(p: PreparedTensor, actuals: list[torch.Tensor]) -> list[dict[st
     G, R, F, T = p.num_groups, p.num_rows, p.num_features, p.num_tiles
     act = torch.empty((n, G, R, F), dtype=torch.float64, device=p.device)
     permuted = tuple(p.shape[d] for d in p.perm)
-    by_dtype: dict[torch.dtype, list[int]] = {}  # tensors on the host for a reference elsewhere (a GPU)
     for j, actual in enumerate(actuals):
         x = actual.detach()
-        if x.device.type == "cpu" and torch.device(p.device).type != "cpu":
-            by_dtype.setdefault(x.dtype, []).append(j)
-            continue
         if x.device != p.device:
-            x = x.to(p.device)
+            x = x.to(p.device)  # as the kernel returned it: a host tensor is moved as it is, then permuted here
         act[j].view(permuted).copy_(x.permute(p.perm))  # one cast-and-permute copy (as `PreparedTensor.to_grid_float64`)
-    for dtype, js in by_dtype.items():  # one host-to-device transfer per dtype, in the kernels' dtype
-        staged = torch.stack([actuals[j].detach().permute(p.perm) for j in js]).to(p.device)
-        act.index_copy_(0, torch.tensor(js, device=p.device), staged.reshape(len(js), G, R, F).to(torch.float64))
     flat = act.view(n, -1)
     # all finite (the usual case): a finite sum has no NaN or infinity among its terms; a sum that
     # overflowed is told apart by the full test
@@ -783,12 +776,12 @@ def _batch_stats(p: PreparedTensor, actuals: list[torch.Tensor]) -> list[dict[st
     worst = ratio_flat.argmax(1)  # [N]
     pick = lambda x: x.reshape(-1)[worst]  # noqa: E731  a [G, T] figure of the reference at each worst tile
     take = lambda x: x.reshape(n, -1).gather(1, worst[:, None])[:, 0]  # noqa: E731  an [N, G, T] figure there
-    abs_flat = diff.abs_().view(n, -1)  # |A - R| (diff is not needed any more)
+    abs_flat = diff.abs_().reshape(n, -1)  # |A - R| (diff is not needed any more)
     max_abs = abs_flat.amax(1) if abs_flat.shape[1] else zeros  # diff holds no NaN
     if not p.ref_finite_any:
         is_all_zero = torch.zeros(n, dtype=torch.bool, device=p.device)
     else:  # every judged entry exactly 0 (NaN is no zero: amax/amin propagate it)
-        seen = flat if p.all_judged else torch.where(p.ref_finite, act, 0.0).view(n, -1)
+        seen = flat if p.all_judged else torch.where(p.ref_finite, act, 0.0).reshape(n, -1)
         is_all_zero = (seen.amax(1) == 0) & (seen.amin(1) == 0)
     columns = {
         "err_global": err_global, "worst_tile": worst, "worst_tile_ratio": take(ratio_flat),

@@ -464,3 +464,23 @@ def test_judging_a_batch_gives_each_tensor_the_verdict_of_judging_it_alone(dtype
         compare.JUDGE_BATCH_ELEMENTS = JUDGE_BATCH_ELEMENTS
     for a, b in zip(parts, together):
         _same_verdict(a, b)
+
+
+def test_the_batch_judges_a_reference_stored_in_another_order_with_unjudged_entries() -> None:
+    """A reference whose storage is not in the judging order (sbhd: ``[b, s, h, d]`` viewed over
+    ``[s, b, h, d]``) with entries it leaves unjudged: the batch engine gives the one-tensor
+    verdicts (on the H200 it raised there: a mask in the reference's order made a later
+    ``view`` impossible; 4 ``attnfuzz_error`` results of the tenth session's campaign)."""
+    from oracle.compare import judge_tensor, judge_tensors, prepare_tensor
+
+    gen = torch.Generator().manual_seed(3)
+    ref = torch.randn(5, 2, 3, 8, generator=gen, dtype=torch.float64).transpose(0, 1)
+    ref[0, 1] = -math.inf  # one row unjudged
+    prepared = prepare_tensor("out", ref, "bfloat16", tile_rows=2, row_dim=1)
+    assert not prepared.all_judged and not prepared.ref_finite.is_contiguous()
+    finite = torch.where(torch.isfinite(ref), ref, 0.0)
+    wrong = finite.clone()
+    wrong[1, 2] += 1.0
+    actuals = [finite.to(torch.bfloat16), wrong.to(torch.bfloat16), finite.to(torch.bfloat16).transpose(0, 1).contiguous().transpose(0, 1)]
+    for actual, verdict in zip(actuals, judge_tensors(prepared, actuals, batched=True)):
+        _same_verdict(verdict, judge_tensor(prepared, actual))
