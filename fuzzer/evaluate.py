@@ -500,7 +500,6 @@ class Evaluator:
             handle.abandon()  # wait for what runs (the children stay in step); its outcomes are dropped
             evaluation.results.append(self._own_step_failed(case, exc, "oracle", phase))
             return evaluation
-        prejudged = self._judge_as_they_come(case, prepared, oracle_ms, phase, handle, evaluation) if not lanes else {}
         t_wait = time.perf_counter()
         if lanes:
             outcomes, rest = handle.partial(lane_grace_s)
@@ -508,7 +507,7 @@ class Evaluator:
             outcomes, rest = handle.result(), None
         t0 = time.perf_counter()
         evaluation.wait_s += t0 - t_wait
-        self._judge_outcomes(case, prepared, oracle_ms, phase, outcomes, evaluation, prejudged)
+        self._judge_outcomes(case, prepared, oracle_ms, phase, outcomes, evaluation)
         evaluation.judge_s += time.perf_counter() - t0
         if rest is not None:
             evaluation.late = LateRun(case, rest.tasks, rest, prepared, inputs, oracle_ms, phase)
@@ -539,54 +538,13 @@ class Evaluator:
             evaluation.twin_case = cp_twin(late.case)
         return evaluation
 
-    def _judge_as_they_come(
-        self, case: AttentionCase, prepared: Any, oracle_ms: float, phase: str, handle: Any, evaluation: Evaluation
-    ) -> dict[int, tuple[CaseResult, CaseResult | None]]:
-        """On the CPU, with a handle whose outcomes can be taken as they finish
-        (`fuzzer.executor._ChildRun.take_ready`): judge each plain outcome while the child runs the
-        next task, until the run is done; ``{id(outcome): (result, None)}`` for `_judge_outcomes`.
-        The judging then hides in the wait for the child (the README's CPU job waited about 5 ms
-        a case for its child, after the oracle, and judged about 4 ms after that). Seconds
-        judging go to ``evaluation.judge_s``, seconds waiting with nothing to judge to ``wait_s``.
-        Elsewhere (a GPU: the batch judge, `judge_many`) nothing is judged here."""
-        take = getattr(handle, "take_ready", None)
-        if self.device != "cpu" or not callable(take):
-            return {}
-        prejudged: dict[int, tuple[CaseResult, CaseResult | None]] = {}
-        while True:
-            done = handle.done()  # before taking: what finished by now is taken below
-            for _, outcome in take():
-                if outcome.status in (SKIPPED, BUSY) or type(outcome).judged is not TaskOutcome.judged:
-                    continue  # counted, or judged with its twin, in _judge_outcomes
-                t0 = time.perf_counter()
-                try:
-                    prejudged[id(outcome)] = self._judge_one(case, prepared, outcome, oracle_ms, phase)
-                except Exception as exc:
-                    prejudged[id(outcome)] = (self._own_step_failed(case, exc, "compare", phase, outcome), None)
-                evaluation.judge_s += time.perf_counter() - t0
-            if done:
-                return prejudged
-            t0 = time.perf_counter()
-            handle.wait_arrival(0.05)
-            evaluation.wait_s += time.perf_counter() - t0
-
     def _judge_outcomes(
-        self,
-        case: AttentionCase,
-        prepared: Any,
-        oracle_ms: float,
-        phase: str,
-        outcomes: list[TaskOutcome],
-        evaluation: Evaluation,
-        prejudged: dict[int, tuple[CaseResult, CaseResult | None]] | None = None,
+        self, case: AttentionCase, prepared: Any, oracle_ms: float, phase: str, outcomes: list[TaskOutcome], evaluation: Evaluation
     ) -> None:
         """Judge ``outcomes`` into ``evaluation`` (results, twins, seconds, timing); `SKIPPED`
         and `BUSY` outcomes leave no result and are counted instead. Plain outcomes (no CP twin:
         `fuzzer.executor.TaskOutcome.judged` not overridden) are judged together (`judge_many`);
-        when that raises, each is judged on its own, so an own-step failure names its outcome.
-        ``prejudged`` (by ``id(outcome)``): outcomes judged while the run went on
-        (`_judge_as_they_come`), taken as they are."""
-        prejudged = prejudged or {}
+        when that raises, each is judged on its own, so an own-step failure names its outcome."""
         ran = []
         for outcome in outcomes:
             if outcome.status in (SKIPPED, BUSY):  # not run: another variant ended the child, or its environment was busy
@@ -597,7 +555,7 @@ class Evaluator:
             evaluation.compile_s += outcome.compile_ms / 1000.0
             evaluation.note_timing(outcome)
             ran.append(outcome)
-        plain = [o for o in ran if type(o).judged is TaskOutcome.judged and id(o) not in prejudged]
+        plain = [o for o in ran if type(o).judged is TaskOutcome.judged]
         batched: dict[int, CaseResult] = {}
         if len(plain) > 1:
             try:
@@ -607,9 +565,7 @@ class Evaluator:
                 batched = {}
         for outcome in ran:
             result = batched.get(id(outcome))
-            if id(outcome) in prejudged:
-                result, twin_result = prejudged[id(outcome)]
-            elif result is not None:
+            if result is not None:
                 twin_result = None
             else:
                 try:

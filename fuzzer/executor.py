@@ -511,20 +511,6 @@ def submit_run(
     return DeferredRun(executor, case, inputs, tasks, timeout_s)
 
 
-class _LiveOutcomes(dict):
-    """An environment's ``{task index: outcome}`` as its thread fills it, telling ``event`` of
-    each new entry (an entry is set once and never changed: a task's final outcome), so the
-    evaluator can judge the outcomes while the rest still run (`_ChildRun.take_ready`)."""
-
-    def __init__(self, event: threading.Event):
-        super().__init__()
-        self.event = event
-
-    def __setitem__(self, key: int, value: TaskOutcome) -> None:
-        super().__setitem__(key, value)
-        self.event.set()
-
-
 class _ChildRun:
     """A run of `ChildProcessExecutor` in flight: one future per environment (its pending loop
     in a thread of the executor's pool), collected by `result` (see `submit_run`), or part by part
@@ -548,10 +534,6 @@ class _ChildRun:
         self._indices = indices if indices is not None else {}
         self._outcomes: list[TaskOutcome] | None = None
         self._error: BaseException | None = None
-        #: per environment, its outcomes as they come (`_LiveOutcomes`), and the event they set
-        self.live: dict[str, _LiveOutcomes] = {}
-        self.arrived = threading.Event()
-        self._taken: set[int] = set()
 
     @property
     def tasks(self) -> list[tuple[str, str]]:
@@ -565,27 +547,6 @@ class _ChildRun:
     def environments_done(self) -> set[str]:
         """The environments of this run that have finished."""
         return {env for env, f in self._futures.items() if f.done()}
-
-    def take_ready(self) -> list[tuple[int, TaskOutcome]]:
-        """The outcomes finished since the last call, ``(task index, outcome)`` in task order, outputs
-        unpacked (as `result` gives them; `result` later returns the same objects): the evaluator
-        judges them while the rest still run. The `BUSY` outcomes of the submission come with the
-        first call."""
-        ready = dict(self._preset) if not self._taken else {}
-        for live in list(self.live.values()):
-            ready.update(live.items())  # a C-level copy under the GIL: safe while the thread adds
-        fresh = sorted(i for i in ready if i not in self._taken)
-        self._taken.update(fresh)
-        for i in fresh:
-            ready[i].output = unpack_output(ready[i].output)
-        return [(i, ready[i]) for i in fresh]
-
-    def wait_arrival(self, timeout_s: float) -> None:
-        """Wait at most ``timeout_s`` seconds for a new outcome or for the run's end."""
-        if self.done():
-            return
-        self.arrived.wait(timeout_s)
-        self.arrived.clear()
 
     def _wait(self) -> None:
         try:
@@ -1191,18 +1152,13 @@ class ChildProcessExecutor:
                 self._wait_idle([environment])
         packed = pack_inputs(case, inputs) if by_env else None
         pool = self._thread_pool()
-        arrived = threading.Event()
-        live = {environment: _LiveOutcomes(arrived) for environment in by_env}
         with self._lock:
             futures = {
-                environment: pool.submit(self._timed_environment, environment, case, packed, tasks, indices, timeout_s, live[environment])
+                environment: pool.submit(self._timed_environment, environment, case, packed, tasks, indices, timeout_s)
                 for environment, indices in by_env.items()
             }
             self._busy.update(futures)
             self._in_flight = run = _ChildRun(self, list(tasks), futures, _device_of(inputs), preset=preset, indices=by_env)
-            run.live, run.arrived = live, arrived
-        for future in futures.values():
-            future.add_done_callback(lambda _f: arrived.set())
         return run
 
     def _is_busy(self, environment: str) -> bool:
@@ -1259,11 +1215,10 @@ class ChildProcessExecutor:
             by_env.setdefault(self._environment(name), []).append(i)
         return by_env
 
-    def _run_environment(self, environment, case, packed, tasks, indices, timeout_s, outcomes=None) -> dict[int, TaskOutcome]:
+    def _run_environment(self, environment, case, packed, tasks, indices, timeout_s) -> dict[int, TaskOutcome]:
         """Every task of ``indices`` through the environment's child (restarted after a death):
-        ``{task index: outcome}`` (outputs still packed), filled into ``outcomes`` (a
-        `_LiveOutcomes` the evaluator reads while it fills) when given. The unit one thread drives."""
-        outcomes = {} if outcomes is None else outcomes
+        ``{task index: outcome}`` (outputs still packed). The unit one thread drives."""
+        outcomes: dict[int, TaskOutcome] = {}
         pending = list(indices)
         stalls = 0
         while pending:
@@ -1314,10 +1269,10 @@ class ChildProcessExecutor:
                 kept.append(p)
         return kept
 
-    def _timed_environment(self, environment, case, packed, tasks, indices, timeout_s, live=None) -> dict[int, TaskOutcome]:
+    def _timed_environment(self, environment, case, packed, tasks, indices, timeout_s) -> dict[int, TaskOutcome]:
         """`_run_environment`, its wall time noted as ``env_wall`` on its first outcome."""
         t0 = time.perf_counter()
-        outcomes = self._run_environment(environment, case, packed, tasks, indices, timeout_s, live)
+        outcomes = self._run_environment(environment, case, packed, tasks, indices, timeout_s)
         first = outcomes.get(indices[0]) if indices else None
         if first is not None:
             first.timing["env_wall"] = (time.perf_counter() - t0) * 1000.0
