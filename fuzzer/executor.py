@@ -1239,9 +1239,8 @@ class ChildProcessExecutor:
     def _collected(tasks: list[tuple[str, str]], outcomes: dict[int, TaskOutcome], device: str) -> list[TaskOutcome]:
         """The outcomes in task order, outputs unpacked: a tensor that came as bytes stays on the
         CPU, a larger one where the child shared it (``device`` unused: the judge moves what it
-        compares to the reference's device, `oracle.compare.judge_tensors` in one transfer per
-        tensor name and dtype for a case's outputs; a move here cost a synchronous copy per
-        tensor, about 2% of an H200 campaign's wall time, 2026-12-02)."""
+        compares to the reference's device, `oracle.compare.judge_tensors`, so an output is moved
+        once, where it is judged, and not at all when it is not)."""
         result = [outcomes[i] for i in range(len(tasks))]
         for outcome in result:
             t0 = time.perf_counter()
