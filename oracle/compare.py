@@ -565,6 +565,24 @@ def prepare_tensor(
     )
 
 
+def _non_finite_masks(p: PreparedTensor, act: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """``(finite, nan, posinf, neginf, finite_on_masked)`` bool masks of kernel values ``act``
+    (``[G, R, F]`` or ``[N, G, R, F]`` float64, broadcast against ``p``'s ``[G, R, F]`` masks).
+
+    An infinity where the reference itself rounds to that infinity in the dtype (e.g. a float16
+    gradient above 65504) is the correctly rounded result, not a defect (IEEE 754-2019 4.3.1:
+    round-to-nearest overflows to +-inf), and so is one of the reference's sign at the overflow
+    edge (`prepare_tensor`); those entries are in neither ``posinf`` nor ``neginf`` and stay
+    unjudged by the error checks."""
+    act_finite = torch.isfinite(act)
+    correct_inf = act == p.overflow if p.overflow is not None else torch.zeros_like(act_finite)
+    if p.overflow_edge is not None:  # within the tolerance of the overflow threshold: see prepare_tensor
+        correct_inf = correct_inf | (act == p.overflow_edge)
+    posinf = (act == math.inf) & p.ref_finite & ~correct_inf
+    neginf = (act == -math.inf) & p.ref_finite & ~correct_inf
+    return act_finite, torch.isnan(act), posinf, neginf, p.expect_masked & act_finite
+
+
 @torch.no_grad()
 def judge_tensor(prepared: PreparedTensor, actual: torch.Tensor) -> TensorVerdict:
     """`compare_tensor` of ``actual`` against a `prepare_tensor` result (same verdict, figure
@@ -588,17 +606,7 @@ def judge_tensor(prepared: PreparedTensor, actual: torch.Tensor) -> TensorVerdic
         if not p.all_judged:
             valid = ref_finite if p.judged is None else p.judged
     else:
-        act_finite = torch.isfinite(act)
-        nan_mask = torch.isnan(act)
-        # An infinity where the reference itself rounds to that infinity in the dtype (e.g. a float16
-        # gradient above 65504) is the correctly rounded result, not a defect (IEEE 754-2019 4.3.1:
-        # round-to-nearest overflows to +-inf); those entries stay unjudged by the error checks too.
-        correct_inf = act == p.overflow if p.overflow is not None else torch.zeros_like(act_finite)
-        if p.overflow_edge is not None:  # within the tolerance of the overflow threshold: see prepare_tensor
-            correct_inf = correct_inf | (act == p.overflow_edge)
-        posinf_mask = (act == math.inf) & ref_finite & ~correct_inf
-        neginf_mask = (act == -math.inf) & ref_finite & ~correct_inf
-        finite_masked = expect_masked & act_finite
+        act_finite, nan_mask, posinf_mask, neginf_mask, finite_masked = _non_finite_masks(p, act)
         unexpected = nan_mask | posinf_mask | neginf_mask | finite_masked
         s.update(nan=int(nan_mask.sum()), posinf=int(posinf_mask.sum()), neginf=int(neginf_mask.sum()),
                  finite_on_masked=int(finite_masked.sum()))
@@ -747,14 +755,7 @@ def _batch_stats(p: PreparedTensor, actuals: list[torch.Tensor]) -> list[dict[st
         unexpected_flat = zeros + (int(p.expect_masked.flatten().nonzero()[0]) if masked else 0)
         valid = None if p.all_judged else base_valid
     else:
-        act_finite = torch.isfinite(act)
-        nan_mask = torch.isnan(act)
-        correct_inf = act == p.overflow if p.overflow is not None else torch.zeros_like(act_finite)
-        if p.overflow_edge is not None:  # within the tolerance of the overflow threshold: see prepare_tensor
-            correct_inf = correct_inf | (act == p.overflow_edge)
-        posinf_mask = (act == math.inf) & p.ref_finite & ~correct_inf
-        neginf_mask = (act == -math.inf) & p.ref_finite & ~correct_inf
-        finite_masked = p.expect_masked & act_finite
+        act_finite, nan_mask, posinf_mask, neginf_mask, finite_masked = _non_finite_masks(p, act)
         unexpected = (nan_mask | posinf_mask | neginf_mask | finite_masked).reshape(n, -1)
         nan_c, posinf_c, neginf_c, finite_masked_c = (
             m.reshape(n, -1).sum(1).to(torch.float64) for m in (nan_mask, posinf_mask, neginf_mask, finite_masked)
