@@ -78,13 +78,20 @@ def export_case(
     path.write_text(repro.source)
     if as_json:
         print_json({"path": str(path), "case_id": case_id, "backend": target.backend,
-                    "variant": target.variant, "signature": target.signature})
+                    "variant": target.variant, "signature": target.signature,
+                    "also_failing": [f"{b}/{v}" for b, v in target.also_failing]})
         return
     console.print(
         f"wrote {path}: {target.backend} / {target.variant} / {target.signature or '(no recorded failure)'}; "
         f"run it with: pytest -c /dev/null {path} (-c /dev/null: without the pytest settings of the project you "
         "are in, which may add options this file does not need; needs pytest: pip install pytest)"
     )
+    if target.also_failing:
+        others = ", ".join(f"{b}/{v}" for b, v in target.also_failing)
+        console.print(
+            f"the case also failed on {others}: export one of them with --backend and --variant "
+            f"(e.g. --backend {target.also_failing[0][0]} --variant {target.also_failing[0][1]})"
+        )
 
 
 def register(app: typer.Typer) -> None:

@@ -424,18 +424,23 @@ class ReproTarget:
     backend: str
     variant: str
     signature: str | None
+    also_failing: tuple[tuple[str, str], ...] = ()  # other (backend, variant) pairs the case failed on
 
 
 def repro_target(session: Session, case_id: str, *, backend: str | None = None, variant: str | None = None) -> ReproTarget:
     """The case and the backend variant to export it for.
 
-    Without ``backend``/``variant`` the case's failing results decide: exactly one failing
-    (backend, variant) is required. The signature is that of the newest failing result of the
-    chosen backend variant.
+    Without ``backend``/``variant`` the case's failing results decide: the backend variant of the
+    newest failing result (among those of ``backend``, or of ``variant``, when one is given); the
+    other failing pairs are in ``also_failing``, for the caller to mention. A new-user trial found
+    that every failing case of the README's CPU job failed on two variants, so asking for one made
+    the README's ``attnfuzz export <case_id>`` fail every time. The signature is that of the newest
+    failing result of the chosen backend variant.
 
     Raises:
         NotFoundError: no case ``case_id``.
-        FieldValidationError: ``backend``/``variant`` needed but not given or ambiguous.
+        FieldValidationError: ``backend``/``variant`` needed: the case has no failing result (of the
+            ``backend``/``variant`` given; the message lists those it has).
     """
     case = session.get(Case, case_id)
     if case is None:
@@ -443,36 +448,26 @@ def repro_target(session: Session, case_id: str, *, backend: str | None = None, 
     query = select(Result.backend, Result.variant, Result.signature).where(
         Result.case_id == case_id, Result.signature.is_not(None)
     )
-    if backend:
-        query = query.where(Result.backend == backend)
-    if variant:
-        query = query.where(Result.variant == variant)
     rows = session.execute(query.order_by(Result.created_at.desc(), Result.id.desc())).all()
-    pairs = list(dict.fromkeys((r.backend, r.variant) for r in rows))
+    failing = list(dict.fromkeys((r.backend, r.variant) for r in rows))
+    matching = [r for r in rows if (not backend or r.backend == backend) and (not variant or r.variant == variant)]
+    pairs = list(dict.fromkeys((r.backend, r.variant) for r in matching))
     if backend and variant:
-        return ReproTarget(case, backend, variant, rows[0].signature if rows else None)
+        return ReproTarget(case, backend, variant, matching[0].signature if matching else None)
     if not pairs:
         field = "backend" if not backend else "variant"
+        given = " and ".join(f"{name} {value!r}" for name, value in (("backend", backend), ("variant", variant)) if value)
+        failed_on = (
+            f"; it failed on: {', '.join(f'{b}/{v}' for b, v in failing)}" if failing else "; it has no failing result"
+        )
         raise FieldValidationError(
             field,
-            "required: the case has no failing result to take it from; name the backend and variant"
-            " (--backend, --variant; API: backend=, variant=; `attnfuzz cases show CASE_ID` lists its"
-            " results) and add --force (API: force=true) for a variant that did not fail",
+            f"required: no failing result of this case{' with ' + given if given else ''} to take it from{failed_on};"
+            " name the backend and variant (--backend, --variant; API: backend=, variant=; `attnfuzz cases show CASE_ID`"
+            " lists its results) and add --force (API: force=true) for a variant that did not fail",
         )
-    if len(pairs) > 1:
-        backends = list(dict.fromkeys(b for b, _ in pairs))
-        # name what is ambiguous: the variant when every failure is of one backend (new-user trial:
-        # "backend: required" for four variants of one backend, then "variant: required")
-        field = "backend" if not backend and len(backends) > 1 else "variant"
-        listed = ", ".join(f"{b}/{v}" for b, v in pairs)
-        hint = (
-            f"; name one with --variant (API: variant=), e.g. --variant {pairs[0][1]}"
-            if field == "variant"
-            else f"; name one with --backend and --variant (API: backend=, variant=), e.g. --backend {pairs[0][0]} --variant {pairs[0][1]}"
-        )
-        raise FieldValidationError(field, f"required: the case failed on several backend variants ({listed}){hint}")
     chosen = pairs[0]
-    return ReproTarget(case, chosen[0], chosen[1], rows[0].signature)
+    return ReproTarget(case, chosen[0], chosen[1], matching[0].signature, also_failing=tuple(p for p in failing if p != chosen))
 
 
 def bucket_repro_target(session: Session, bucket_id: int) -> ReproTarget:

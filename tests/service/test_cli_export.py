@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import json
 from pathlib import Path
 
 import pytest
@@ -145,26 +146,28 @@ def test_a_variant_with_no_distinct_call_for_the_case_is_refused_even_with_force
     assert ok.exit_code == 0, ok.output
 
 
-def test_a_case_failing_in_several_variants_of_one_backend_asks_for_the_variant_not_the_backend(
+def test_a_case_failing_in_several_variants_is_exported_for_the_newest_and_names_the_others(
     cli: typer.Typer, stored, tmp_path: Path
 ) -> None:
-    """New-user trial: four failing variants of one backend answered "backend: required", and then
-    "variant: required"; the variant is what is ambiguous, and the message says how to name it.
-    Failures on two backends still ask for the backend."""
+    """New-user trials: every failing case of the README's CPU job failed on two variants, and
+    `attnfuzz export CASE_ID` (the README's example) asked for one every time. It now exports the
+    newest failing variant and names the others (``also_failing`` in ``--json``); naming a variant
+    the case did not fail on is refused with the variants it failed on."""
     url, case = stored
     engine = make_engine(url)
     store = SqlStore(engine)
     build_id = store.register_build(BuildFingerprint(torch="2.13.0"))
     store.record_result(CaseResult(case.case_id, "torch-cpu-math", "is_causal", "fail", signature="out:mismatch"), build_id, None)
     engine.dispose()
-    result = CliRunner().invoke(cli, ["export", case.case_id, "-o", str(tmp_path / "t.py"), "--db", url])
-    text = " ".join(result.output.split())
-    assert result.exit_code == 2 and "variant: required" in text and "--variant" in text, text
-    assert "backend: required" not in text
-    engine = make_engine(url)
-    SqlStore(engine).record_result(
-        CaseResult(case.case_id, "torch-cpu-flash", "aten_lse", "fail", signature="out:mismatch"), build_id, None
-    )
-    engine.dispose()
-    result = CliRunner().invoke(cli, ["export", case.case_id, "-o", str(tmp_path / "t.py"), "--db", url])
-    assert result.exit_code == 2 and "backend: required" in " ".join(result.output.split()), result.output
+    result = CliRunner().invoke(cli, ["export", case.case_id, "-o", str(tmp_path / "t.py"), "--db", url, "--json"])
+    assert result.exit_code == 0, result.output
+    exported = json.loads(result.stdout)
+    assert (exported["backend"], exported["variant"]) == ("torch-cpu-math", "is_causal")  # the newest failure
+    assert exported["also_failing"] and "torch-cpu-math/is_causal" not in exported["also_failing"]
+    assert (tmp_path / "t.py").exists()
+    plain = CliRunner().invoke(cli, ["export", case.case_id, "-o", str(tmp_path / "u.py"), "--db", url])
+    text = " ".join(plain.output.split())
+    assert plain.exit_code == 0 and "also failed on" in text and exported["also_failing"][0] in text, text
+    wrong = CliRunner().invoke(cli, ["export", case.case_id, "--variant", "nosuch", "-o", str(tmp_path / "v.py"), "--db", url])
+    text = " ".join(wrong.output.split())
+    assert wrong.exit_code == 2 and "variant 'nosuch'" in text and "torch-cpu-math/is_causal" in text, text

@@ -329,7 +329,7 @@ def test_export_and_corpus_export_answer_json(tmp_path: Path) -> None:
     assert exported.exit_code == 0, exported.output
     body = json.loads(exported.stdout)
     assert body == {"path": str(target), "case_id": FAILING.case_id, "backend": "torch-cpu-math",
-                    "variant": "bool_mask", "signature": "out:mismatch"}
+                    "variant": "bool_mask", "signature": "out:mismatch", "also_failing": []}
     assert target.read_text().startswith(("#", '"""', "import", "from"))
     written = _invoke("corpus", "export", "--root", str(tmp_path / "corpus"), "--json", "--db", url)
     assert written.exit_code == 0, written.output
