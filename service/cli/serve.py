@@ -14,7 +14,7 @@ from service.cli.common import DbOption, check_schema, db_url, fail, out
 def serve(
     db: DbOption = None,
     host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="TCP port.")] = 8000,
+    port: Annotated[int, typer.Option(min=0, max=65535, help="TCP port (0-65535).")] = 8000,
     api_token: Annotated[
         Optional[str],
         typer.Option(
@@ -39,8 +39,33 @@ def serve(
     except AttnFuzzError as exc:
         fail(exc)
     settings = Settings(database_url=url, api_token=api_token) if api_token else Settings(database_url=url)
+    _check_bindable(host, port)
     out.print(f"serving {url} on http://{host}:{port}/ (API docs: /docs, metrics: /metrics)", soft_wrap=True, highlight=False)
     uvicorn.run(create_app(settings), host=host, port=port, log_config=None)  # logs through our handler
+
+
+def _check_bindable(host: str, port: int) -> None:
+    """Exit 2 naming ``--host``/``--port`` when uvicorn could not listen there (a port in use, an
+    address this machine does not have), before it starts: uvicorn logs a traceback and exits 1
+    (new-user trial). Binds as uvicorn does (``SO_REUSEADDR``) and closes at once."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        out.print(f"[red]error:[/] host: cannot resolve {host!r}: {exc}", highlight=False)
+        raise typer.Exit(2) from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            out.print(
+                f"[red]error:[/] port: cannot listen on {host}:{port} ({exc.strerror or exc}); "
+                "choose another with --port (or --host)", highlight=False,
+            )
+            raise typer.Exit(2) from None
 
 
 def register(app: typer.Typer) -> None:

@@ -420,3 +420,19 @@ def test_bad_lane_options_are_usage_errors_naming_the_option(args: list, message
     result = CliRunner().invoke(app, ["fuzz", "--time-budget", "1", *args])
     assert result.exit_code == 2, result.output
     assert message in result.output
+
+
+def test_serve_refuses_a_port_out_of_range_or_in_use_with_exit_2(db: str) -> None:
+    """New-user trial: ``serve --port 99999`` printed two tracebacks and exited 1, and a port in use
+    exited 3 (the code of a backend that cannot load). Both are now usage errors naming the port."""
+    import socket
+
+    out_of_range = _invoke("serve", "--port", "99999", "--db", db)
+    assert out_of_range.exit_code == 2 and "--port" in out_of_range.output and "Traceback" not in out_of_range.output
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        in_use = _invoke("serve", "--port", str(port), "--db", db)
+    text = " ".join(in_use.output.split())
+    assert in_use.exit_code == 2 and f"port: cannot listen on 127.0.0.1:{port}" in text and "--port" in text, text
