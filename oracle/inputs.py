@@ -497,7 +497,14 @@ def hash_normal_torch(seed: int, stream: int, numel: int, device: torch.device |
     key1, key2 = _hash_keys(seed, stream)
     counter = torch.arange(2 * numel, dtype=torch.int64, device=device)
     counter ^= key1
-    bits = _mix32(_mix32(counter) ^ key2).to(torch.float64).view(numel, 2)
+    return _box_muller(_mix32(_mix32(counter) ^ key2).to(torch.float64).view(numel, 2))
+
+
+def _box_muller(bits: torch.Tensor) -> torch.Tensor:
+    """The normals of `hash_normal_torch` from the hashed counters: ``bits`` ``[n, 2]`` float64
+    (integers below ``2**32``: the hashes of counters ``2 i`` and ``2 i + 1``) -> ``[n]`` float64,
+    ``sqrt(-2 log u1) cos(2 pi u2)`` with the log, cos and sqrt in exact or IEEE-rounded ``+ - * /``
+    steps only (the same bits on every device; copied into the exported repros)."""
     u1 = (bits[:, 0] + 0.5) * 2.0**-32  # (0, 1): log(u1) is finite
     mantissa, exponent = torch.frexp(u1)  # u1 = mantissa * 2**exponent, mantissa in [0.5, 1)
     low = mantissa < math.sqrt(0.5)
@@ -517,7 +524,7 @@ def _hash_normal_torch_many(seed: int, requests: list[tuple[int, int]], device: 
     `hash_normal_many`): element ``j`` of the concatenation belongs to request ``r`` (found with
     ``searchsorted`` on the device from one small host table of offsets and keys) and gets the
     counters ``2 i``, ``2 i + 1`` (``i`` its index in its stream) xored with ``key1[r]``, then
-    ``key2[r]``, as int64 tensors; everything after the hash is `hash_normal_torch`'s code on the
+    ``key2[r]``, as int64 tensors; after the hash, `_box_muller` (as `hash_normal_torch`) on the
     whole ``[total]`` tensor. About 110 kernel launches for all the requests (against ~100 per
     request). Returns ``[numel] float64`` views, one per request, of one buffer."""
     numels = [numel for _, numel in requests]
@@ -535,19 +542,7 @@ def _hash_normal_torch_many(seed: int, requests: list[tuple[int, int]], device: 
     index = element - table[1][owner]
     counter = (index * 2)[:, None] + torch.arange(2, dtype=torch.int64, device=device)  # [total, 2]: 2i, 2i+1
     counter ^= table[2][owner][:, None]
-    bits = _mix32(_mix32(counter) ^ table[3][owner][:, None]).to(torch.float64)
-    u1 = (bits[:, 0] + 0.5) * 2.0**-32  # from here on: hash_normal_torch's operations
-    mantissa, exponent = torch.frexp(u1)
-    low = mantissa < math.sqrt(0.5)
-    mantissa = torch.where(low, mantissa * 2.0, mantissa)
-    exponent = (exponent - low.to(exponent.dtype)).to(torch.float64)
-    s = (mantissa - 1.0) / (mantissa + 1.0)
-    log_u1 = 2.0 * s * _horner(s * s, _ATANH_COEFFS) + exponent * math.log(2.0)
-    a = (bits[:, 1] * 2.0**-31 - 1.0).abs()
-    b = torch.where(a > 0.5, 1.0 - a, a)
-    cos_pi_b = _horner(b * b, _COS_COEFFS)
-    cos_2pi_u2 = torch.where(a > 0.5, cos_pi_b, -cos_pi_b)
-    values = _sqrt(-2.0 * log_u1) * cos_2pi_u2
+    values = _box_muller(_mix32(_mix32(counter) ^ table[3][owner][:, None]).to(torch.float64))
     return list(values.split(numels))
 
 

@@ -9,7 +9,7 @@ One idea, long because it is the generated file itself.
 """
 
 INPUT_FUNCTIONS = (
-    "_mix32", "_horner", "_sqrt", "_hash_keys", "hash_normal_torch",
+    "_mix32", "_horner", "_sqrt", "_hash_keys", "_box_muller", "hash_normal_torch",
     # the input families (low-rank q/k, massive channels, per-sequence scales, the attention sink,
     # peaked rows, score offsets, dout families): copied too, so that a case drawn with them
     # regenerates its inputs bit for bit
