@@ -153,9 +153,9 @@ def judge_many(
     phase: str = "fuzz",
 ) -> list[CaseResult]:
     """`judge` of several outcomes of one case, pure: the ``ok`` outputs are compared with the
-    reference together (`oracle.compare.compare_outputs_batch`: each tensor name in one batch,
-    about 50 torch operations and two host transfers per name instead of about 45 operations and
-    ten transfers per output; the figures are those of one-by-one judging).
+    reference together (`oracle.compare.compare_outputs_batch`: on a GPU each tensor name in one
+    batch, three host transfers per name instead of about ten per output; on the CPU one tensor
+    at a time; the figures are those of one-by-one judging).
 
     Args:
         case, reference, oracle_ms, phase: as `judge`.

@@ -521,14 +521,12 @@ class _ChildRun:
         executor: ChildProcessExecutor,
         tasks: list[tuple[str, str]],
         futures: dict[str, Any],
-        device: str,
         preset: dict[int, TaskOutcome] | None = None,
         indices: dict[str, list[int]] | None = None,
     ):
         self._executor = executor
         self._tasks = tasks
         self._futures = futures
-        self._device = device
         self._preset = dict(preset or {})
         #: task indices by environment (of ``futures``); the tasks a `partial` rest keeps
         self._indices = indices if indices is not None else {}
@@ -573,7 +571,7 @@ class _ChildRun:
                 else:
                     merged.update(future.result())
             if self._error is None:
-                self._outcomes = self._executor._collected(self._tasks, merged, self._device)
+                self._outcomes = self._executor._collected(self._tasks, merged)
         if self._error is not None:
             raise self._error
         return self._outcomes
@@ -600,7 +598,7 @@ class _ChildRun:
         for future in finished.values():
             merged.update(future.result())
         keep = sorted(merged)
-        done = self._executor._collected([self._tasks[i] for i in keep], {k: merged[i] for k, i in enumerate(keep)}, self._device)
+        done = self._executor._collected([self._tasks[i] for i in keep], {k: merged[i] for k, i in enumerate(keep)})
         rest_futures = {env: f for env, f in self._futures.items() if env not in finished}
         rest_indices = sorted(i for env in rest_futures for i in self._indices.get(env, ()))
         position = {i: k for k, i in enumerate(rest_indices)}
@@ -608,7 +606,6 @@ class _ChildRun:
             self._executor,
             [self._tasks[i] for i in rest_indices],
             {env: _Reindexed(f, position) for env, f in rest_futures.items()},
-            self._device,
             indices={env: [position[i] for i in self._indices.get(env, ())] for env in rest_futures},
         )
         self._outcomes = done
@@ -1118,7 +1115,7 @@ class ChildProcessExecutor:
         outcomes: dict[int, TaskOutcome] = {}
         for environment, indices in self._by_environment(tasks).items():
             outcomes.update(self._timed_environment(environment, case, packed, tasks, indices, timeout_s))
-        return self._collected(tasks, outcomes, _device_of(inputs))
+        return self._collected(tasks, outcomes)
 
     def submit(
         self, case: AttentionCase, inputs: Any, tasks: list[tuple[str, str]], timeout_s: float, *, skip_busy: bool = False
@@ -1158,7 +1155,7 @@ class ChildProcessExecutor:
                 for environment, indices in by_env.items()
             }
             self._busy.update(futures)
-            self._in_flight = run = _ChildRun(self, list(tasks), futures, _device_of(inputs), preset=preset, indices=by_env)
+            self._in_flight = run = _ChildRun(self, list(tasks), futures, preset=preset, indices=by_env)
         return run
 
     def _is_busy(self, environment: str) -> bool:
@@ -1236,11 +1233,11 @@ class ChildProcessExecutor:
         return outcomes
 
     @staticmethod
-    def _collected(tasks: list[tuple[str, str]], outcomes: dict[int, TaskOutcome], device: str) -> list[TaskOutcome]:
+    def _collected(tasks: list[tuple[str, str]], outcomes: dict[int, TaskOutcome]) -> list[TaskOutcome]:
         """The outcomes in task order, outputs unpacked: a tensor that came as bytes stays on the
-        CPU, a larger one where the child shared it (``device`` unused: the judge moves what it
-        compares to the reference's device, `oracle.compare.judge_tensors`, so an output is moved
-        once, where it is judged, and not at all when it is not)."""
+        CPU, a larger one where the child shared it (the judge moves what it compares to the
+        reference's device, `oracle.compare.judge_tensors`, so an output is moved once, where it
+        is judged, and not at all when it is not)."""
         result = [outcomes[i] for i in range(len(tasks))]
         for outcome in result:
             t0 = time.perf_counter()
