@@ -592,6 +592,7 @@ class Evaluator:
         t0 = time.perf_counter()
         with oracle_time_bound(self.case_timeout_s):
             inputs = make_inputs(case, device=self.device)
+            device_done(self.device)  # the inputs' GPU work is theirs, not the next step's
         evaluation.inputs_s += time.perf_counter() - t0
         return inputs
 
@@ -609,6 +610,7 @@ class Evaluator:
         with oracle_time_bound(bound):
             t1 = time.perf_counter()
             ref = reference(case, inputs, backward=case.backward)
+            device_done(self.device)  # the oracle's GPU work is the oracle's (see device_done)
             t2 = time.perf_counter()
         evaluation.oracle_s += t2 - t1
         prepared = PreparedReference(case, ref, inputs=inputs)
@@ -662,6 +664,23 @@ OWN_BACKEND = "attnfuzz"
 
 class OracleTimeout(Exception):
     """The float64 oracle ran past the per-case time limit (`oracle_time_bound`)."""
+
+
+def device_done(device: Any) -> None:
+    """Wait until the work queued on ``device`` by this process is done (``torch.cuda.synchronize``
+    on a CUDA device; nothing on the CPU, where torch runs each operation before returning).
+
+    Why: CUDA operations return once queued, so without it the GPU time of the inputs and of the
+    float64 oracle was counted where the host next waited for the GPU, the comparison's
+    preparation (`oracle.compare.PreparedReference` fetches its figures at once), i.e. as
+    attnfuzz's own work instead of the oracle's. The wait costs no time: that preparation waits
+    for the same work right after. Raises what ``torch.cuda.synchronize`` raises (a CUDA error
+    of the queued work)."""
+    import torch
+
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
 
 
 @contextmanager

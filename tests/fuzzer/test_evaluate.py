@@ -385,3 +385,33 @@ def test_a_case_s_outcomes_are_judged_together_with_the_verdicts_of_judging_each
     # judge() calls judge_many too, so each one-by-one judging raises: an own-step error per outcome
     assert {r.signature for r in fallback.values()} == {"attnfuzz_error:RuntimeError"}
     assert set(fallback) == set(results)
+
+
+def test_device_done_waits_for_a_cuda_device_only(monkeypatch) -> None:
+    from fuzzer import evaluate
+
+    waited = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: waited.append(device))
+    evaluate.device_done("cpu")
+    assert waited == []
+    evaluate.device_done("cuda:0")
+    assert waited == [torch.device("cuda:0")]
+
+
+def test_the_inputs_and_the_oracle_wait_for_their_device_before_their_time_is_taken(monkeypatch) -> None:
+    """The GPU time of the inputs and of the oracle is theirs: each step waits for its device
+    before its clock stops (else it was counted as the comparison's, attnfuzz's own work)."""
+    from fuzzer import evaluate
+
+    order = []
+    import oracle.inputs as inputs_module
+    import oracle.reference as reference_module
+
+    real_make_inputs, real_reference = inputs_module.make_inputs, reference_module.reference
+    monkeypatch.setattr(inputs_module, "make_inputs", lambda *a, **k: (order.append("inputs"), real_make_inputs(*a, **k))[1])
+    monkeypatch.setattr(reference_module, "reference", lambda *a, **k: (order.append("oracle"), real_reference(*a, **k))[1])
+    monkeypatch.setattr(evaluate, "device_done", lambda device: order.append(f"done:{device}"))
+    with Evaluator(BACKENDS, isolation="none") as ev:
+        evaluation = ev.evaluate(FORWARD)
+    assert evaluation.results
+    assert order == ["inputs", "done:cpu", "oracle", "done:cpu"]
