@@ -138,7 +138,9 @@ class WorkerConfig:
             `Worker._compile_budget_state`). And while it is spent (checked per case) a JIT
             backend runs no fuzz task that would build a new kernel (`Worker._compile_gated_tasks`:
             a case drawn for another backend no longer compiles at will; per backend: one whose
-            own compile seconds exceed the share). 1 or None: no budget,
+            own compile seconds exceed its part). With lanes the budget is per lane: each
+            environment's compile seconds against the whole share (a compile holds up only its
+            own lane); without lanes all JIT backends together. 1 or None: no budget,
             draws and runs as before (no templates; the head-dim pool of ``reuse_kernels`` only).
             ``compile_s`` is summed over the children, which run side by side on CUDA, so the
             budget is a bound on compile seconds, not only on the wall time they cost.
@@ -611,16 +613,46 @@ class Worker:
             return attention_cases(capabilities=caps, **common).map(lambda case: (None, case))
         names = [b.name for b in self.usable]
         plan = target_plan(names, self.stats.runnable, self.stats.targeted, max(c.chunk_size, len(names)), chunk)
-        state = self._compile_budget_state()
+        states = self._compile_budget_states()
+        state = "none" if states is None else ("over" if "over" in states.values() else "under")
         self.stats.template_chunks[state] += 1
-        share = {"over": TEMPLATE_SHARE_OVER, "under": TEMPLATE_SHARE_UNDER}.get(state)
-        per_target = {name: self._target_strategy(name, self._with_templates(name, common, share)) for name in dict.fromkeys(plan)}
+        shares = {"over": TEMPLATE_SHARE_OVER, "under": TEMPLATE_SHARE_UNDER}
+        per_target = {
+            name: self._target_strategy(name, self._with_templates(name, common, None if states is None else shares[states.get(name, "under")]))
+            for name in dict.fromkeys(plan)
+        }
         return st.sampled_from(plan).flatmap(per_target.__getitem__)
 
+    def _compile_budget_states(self) -> dict[str, str] | None:
+        """Where each usable JIT backend stands with the compile budget at this chunk: None
+        without one (``jit_share`` None or 1: no templates); else ``{name: "over" | "under"}``,
+        ``"over"`` (its draws take `TEMPLATE_SHARE_OVER`) when the chunk is over the budget for
+        it: with lanes (`lanes_on`), when its own lane is (`_over_compile_budget`: each
+        environment's compile seconds against the whole allowance), without lanes when every
+        JIT backend's compile seconds together (``stats.compile_s``) pass the allowance
+        (`_compile_budget_state`); else ``"under"`` (`TEMPLATE_SHARE_UNDER`).
+
+        Why per lane: with lanes a compile holds up only its own environment (the case goes on
+        without it; `fuzzer.evaluate.Evaluator.evaluate`), so one backend's expensive kernels
+        must not bind every other JIT backend's draws to their first templates. On the H200
+        (2026-12-02, tenth session) torch-flex's compiles kept the total over the budget in 214
+        of 216 chunks: fa4 (35 s of compile in 600 s) and te-fa4 (11 s) drew from 8 and 6
+        templates all run long, and only 50 of 3,882 stored cases were causal (the seed's
+        TE-on-FA4 class was not found)."""
+        allowed_s = self._compile_allowance_s()
+        if allowed_s is None:
+            return None
+        jit = [b.name for b in self.usable if b.jit_compiled]
+        if self.lanes_on:
+            over = self._over_compile_budget(allowed_s)
+            return {name: "over" if name in over else "under" for name in jit}
+        state = self._compile_budget_state()
+        return {name: state for name in jit}
+
     def _compile_budget_state(self) -> str:
-        """Where this chunk stands with the compile budget: ``"none"`` without one (``jit_share``
-        None or 1: no templates), ``"over"`` while ``stats.compile_s > jit_share * (seconds since
-        fuzzing began)`` (JIT draws take `TEMPLATE_SHARE_OVER`), else ``"under"``
+        """Where this chunk stands with the compile budget without lanes: ``"none"`` without one
+        (``jit_share`` None or 1: no templates), ``"over"`` while ``stats.compile_s > jit_share *
+        (seconds since fuzzing began)`` (JIT draws take `TEMPLATE_SHARE_OVER`), else ``"under"``
         (`TEMPLATE_SHARE_UNDER`).
 
         A controller in two states, checked per chunk: over the budget every draw for a JIT
@@ -689,12 +721,15 @@ class Worker:
         return tasks if gated else None
 
     def _over_compile_budget(self, allowed_s: float | None) -> set[str]:
-        """The JIT backends the compile gate holds back now: none while the compile seconds of
-        every JIT backend together are within ``allowed_s``; past it, each whose own compile
-        seconds exceed its fair part, ``allowed_s`` divided by the number of usable JIT backends.
+        """The JIT backends the compile gate holds back now. With lanes (`lanes_on`): the JIT
+        backends of each environment (one child, one lane) whose compile seconds together exceed
+        ``allowed_s`` (see `_compile_budget_states` for why per lane). Without lanes: none while
+        the compile seconds of every JIT backend together are within ``allowed_s``; past it,
+        each whose own compile seconds exceed its fair part, ``allowed_s`` divided by the number
+        of usable JIT backends.
 
-        Why together: the budget is a share of the wall time, and a case waits for its slowest
-        child, so one backend's compilation holds every case it is in up. Gated each against the
+        Why together without lanes: the budget is a share of the wall time, and a case waits for
+        its slowest child, so one backend's compilation holds every case it is in up. Gated each against the
         whole allowance, four JIT backends could compile for up to four times it: on the H200
         (2026-12-01, default campaign, jit_share 0.2) fa4 73.5 s, torch-flex 100 s, te-fa4 56.5 s
         and te-fused 16.7 s, 41% of the fuzzing time, and the gate held back 2 tasks. Why a fair
@@ -702,8 +737,16 @@ class Worker:
         by another's expensive ones."""
         if allowed_s is None:
             return set()
-        jit = [b.name for b in self.usable if b.jit_compiled]
-        spent = {name: self.stats.compile_by_backend[name] for name in jit}
+        jit = [b for b in self.usable if b.jit_compiled]
+        if self.lanes_on:  # each environment compiles in its own lane: each lane gets the allowance
+            lanes: dict[str, list[str]] = {}
+            for b in jit:
+                lanes.setdefault(b.environment, []).append(b.name)
+            return {
+                name for names in lanes.values()
+                if sum(self.stats.compile_by_backend[n] for n in names) > allowed_s for name in names
+            }
+        spent = {b.name: self.stats.compile_by_backend[b.name] for b in jit}
         if not jit or sum(spent.values()) <= allowed_s:
             return set()
         fair = allowed_s / len(jit)

@@ -282,6 +282,44 @@ def test_the_compile_gate_counts_every_jit_backend_together():
     assert worker._over_compile_budget(None) == set()  # no budget
 
 
+def test_with_lanes_the_compile_budget_is_each_lane_s_own(monkeypatch):
+    """With lanes a compile holds up only its own environment: each lane's compile seconds are
+    held against the whole allowance (two backends of one environment together), and a lane
+    over it binds only its own backends' draws to templates (`Worker._compile_budget_states`)."""
+    from tests.fuzzer.planted_jit import CheapJitBackend, PlantedJitBackend
+
+    class SameLane(PlantedJitBackend):  # the environment of planted-jit: one child, one lane
+        name = "planted-jit-same-lane"
+
+    class OwnLane(PlantedJitBackend):
+        name = "planted-jit-own-lane"
+        environment = "planted-jit-own-lane"
+
+    backends = [(PlantedJitBackend(), "tests.fuzzer.planted_jit:PlantedJitBackend"), (SameLane(), "x:SameLane"),
+                (OwnLane(), "x:OwnLane"), (CheapJitBackend(), "tests.fuzzer.planted_jit:CheapJitBackend")]
+    config = WorkerConfig(backends=backends, isolation="none", shrink=False, jit_share=0.2)
+    worker = Worker(config, MemorySink())
+    worker.usable = [b for b, _ in backends]
+    worker.stats.compile_by_backend.update(
+        {"planted-jit": 6.0, "planted-jit-same-lane": 6.0, "planted-jit-own-lane": 9.0, "planted-jit-cheap": 0.5}
+    )
+    # without lanes: 21.5 s together past 10, each but the cheap one past its fair part (2.5)
+    assert worker._over_compile_budget(10.0) == {"planted-jit", "planted-jit-same-lane", "planted-jit-own-lane"}
+    monkeypatch.setattr(Worker, "lanes_on", property(lambda self: True))
+    # with lanes: planted-jit's lane 12 s > 10; the own lane's 9 s and the cheap lane's 0.5 s are within
+    assert worker._over_compile_budget(10.0) == {"planted-jit", "planted-jit-same-lane"}
+    assert worker._over_compile_budget(None) == set()
+    monkeypatch.setattr(Worker, "_compile_allowance_s", lambda self: 10.0)
+    assert worker._compile_budget_states() == {
+        "planted-jit": "over", "planted-jit-same-lane": "over", "planted-jit-own-lane": "under", "planted-jit-cheap": "under",
+    }
+    monkeypatch.setattr(Worker, "lanes_on", property(lambda self: False))
+    worker.stats.compile_s = 21.5
+    assert set(worker._compile_budget_states().values()) == {"over"}  # without lanes: all JIT draws together
+    monkeypatch.setattr(Worker, "_compile_allowance_s", lambda self: None)
+    assert worker._compile_budget_states() is None
+
+
 @pytest.fixture
 def blocked_gate(tmp_path, monkeypatch):
     """A gate directory for `tests.fuzzer.standins.GateBackend` with ``block-all`` in it: every
