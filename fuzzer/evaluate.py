@@ -73,7 +73,7 @@ def storable_error_ratio(x: float | None) -> float | None:
     return float(x) if math.isfinite(x) else STORED_NONFINITE_RATIO
 
 
-def normalise_masked_lse(lse: Any, ref_lse: Any, sentinel: float) -> Any:
+def normalise_masked_lse(lse: Any, ref_lse: Any, sentinel: float, *, empty_rows: Any = None) -> Any:
     """Map the library's documented lse for rows with no visible key to attnfuzz's ``-inf``, on
     exactly those rows (``ref_lse == -inf``) and only where the value equals ``sentinel``.
 
@@ -81,15 +81,20 @@ def normalise_masked_lse(lse: Any, ref_lse: Any, sentinel: float) -> Any:
         lse: the kernel's lse, ``[batch, heads, seqlen_q]`` (thd ``[heads, total_q]``).
         ref_lse: the oracle's lse, same shape, float64; ``-inf`` on rows without a visible key.
         sentinel: the value the backend declares for such rows (`Backend.masked_row_lse`).
+        empty_rows: ``torch.isneginf(ref_lse)`` already on ``lse``'s device (bool, same shape),
+            or None. Given, the work stays where ``lse`` is (an output that came back as bytes
+            is normalised on the host and judged in its name's batch, `oracle.compare.judge_tensors`).
 
     Returns:
-        ``lse`` with those entries replaced, on ``ref_lse``'s device (unchanged when the shapes
-        differ: the comparison reports the shape).
+        ``lse`` with those entries replaced: on ``lse``'s device with ``empty_rows``, else on
+        ``ref_lse``'s (unchanged when the shapes differ: the comparison reports the shape).
     """
     import torch
 
     if lse.shape != ref_lse.shape:
         return lse
+    if empty_rows is not None and empty_rows.device == lse.device and empty_rows.shape == lse.shape:
+        return lse.masked_fill(empty_rows & (lse == sentinel), -math.inf)
     if lse.device != ref_lse.device:  # an output that came back as bytes (on the host): to the reference's device
         lse = lse.to(ref_lse.device)
     masked = torch.isneginf(ref_lse) & (lse == sentinel)
@@ -168,12 +173,15 @@ def judge_many(
         oracle.compare.CompareInputError: some output holds a gradient the reference lacks (the
             caller judges one by one to tell which).
     """
+    import torch
+
     from oracle.compare import compare_outputs_batch
 
     results: list[CaseResult | None] = [None] * len(calls)
     to_compare: list[int] = []
     given: list[dict[str, Any]] = []
     commons: list[dict[str, Any]] = []
+    empty_rows: dict[Any, Any] = {}  # device -> the reference's rows without a visible key there (once per case)
     for i, (outcome, backend) in enumerate(calls):
         common = dict(
             case_id=case.case_id,
@@ -197,7 +205,9 @@ def judge_many(
         lse = out.lse
         if lse is not None and backend.masked_row_lse is not None:
             ref_lse = getattr(reference, "reference", reference).lse
-            lse = normalise_masked_lse(lse, ref_lse, backend.masked_row_lse)
+            if lse.device not in empty_rows:
+                empty_rows[lse.device] = torch.isneginf(ref_lse).to(lse.device)
+            lse = normalise_masked_lse(lse, ref_lse, backend.masked_row_lse, empty_rows=empty_rows[lse.device])
         to_compare.append(i)
         given.append({"out": out.out, "lse": lse, "dq": out.dq, "dk": out.dk, "dv": out.dv})
     if to_compare:

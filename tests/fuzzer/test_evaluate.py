@@ -5,6 +5,7 @@ as bytes), the prepared comparison equals the plain one, and the worker writes e
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 
 import torch
@@ -415,3 +416,17 @@ def test_the_inputs_and_the_oracle_wait_for_their_device_before_their_time_is_ta
         evaluation = ev.evaluate(FORWARD)
     assert evaluation.results
     assert order == ["inputs", "done:cpu", "oracle", "done:cpu"]
+
+
+def test_the_masked_lse_normalised_with_the_case_s_empty_rows_is_the_same() -> None:
+    """`normalise_masked_lse` with the reference's empty rows given (once per case, on the lse's
+    device: an output that came as bytes stays on the host) maps the same entries, and only those:
+    the sentinel on a row that sees no key, not the sentinel elsewhere nor another value there."""
+    from fuzzer.evaluate import normalise_masked_lse
+
+    ref_lse = torch.tensor([[0.5, -math.inf, 1.0, -math.inf]], dtype=torch.float64)
+    lse = torch.tensor([[0.0, 0.0, 0.0, 3.0]], dtype=torch.float32)  # sentinel 0 on rows 0, 1, 2; row 3 says 3
+    plain = normalise_masked_lse(lse, ref_lse, 0.0)
+    given = normalise_masked_lse(lse, ref_lse, 0.0, empty_rows=torch.isneginf(ref_lse))
+    assert torch.equal(plain, given) and given.device == lse.device
+    assert given.tolist() == [[0.0, -math.inf, 0.0, 3.0]]

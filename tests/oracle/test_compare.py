@@ -474,3 +474,37 @@ def test_the_batch_judges_a_reference_stored_in_another_order_with_unjudged_entr
     actuals = [finite.to(torch.bfloat16), wrong.to(torch.bfloat16), finite.to(torch.bfloat16).transpose(0, 1).contiguous().transpose(0, 1)]
     for actual, verdict in zip(actuals, judge_tensors(prepared, actuals, batched=True)):
         _same_verdict(verdict, judge_tensor(prepared, actual))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_host_outputs_staged_in_one_transfer_get_the_verdicts_of_outputs_on_the_device() -> None:
+    """Small outputs that came back as bytes (on the host) are moved to the GPU in one pinned
+    transfer per dtype (`oracle.compare._stage_host_tensors`): every verdict equals the one of the
+    same tensors on the device, for a run of rows, a dtype group with a gap, one tensor above
+    `STAGE_MAX_BYTES`, a lone dtype and a wrong shape."""
+    import oracle.compare as compare
+    from oracle.compare import judge_tensors, prepare_tensor
+
+    gen = torch.Generator().manual_seed(5)
+    ref = torch.randn(2, 70, 3, 16, generator=gen, dtype=torch.float64)
+    prepared = prepare_tensor("out", ref.cuda(), "bfloat16", tile_rows=16, row_dim=1)
+    planted = ref.clone()
+    planted[:, 5] = planted[:, 6]
+    host = [ref.to(torch.bfloat16), planted.to(torch.bfloat16), ref.to(torch.float32), ref.to(torch.bfloat16),
+            (ref * 1.01).to(torch.float32), ref.to(torch.float16), ref.to(torch.bfloat16).flatten()[:-1],
+            torch.zeros_like(ref, dtype=torch.bfloat16)]
+    groups = compare._stage_host_tensors(prepared, host)
+    assert sorted(rows for rows, _ in groups) == [[0, 1, 3, 7], [2, 4]]  # float16 alone, the wrong shape is no group
+    on_device = judge_tensors(prepared, [x.cuda() for x in host], batched=True)
+    from_host = judge_tensors(prepared, host, batched=True)
+    for a, b in zip(from_host, on_device):
+        _same_verdict(a, b)
+    assert from_host[0].passed and not from_host[1].passed and from_host[6].signatures == ("out:shape",)
+    saved = compare.STAGE_MAX_BYTES
+    try:
+        compare.STAGE_MAX_BYTES = 1  # nothing staged: each tensor moved on its own, the same verdicts
+        assert compare._stage_host_tensors(prepared, host) == []
+        for a, b in zip(judge_tensors(prepared, host, batched=True), on_device):
+            _same_verdict(a, b)
+    finally:
+        compare.STAGE_MAX_BYTES = saved
