@@ -836,8 +836,7 @@ def _stage_host_tensors(p: PreparedTensor, actuals: list[torch.Tensor]) -> list[
         if len(rows) < 2:
             continue
         buffer = torch.empty((len(rows), *p.shape), dtype=dtype, pin_memory=True)
-        for i, j in enumerate(rows):
-            buffer[i].copy_(actuals[j].detach())
+        torch.stack([actuals[j].detach() for j in rows], out=buffer)  # one host copy of the group
         staged.append((rows, buffer.to(p.device, non_blocking=True)))
     return staged
 
