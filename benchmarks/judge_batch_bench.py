@@ -12,7 +12,8 @@ mix of a real case's passing and failing results). Then, interleaved over ``--re
 GPU's default), with the batch engine on copies of the outputs on the host (as the children send
 small outputs back: one transfer per tensor name and dtype) and with the one-tensor engine
 (``judge_tensor`` on each, the CPU's default), and the median milliseconds per case and the
-ratios are printed. Every verdict of the two engines is
+ratios are printed. ``--stage-max-bytes N`` adds the host outputs judged with
+`oracle.compare.STAGE_MAX_BYTES` set to ``N`` (which of them reach the GPU in one pinned transfer). Every verdict of the two engines is
 also compared, field for field (floats to 1e-12 relative): the figures must agree on the device
 itself, not only on the CPU where the tests run.
 
@@ -108,6 +109,8 @@ def main() -> int:
     parser.add_argument("--results", type=int, default=20, help="kernel outputs per case (default 20)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--stage-max-bytes", type=int, default=None,
+                        help="also judge the host outputs with oracle.compare.STAGE_MAX_BYTES set to this")
     args = parser.parse_args()
     gen = torch.Generator().manual_seed(0)
     rows = []
@@ -119,32 +122,44 @@ def main() -> int:
         outputs = outputs_for(case, ref, args.results, gen)
         on_host = [{k: v.cpu() for k, v in given.items()} for given in outputs]  # as small outputs come from the children
         plans = {"batch": (True, outputs), "batch_host": (True, on_host), "one_by_one": (False, outputs)}
+        if args.stage_max_bytes is not None:
+            plans["batch_host_staged"] = (True, on_host)
         engines = {}
+        default_stage = compare.STAGE_MAX_BYTES
+
+        def staging(engine: str) -> None:  # the staging limit of the engine's run
+            compare.STAGE_MAX_BYTES = args.stage_max_bytes if engine == "batch_host_staged" else default_stage
+
         for engine, (batched, given) in plans.items():
             compare.judge_tensors = lambda p, a, batched=batched: real(p, a, batched=batched)
+            staging(engine)
             try:
                 engines[engine] = compare_outputs_batch(case, prepared, given)  # warm-up, and the verdicts
             finally:
                 compare.judge_tensors = real
+                compare.STAGE_MAX_BYTES = default_stage
         mismatches = sum(
             not same(engines[engine][i].tensors[n], engines["one_by_one"][i].tensors[n])
-            for engine in ("batch", "batch_host") for i in range(len(outputs)) for n in engines["batch"][i].tensors
+            for engine in plans if engine != "one_by_one" for i in range(len(outputs)) for n in engines["batch"][i].tensors
         )
         times: dict[str, list[float]] = {engine: [] for engine in plans}
         for _ in range(args.repeats):
             for engine, (batched, given) in plans.items():
                 compare.judge_tensors = lambda p, a, batched=batched: real(p, a, batched=batched)
+                staging(engine)
                 try:
                     times[engine].append(timed(lambda: compare_outputs_batch(case, prepared, given), args.device))
                 finally:
                     compare.judge_tensors = real
+                    compare.STAGE_MAX_BYTES = default_stage
         ms = {engine: statistics.median(t) for engine, t in times.items()}
         row = {"case": label, "results": len(outputs), **{f"{e}_ms": v for e, v in ms.items()},
                "ratio": ms["one_by_one"] / ms["batch"], "ratio_host": ms["one_by_one"] / ms["batch_host"],
                "verdict_mismatches": mismatches}
         rows.append(row)
         print(f"{label:40s} {len(outputs)} results: batch {ms['batch']:8.2f} ms (host outputs {ms['batch_host']:8.2f}), "
-              f"one by one {ms['one_by_one']:8.2f} ms, {row['ratio']:.2f}x ({row['ratio_host']:.2f}x); verdicts differing: {mismatches}")
+              f"one by one {ms['one_by_one']:8.2f} ms, {row['ratio']:.2f}x ({row['ratio_host']:.2f}x); verdicts differing: {mismatches}"
+              + (f"; host outputs staged up to {args.stage_max_bytes} bytes {ms['batch_host_staged']:8.2f} ms" if "batch_host_staged" in ms else ""))
     if args.json:
         args.json.write_text(json.dumps({"device": args.device, "rows": rows}, indent=1))
     return 1 if any(r["verdict_mismatches"] for r in rows) else 0
