@@ -919,8 +919,16 @@ class TEFusedBackend(TEBackend):
     capabilities: ClassVar[Capabilities] = TE_CAPABILITIES  # softcap: "Disabling FusedAttention as it does not support softcap"
 
     def unsupported_reasons(self, case: AttentionCase, variant: str) -> list[str]:
-        """Adds cuDNN's refusal of sliding windows with seqlen_q > seqlen_k, and of
-        ``seqlen_q == seqlen_k == 1`` (the longest sequence of each side, for ``thd``).
+        """Adds cuDNN's refusal of sliding windows with seqlen_q > seqlen_k, of a bottom-right
+        causal mask with seqlen_q > seqlen_k outside ``thd`` (cuDNN frontend's SDPA validation:
+        bottom-right causal without a padding mask and ``s_q > s_kv`` is "not supported"; TE sends
+        ``thd`` with the padding mask), and of ``seqlen_q == seqlen_k == 1`` (the longest sequence
+        of each side, for ``thd``).
+
+        The bottom-right rule was measured on the H200 (TE 2.20.2, cuDNN 9.19, 2026-12-02, eleventh
+        session): b1 sq2 sk1 bshd bottom-right causal gave "Disabling FusedAttention: Bottom right
+        causal mask does not support max_s_q > max_s_kv" and no backend, 87
+        ``error:declaration_gap`` results in the 600 s campaign.
 
         The second was measured on the H200 (TE 2.20.2, cuDNN 9.19, 2026-12-01): TE answered a
         forward-only b1 sq1 sk1 case with "Disabling FusedAttention: s_q = s_kv = 1 is not
@@ -929,6 +937,8 @@ class TEFusedBackend(TEBackend):
         reasons = super().unsupported_reasons(case, variant)
         if _has_window(case) and case.seqlen_q > case.seqlen_k:
             reasons.append("TE FusedAttention does not support sliding windows with seqlen_q > seqlen_k")
+        elif case.causal and case.causal_alignment == "bottom_right" and case.qkv_format != "thd" and case.seqlen_q > case.seqlen_k:
+            reasons.append("TE FusedAttention (cuDNN) does not support a bottom-right causal mask with seqlen_q > seqlen_k without padding")
         if case.seqlen_q == 1 and case.seqlen_k == 1:
             reasons.append("TE FusedAttention (cuDNN) does not support seqlen_q = seqlen_k = 1")
         return reasons

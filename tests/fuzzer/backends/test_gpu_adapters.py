@@ -774,6 +774,8 @@ def test_te_explicit_window_is_the_same_call_as_mask_type_for_windowed_cases():
         (TEFusedBackend(), case(seqlen_q=9, seqlen_k=7, window_size_left=2, window_size_right=2,
                                 causal_alignment="bottom_right"), "seqlen_q > seqlen_k"),
         (TEFusedBackend(), case(seqlen_q=1, seqlen_k=1), "seqlen_q = seqlen_k = 1"),
+        (TEFusedBackend(), case(seqlen_q=2, seqlen_k=1, causal=True, causal_alignment="bottom_right"),
+         "bottom-right causal mask with seqlen_q > seqlen_k"),
         (TEFA4Backend(), case(dtype="float32"), "dtype float32"),
     ],
     ids=lambda x: getattr(x, "name", None),
@@ -786,6 +788,12 @@ def test_te_unsupported_reasons_cover_each_declared_limit(backend, the_case, fra
 def test_te_fused_takes_one_query_or_one_key_but_not_both():
     assert TEFusedBackend().unsupported_reasons(case(seqlen_q=1, seqlen_k=2), "mask_type") == []
     assert TEFusedBackend().unsupported_reasons(case(seqlen_q=2, seqlen_k=1), "mask_type") == []
+
+
+def test_te_fused_takes_bottom_right_causal_with_more_queries_only_top_left_or_padded():
+    fused = TEFusedBackend()
+    assert fused.unsupported_reasons(case(seqlen_q=2, seqlen_k=1, causal=True, causal_alignment="top_left"), "mask_type") == []
+    assert fused.unsupported_reasons(case(seqlen_q=1, seqlen_k=2, causal=True, causal_alignment="bottom_right"), "mask_type") == []
 
 
 def test_te_unfused_runs_what_flash_attention_cannot():
