@@ -43,6 +43,7 @@ Source (lengths): flash-attention ``tests/cute/test_flash_attn.py`` seqlen param
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import typing
 from collections.abc import Callable, Sequence
@@ -279,6 +280,16 @@ def merge_capabilities(caps: Sequence[Capabilities]) -> Capabilities:
     return cls(**{name: rule(name, [getattr(c, name) for c in caps]) for name, rule in rules.items()})
 
 
+STRATEGY_CACHE_SIZE = 4096
+"""Strategy objects kept per builder (`seqlens`, `head_dims`, `window_sizes`, ... and the draw's
+inner composites): a case's draw builds its inner strategies from bounds that earlier choices set,
+and a new object per draw made Hypothesis validate it and compute its cached properties
+(``is_empty``, ``has_reusable_values``) again every time (about a fifth of the engine's samples
+in a CPU fuzz run, py-spy, 2026-12-02). The same arguments give the same object, so the same
+draws."""
+
+
+@functools.lru_cache(maxsize=STRATEGY_CACHE_SIZE)
 def seqlens(max_seqlen: int) -> st.SearchStrategy[int]:
     """A sequence length in ``[1, max_seqlen]``: small values, tile edges, or anything.
 
@@ -297,6 +308,7 @@ def seqlens(max_seqlen: int) -> st.SearchStrategy[int]:
     )
 
 
+@functools.lru_cache(maxsize=STRATEGY_CACHE_SIZE)
 def decode_seqlens_k(max_seqlen: int) -> st.SearchStrategy[int]:
     """``seqlen_k`` of a decode-like case: any length in ``[1, max_seqlen]`` (first, so it shrinks
     toward 1), one of `LONG_ROW_EDGES` that fits, or a long row in the upper half.
@@ -332,6 +344,7 @@ def default_bounds(device: str) -> DrawBounds:
     raise StrategyArgumentError(f"device: unknown value {device!r} (allowed: cpu, cuda)")
 
 
+@functools.lru_cache(maxsize=STRATEGY_CACHE_SIZE)
 def head_dims(max_head_dim: int, multiple: int = 1) -> st.SearchStrategy[int]:
     """A head dimension: common sizes first, then any multiple of ``multiple`` up to the max.
 
@@ -345,6 +358,7 @@ def head_dims(max_head_dim: int, multiple: int = 1) -> st.SearchStrategy[int]:
     return st.one_of(st.sampled_from(common), anything) if common else anything
 
 
+@functools.lru_cache(maxsize=STRATEGY_CACHE_SIZE)
 def window_sizes(max_seqlen: int) -> st.SearchStrategy[int | None]:
     """``None`` (unbounded), 0, 1, a small band, or a band at least as long as the sequence."""
     return st.one_of(
@@ -355,6 +369,7 @@ def window_sizes(max_seqlen: int) -> st.SearchStrategy[int | None]:
     )
 
 
+@functools.lru_cache(maxsize=STRATEGY_CACHE_SIZE)
 def window_bounds(max_seqlen: int) -> st.SearchStrategy[int]:
     """A set window bound: `window_sizes` without ``None`` (a template's window that is set)."""
     return st.one_of(
@@ -379,8 +394,17 @@ def cp_configs(max_cp_size: int) -> st.SearchStrategy[tuple[int, str | None]]:
     return cp_size_and_comm_types(max_cp_size)
 
 
-@st.composite
+@functools.lru_cache(maxsize=STRATEGY_CACHE_SIZE)
 def _sequence_lengths(
+    qkv_format: str, batch_size: int, max_q: int, max_k: int, pairs: int, cp: CPShape
+) -> st.SearchStrategy[tuple[tuple[int, ...] | None, tuple[int, ...] | None, int, int]]:
+    """`_draw_sequence_lengths` with these arguments, one strategy object per distinct arguments
+    (see `STRATEGY_CACHE_SIZE`)."""
+    return _draw_sequence_lengths(qkv_format, batch_size, max_q, max_k, pairs, cp)
+
+
+@st.composite
+def _draw_sequence_lengths(
     draw, qkv_format: str, batch_size: int, max_q: int, max_k: int, pairs: int, cp: CPShape
 ) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None, int, int]:
     """``(seqlens_q, seqlens_k, seqlen_q, seqlen_k)`` with ``seqlen_q * seqlen_k <= pairs`` (the
@@ -436,8 +460,19 @@ SCORE_OFFSETS = (-200.0, -120.0, -60.0, 60.0, 120.0, 200.0)
 INPUT_FAMILIES = ("plain", "score_offset", "llm_like")
 
 
+def input_specs(*, head_dim: int, backward: bool = True, dtype: str = "bfloat16") -> st.SearchStrategy[dict]:
+    """`_input_specs` (its docstring says what is drawn), one strategy object per distinct
+    arguments (see `STRATEGY_CACHE_SIZE`)."""
+    return _input_specs_cached(head_dim, backward, dtype)
+
+
+@functools.lru_cache(maxsize=STRATEGY_CACHE_SIZE)
+def _input_specs_cached(head_dim: int, backward: bool, dtype: str) -> st.SearchStrategy[dict]:
+    return _input_specs(head_dim=head_dim, backward=backward, dtype=dtype)
+
+
 @st.composite
-def input_specs(draw, *, head_dim: int, backward: bool = True, dtype: str = "bfloat16") -> dict:
+def _input_specs(draw, *, head_dim: int, backward: bool = True, dtype: str = "bfloat16") -> dict:
     """The input fields of one case (`oracle.inputs` documents each), as keyword arguments of
     `AttentionCase`: ``input_distribution`` and one input family drawn with its parameters.
 
@@ -561,6 +596,21 @@ def attention_cases(
     )
 
 
+SOFTMAX_SCALES = st.one_of(st.none(), st.floats(0.01, 2.0, allow_nan=False))
+"""``softmax_scale``: the kernel's default (None) or any scale in ``[0.01, 2]``."""
+SOFTCAPS = st.one_of(st.sampled_from([1.0, 5.0, 30.0, 50.0]), st.floats(0.5, 100.0))
+"""A ``softcap`` when one is drawn: the usual values first, then any in ``[0.5, 100]``."""
+
+
+@functools.lru_cache(maxsize=STRATEGY_CACHE_SIZE)
+def _head_dims_preferring(max_head_dim: int, multiple: int, preferred_head_dims: tuple[int, ...]) -> st.SearchStrategy[int]:
+    """`head_dims`, three times as likely one of ``preferred_head_dims`` that fit (the head-dim pool
+    of ``reuse_kernels``)."""
+    dims = head_dims(max_head_dim, multiple)
+    preferred = [d for d in preferred_head_dims if d <= max_head_dim and d % multiple == 0]
+    return st.one_of(*[st.sampled_from(preferred)] * 3, dims) if preferred else dims
+
+
 @st.composite
 def _attention_cases(
     draw,
@@ -606,10 +656,7 @@ def _attention_cases(
     if t:
         head_dim, head_dim_v = t.head_dim, t.head_dim_v
     else:
-        dims = head_dims(caps.max_head_dim, caps.head_dim_multiple)
-        preferred = [d for d in preferred_head_dims if d <= caps.max_head_dim and d % caps.head_dim_multiple == 0]
-        if preferred:
-            dims = st.one_of(*[st.sampled_from(preferred)] * 3, dims)
+        dims = _head_dims_preferring(caps.max_head_dim, caps.head_dim_multiple, preferred_head_dims)
         head_dim = draw(dims)
         head_dim_v = head_dim
         if caps.head_dim_v_differs and cp.allows_head_dim_v_differs and draw(st.booleans()):
@@ -639,13 +686,13 @@ def _attention_cases(
         causal_alignment = "top_left"
     else:
         causal_alignment = draw(st.sampled_from(caps.causal_alignments))
-    softmax_scale = draw(st.one_of(st.none(), st.floats(0.01, 2.0, allow_nan=False)))
+    softmax_scale = draw(SOFTMAX_SCALES)
     softcap = None
     # one case in four: st.one_of(st.none(), ...) chose a softcap two times in three, and softcap
     # is what most kernels refuse (issue 15: 120 of 200 cases of a GPU run, unsupported on
     # te-fused, torch-sdpa-*, te-fa4); the integer shrinks to 0, i.e. to no softcap
     if t.softcap if t else (caps.softcap and draw(st.integers(0, 3)) == 3):
-        softcap = draw(st.one_of(st.sampled_from([1.0, 5.0, 30.0, 50.0]), st.floats(0.5, 100.0)))
+        softcap = draw(SOFTCAPS)
     backward = t.backward if t else bool(caps.backward and allow_backward and draw(st.booleans()))
     input_spec = draw(input_specs(head_dim=head_dim, backward=backward, dtype=dtype))
     seed = draw(st.integers(0, 2**32 - 1))
