@@ -19,7 +19,7 @@
 # No environment variable is set by hand for the campaign itself: the default command must
 # start on the image as it is.
 set -uo pipefail
-O=/tmp/s10; mkdir -p "$O"
+O=${SESSION_OUT:-/tmp/s10}; mkdir -p "$O"  # SESSION_OUT: a later session's results folder (session11/run.sh)
 S=/tmp/snap
 export PYTHONUNBUFFERED=1
 . benchmarks/gpu/staging.sh  # stage_recv, stage_install, stage_wait_install (run from the project root)
@@ -85,7 +85,7 @@ finish)
     fi
     R=${OUT:-/tmp/attnfuzz-out}; mkdir -p "$R"
     gzip -c "/tmp/$N.db" > "$R/$N.db.gz"
-    tar czf "$R/s10.tgz" -C /tmp s10
+    tar czf "$R/$(basename "$O").tgz" -C "$(dirname "$O")" "$(basename "$O")"
     ls -la "$R"
     ;;
 *) echo "usage: run.sh recv N | install | bench | start NAME S [PROFILE_S] | wait NAME [S] | finish NAME [check]" >&2; exit 2 ;;
