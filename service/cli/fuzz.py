@@ -84,8 +84,9 @@ def fuzz(
             "--jit-share",
             callback=_share,
             help="Compile budget of JIT backends (FA4, TE-on-FA4, te-fused's cuDNN graphs, flex), in (0, 1]: the largest "
-            "share of the fuzzing time the JIT backends together may spend compiling. Over it, cases drawn for a "
-            "JIT backend reuse kernels it has built, and each over its fair part runs no case that needs a new one; "
+            "share of the fuzzing time compilation may take, per lane with lanes (each backend environment's "
+            "compiles on their own), else the JIT backends together. Over it, cases drawn for a "
+            "JIT backend reuse kernels it has built, and it runs no case that needs a new one; "
             "under it, half the draws reuse kernels "
             "(1 = no budget). See docs/build-matrix.md, compile budget.",
         ),
