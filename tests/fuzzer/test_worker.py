@@ -363,7 +363,9 @@ def test_lanes_let_fast_backends_go_on_while_a_slow_one_finishes_its_case_in_the
     first_case = (gate / "calls.log").read_text().split()[0]
     assert stats.cases == 8
     assert stats.busy["standin-gate"] >= 2 * 2, stats.busy  # cases 2 and 3, both variants, at least
-    assert stats.late["standin-gate"] == 2 and not stats.late_dropped, (stats.late, stats.late_dropped)
+    # the stuck case's two tasks finished late; on a loaded machine a later task may too (each
+    # had a second of grace), so at least two, and none dropped
+    assert stats.late["standin-gate"] >= 2 and not stats.late_dropped, (stats.late, stats.late_dropped)
     stored = [r for r in sink.results.values() if r.case_id == first_case]
     assert sorted((r.backend, r.variant) for r in stored if r.backend == "standin-gate") == [
         ("standin-gate", "buggy"), ("standin-gate", "native"),
