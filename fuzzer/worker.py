@@ -302,6 +302,7 @@ class WorkerStats:
     kernel_keys: dict = field(default_factory=dict)  # JIT backend -> set of Backend.kernel_key run (fuzz phase)
     compile_by_backend: Counter = field(default_factory=Counter)  # backend -> compile seconds (fuzz phase)
     template_chunks: Counter = field(default_factory=Counter)  # "over" / "under" / "none": chunks by budget state
+    untargeted_busy: Counter = field(default_factory=Counter)  # backend -> chunks whose plan left it out: busy (lanes)
     compile_gated: Counter = field(default_factory=Counter)  # JIT backend -> fuzz tasks not run: a new kernel while over budget
     # backend -> part -> seconds of its fuzz tasks outside the library calls (Evaluation.task_timing_s)
     task_timing_s: dict = field(default_factory=dict)
@@ -601,7 +602,8 @@ class Worker:
         float32 for a backend without it, no softcap for one without softcap, head dims within
         its limit and multiple). A ``sampled_from`` over the plan picks the target: the plan's
         first entry, the most favoured backend, is what it shrinks toward; under ``--seed`` the
-        plan and the draws are reproducible.
+        plan and the draws are reproducible. With lanes, a backend busy with an earlier case when
+        the chunk starts is left out of the plan while another is free (`_busy_backends`).
         """
         c = self.config
         common = dict(
@@ -618,6 +620,11 @@ class Worker:
             caps = merge_capabilities([b.capabilities for b in self.usable])
             return attention_cases(capabilities=caps, **common).map(lambda case: (None, case))
         names = [b.name for b in self.usable]
+        busy = self._busy_backends()
+        free = [n for n in names if n not in busy]
+        if busy and free:  # a busy backend sits out the cases drawn meanwhile: draw for the free ones
+            self.stats.untargeted_busy.update(n for n in names if n in busy)
+            names = free
         plan = target_plan(names, self.stats.runnable, self.stats.targeted, max(c.chunk_size, len(names)), chunk)
         states = self._compile_budget_states()
         state = "none" if states is None else ("over" if "over" in states.values() else "under")
@@ -628,6 +635,28 @@ class Worker:
             for name in dict.fromkeys(plan)
         }
         return st.sampled_from(plan).flatmap(per_target.__getitem__)
+
+    def _busy_backends(self) -> set[str]:
+        """The usable backends whose environment's child is still working on an earlier case now
+        (lanes only; the executor's ``busy_environments``): none without lanes.
+
+        Why: a backend busy in its lane sits out every case drawn meanwhile (`fuzzer.executor.BUSY`),
+        so a chunk's draws for it ran on the other backends only, all inside its capabilities
+        (and over its compile budget its templates). The target plan favours the least covered
+        backend, which a backend busy compiling stays: on the H200 (2026-12-02, eleventh
+        session) 2,458 of the 3,508 cases were drawn for torch-flex (busy on 2,236 of them, one
+        kernel template), and only 8% of the stored cases were causal, 10% with a backward pass.
+        So `strategy` leaves the busy backends out of the chunk's plan while some backend is free."""
+        if not self.lanes_on:
+            return set()
+        busy_environments = getattr(self._executor, "busy_environments", None)
+        if busy_environments is None:
+            return set()
+        try:
+            environments = set(busy_environments())
+        except Exception:  # an executor's report must not stop the fuzz loop
+            return set()
+        return {b.name for b in self.usable if b.environment in environments}
 
     def _compile_budget_states(self) -> dict[str, str] | None:
         """Where each usable JIT backend stands with the compile budget at this chunk: None

@@ -209,6 +209,7 @@ def summary_data(stats: WorkerStats, url: str, *, interrupted: bool = False, spo
         "jit_share": stats.compile_share,  # measured: compile time / fuzzing wall time (the compile budget's measure)
         "compile_share": stats.compile_share,  # the same figure under a name that is not the option's
         "budget_chunks": dict(sorted(stats.template_chunks.items())),  # chunks over / under / without the budget
+        "untargeted_busy_chunks": dict(sorted(stats.untargeted_busy.items())),  # chunks drawn for others: it was busy
         # JIT tasks left out while over the budget (a new kernel to build), by backend
         "compile_gated": dict(sorted(stats.compile_gated.items())),
         # variants not run because they send no distinct call for the case (no result), by backend

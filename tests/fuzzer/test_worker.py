@@ -379,6 +379,36 @@ def test_lanes_let_fast_backends_go_on_while_a_slow_one_finishes_its_case_in_the
     assert stored_ids <= with_results, sorted(stored_ids - with_results)  # no case stored without a result
 
 
+def test_with_lanes_a_busy_backend_is_left_out_of_the_chunk_s_targets(monkeypatch):
+    """A backend whose environment is busy with an earlier case when a chunk starts would sit
+    out every case drawn meanwhile: the chunk's plan draws for the free backends only (counted in
+    ``stats.untargeted_busy``), for all of them when every one is busy, and lanes off changes
+    nothing."""
+    import fuzzer.worker as worker_module
+
+    backends = registry.select([], ["tests.fuzzer.standins:GateBackend", "tests.fuzzer.standins:CorrectBackend"])
+    worker = Worker(WorkerConfig(backends=backends, isolation="none", shrink=False), MemorySink())
+    worker.usable = [b for b, _ in backends]
+    planned = []
+    real_plan = worker_module.target_plan
+    monkeypatch.setattr(worker_module, "target_plan", lambda names, *a: planned.append(list(names)) or real_plan(names, *a))
+    busy = ["standin-gate"]
+
+    class Executor:
+        def busy_environments(self):
+            return list(busy)
+
+    monkeypatch.setattr(Worker, "_executor", property(lambda self: Executor()))
+    worker.strategy(0)  # lanes off (CPU, in process): every backend is a target
+    assert planned[-1] == ["standin-gate", "standin-ok"] and not worker.stats.untargeted_busy
+    monkeypatch.setattr(Worker, "lanes_on", property(lambda self: True))
+    worker.strategy(1)
+    assert planned[-1] == ["standin-ok"] and worker.stats.untargeted_busy == {"standin-gate": 1}
+    busy.append(worker.backends["standin-ok"].environment)  # every backend busy: draw for all, as without lanes
+    worker.strategy(2)
+    assert planned[-1] == ["standin-gate", "standin-ok"] and worker.stats.untargeted_busy == {"standin-gate": 1}
+
+
 def test_lanes_are_off_by_default_on_the_cpu_and_on_for_cuda_children():
     backends = registry.select([], ["tests.fuzzer.standins:CorrectBackend"])
     assert not Worker(WorkerConfig(backends=backends), MemorySink()).lanes_on
