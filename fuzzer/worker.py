@@ -288,6 +288,8 @@ class WorkerStats:
     quarantined: int = 0  # journaled evaluations set aside instead of redone (Worker.redo_interrupted)
     leases_lost: int = 0  # minimisations abandoned because another worker took the bucket
     attached: list = field(default_factory=list)  # (bucket key shrunk, bucket id attached to its minimised case)
+    first_cases: dict = field(default_factory=dict)  # new bucket key -> id of the case it was first seen on
+    attached_to: dict = field(default_factory=dict)  # new bucket key -> the bucket key whose minimised case it fails on
     oracle_s: float = 0.0
     kernel_s: float = 0.0
     compile_s: float = 0.0
@@ -1077,6 +1079,7 @@ class Worker:
             key = r.bucket_key
             if update is not None and key is not None and update.is_new:
                 self.stats.new_buckets.append(key)
+                self.stats.first_cases.setdefault(key, case.case_id)
                 self.reporter.on_new_bucket(key, case)
 
     def _judge(self, case: AttentionCase, ref: Any, outcome: TaskOutcome, oracle_ms: float, phase: str) -> CaseResult:
@@ -1264,6 +1267,9 @@ class Worker:
             )
             if attached:
                 self.stats.attached.extend((key, bucket_id) for bucket_id in attached)
+                for variant, signature in attach:  # what the summary says of this run's buckets
+                    if (key[0], variant, signature) in self.stats.first_cases:
+                        self.stats.attached_to.setdefault((key[0], variant, signature), key)
         finally:
             self.stats.shrink_s += self._clock() - t0
         self.reporter.on_minimised(key, outcome)
@@ -1282,6 +1288,7 @@ class Worker:
             update = self.sink.record_result(r, self.build_id, self.worker_id)
             if update is not None and update.is_new and r.bucket_key is not None:
                 self.stats.new_buckets.append(r.bucket_key)
+                self.stats.first_cases.setdefault(r.bucket_key, minimal.case_id)
                 self.reporter.on_new_bucket(r.bucket_key, minimal)
             if not r.is_failure or r.bucket_key == key:
                 continue

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from rich.console import Group
 from rich.live import Live
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -172,14 +173,18 @@ def summary_data(stats: WorkerStats, url: str, *, interrupted: bool = False, spo
     buckets = []
     for key in stats.new_buckets:
         outcome = shrunk.get(key)
+        attached_to = getattr(stats, "attached_to", {}).get(key)
         buckets.append(
             {
                 "backend": key[0],
                 "variant": key[1],
                 "signature": key[2],
+                "first_case_id": getattr(stats, "first_cases", {}).get(key),
                 "minimised": None
                 if outcome is None
                 else {"status": outcome.status, "case_id": outcome.case.case_id, "case": outcome.case.describe()},
+                # the bucket whose minimised case this one fails on too (one root cause, not shrunk on its own)
+                "attached_to": None if attached_to is None else " / ".join(attached_to),
             }
         )
     return {
@@ -290,12 +295,19 @@ def print_summary(stats: WorkerStats, url: str, *, interrupted: bool = False) ->
     if stats.new_buckets:
         out.print(f"[bold red]{len(stats.new_buckets)} new bucket(s):[/]")
         shrunk = dict(stats.minimised)
+        first_cases, attached_to = getattr(stats, "first_cases", {}), getattr(stats, "attached_to", {})
         for key in stats.new_buckets:
             outcome = shrunk.get(key)
             line = f"  {' / '.join(key)}"
+            if key in first_cases:
+                line += f"  [first seen on case {first_cases[key]}]"
             if outcome is not None:
                 line += f"\n      {outcome.status}: {outcome.case.describe()}  [case {outcome.case.case_id}]"
-            out.print(line)
+            elif key in attached_to:
+                line += f"\n      fails on the minimised case of {' / '.join(attached_to[key])} too: one root cause, not shrunk on its own"
+            elif stats.minimised or stats.shrink_s:
+                line += f"\n      not minimised in this run: a later fuzz run shrinks it ({command_name()} fuzz --max-cases 0 only shrinks)"
+            out.print(escape(line), soft_wrap=True)  # plain text: rich would take "[case ...]" for markup and drop it
     elif stats.results.get("fail", 0) or stats.results.get("error", 0):
         failing = stats.results.get("fail", 0) + stats.results.get("error", 0)
         out.print(
@@ -304,7 +316,24 @@ def print_summary(stats: WorkerStats, url: str, *, interrupted: bool = False) ->
         )
     else:
         out.print("[green]no failures found[/]")
-    out.print(f"stored in {url}; see them with: attnfuzz serve --db {url}", soft_wrap=True)
+    prog = command_name()
+    out.print(f"stored in {url}; see them with: {prog} report --db {url}  (dashboard: {prog} serve --db {url})", soft_wrap=True)
+    if stats.new_buckets:
+        out.print(f"a standalone pytest repro of a case: {prog} export CASE_ID --db {url}", soft_wrap=True)
+
+
+def command_name() -> str:
+    """How this process was started, to repeat in a hint: ``sys.argv[0]`` when it is a path to the
+    ``attnfuzz`` script (``.venv/bin/attnfuzz``: a user who ran it so has no ``attnfuzz`` on
+    ``PATH``), else ``attnfuzz``."""
+    import os
+    import shlex
+    import sys
+
+    argv0 = sys.argv[0] if sys.argv else ""
+    if os.path.basename(argv0) == "attnfuzz" and os.sep in argv0:
+        return shlex.quote(argv0)
+    return "attnfuzz"
 
 
 def _share(part_s: float, wall_s: float) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Annotated, Optional
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from oracle.errors import AttnFuzzError
@@ -131,10 +132,10 @@ def print_report(data: dict) -> None:
     for b in data["buckets"]:
         group = f"  defect {b['defect_id']}" if b["defect_id"] is not None else ""
         out.print(
-            f"[bold]{b['severity']:<9}[/] [bold]{b['backend']} / {b['variant']} / {b['signature']}[/] "
-            f"x{b['hit_count']}{group}  {b['minimise_note']}"
+            f"[bold]{b['severity']:<9}[/] [bold]{escape(b['backend'])} / {escape(b['variant'])} / {escape(b['signature'])}[/] "
+            f"x{b['hit_count']}{group}  {escape(b['minimise_note'] or '')}"
         )
-        out.print(f"    {b['case']}  [case {b['case_id']}]")
+        out.print(escape(f"    {b['case']}  [case {b['case_id']}]"))  # rich took "[case ...]" for markup and dropped it
     for d in data["defects"]:
         if len(d["symptoms"]) > 1:
             symptoms = ", ".join(f"{v} / {sig}" for v, sig in d["symptoms"])

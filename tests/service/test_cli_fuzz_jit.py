@@ -125,3 +125,37 @@ def test_out_of_range_numbers_are_usage_errors_naming_the_option(tmp_path: Path)
         assert result.exit_code == 2, (option, value, result.output)
         assert option in result.output, (option, result.output)
     assert not (tmp_path / "bad.db").exists()
+
+
+def test_the_summary_gives_each_new_bucket_a_case_to_export_and_says_why_one_was_not_shrunk(monkeypatch) -> None:
+    """Each new bucket shows the case it was first seen on, its minimised case, or the bucket whose
+    minimised case it fails on too (attached: not shrunk on its own), or that a later run shrinks
+    it; the hints name the command as it was started (``.venv/bin/attnfuzz``) and ``export``."""
+    import sys
+
+    from fuzzer.minimise import MinimiseOutcome
+    from fuzzer.worker import WorkerStats
+    from oracle.config import AttentionCase
+    from service.cli.common import out
+    from service.cli.fuzz_display import print_summary, summary_data
+
+    shrunk, attached, waiting = ("b", "v1", "out:all_zero"), ("b", "v2", "out:all_zero"), ("c", "v1", "dq:nan")
+    minimal = AttentionCase(batch_size=1, seqlen_q=1, seqlen_k=1, num_heads=1, head_dim=8)
+    stats = WorkerStats(cases=5, wall_s=3.0, shrink_s=1.0)
+    stats.results.update({"fail": 3})
+    stats.new_buckets = [shrunk, attached, waiting]
+    stats.first_cases = {shrunk: "aaaa000011112222", attached: "aaaa000011112222", waiting: "cccc000011112222"}
+    stats.minimised = [(shrunk, MinimiseOutcome(status="minimised", case=minimal, original=minimal, attempts=3, elapsed_s=1.0, note=""))]
+    stats.attached_to = {attached: shrunk}
+    monkeypatch.setattr(sys, "argv", [".venv/bin/attnfuzz", "fuzz"])
+    with out.capture() as captured:
+        print_summary(stats, "sqlite:///x.db")
+    text = captured.get()
+    assert "b / v1 / out:all_zero  [first seen on case aaaa000011112222]" in text
+    assert f"[case {minimal.case_id}]" in text
+    assert "fails on the minimised case of b / v1 / out:all_zero too: one root cause, not shrunk on its own" in text
+    assert "c / v1 / dq:nan  [first seen on case cccc000011112222]\n      not minimised in this run" in text
+    assert ".venv/bin/attnfuzz report --db sqlite:///x.db" in text and ".venv/bin/attnfuzz export CASE_ID" in text
+    data = {tuple(b[k] for k in ("backend", "variant", "signature")): b for b in summary_data(stats, "sqlite://")["new_buckets"]}
+    assert data[attached]["attached_to"] == "b / v1 / out:all_zero" and data[waiting]["first_case_id"] == "cccc000011112222"
+    assert data[shrunk]["minimised"]["case_id"] == minimal.case_id and data[shrunk]["attached_to"] is None

@@ -162,3 +162,15 @@ def test_a_case_stored_without_allowances_is_refused_in_the_request_not_computed
         response = client.get(f"/api/cases/{case.case_id}/repro.py")
     assert response.status_code == 422 and "allowance" in response.text and "attnfuzz export" in response.text
     assert no_oracle == []
+
+
+def test_the_text_report_names_each_bucket_s_case_to_export(standin) -> None:
+    """Each bucket line of ``attnfuzz report`` ends with ``[case ID]``, the case ``export`` takes
+    (rich took it for markup and dropped it: the tenth and eleventh sessions' campaign reports
+    had no case id)."""
+    from service.cli.main import app
+
+    url, _, builder = standin
+    result = CliRunner().invoke(app, ["report", "--db", url], env={"COLUMNS": "250"})
+    assert result.exit_code == 0, result.output
+    assert f"[case {builder.MINIMISED.case_id}]" in result.output, result.output[-1500:]
