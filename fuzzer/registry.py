@@ -13,7 +13,7 @@ import importlib
 import importlib.metadata
 from collections.abc import Iterable
 
-from fuzzer.backends.base import Backend, BackendError
+from fuzzer.backends.base import Backend, BackendError, UnknownBackendError
 from fuzzer.text import MAX_NAME, is_storable, storable_text
 
 ENTRY_POINT_GROUP = "attnfuzz.backends"
@@ -116,7 +116,9 @@ def select(names: Iterable[str], extra_specs: Iterable[str] = ()) -> list[tuple[
     Names may also be those of `OPT_IN_MODULES`' backends, which `discover` leaves out by default.
 
     Raises:
-        BackendError: a name is unknown; the message lists the known names.
+        UnknownBackendError: a name is unknown; the message lists the known names (the opt-in
+            ones apart).
+        BackendError: an entry point or spec cannot be loaded.
     """
     known = discover(extra_specs, opt_in=True)
     wanted = list(dict.fromkeys(names))
@@ -126,5 +128,11 @@ def select(names: Iterable[str], extra_specs: Iterable[str] = ()) -> list[tuple[
                 wanted.append(backend.name)
     missing = [n for n in wanted if n not in known]
     if missing:
-        raise BackendError(f"unknown backend {missing[0]!r} (known: {', '.join(sorted(known))})")
+        regular = discover(extra_specs)
+        opt_in = sorted(n for n in known if n not in regular)
+        raise UnknownBackendError(
+            f"backend: unknown name {missing[0]!r} (allowed: {', '.join(sorted(regular))}"
+            + (f"; opt-in backends that exercise attnfuzz itself: {', '.join(opt_in)}" if opt_in else "")
+            + ")"
+        )
     return [known[n] for n in wanted]

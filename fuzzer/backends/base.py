@@ -60,6 +60,11 @@ class BackendError(AttnFuzzError):
     """A backend could not be loaded or is malformed (bad entry point, missing attribute)."""
 
 
+class UnknownBackendError(BackendError):
+    """A backend name that no built-in module, entry point or plugin spec defines (a usage error:
+    the message lists the names that exist)."""
+
+
 @dataclass(frozen=True)
 class Capabilities:
     """What a backend can run, as data. Generation draws from the union over selected backends;

@@ -173,7 +173,7 @@ def db_url(db: str | None) -> str:
 
 def exit_code(exc: AttnFuzzError) -> int:
     """The exit code of ``exc`` (one of `EXIT_CODES`)."""
-    from fuzzer.backends.base import BackendError
+    from fuzzer.backends.base import BackendError, UnknownBackendError
     from fuzzer.builds.bisect import BisectError
     from fuzzer.builds.corpus import CorpusError
     from fuzzer.builds.versions import BuildError, BuildPrepareError
@@ -193,6 +193,8 @@ def exit_code(exc: AttnFuzzError) -> int:
         return 6
     if isinstance(exc, SpoolError):
         return 7
+    if isinstance(exc, UnknownBackendError):  # a misspelt --backend: usage
+        return 2
     if isinstance(exc, BackendError):
         return 3
     if isinstance(exc, WorkerError):

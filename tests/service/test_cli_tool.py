@@ -436,3 +436,16 @@ def test_serve_refuses_a_port_out_of_range_or_in_use_with_exit_2(db: str) -> Non
         in_use = _invoke("serve", "--port", str(port), "--db", db)
     text = " ".join(in_use.output.split())
     assert in_use.exit_code == 2 and f"port: cannot listen on 127.0.0.1:{port}" in text and "--port" in text, text
+
+
+def test_an_unknown_backend_name_is_a_usage_error_listing_the_names(tmp_path) -> None:
+    """``fuzz --backend nosuch`` exits 2 (usage, as a bad option), names the field and lists the
+    backends, the opt-in ones that exercise attnfuzz itself apart; a plugin that cannot be loaded
+    stays exit 3."""
+    result = _invoke("fuzz", "--backend", "nosuch", "--max-cases", "1", "--db", f"sqlite:///{tmp_path / 'x.db'}")
+    assert result.exit_code == 2, result.output
+    text = " ".join(result.output.split())
+    assert "backend: unknown name 'nosuch' (allowed: " in text and "torch-cpu-math" in text
+    assert "opt-in backends that exercise attnfuzz itself: cp-cpu-planted-merge" in text
+    broken = _invoke("fuzz", "--backend", "no_such_module:Thing", "--max-cases", "1", "--db", f"sqlite:///{tmp_path / 'y.db'}")
+    assert broken.exit_code == 3, broken.output
