@@ -14,8 +14,7 @@ small outputs back: one transfer per tensor name and dtype) and with the one-ten
 (``judge_tensor`` on each, the CPU's default), and the median milliseconds per case and the
 ratios are printed. ``--stage-max-bytes N`` adds the host outputs judged with
 `oracle.compare.STAGE_MAX_BYTES` set to ``N`` (which of them reach the GPU in one pinned transfer).
-On a GPU the case is also judged on the host (`fuzzer.evaluate.reference_on_host`, when small
-enough: the reference moved once, the outputs as the children send them). ``--contention SIZE``
+``--contention SIZE``
 keeps the GPU busy meanwhile with another process's ``SIZE x SIZE`` matmuls, as the backends'
 children do during a campaign (each of the judge's synchronisations then waits for a slice of
 the GPU's time). Every verdict of the two engines is
@@ -88,7 +87,7 @@ def same(a, b) -> bool:
     for f in fields(a):
         x, y = getattr(a, f.name), getattr(b, f.name)
         if isinstance(x, torch.Tensor):
-            if not torch.equal(x.cpu(), y.cpu()):  # the host-judged verdicts keep host tensors
+            if not torch.equal(x, y):
                 return False
         elif isinstance(x, float):
             if not ((math.isnan(x) and math.isnan(y)) or x == y or abs(x - y) <= 1e-12 * abs(x)):
@@ -119,6 +118,9 @@ def main() -> int:
     parser.add_argument("--stage-max-bytes", type=int, default=None,
                         help="also judge the host outputs with oracle.compare.STAGE_MAX_BYTES set to this")
     args = parser.parse_args()
+    from fuzzer.executor import configure_torch_threads
+
+    configure_torch_threads()  # the worker's torch threads (one by default), so host figures are the worker's
     loader = start_contention(args.contention) if args.contention else None
     try:
         return run(args)
@@ -161,12 +163,7 @@ def run(args) -> int:
         outputs = outputs_for(case, ref, args.results, gen)
         on_host = [{k: v.cpu() for k, v in given.items()} for given in outputs]  # as small outputs come from the children
         plans = {"batch": (True, outputs), "batch_host": (True, on_host), "one_by_one": (False, outputs)}
-        from fuzzer.evaluate import reference_on_host
 
-        host_ref = reference_on_host(ref) if args.device == "cuda" else None
-        host_prepared = PreparedReference(case, host_ref, batched=True) if host_ref is not None else None
-        if host_prepared is not None:
-            plans["on_host"] = (True, on_host)
         if args.stage_max_bytes is not None:
             plans["batch_host_staged"] = (True, on_host)
         engines = {}
@@ -179,7 +176,7 @@ def run(args) -> int:
             compare.judge_tensors = lambda p, a, batched=batched: real(p, a, batched=batched)
             staging(engine)
             try:
-                engines[engine] = compare_outputs_batch(case, host_prepared if engine == "on_host" else prepared, given)  # warm-up, and the verdicts
+                engines[engine] = compare_outputs_batch(case, prepared, given)  # warm-up, and the verdicts
             finally:
                 compare.judge_tensors = real
                 compare.STAGE_MAX_BYTES = default_stage
@@ -193,8 +190,7 @@ def run(args) -> int:
                 compare.judge_tensors = lambda p, a, batched=batched: real(p, a, batched=batched)
                 staging(engine)
                 try:
-                    use = host_prepared if engine == "on_host" else prepared
-                    times[engine].append(timed(lambda: compare_outputs_batch(case, use, given), args.device))
+                    times[engine].append(timed(lambda: compare_outputs_batch(case, prepared, given), args.device))
                 finally:
                     compare.judge_tensors = real
                     compare.STAGE_MAX_BYTES = default_stage
@@ -205,8 +201,7 @@ def run(args) -> int:
         rows.append(row)
         print(f"{label:40s} {len(outputs)} results: batch {ms['batch']:8.2f} ms (host outputs {ms['batch_host']:8.2f}), "
               f"one by one {ms['one_by_one']:8.2f} ms, {row['ratio']:.2f}x ({row['ratio_host']:.2f}x); verdicts differing: {mismatches}"
-              + (f"; host outputs staged up to {args.stage_max_bytes} bytes {ms['batch_host_staged']:8.2f} ms" if "batch_host_staged" in ms else "")
-              + (f"; judged on the host {ms['on_host']:8.2f} ms" if "on_host" in ms else ""))
+              + (f"; host outputs staged up to {args.stage_max_bytes} bytes {ms['batch_host_staged']:8.2f} ms" if "batch_host_staged" in ms else ""))
     if args.json:
         args.json.write_text(json.dumps({"device": args.device, "rows": rows}, indent=1))
     return 1 if any(r["verdict_mismatches"] for r in rows) else 0

@@ -623,11 +623,7 @@ class Evaluator:
             device_done(self.device)  # the oracle's GPU work is the oracle's (see device_done)
             t2 = time.perf_counter()
         evaluation.oracle_s += t2 - t1
-        host = reference_on_host(ref)
-        if host is not None:  # a small case on a GPU: prepared and judged on the host (see reference_on_host)
-            prepared = PreparedReference(case, host, inputs=inputs, batched=True)
-        else:
-            prepared = PreparedReference(case, ref, inputs=inputs)
+        prepared = PreparedReference(case, ref, inputs=inputs)
         evaluation.judge_s += time.perf_counter() - t2  # the comparison's own preparation
         return prepared, (t2 - t1) * 1000.0
 
@@ -678,38 +674,6 @@ OWN_BACKEND = "attnfuzz"
 
 class OracleTimeout(Exception):
     """The float64 oracle ran past the per-case time limit (`oracle_time_bound`)."""
-
-
-HOST_JUDGE_MAX_ELEMENTS = 1 << 20
-"""A CUDA reference of at most this many entries in all (out, lse, gradients and their error
-scales) is judged on the host (`reference_on_host`)."""
-
-
-def reference_on_host(ref: Any) -> Any:
-    """A host copy of ``ref`` (an `oracle.reference.ReferenceResult` on a GPU, every tensor on the
-    CPU, same values) when it holds at most `HOST_JUDGE_MAX_ELEMENTS` entries; None for a larger
-    one or one already on the CPU (judged where it is).
-
-    Why: the comparison's preparation and the batch judge wait for the GPU about 25 times a case
-    (the figures they fetch), and while the backends' children keep the GPU busy each wait takes
-    a slice of the GPU's time: on the H200 (2026-12-02, `benchmarks/gpu/session11/sync_contention.py`)
-    a tiny synchronised operation took 41 us on an idle GPU, 300 us beside another process's
-    256x256 matmuls and 1.8-2.5 ms beside 4096-8192 ones. On the host the same checks wait for
-    nothing: the outputs of such a case come back from the children as bytes, on the host
-    (`fuzzer.executor.BYTES_TRANSPORT_MAX`), and the reference is fetched once here. The figures
-    are the same checks on float64 values (the batch engine, `oracle.compare.judge_tensors`)."""
-    import torch
-
-    tensors = [t for t in (ref.out, ref.lse, ref.dq, ref.dk, ref.dv, *ref.error_scales.values()) if t is not None]
-    if not tensors or tensors[0].device.type == "cpu":
-        return None
-    if sum(t.numel() for t in tensors) > HOST_JUDGE_MAX_ELEMENTS:
-        return None
-    host = lambda t: None if t is None else t.to("cpu")  # noqa: E731
-    return dataclasses.replace(
-        ref, out=host(ref.out), lse=host(ref.lse), dq=host(ref.dq), dk=host(ref.dk), dv=host(ref.dv),
-        error_scales={name: host(t) for name, t in ref.error_scales.items()},
-    )
 
 
 def device_done(device: Any) -> None:
@@ -773,7 +737,6 @@ __all__ = [
     "oracle_time_bound",
     "make_executor",
     "normalise_masked_lse",
-    "reference_on_host",
     "storable_error_ratio",
     "unsupported_result",
     "with_phase",

@@ -951,23 +951,20 @@ class PreparedReference:
         inputs: the case's inputs (kept for the caller's convenience; not used here).
         tile_rows: rows per tile.
         eager: prepare every tensor of the reference now (else each at first use).
-        batched: the engine `compare_outputs_batch` judges with (`judge_tensors`' ``batched``;
-            None: its default, the batch on a GPU and one tensor at a time on the CPU).
 
     Attributes:
-        reference, inputs, batched: as given; ``out``, ``lse``, ``dq``, ``dk``, ``dv``,
-        ``error_scales`` are the reference's.
+        reference, inputs: as given; ``out``, ``lse``, ``dq``, ``dk``, ``dv``, ``error_scales`` are
+        the reference's.
     """
 
     def __init__(
         self, case: AttentionCase, reference: ReferenceResult, inputs: Any = None, tile_rows: int = TILE_ROWS,
-        *, eager: bool = True, batched: bool | None = None,
+        *, eager: bool = True,
     ):
         self.case = case
         self.reference = reference
         self.inputs = inputs
         self.tile_rows = tile_rows
-        self.batched = batched
         self._prepared: dict[str, PreparedTensor] = {}
         if eager:
             for name in TENSOR_NAMES:
@@ -979,7 +976,7 @@ class PreparedReference:
                     pass
 
     def __getattr__(self, name: str) -> Any:  # out, lse, dq, dk, dv, error_scales, ...
-        if name.startswith("_") or name in ("case", "reference", "inputs", "tile_rows", "batched"):
+        if name.startswith("_") or name in ("case", "reference", "inputs", "tile_rows"):
             raise AttributeError(name)
         return getattr(self.reference, name)
 
@@ -1075,8 +1072,7 @@ def compare_outputs_batch(
         if not holders:
             continue
         tensor = prepared.tensor(name) if prepared is not None else _prepare_named(case, base, name, tile_rows)
-        batched = prepared.batched if prepared is not None else None
-        for i, verdict in zip(holders, judge_tensors(tensor, [outputs[i][name] for i in holders], batched=batched)):
+        for i, verdict in zip(holders, judge_tensors(tensor, [outputs[i][name] for i in holders])):
             per_output[i][name] = verdict
     return [_assemble(verdicts) for verdicts in per_output]
 

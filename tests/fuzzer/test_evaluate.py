@@ -430,30 +430,3 @@ def test_the_masked_lse_normalised_with_the_case_s_empty_rows_is_the_same() -> N
     given = normalise_masked_lse(lse, ref_lse, 0.0, empty_rows=torch.isneginf(ref_lse))
     assert torch.equal(plain, given) and given.device == lse.device
     assert given.tolist() == [[0.0, -math.inf, 0.0, 3.0]]
-
-
-def test_a_small_cuda_reference_is_judged_on_the_host_and_a_cpu_one_where_it_is(monkeypatch) -> None:
-    """`reference_on_host`: None for a CPU reference (judged where it is) and, on a GPU, for one
-    above `HOST_JUDGE_MAX_ELEMENTS`; else a host copy with the same values. A `PreparedReference`
-    made with ``batched`` passes it to every `judge_tensors` call of `compare_outputs_batch`."""
-    import oracle.compare as compare
-    from fuzzer import evaluate
-
-    inputs = make_inputs(PREP_BACKWARD, device="cpu")
-    ref = reference(PREP_BACKWARD, inputs)
-    assert evaluate.reference_on_host(ref) is None
-    engines = []
-    real = compare.judge_tensors
-    monkeypatch.setattr(compare, "judge_tensors", lambda p, a, batched=None: engines.append(batched) or real(p, a, batched=batched))
-    outputs = {"out": ref.out.to(torch.bfloat16), "lse": ref.lse.float(), "dq": ref.dq.to(torch.bfloat16)}
-    plain = compare_outputs(PREP_BACKWARD, PreparedReference(PREP_BACKWARD, ref), **outputs)
-    batched = compare_outputs(PREP_BACKWARD, PreparedReference(PREP_BACKWARD, ref, batched=True), **outputs)
-    assert engines == [None] * 3 + [True] * 3
-    assert plain.passed and batched.passed and plain.signatures == batched.signatures
-    if torch.cuda.is_available():
-        on_gpu = reference(PREP_BACKWARD, make_inputs(PREP_BACKWARD, device="cuda"))
-        host = evaluate.reference_on_host(on_gpu)
-        assert host.out.device.type == "cpu" and torch.equal(host.out, on_gpu.out.cpu())
-        assert torch.equal(host.dq, on_gpu.dq.cpu()) and host.error_scales.keys() == on_gpu.error_scales.keys()
-        monkeypatch.setattr(evaluate, "HOST_JUDGE_MAX_ELEMENTS", 10)
-        assert evaluate.reference_on_host(on_gpu) is None
