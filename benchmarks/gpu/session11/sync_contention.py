@@ -4,7 +4,9 @@ The worker judges a case while the backends' children (other processes, other CU
 kernels on the same GPU. Without MPS the GPU time-slices between contexts, so a host wait in the
 worker (``.tolist()``, ``bool(tensor)``, a pageable copy) may wait for the other context's slice.
 This measures it: a tiny operation followed by a synchronising read, repeated, with the GPU idle
-and with a second process running back-to-back matmuls of each size given (the children's kernels).
+and with a second process running back-to-back matmuls of each size given (the children's kernels;
+`benchmarks/judge_batch_bench.py`'s ``start_contention``). The figures of the eleventh session were
+taken with this script's first version, which ran its own ``a @ b`` loop (the same load).
 
     python3 benchmarks/gpu/session11/sync_contention.py [--sizes 512 2048 8192] [--repeats 300]
 
@@ -14,22 +16,10 @@ Prints the median and 90th percentile microseconds of one synchronised tiny oper
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
 import statistics
+import sys
 import time
-
-
-def load(size: int, stop, ready) -> None:
-    import torch
-
-    a = torch.randn(size, size, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(size, size, device="cuda", dtype=torch.bfloat16)
-    torch.cuda.synchronize()
-    ready.set()
-    while not stop.is_set():
-        for _ in range(8):
-            a @ b
-        torch.cuda.synchronize()
+from pathlib import Path
 
 
 def measure(repeats: int) -> tuple[float, float]:
@@ -56,12 +46,11 @@ def main() -> None:
     measure(50)  # warm-up
     med, p90 = measure(args.repeats)
     print(f"idle GPU: median {med:8.1f} us, p90 {p90:8.1f} us per synchronised tiny op")
-    ctx = mp.get_context("spawn")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks/: the bench's load process
+    from judge_batch_bench import start_contention
+
     for size in args.sizes:
-        stop, ready = ctx.Event(), ctx.Event()
-        proc = ctx.Process(target=load, args=(size, stop, ready))
-        proc.start()
-        ready.wait(120)
+        stop, proc = start_contention(size)
         time.sleep(0.5)
         med, p90 = measure(args.repeats)
         stop.set()
