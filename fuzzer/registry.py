@@ -128,10 +128,10 @@ def select(names: Iterable[str], extra_specs: Iterable[str] = ()) -> list[tuple[
                 wanted.append(backend.name)
     missing = [n for n in wanted if n not in known]
     if missing:
-        regular = discover(extra_specs)
-        opt_in = sorted(n for n in known if n not in regular)
+        opt_in = sorted(n for n, (_, spec) in known.items() if spec.partition(":")[0] in OPT_IN_MODULES)
+        regular = sorted(n for n in known if n not in opt_in)
         raise UnknownBackendError(
-            f"backend: unknown name {missing[0]!r} (allowed: {', '.join(sorted(regular))}"
+            f"backend: unknown name {missing[0]!r} (allowed: {', '.join(regular)}"
             + (f"; opt-in backends that exercise attnfuzz itself: {', '.join(opt_in)}" if opt_in else "")
             + ")"
         )

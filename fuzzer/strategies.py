@@ -394,17 +394,9 @@ def cp_configs(max_cp_size: int) -> st.SearchStrategy[tuple[int, str | None]]:
     return cp_size_and_comm_types(max_cp_size)
 
 
-@functools.lru_cache(maxsize=STRATEGY_CACHE_SIZE)
-def _sequence_lengths(
-    qkv_format: str, batch_size: int, max_q: int, max_k: int, pairs: int, cp: CPShape
-) -> st.SearchStrategy[tuple[tuple[int, ...] | None, tuple[int, ...] | None, int, int]]:
-    """`_draw_sequence_lengths` with these arguments, one strategy object per distinct arguments
-    (see `STRATEGY_CACHE_SIZE`)."""
-    return _draw_sequence_lengths(qkv_format, batch_size, max_q, max_k, pairs, cp)
-
-
+@functools.lru_cache(maxsize=STRATEGY_CACHE_SIZE)  # one strategy object per distinct arguments
 @st.composite
-def _draw_sequence_lengths(
+def _sequence_lengths(
     draw, qkv_format: str, batch_size: int, max_q: int, max_k: int, pairs: int, cp: CPShape
 ) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None, int, int]:
     """``(seqlens_q, seqlens_k, seqlen_q, seqlen_k)`` with ``seqlen_q * seqlen_k <= pairs`` (the
@@ -460,19 +452,9 @@ SCORE_OFFSETS = (-200.0, -120.0, -60.0, 60.0, 120.0, 200.0)
 INPUT_FAMILIES = ("plain", "score_offset", "llm_like")
 
 
-def input_specs(*, head_dim: int, backward: bool = True, dtype: str = "bfloat16") -> st.SearchStrategy[dict]:
-    """`_input_specs` (its docstring says what is drawn), one strategy object per distinct
-    arguments (see `STRATEGY_CACHE_SIZE`)."""
-    return _input_specs_cached(head_dim, backward, dtype)
-
-
-@functools.lru_cache(maxsize=STRATEGY_CACHE_SIZE)
-def _input_specs_cached(head_dim: int, backward: bool, dtype: str) -> st.SearchStrategy[dict]:
-    return _input_specs(head_dim=head_dim, backward=backward, dtype=dtype)
-
-
+@functools.lru_cache(maxsize=STRATEGY_CACHE_SIZE)  # one strategy object per distinct arguments
 @st.composite
-def _input_specs(draw, *, head_dim: int, backward: bool = True, dtype: str = "bfloat16") -> dict:
+def input_specs(draw, *, head_dim: int, backward: bool = True, dtype: str = "bfloat16") -> dict:
     """The input fields of one case (`oracle.inputs` documents each), as keyword arguments of
     `AttentionCase`: ``input_distribution`` and one input family drawn with its parameters.
 

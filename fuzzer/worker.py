@@ -683,23 +683,19 @@ class Worker:
         if self.lanes_on:
             over = self._over_compile_budget(allowed_s)
             return {name: "over" if name in over else "under" for name in jit}
-        state = self._compile_budget_state()
+        state = self._compile_budget_state(allowed_s)
         return {name: state for name in jit}
 
-    def _compile_budget_state(self) -> str:
-        """Where this chunk stands with the compile budget without lanes: ``"none"`` without one
-        (``jit_share`` None or 1: no templates), ``"over"`` while ``stats.compile_s > jit_share *
-        (seconds since fuzzing began)`` (JIT draws take `TEMPLATE_SHARE_OVER`), else ``"under"``
-        (`TEMPLATE_SHARE_UNDER`).
+    def _compile_budget_state(self, allowed_s: float) -> str:
+        """Where this chunk stands with the compile budget without lanes, given the allowance
+        ``allowed_s`` (`_compile_allowance_s`): ``"over"`` while ``stats.compile_s > allowed_s``
+        (JIT draws take `TEMPLATE_SHARE_OVER`), else ``"under"`` (`TEMPLATE_SHARE_UNDER`).
 
         A controller in two states, checked per chunk: over the budget every draw for a JIT
         backend reuses a built kernel (compilation falls back under the share as cases
         accumulate), under it half do (a JIT backend compiles one kernel per key, and a free
         draw, which combines dtype, causal, windows, softcap, backward and layout, opens a new
         key nearly every time). See `TEMPLATE_SHARE_OVER` for why not 0.9."""
-        allowed_s = self._compile_allowance_s()
-        if allowed_s is None:
-            return "none"
         return "over" if self.stats.compile_s > allowed_s else "under"
 
     def _compile_allowance_s(self) -> float | None:
@@ -1078,9 +1074,13 @@ class Worker:
         for r, update in zip(results, updates):
             key = r.bucket_key
             if update is not None and key is not None and update.is_new:
-                self.stats.new_buckets.append(key)
-                self.stats.first_cases.setdefault(key, case.case_id)
-                self.reporter.on_new_bucket(key, case)
+                self._note_new_bucket(key, case)
+
+    def _note_new_bucket(self, key: tuple[str, str, str], case: AttentionCase) -> None:
+        """Count the bucket ``key`` new in this run, first seen on ``case``, and report it."""
+        self.stats.new_buckets.append(key)
+        self.stats.first_cases.setdefault(key, case.case_id)
+        self.reporter.on_new_bucket(key, case)
 
     def _judge(self, case: AttentionCase, ref: Any, outcome: TaskOutcome, oracle_ms: float, phase: str) -> CaseResult:
         """`fuzzer.evaluate.judge` with this worker's backends (kept for callers and tests)."""
@@ -1287,9 +1287,7 @@ class Worker:
         for r in self.evaluate(minimal, phase="confirm", tasks=tasks, record=False):
             update = self.sink.record_result(r, self.build_id, self.worker_id)
             if update is not None and update.is_new and r.bucket_key is not None:
-                self.stats.new_buckets.append(r.bucket_key)
-                self.stats.first_cases.setdefault(r.bucket_key, minimal.case_id)
-                self.reporter.on_new_bucket(r.bucket_key, minimal)
+                self._note_new_bucket(r.bucket_key, minimal)
             if not r.is_failure or r.bucket_key == key:
                 continue
             ratio = r.error_ratio if r.error_ratio is not None else math.inf

@@ -818,9 +818,9 @@ cases were the same either way (9.9 against 10.0 ms, 4.7 against 4.3 ms)."""
 
 
 def _stage_host_tensors(p: PreparedTensor, actuals: list[torch.Tensor]) -> list[tuple[list[int], torch.Tensor]]:
-    """Move the small host tensors of ``actuals`` shaped like the reference to ``p.device`` (a GPU) in one transfer per
-    dtype: each group is copied as it is (no cast) into one pinned host buffer ``[k, *p.shape]``
-    and sent with one asynchronous copy. Returns ``(rows, moved)`` per group: ``rows`` its indices
+    """Move the small host tensors of ``actuals`` shaped like the reference to ``p.device`` (a
+    GPU) in one transfer per dtype: each group is copied as it is (no cast) into one pinned host
+    buffer ``[k, *p.shape]`` and sent with one asynchronous copy. Returns ``(rows, moved)`` per group: ``rows`` its indices
     into ``actuals`` (ascending), ``moved`` the group on the device (same dtype); nothing when
     ``p.device`` is the CPU, and no group of a dtype with fewer than two such tensors.
 

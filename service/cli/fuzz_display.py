@@ -173,13 +173,13 @@ def summary_data(stats: WorkerStats, url: str, *, interrupted: bool = False, spo
     buckets = []
     for key in stats.new_buckets:
         outcome = shrunk.get(key)
-        attached_to = getattr(stats, "attached_to", {}).get(key)
+        attached_to = stats.attached_to.get(key)
         buckets.append(
             {
                 "backend": key[0],
                 "variant": key[1],
                 "signature": key[2],
-                "first_case_id": getattr(stats, "first_cases", {}).get(key),
+                "first_case_id": stats.first_cases.get(key),
                 "minimised": None
                 if outcome is None
                 else {"status": outcome.status, "case_id": outcome.case.case_id, "case": outcome.case.describe()},
@@ -295,7 +295,7 @@ def print_summary(stats: WorkerStats, url: str, *, interrupted: bool = False) ->
     if stats.new_buckets:
         out.print(f"[bold red]{len(stats.new_buckets)} new bucket(s):[/]")
         shrunk = dict(stats.minimised)
-        first_cases, attached_to = getattr(stats, "first_cases", {}), getattr(stats, "attached_to", {})
+        first_cases, attached_to = stats.first_cases, stats.attached_to
         for key in stats.new_buckets:
             outcome = shrunk.get(key)
             line = f"  {' / '.join(key)}"
