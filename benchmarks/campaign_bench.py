@@ -61,6 +61,10 @@ FIGURES = {
     "shrink": re.compile(r"shrinking ([\d.]+) s"),
     "own": re.compile(r"own work \([^)]*\) ([\d.]+) s"),
 }
+# With several worker processes (``fuzz --workers``, this tree's CPU default) the split above is of
+# their wall times added up, printed as "worker time X s"; one worker prints none (its wall).
+WORKER_TIME = re.compile(r"worker time ([\d.]+) s")
+WORKERS = re.compile(r"with (\d+) worker processes")
 # The console entry point of the tree on PYTHONPATH: attnfuzz.cli.main, which every tree since issue 18
 # has (whatever module holds the typer app behind it); before it, the typer app service.cli:app
 # (992da02). Chosen by what the tree holds: an older tree on PYTHONPATH would otherwise import this
@@ -92,6 +96,8 @@ class RunResult:
     shrink_s: float
     own_s: float
     process_s: float  # wall time of the whole process, start-up included
+    worker_s: float = 0.0  # the workers' walls added up (the split's base), 0: one worker (wall_s)
+    workers: int = 1
     backends: dict[str, dict[str, float]] = field(default_factory=dict)
     buckets: list[dict[str, object]] = field(default_factory=list)
 
@@ -100,8 +106,13 @@ class RunResult:
         return self.cases / self.wall_s if self.wall_s > 0 else 0.0
 
     @property
+    def split_s(self) -> float:
+        """The seconds the time split adds up to: the workers' walls together, or the one wall."""
+        return self.worker_s if self.worker_s > 0 else self.wall_s
+
+    @property
     def own_share(self) -> float:
-        return self.own_s / self.wall_s if self.wall_s > 0 else 0.0
+        return self.own_s / self.split_s if self.split_s > 0 else 0.0
 
 
 def export_tree(rev: str, dest: Path) -> Path:
@@ -201,7 +212,9 @@ def run_once(
             )
         backends, buckets = read_database(db)
         g = {name: float(m.group(1)) for name, m in found.items()}
+        worker_time, workers = WORKER_TIME.search(text), WORKERS.search(text)
         return RunResult(
+            worker_s=float(worker_time.group(1)) if worker_time else 0.0, workers=int(workers.group(1)) if workers else 1,
             tree=tree, repeat=repeat, cases=int(g["cases"]), wall_s=g["wall"], oracle_s=g["oracle"],
             kernel_s=g["kernels"], jit_s=g["jit"], shrink_s=g["shrink"], own_s=g["own"], process_s=process_s,
             backends=backends, buckets=buckets,
@@ -221,9 +234,10 @@ def report(runs: list[RunResult], trees: list[str]) -> str:
         mine = [r for r in runs if r.tree == tree]
         if not mine:
             continue
-        wall = _mean([r.wall_s for r in mine])
+        wall = _mean([r.split_s for r in mine])
         rate = _mean([r.cases_per_s for r in mine])
-        lines.append(f"== {tree}: {len(mine)} run(s)")
+        workers = sorted({r.workers for r in mine})
+        lines.append(f"== {tree}: {len(mine)} run(s), {'/'.join(map(str, workers))} worker process(es)")
         lines.append(
             f"  cases/s {rate:.2f} (runs: {', '.join(f'{r.cases_per_s:.2f}' for r in mine)}), cases/hour {rate * 3600:.0f}"
         )
@@ -234,7 +248,7 @@ def report(runs: list[RunResult], trees: list[str]) -> str:
             f"({_mean([getattr(r, attr) for r in mine]) / wall * 100 if wall else 0:.0f}%)"
             for label, attr in parts
         )
-        lines.append(f"  wall {wall:.1f} s: {split}")
+        lines.append(f"  {'worker time' if any(r.worker_s for r in mine) else 'wall'} {wall:.1f} s: {split}")
         names = sorted({b for r in mine for b in r.backends})
         for name in names:
             total = sum(r.backends.get(name, {}).get("results", 0) for r in mine)

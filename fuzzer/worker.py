@@ -318,6 +318,15 @@ class WorkerStats:
     late: Counter = field(default_factory=Counter)  # backend -> fuzz tasks finished after their case's loop went on (lanes)
     all_busy: int = 0  # fuzz cases not counted in ``cases``: every backend that runs them was busy (lanes)
     late_dropped: Counter = field(default_factory=Counter)  # backend -> background tasks still running at the end, stopped (no result)
+    workers: int = 1  # worker processes these figures add up (`merge_stats`)
+    worker_s: float = 0.0  # their wall seconds summed (0: one worker, ``wall_s``): the base of the time split
+
+    @property
+    def split_wall_s(self) -> float:
+        """The wall seconds the time split (oracle, waits, shrinking, own work) adds up to: one
+        worker's ``wall_s``, or the merged workers' ``worker_s`` (each worker's parts are its own
+        wall time, and the workers ran side by side)."""
+        return self.worker_s if self.worker_s > 0 else self.wall_s
 
     @property
     def compile_share(self) -> float:
@@ -329,11 +338,61 @@ class WorkerStats:
         """Wall seconds that were attnfuzz's own work: the wall time less the worker's oracle,
         its waits for the children (kernels and JIT not hidden behind the oracle) and shrinking;
         i.e. inputs, comparison, drawing, storage, process start-up (never below 0)."""
-        return max(self.wall_s - self.oracle_s - self.wait_s - self.shrink_s, 0.0)
+        return max(self.split_wall_s - self.oracle_s - self.wait_s - self.shrink_s, 0.0)
 
     @property
     def cases_per_s(self) -> float:
         return self.cases / self.wall_s if self.wall_s > 0 else 0.0
+
+
+def merge_stats(parts: list[WorkerStats]) -> WorkerStats:
+    """The figures of several workers that ran side by side (``attnfuzz fuzz --workers N``) as one
+    `WorkerStats`: counts and seconds added, lists joined in order (a bucket key listed by two
+    workers once), per-backend sets joined; ``wall_s`` is the longest worker's (the run's elapsed
+    time, so ``cases_per_s`` is the run's rate), ``worker_s`` the sum of their walls (the base of
+    the time split, `WorkerStats.split_wall_s`) and ``workers`` their number.
+
+    Args:
+        parts: one `WorkerStats` per worker (at least one); not modified.
+
+    Returns:
+        A new `WorkerStats` (a copy of ``parts[0]``'s figures for one part).
+
+    Raises:
+        ValueError: ``parts`` is empty.
+    """
+    import copy
+    import dataclasses
+
+    if not parts:
+        raise ValueError("parts: at least one WorkerStats is needed")
+    merged = WorkerStats()
+    merged.workers = 0
+    for part in parts:
+        for f in dataclasses.fields(WorkerStats):
+            name = f.name
+            mine, theirs = getattr(merged, name), getattr(part, name)
+            if name == "wall_s":
+                merged.wall_s = max(mine, theirs)
+            elif name == "worker_s":
+                merged.worker_s = mine + (theirs if theirs > 0 else part.wall_s)
+            elif isinstance(mine, Counter):
+                mine.update(theirs)
+            elif isinstance(mine, list):
+                mine.extend(copy.copy(x) for x in theirs if name != "new_buckets" or x not in mine)
+            elif isinstance(mine, dict):
+                for key, value in theirs.items():
+                    if isinstance(value, set):
+                        mine.setdefault(key, set()).update(value)
+                    elif isinstance(value, dict):  # task_timing_s: backend -> part -> seconds
+                        into = mine.setdefault(key, {})
+                        for k, v in value.items():
+                            into[k] = into.get(k, 0) + v
+                    else:
+                        mine.setdefault(key, value)
+            else:  # int and float figures
+                setattr(merged, name, mine + theirs)
+    return merged
 
 
 def _target_runs(backend: Backend, case: AttentionCase) -> bool:

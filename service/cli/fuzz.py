@@ -25,6 +25,7 @@ from service.cli.common import (
     DrawMode,
     Isolation,
     LaneMode,
+    console,
     cwd_importable,
     db_url,
     fail,
@@ -168,6 +169,15 @@ def fuzz(
         typer.Option(callback=_positive, help="Seconds: SQLite busy timeout / PostgreSQL connect timeout (default 30 s / libpq's)."),
     ] = None,
     db_wait: Annotated[float, typer.Option(min=0, help="Seconds to wait for an unreachable database at start.")] = 300.0,
+    workers: Annotated[
+        str,
+        typer.Option(
+            "--workers",
+            help="Worker processes on this machine, side by side on one database: an integer >= 1, or auto: one "
+            "per usable core (at most 8) on the CPU for a --time-budget of at least 20 s with child processes and "
+            "no --seed, --max-cases or --ledger; 1 otherwise. The summary adds them up (--max-cases is shared out).",
+        ),
+    ] = "auto",
     heartbeat: Annotated[float, typer.Option(callback=_positive, help="Seconds between heartbeats.")] = 10.0,
     minimise_lease: Annotated[
         Optional[float], typer.Option(callback=_positive, help="Seconds a minimisation claim lasts without renewal.")
@@ -193,7 +203,7 @@ def fuzz(
     of ``sys.path`` (so ``--backend localk:LocalBackend`` finds ``./localk.py``, as ``python -m``
     would), after the installed packages.
     """
-    from fuzzer.worker import Reporter, Worker, WorkerConfig
+    from fuzzer.worker import Reporter, WorkerConfig
 
     device, isolation = Device(device).value, Isolation(isolation).value
     from fuzzer.executor import ExecutorError, parallel_children_setting
@@ -208,24 +218,33 @@ def fuzz(
         log.warning("--lanes on has no effect with --isolation none: lanes need the backends' child processes")
     url = db_url(db)
     budget = time_budget if time_budget is not None else (None if max_cases is not None else 60.0)
+    from service.cli.fuzz_workers import resolve_workers
+
+    try:  # a bad --workers is a usage error, said before anything starts
+        resolve_workers(workers, device="cpu", isolation=isolation, time_budget_s=budget, seed=seed,
+                        max_cases=max_cases, ledger=ledger, url=url)
+    except AttnFuzzError as exc:
+        fail(exc, code=2)
     try:
         if gpus is not None:
             _fuzz_on_gpus(gpus, url)
             return
         selected, resolved_device = _select_backends(backend or [], device)
         migrate(url, wait_s=db_wait)
-        from fuzzer.spool import Ledger, Spool, SpoolingSink, TolerantExampleDatabase, default_spool_root
-        from service.db.engine import make_engine
-        from service.builds.replays import SqlBuildHistory
-        from service.db.examples import SqlExampleDatabase
-        from service.db.store import SqlStore
+        from service.cli.fuzz_workers import ExtraWorkers, StoreOptions, join_timeout_s, run_worker
 
-        engine = make_engine(url, timeout_s=db_timeout)
+        n_workers = resolve_workers(
+            workers, device=resolved_device, isolation=isolation, time_budget_s=budget, seed=seed,
+            max_cases=max_cases, ledger=ledger, url=url,
+        )
+        own_cases = max_cases
+        if max_cases is not None and n_workers > 1:  # the cases are shared out: this worker takes the remainder
+            own_cases = max_cases - (n_workers - 1) * (max_cases // n_workers)
         config = WorkerConfig(
             backends=selected,
             device=resolved_device,
             time_budget_s=budget,
-            max_cases=max_cases,
+            max_cases=own_cases,
             seed=seed,
             shrink=shrink,
             shrink_deadline_s=shrink_deadline,
@@ -248,72 +267,51 @@ def fuzz(
             child_memory_limit_bytes=child_memory_limit_bytes,
             corpus_dir=corpus or None,
         )
-        reporter = Reporter() if quiet or as_json else RichReporter(budget, max_cases)
-        spool = Spool.acquire(spool_dir or default_spool_root(), url, max_bytes=spool_max_bytes)
-        journal = Ledger(ledger) if ledger else None
-        sink = SpoolingSink(
-            SqlStore(engine), spool, ledger=journal, startup_timeout_s=db_wait, log=lambda line: log.warning("%s", line)
+        options = StoreOptions(
+            spool_dir=spool_dir, spool_max_bytes=spool_max_bytes, ledger=ledger, db_timeout_s=db_timeout, db_wait_s=db_wait
         )
-        worker = None
-        interrupted = False
-        collector = server = None
-        if metrics_port is not None:
-            from service.worker_metrics import serve_worker_metrics
+        extra = None
+        if n_workers > 1:
+            import dataclasses
 
-            try:
-                collector, server = serve_worker_metrics(metrics_port, sink, device=resolved_device, database=url)
-            except OSError as exc:
-                raise CaseValidationError("metrics_port", f"cannot serve metrics on 127.0.0.1:{metrics_port}: {exc}") from exc
-            log.warning("worker metrics on http://127.0.0.1:%s/metrics", server.server_port)
+            extra_config = config if max_cases is None else dataclasses.replace(config, max_cases=max_cases // n_workers)
+            extra = ExtraWorkers(n_workers - 1, backend=backend or [], device=device, config=extra_config, url=url, options=options)
+        reporter = Reporter() if quiet or as_json else RichReporter(budget, max_cases, others=extra.progress if extra else None)
         try:
-            worker = Worker(
-                config,
-                sink,
-                example_db=TolerantExampleDatabase(SqlExampleDatabase(engine)),
-                reporter=reporter,
-                journal=spool,
-                build_history=SqlBuildHistory(engine),
-            )
-            if collector is not None:
-                collector.worker = worker
-            try:
-                stats = worker.run()
-            except KeyboardInterrupt:
-                interrupted = True
-                stats = worker.stats
-            left = sink.close()
-        except KeyboardInterrupt:  # while the worker was being built: nothing ran yet
-            interrupted = True
-            left = sink.close()
-            from fuzzer.worker import WorkerStats
-
-            stats = worker.stats if worker is not None else WorkerStats()
-        except AttnFuzzError as exc:
-            left = sink.close()
-            if left and _reraisable(exc):
-                raise type(exc)(f"{exc}; {left} unsaved writes kept in spool {spool.path} (stored by the next run)") from exc
+            run = run_worker(config, url, reporter=reporter, options=options, metrics_port=metrics_port)
+        except BaseException:
+            if extra is not None:
+                extra.stop()
             raise
-        finally:
-            if server is not None:
-                server.shutdown()
-            spool.close()
-            if journal is not None:
-                journal.close()
-            engine.dispose()
-        spooled = {"outages": sink.outages, "spooled": sink.spooled, "flushed": sink.flushed, "left": left,
-                   "path": str(spool.path)}
+        stats, interrupted, spooled = run.stats, run.interrupted, run.spooled
+        failed = []
+        if extra is not None:
+            from fuzzer.worker import merge_stats
+
+            reports = extra.join(join_timeout_s(budget, shrink_deadline))
+            stats = merge_stats([stats, *(r.stats for r in reports if r.stats is not None)])
+            interrupted = interrupted or any(r.interrupted for r in reports)
+            failed = [r for r in reports if r.error is not None and r.exit_code != 130]
+            for r in reports:
+                if r.spooled:
+                    for key in ("outages", "spooled", "flushed", "left"):
+                        spooled[key] = spooled.get(key, 0) + (r.spooled.get(key) or 0)
         if as_json:
             print_json(summary_data(stats, url, interrupted=interrupted, spool=spooled))
         else:
             print_summary(stats, url, interrupted=interrupted)
-            if sink.outages or left:
+            if spooled["outages"] or spooled["left"]:
                 out.print(
-                    f"database outages: {sink.outages}; writes spooled {sink.spooled}, flushed {sink.flushed}, "
-                    f"left in {spool.path}: {left} (stored by the next run on this database)",
+                    f"database outages: {spooled['outages']}; writes spooled {spooled['spooled']}, flushed {spooled['flushed']}, "
+                    f"left in {spooled['path']}: {spooled['left']} (stored by the next run on this database)",
                     soft_wrap=True,
                 )
+        for r in failed:
+            console.print(f"[bold red]error:[/] worker process {r.index} of {n_workers}: {r.error}")
         if interrupted:
             raise typer.Exit(130)
+        if failed:
+            raise typer.Exit(failed[0].exit_code or 1)
     except AttnFuzzError as exc:
         fail(exc)
 
@@ -358,14 +356,6 @@ def _select_backends(backend: list[str], device: str) -> tuple[list, str]:
     if not names and not specs:  # default: what can run here
         selected = [(b, s) for b, s in selected if b.device == resolved_device and not b.quick_availability()]
     return selected, resolved_device
-
-
-def _reraisable(exc: AttnFuzzError) -> bool:
-    """Whether ``type(exc)(message)`` rebuilds ``exc`` with a longer message."""
-    from fuzzer.results import SinkFatalError, SinkUnavailableError
-    from fuzzer.spool import SpoolError
-
-    return isinstance(exc, (SinkFatalError, SinkUnavailableError, SpoolError))
 
 
 def _fuzz_on_gpus(gpus: str, url: str) -> None:

@@ -8,6 +8,7 @@ Imports neither the worker nor torch: `fuzzer.worker.WorkerStats` is only a type
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from rich.console import Group
@@ -28,7 +29,14 @@ class RichReporter:
     `fuzzer.worker.Reporter`'s callbacks; not a subclass, so importing this module does not
     import the worker)."""
 
-    def __init__(self, budget_s: float | None, max_cases: int | None):
+    def __init__(self, budget_s: float | None, max_cases: int | None, others: Callable[[], tuple[int, int]] | None = None):
+        """Args:
+            budget_s, max_cases: the run's bounds (the bar follows the time budget if given).
+            others: with ``fuzz --workers N``, what the other worker processes did so far:
+                ``(processes, cases)`` (`service.cli.fuzz_workers.ExtraWorkers.progress`); the
+                bar then counts every worker's cases and the table stays this process's.
+        """
+        self.others = others
         self.progress = Progress(
             TextColumn("[bold]fuzzing"), BarColumn(), TextColumn("{task.description}"), TimeElapsedColumn()
         )
@@ -83,11 +91,14 @@ class RichReporter:
 
     def on_case(self, case, results: list[CaseResult], stats: WorkerStats) -> None:
         elapsed = time.monotonic() - self.started
-        rate = stats.cases / elapsed if elapsed > 0 else 0.0
+        processes, other_cases = self.others() if self.others is not None else (0, 0)
+        cases = stats.cases + other_cases
+        rate = cases / elapsed if elapsed > 0 else 0.0
+        workers = f" ({processes + 1} workers; table: this one's)" if processes else ""
         self.progress.update(
             self.task,
-            completed=elapsed if self.by_time else stats.cases,
-            description=f"{stats.cases} cases, {rate:.2f} cases/s, {len(self.buckets)} new buckets, "
+            completed=elapsed if self.by_time else cases,
+            description=f"{cases} cases{workers}, {rate:.2f} cases/s, {len(self.buckets)} new buckets, "
             f"JIT {_share(stats.compile_s, getattr(stats, 'fuzz_s', 0.0))} of wall",
         )
         if self.live is not None:
@@ -193,6 +204,8 @@ def summary_data(stats: WorkerStats, url: str, *, interrupted: bool = False, spo
         "cases": stats.cases,
         "wall_s": stats.wall_s,
         "cases_per_s": stats.cases_per_s,
+        "workers": getattr(stats, "workers", 1),  # worker processes side by side (fuzz --workers)
+        "worker_s": stats.split_wall_s,  # their wall seconds summed: the base of time_s's wall-clock split
         "evaluations_by_status": dict(sorted(stats.results.items())),
         "evaluations_by_backend": {
             name: {status: n for (b, status), n in sorted(stats.per_backend.items()) if b == name}
@@ -256,9 +269,14 @@ def print_summary(stats: WorkerStats, url: str, *, interrupted: bool = False) ->
     out.print(COUNTS_NOTE, style="dim")
     from fuzzer.environment import jit_cache_description
 
-    wall = stats.wall_s
+    wall = stats.split_wall_s
+    workers = getattr(stats, "workers", 1)
+    side_by_side = (
+        f" with {workers} worker processes side by side ({command_name()} fuzz --workers); "
+        f"worker time {wall:.1f} s, split" if workers > 1 else ". Wall"
+    )
     out.print(
-        f"{stats.cases} cases in {wall:.1f} s ({stats.cases_per_s:.2f} cases/s). Wall: "
+        f"{stats.cases} cases in {stats.wall_s:.1f} s ({stats.cases_per_s:.2f} cases/s){side_by_side}: "
         f"oracle {stats.oracle_s:.1f} s ({_share(stats.oracle_s, wall)}), waiting for the backends "
         f"{stats.wait_s:.1f} s ({_share(stats.wait_s, wall)}), shrinking {stats.shrink_s:.1f} s "
         f"({_share(stats.shrink_s, wall)}), attnfuzz's own work (inputs, comparison, drawing, storage, "

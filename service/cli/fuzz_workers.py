@@ -1,0 +1,399 @@
+"""One fuzz worker with its storage (`run_worker`), and ``attnfuzz fuzz --workers N``: the other
+N - 1 worker processes on this machine (`ExtraWorkers`), side by side with the command's own.
+
+Why several workers: on the CPU a worker is one Python thread (drawing, inputs, the float64 oracle,
+judging, storage) plus one child process that runs the kernels; the two overlap only in part, so
+one worker keeps about 1.2 cores busy (measured 2026-12-02 on 2 cores: one worker 45 cases/s, two
+side by side 78.6 together, three 73.8). The workers share the database: each has its own spool
+slot (`fuzzer.spool.Spool.acquire`), cases are stored once by ``case_id`` whoever draws them, and a
+bucket is shrunk by one worker at a time (`fuzzer.results.ResultSink.claim_minimisation`).
+
+Each extra worker is a ``spawn`` process (no fork of a process with threads and torch state)
+running `run_worker` with the same settings, except that it replays neither known buckets nor the
+corpus (the command's own worker does, once), serves no metrics, and, with ``--seed S``, draws
+with seed ``S + index``. It sends its `fuzzer.worker.WorkerStats` back when it stops (its time
+budget, Ctrl-C: the terminal's SIGINT reaches every process of the group, or an error), and the
+command adds them up (`fuzzer.worker.merge_stats`). While it runs, its case count is a shared
+integer the live display reads (`ExtraWorkers.progress`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import multiprocessing
+import os
+import pickle
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from oracle.errors import AttnFuzzError, CaseValidationError
+
+if TYPE_CHECKING:
+    from fuzzer.worker import Reporter, WorkerConfig, WorkerStats
+
+AUTO_MIN_BUDGET_S = 20.0
+"""``--workers auto`` starts extra workers only for a time budget of at least this many seconds:
+a worker process needs about 2-4 s on a 2-core machine to import torch and start its child, which
+a short run does not win back."""
+AUTO_MAX_WORKERS = 8
+"""``--workers auto`` never starts more than this many workers (each holds torch and a child
+process with its own; about 0.5 GB resident each on the CPU)."""
+JOIN_GRACE_S = 120.0
+"""Seconds the command waits for the extra workers past its own worker's end (plus a minimisation
+deadline) before it stops them; what they stored stays stored, their spool slots keep the rest."""
+
+
+@dataclass(frozen=True)
+class StoreOptions:
+    """How a worker reaches storage (the ``fuzz`` options of the same names).
+
+    Attributes:
+        spool_dir: root of the local spool slots (None: `fuzzer.spool.default_spool_root`).
+        spool_max_bytes: bound on one worker's spool, bytes.
+        ledger: JSON-lines file every result handed to storage is appended to, or None.
+        db_timeout_s: SQLite busy timeout / PostgreSQL connect timeout, seconds (None: default).
+        db_wait_s: seconds to wait for an unreachable database at start.
+    """
+
+    spool_dir: str | None = None
+    spool_max_bytes: int = 256 * 2**20
+    ledger: str | None = None
+    db_timeout_s: float | None = None
+    db_wait_s: float = 300.0
+
+
+@dataclass
+class WorkerRun:
+    """What `run_worker` hands back.
+
+    Attributes:
+        stats: the worker's figures.
+        interrupted: it stopped on Ctrl-C.
+        spooled: the spool's figures (``outages``, ``spooled``, ``flushed``, ``left``, ``path``).
+    """
+
+    stats: WorkerStats
+    interrupted: bool
+    spooled: dict
+
+
+def run_worker(config: WorkerConfig, url: str, *, reporter: Reporter, options: StoreOptions, metrics_port: int | None = None) -> WorkerRun:
+    """Run one `fuzzer.worker.Worker` whose results go to the SQL store at ``url`` through a
+    local spool slot, until its budget is spent or Ctrl-C.
+
+    Args:
+        config: the worker's settings (backends selected, device resolved).
+        url: SQLAlchemy URL of the (migrated) database.
+        reporter: progress callbacks.
+        options: storage settings.
+        metrics_port: serve the worker's Prometheus metrics on ``127.0.0.1:PORT`` while it runs.
+
+    Returns:
+        The `WorkerRun`.
+
+    Raises:
+        CaseValidationError: ``metrics_port`` cannot be served.
+        AttnFuzzError: the worker or its storage failed (a storage error names the unsaved writes
+            kept in the spool).
+    """
+    from fuzzer.spool import Ledger, Spool, SpoolingSink, TolerantExampleDatabase, default_spool_root
+    from fuzzer.worker import Worker, WorkerStats
+    from service.builds.replays import SqlBuildHistory
+    from service.cli.common import log
+    from service.db.engine import make_engine
+    from service.db.examples import SqlExampleDatabase
+    from service.db.store import SqlStore
+
+    engine = make_engine(url, timeout_s=options.db_timeout_s)
+    spool = Spool.acquire(options.spool_dir or default_spool_root(), url, max_bytes=options.spool_max_bytes)
+    journal = Ledger(options.ledger) if options.ledger else None
+    sink = SpoolingSink(
+        SqlStore(engine), spool, ledger=journal, startup_timeout_s=options.db_wait_s, log=lambda line: log.warning("%s", line)
+    )
+    worker = None
+    interrupted = False
+    collector = server = None
+    if metrics_port is not None:
+        from service.worker_metrics import serve_worker_metrics
+
+        try:
+            collector, server = serve_worker_metrics(metrics_port, sink, device=config.device, database=url)
+        except OSError as exc:
+            raise CaseValidationError("metrics_port", f"cannot serve metrics on 127.0.0.1:{metrics_port}: {exc}") from exc
+        log.warning("worker metrics on http://127.0.0.1:%s/metrics", server.server_port)
+    try:
+        worker = Worker(
+            config,
+            sink,
+            example_db=TolerantExampleDatabase(SqlExampleDatabase(engine)),
+            reporter=reporter,
+            journal=spool,
+            build_history=SqlBuildHistory(engine),
+        )
+        if collector is not None:
+            collector.worker = worker
+        try:
+            stats = worker.run()
+        except KeyboardInterrupt:
+            interrupted = True
+            stats = worker.stats
+        left = sink.close()
+    except KeyboardInterrupt:  # while the worker was being built: nothing ran yet
+        interrupted = True
+        left = sink.close()
+        stats = worker.stats if worker is not None else WorkerStats()
+    except AttnFuzzError as exc:
+        left = sink.close()
+        if left and _reraisable(exc):
+            raise type(exc)(f"{exc}; {left} unsaved writes kept in spool {spool.path} (stored by the next run)") from exc
+        raise
+    finally:
+        if server is not None:
+            server.shutdown()
+        spool.close()
+        if journal is not None:
+            journal.close()
+        engine.dispose()
+    spooled = {"outages": sink.outages, "spooled": sink.spooled, "flushed": sink.flushed, "left": left, "path": str(spool.path)}
+    return WorkerRun(stats=stats, interrupted=interrupted, spooled=spooled)
+
+
+def _reraisable(exc: AttnFuzzError) -> bool:
+    """Whether ``type(exc)(message)`` rebuilds ``exc`` with a longer message."""
+    from fuzzer.results import SinkFatalError, SinkUnavailableError
+    from fuzzer.spool import SpoolError
+
+    return isinstance(exc, (SinkFatalError, SinkUnavailableError, SpoolError))
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity mask; ``os.cpu_count()`` where there is none)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def resolve_workers(
+    workers: str,
+    *,
+    device: str,
+    isolation: str,
+    time_budget_s: float | None,
+    seed: int | None,
+    max_cases: int | None,
+    ledger: str | None,
+    url: str,
+    cores: int | None = None,
+) -> int:
+    """How many worker processes ``fuzz --workers`` means here.
+
+    ``auto`` is one per usable core (at most `AUTO_MAX_WORKERS`) when every condition for them to
+    pay holds: the CPU (on a GPU the workers would share one device; ``--gpus`` gives one worker
+    per GPU), child processes (``--isolation process``), a time budget of at least
+    `AUTO_MIN_BUDGET_S` seconds, no ``--seed`` and no ``--max-cases`` (both ask for an exact,
+    repeatable run), no ``--ledger`` (one file per worker would be needed) and a database other
+    processes can open (not an in-memory SQLite database); else 1.
+
+    Args:
+        workers: the option's text: ``"auto"`` or an integer >= 1.
+        device: the resolved device (``"cpu"`` or ``"cuda"``).
+        isolation: ``"process"`` or ``"none"``.
+        time_budget_s, seed, max_cases, ledger: the run's options (None: not given).
+        url: the database URL.
+        cores: usable cores (None: `usable_cores`).
+
+    Returns:
+        The number of workers, >= 1.
+
+    Raises:
+        CaseValidationError: ``workers`` is neither ``auto`` nor an integer >= 1, or a number > 1
+            is asked for with ``--isolation none``, ``--ledger`` or an in-memory database
+            (field ``workers``).
+    """
+    text = str(workers).strip().lower()
+    in_memory = url.startswith("sqlite") and (url.rstrip("/") in ("sqlite:", "sqlite:/") or ":memory:" in url)
+    if text == "auto":
+        if device != "cpu" or isolation != "process" or seed is not None or max_cases is not None or ledger or in_memory:
+            return 1
+        if time_budget_s is None or time_budget_s < AUTO_MIN_BUDGET_S:
+            return 1
+        return max(1, min(cores if cores is not None else usable_cores(), AUTO_MAX_WORKERS))
+    try:
+        number = int(text)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise CaseValidationError("workers", f"{workers!r} is not a number of worker processes", "auto, or an integer >= 1")
+    if number > 1:
+        for given, why in ((isolation != "process", "--isolation none runs the backends in the one worker process"),
+                           (bool(ledger), "--ledger is one file, written by one worker"),
+                           (in_memory, "an in-memory SQLite database is private to one process")):
+            if given:
+                raise CaseValidationError("workers", f"{number} workers: {why}", "1 (or auto)")
+    return number
+
+
+@dataclass
+class WorkerReport:
+    """How one extra worker ended.
+
+    Attributes:
+        index: its number (1 .. N-1; the command's own worker is 0).
+        stats: its figures, or None when it sent none (it failed to start or was stopped).
+        interrupted: it stopped on Ctrl-C.
+        error: None, or why it failed (an `AttnFuzzError`'s message, or how the process ended).
+        exit_code: the code its failure maps to (`service.cli.common.exit_code`), 0 without one.
+        spooled: its spool's figures, as `WorkerRun.spooled` (empty without stats).
+    """
+
+    index: int
+    stats: Any = None
+    interrupted: bool = False
+    error: str | None = None
+    exit_code: int = 0
+    spooled: dict = dataclasses.field(default_factory=dict)
+
+
+class _CountingReporter:
+    """An extra worker's progress: its case count in a shared integer (read by the command's
+    display); nothing is printed."""
+
+    def __init__(self, counter: Any):
+        self.counter = counter
+
+    def on_start(self, worker: Any) -> None: ...
+
+    def on_case(self, case: Any, results: Any, stats: Any) -> None:
+        self.counter.value = stats.cases
+
+    def on_new_bucket(self, key: Any, case: Any) -> None: ...
+
+    def on_minimised(self, key: Any, outcome: Any) -> None: ...
+
+    def on_stop(self, stats: Any) -> None:
+        self.counter.value = stats.cases
+
+
+def _extra_worker_main(index: int, conn: Any, counter: Any, job: dict) -> None:
+    """Entry of an extra worker process: select the backends as the command did, run
+    `run_worker`, send ``("ok", pickled WorkerRun)`` or ``("error", message, exit code)``."""
+    logging.getLogger("attnfuzz").setLevel(logging.ERROR)  # the command's own worker says what they would
+    try:
+        from fuzzer.worker import WorkerConfig
+        from service.cli.common import exit_code
+        from service.cli.fuzz import _select_backends
+
+        try:
+            selected, resolved = _select_backends(job["backend"], job["device"])
+            config = WorkerConfig(backends=selected, **{**job["config"], "device": resolved})
+            run = run_worker(config, job["url"], reporter=_CountingReporter(counter), options=job["options"])  # type: ignore[arg-type]
+            conn.send(("ok", pickle.dumps(run)))
+        except AttnFuzzError as exc:
+            conn.send(("error", f"{type(exc).__name__}: {exc}", exit_code(exc)))
+    except KeyboardInterrupt:  # Ctrl-C before the worker ran: nothing to report
+        try:
+            conn.send(("error", "interrupted before it started", 130))
+        except (OSError, ValueError):
+            pass
+    except Exception as exc:  # noqa: BLE001 - said to the command, which goes on with the others
+        try:
+            conn.send(("error", f"{type(exc).__name__}: {exc}", 1))
+        except (OSError, ValueError):
+            pass
+    finally:
+        conn.close()
+
+
+class ExtraWorkers:
+    """The ``--workers N`` processes beside the command's own worker (see the module docstring).
+
+    Args:
+        count: how many to start (N - 1), >= 1.
+        backend: the ``--backend`` values as given (each process selects them again, plugins
+            included).
+        device: the ``--device`` value as given.
+        config: the command's `fuzzer.worker.WorkerConfig`; its backends are not sent.
+        url: the database URL (already migrated).
+        options: storage settings.
+    """
+
+    def __init__(self, count: int, *, backend: list[str], device: str, config: WorkerConfig, url: str, options: StoreOptions):
+        context = multiprocessing.get_context("spawn")
+        fields = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.name not in ("backends", "device")}
+        fields.update(replay_known=False, corpus_dir=None)
+        self.started = time.monotonic()
+        self.processes: list[tuple[int, Any, Any, Any]] = []  # (index, process, parent end of the pipe, case counter)
+        for index in range(1, count + 1):
+            job = {
+                "backend": list(backend),
+                "device": device,
+                "config": {**fields, "seed": None if config.seed is None else config.seed + index},
+                "url": url,
+                "options": options,
+            }
+            parent, child = context.Pipe(duplex=False)
+            counter = context.Value("q", 0, lock=False)
+            process = context.Process(target=_extra_worker_main, args=(index, child, counter, job), name=f"attnfuzz-worker-{index}", daemon=False)
+            process.start()
+            child.close()
+            self.processes.append((index, process, parent, counter))
+
+    def progress(self) -> tuple[int, int]:
+        """``(processes, cases)``: how many extra workers there are and the cases they ran so far."""
+        return len(self.processes), sum(int(counter.value) for _, _, _, counter in self.processes)
+
+    def join(self, timeout_s: float | None) -> list[WorkerReport]:
+        """Wait for every extra worker (at most ``timeout_s`` seconds in all; None: no bound), then
+        stop those still running (SIGTERM, then SIGKILL); one `WorkerReport` each, in order."""
+        deadline = None if timeout_s is None else time.monotonic() + max(timeout_s, 0.0)
+        reports = []
+        for index, process, conn, _ in self.processes:
+            left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+            report = WorkerReport(index=index)
+            try:
+                if conn.poll(left):
+                    message = conn.recv()
+                    if message[0] == "ok":
+                        run = pickle.loads(message[1])
+                        report.stats, report.interrupted, report.spooled = run.stats, run.interrupted, run.spooled
+                    else:
+                        report.error, report.exit_code = message[1], int(message[2])
+                else:
+                    report.error, report.exit_code = f"still running after {timeout_s:g} s: stopped", 1
+            except (EOFError, OSError, pickle.UnpicklingError) as exc:  # it died without a word
+                process.join(5.0)
+                report.error, report.exit_code = f"ended without a report (exit code {process.exitcode}): {type(exc).__name__}", 1
+            process.join(5.0 if report.error is None else 0.1)
+            if process.is_alive():
+                process.terminate()
+                process.join(5.0)
+                if process.is_alive():
+                    process.kill()
+                    process.join()
+            conn.close()
+            reports.append(report)
+        return reports
+
+    def stop(self) -> None:
+        """Stop every extra worker now (the command failed); what they stored stays stored."""
+        for _, process, conn, _ in self.processes:
+            if process.is_alive():
+                process.terminate()
+        for _, process, conn, _ in self.processes:
+            process.join(10.0)
+            if process.is_alive():
+                process.kill()
+                process.join()
+            conn.close()
+
+
+def join_timeout_s(time_budget_s: float | None, shrink_deadline_s: float) -> float | None:
+    """How long the command waits for its extra workers after its own worker stopped: a
+    minimisation deadline plus `JOIN_GRACE_S` (None without a time budget: they stop as it does)."""
+    if time_budget_s is None or not math.isfinite(time_budget_s):
+        return None
+    return shrink_deadline_s + JOIN_GRACE_S

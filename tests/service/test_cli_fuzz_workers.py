@@ -1,0 +1,141 @@
+"""``attnfuzz fuzz --workers``: how many worker processes ``auto`` means, bad values, the figures of
+several workers added up (`fuzzer.worker.merge_stats`), and a real two-worker run on one SQLite
+database that stores every result once."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from fuzzer.worker import WorkerStats, merge_stats
+from oracle.errors import CaseValidationError
+from service.cli.fuzz_workers import AUTO_MAX_WORKERS, AUTO_MIN_BUDGET_S, resolve_workers
+from service.cli.main import app
+
+FILE_DB = "sqlite:////tmp/x.db"
+PLANTED = "tests.fuzzer.standins:PlantedWindowBackend"
+
+
+def _auto(**overrides) -> int:
+    settings = dict(device="cpu", isolation="process", time_budget_s=60.0, seed=None, max_cases=None, ledger=None,
+                    url=FILE_DB, cores=2)
+    settings.update(overrides)
+    return resolve_workers("auto", **settings)
+
+
+def test_auto_is_one_worker_per_core_for_a_long_cpu_run() -> None:
+    assert _auto() == 2
+    assert _auto(cores=64) == AUTO_MAX_WORKERS
+    assert _auto(cores=1) == 1
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"device": "cuda"},
+        {"isolation": "none"},
+        {"seed": 3},
+        {"max_cases": 100},
+        {"ledger": "results.jsonl"},
+        {"time_budget_s": AUTO_MIN_BUDGET_S - 1},
+        {"time_budget_s": None},
+        {"url": "sqlite://"},
+        {"url": "sqlite:///:memory:"},
+    ],
+)
+def test_auto_keeps_one_worker_where_several_would_not_pay_or_not_be_exact(overrides: dict) -> None:
+    assert _auto(**overrides) == 1
+
+
+def test_a_number_is_taken_as_given_and_a_bad_one_names_the_field() -> None:
+    assert resolve_workers("3", device="cpu", isolation="process", time_budget_s=5.0, seed=None, max_cases=None,
+                           ledger=None, url=FILE_DB) == 3
+    for bad in ("0", "-1", "two", ""):
+        with pytest.raises(CaseValidationError, match="workers"):
+            resolve_workers(bad, device="cpu", isolation="process", time_budget_s=5.0, seed=None, max_cases=None,
+                            ledger=None, url=FILE_DB)
+    with pytest.raises(CaseValidationError, match="isolation none"):
+        resolve_workers("2", device="cpu", isolation="none", time_budget_s=5.0, seed=None, max_cases=None, ledger=None, url=FILE_DB)
+    with pytest.raises(CaseValidationError, match="ledger"):
+        resolve_workers("2", device="cpu", isolation="process", time_budget_s=5.0, seed=None, max_cases=None,
+                        ledger="r.jsonl", url=FILE_DB)
+
+
+def test_a_bad_workers_option_is_a_usage_error_before_anything_runs(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["fuzz", "--workers", "many", "--db", str(tmp_path / "w.db")], env={"COLUMNS": "250"})
+    assert result.exit_code == 2
+    said = " ".join(result.output.split())  # the console may wrap the line
+    assert "workers: 'many'" in said and "auto, or an integer >= 1" in said
+    assert not (tmp_path / "w.db").exists()  # nothing migrated
+
+
+def test_merged_figures_add_counts_and_seconds_and_keep_the_longest_wall() -> None:
+    a = WorkerStats(cases=10, wall_s=30.0, oracle_s=3.0, wait_s=6.0, shrink_s=1.0, judge_s=2.0)
+    a.results.update({"pass": 18, "fail": 2})
+    a.per_backend[("k", "pass")] = 18
+    a.new_buckets.append(("k", "v", "out:all_zero"))
+    a.first_cases[("k", "v", "out:all_zero")] = "case-a"
+    a.kernel_keys["fa4"] = {"key1"}
+    a.task_timing_s["k"] = {"run": 1.5}
+    b = WorkerStats(cases=7, wall_s=31.0, oracle_s=2.0, wait_s=5.0, shrink_s=0.0, judge_s=1.0, all_busy=2)
+    b.results.update({"pass": 14})
+    b.per_backend[("k", "pass")] = 14
+    b.new_buckets += [("k", "v", "out:all_zero"), ("k", "v", "lse:mismatch")]
+    b.first_cases[("k", "v", "out:all_zero")] = "case-b"
+    b.kernel_keys["fa4"] = {"key2"}
+    b.task_timing_s["k"] = {"run": 0.5, "pack": 0.25}
+
+    merged = merge_stats([a, b])
+
+    assert merged.workers == 2 and merged.cases == 17 and merged.all_busy == 2
+    assert merged.wall_s == 31.0 and merged.worker_s == 61.0 and merged.split_wall_s == 61.0
+    assert merged.cases_per_s == pytest.approx(17 / 31.0)
+    assert merged.results == Counter({"pass": 32, "fail": 2})
+    assert merged.per_backend[("k", "pass")] == 32
+    assert merged.new_buckets == [("k", "v", "out:all_zero"), ("k", "v", "lse:mismatch")]  # a bucket both saw, once
+    assert merged.first_cases[("k", "v", "out:all_zero")] == "case-a"  # the first worker's
+    assert merged.kernel_keys["fa4"] == {"key1", "key2"}
+    assert merged.task_timing_s["k"] == {"run": 2.0, "pack": 0.25}
+    assert merged.own_s == pytest.approx(61.0 - 5.0 - 11.0 - 1.0)  # the split is of the workers' summed wall
+    assert a.cases == 10 and a.new_buckets == [("k", "v", "out:all_zero")]  # the parts are not changed
+    one = merge_stats([a])
+    assert one.workers == 1 and one.split_wall_s == a.wall_s and one.own_s == pytest.approx(a.own_s)
+    with pytest.raises(ValueError, match="parts"):
+        merge_stats([])
+
+
+def test_two_workers_share_one_database_and_the_summary_adds_them_up(tmp_path: Path) -> None:
+    """A real ``--workers 2`` run: both processes ran cases, every result is stored once (no lost
+    or doubled row), the summary's case count is the workers' sum, and the planted window bug was
+    found (by either)."""
+    db = tmp_path / "w.db"
+    env = {**os.environ, "COLUMNS": "200"}
+    run = subprocess.run(
+        [sys.executable, "-m", "attnfuzz", "fuzz", "--workers", "2", "--time-budget", "8", "--json", "--no-shrink",
+         "--corpus", "", "--backend", PLANTED, "--max-seqlen", "16", "--db", str(db), "--spool-dir", str(tmp_path / "spool")],
+        cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=240, env=env,
+    )
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    summary = json.loads(run.stdout)
+    assert summary["workers"] == 2
+    assert summary["worker_s"] > summary["wall_s"]  # two walls added up
+    assert summary["spool"]["left"] == 0 and summary["spool"]["outages"] == 0
+    with sqlite3.connect(db) as con:
+        per_worker = dict(con.execute("SELECT worker_id, COUNT(*) FROM results GROUP BY worker_id").fetchall())
+        stored = con.execute("SELECT COUNT(*) FROM results").fetchone()[0]
+        distinct = con.execute("SELECT COUNT(*) FROM (SELECT DISTINCT case_id, backend, variant, build_id FROM results)").fetchone()[0]
+        signatures = {row[0] for row in con.execute("SELECT signature FROM buckets")}
+    assert len(per_worker) == 2 and all(n > 0 for n in per_worker.values())  # both workers stored results
+    assert stored == distinct  # one row per case, backend, variant and build
+    evaluations = sum(summary["evaluations_by_status"].values())
+    assert 0 < stored <= evaluations  # a case drawn again by either worker is stored once
+    assert summary["cases"] >= 2
+    assert signatures, "the planted window bug was not found"
