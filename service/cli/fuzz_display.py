@@ -29,12 +29,12 @@ class RichReporter:
     `fuzzer.worker.Reporter`'s callbacks; not a subclass, so importing this module does not
     import the worker)."""
 
-    def __init__(self, budget_s: float | None, max_cases: int | None, others: Callable[[], tuple[int, int]] | None = None):
+    def __init__(self, budget_s: float | None, max_cases: int | None, others: Callable[[], tuple[int, int, int]] | None = None):
         """Args:
             budget_s, max_cases: the run's bounds (the bar follows the time budget if given).
             others: with ``fuzz --workers N``, what the other worker processes did so far:
-                ``(processes, cases)`` (`service.cli.fuzz_workers.ExtraWorkers.progress`); the
-                bar then counts every worker's cases and the table stays this process's.
+                ``(processes, cases, new buckets)`` (`service.cli.fuzz_workers.ExtraWorkers.progress`);
+                the bar then counts every worker's cases and buckets, the tables stay this process's.
         """
         self.others = others
         self.progress = Progress(
@@ -91,14 +91,14 @@ class RichReporter:
 
     def on_case(self, case, results: list[CaseResult], stats: WorkerStats) -> None:
         elapsed = time.monotonic() - self.started
-        processes, other_cases = self.others() if self.others is not None else (0, 0)
+        processes, other_cases, other_buckets = self.others() if self.others is not None else (0, 0, 0)
         cases = stats.cases + other_cases
         rate = cases / elapsed if elapsed > 0 else 0.0
         workers = f" ({processes + 1} workers; table: this one's)" if processes else ""
         self.progress.update(
             self.task,
             completed=elapsed if self.by_time else cases,
-            description=f"{cases} cases{workers}, {rate:.2f} cases/s, {len(self.buckets)} new buckets, "
+            description=f"{cases} cases{workers}, {rate:.2f} cases/s, {len(self.buckets) + other_buckets} new buckets, "
             f"JIT {_share(stats.compile_s, getattr(stats, 'fuzz_s', 0.0))} of wall",
         )
         if self.live is not None:

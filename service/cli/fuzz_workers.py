@@ -259,8 +259,8 @@ class WorkerReport:
 
 
 class _CountingReporter:
-    """An extra worker's progress: its case count in a shared integer (read by the command's
-    display); nothing is printed."""
+    """An extra worker's progress: its case and new-bucket counts in shared integers (``[cases,
+    buckets]``, read by the command's display); nothing is printed."""
 
     def __init__(self, counter: Any):
         self.counter = counter
@@ -268,14 +268,15 @@ class _CountingReporter:
     def on_start(self, worker: Any) -> None: ...
 
     def on_case(self, case: Any, results: Any, stats: Any) -> None:
-        self.counter.value = stats.cases
+        self.counter[0] = stats.cases
 
-    def on_new_bucket(self, key: Any, case: Any) -> None: ...
+    def on_new_bucket(self, key: Any, case: Any) -> None:
+        self.counter[1] += 1
 
     def on_minimised(self, key: Any, outcome: Any) -> None: ...
 
     def on_stop(self, stats: Any) -> None:
-        self.counter.value = stats.cases
+        self.counter[0] = stats.cases
 
 
 def _extra_worker_main(index: int, conn: Any, counter: Any, job: dict) -> None:
@@ -336,15 +337,17 @@ class ExtraWorkers:
                 "options": options,
             }
             parent, child = context.Pipe(duplex=False)
-            counter = context.Value("q", 0, lock=False)
+            counter = context.Array("q", 2, lock=False)  # [cases, new buckets]
             process = context.Process(target=_extra_worker_main, args=(index, child, counter, job), name=f"attnfuzz-worker-{index}", daemon=False)
             process.start()
             child.close()
             self.processes.append((index, process, parent, counter))
 
-    def progress(self) -> tuple[int, int]:
-        """``(processes, cases)``: how many extra workers there are and the cases they ran so far."""
-        return len(self.processes), sum(int(counter.value) for _, _, _, counter in self.processes)
+    def progress(self) -> tuple[int, int, int]:
+        """``(processes, cases, new buckets)``: how many extra workers there are, the cases they ran
+        so far and the buckets they found new."""
+        counts = [(int(c[0]), int(c[1])) for _, _, _, c in self.processes]
+        return len(self.processes), sum(n for n, _ in counts), sum(b for _, b in counts)
 
     def join(self, timeout_s: float | None) -> list[WorkerReport]:
         """Wait for every extra worker (at most ``timeout_s`` seconds in all; None: no bound), then

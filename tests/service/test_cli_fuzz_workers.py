@@ -16,12 +16,14 @@ import pytest
 from typer.testing import CliRunner
 
 from fuzzer.worker import WorkerStats, merge_stats
+from oracle.config import AttentionCase
 from oracle.errors import CaseValidationError
 from service.cli.fuzz_workers import AUTO_MAX_WORKERS, AUTO_MIN_BUDGET_S, resolve_workers
 from service.cli.main import app
 
 FILE_DB = "sqlite:////tmp/x.db"
 PLANTED = "tests.fuzzer.standins:PlantedWindowBackend"
+PLANTED_CASE = AttentionCase(seqlen_q=3, seqlen_k=3, num_heads=1, head_dim=8, dtype="float32")
 
 
 def _auto(**overrides) -> int:
@@ -139,3 +141,17 @@ def test_two_workers_share_one_database_and_the_summary_adds_them_up(tmp_path: P
     assert 0 < stored <= evaluations  # a case drawn again by either worker is stored once
     assert summary["cases"] >= 2
     assert signatures, "the planted window bug was not found"
+
+
+def test_the_live_bar_counts_the_other_workers_cases_and_buckets() -> None:
+    from service.cli.fuzz_display import RichReporter
+
+    reporter = RichReporter(60.0, None, others=lambda: (1, 5, 2))
+    reporter.on_new_bucket(("k", "v", "out:all_zero"), PLANTED_CASE)
+    reporter.on_case(PLANTED_CASE, [], WorkerStats(cases=3))
+    description = reporter.progress.tasks[0].description
+    assert description.startswith("8 cases (2 workers; table: this one's)")
+    assert "3 new buckets" in description
+    alone = RichReporter(60.0, None)
+    alone.on_case(PLANTED_CASE, [], WorkerStats(cases=3))
+    assert alone.progress.tasks[0].description.startswith("3 cases, ")
