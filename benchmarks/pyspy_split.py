@@ -21,7 +21,7 @@ import collections
 STEPS = (
     ("storage", "Worker._record"),
     ("late results", "Worker._collect_late"),
-    ("shrinking", "Worker._shrink"),
+    ("shrinking", "Worker._drain_minimisation"),
     ("inputs", "Evaluator._inputs"),
     ("comparison preparation", "PreparedReference.__init__"),
     ("oracle", "reference (oracle/reference.py"),
