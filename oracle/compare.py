@@ -1088,6 +1088,23 @@ def _stage_host_tensors(p: PreparedTensor, actuals: list[torch.Tensor]) -> list[
     return staged
 
 
+def to_device_async(x: torch.Tensor, device: Any) -> torch.Tensor:
+    """``x`` on ``device`` without waiting for the device: a host tensor bound for a GPU goes
+    through a pinned copy and an asynchronous transfer (a copy from pageable memory waits for the
+    GPU's queue, `_stage_host_tensors`); otherwise ``x.to(device)``. Same dtype, shape and values.
+
+    Args:
+        x: any tensor.
+        device: the target device.
+
+    Returns:
+        ``x`` on ``device`` (``x`` itself when it is there).
+    """
+    if x.device.type == "cpu" and torch.device(device).type == "cuda":
+        return x.pin_memory().to(device, non_blocking=True)  # the caching host allocator keeps the copy until it is done
+    return x.to(device)
+
+
 def _worst_place(p: PreparedTensor, s: dict[str, Any]) -> dict[str, Any]:
     """Add ``ratio_global``, ``region`` (None for the whole tensor, else ``(group, first row)`` of
     the worst tile) and ``worst_flat`` (a flat ``[G, R, F]`` index, None where no entry is looked
@@ -1397,6 +1414,7 @@ __all__ = [
     "judge_tensors",
     "prepare_tensor",
     "rounding_dtype",
+    "to_device_async",
     "tolerance_factor",
     "unit_roundoff",
 ]
