@@ -26,7 +26,6 @@ from service.cli.common import (
     Isolation,
     LaneMode,
     console,
-    cwd_importable,
     db_url,
     fail,
     log,
@@ -35,6 +34,7 @@ from service.cli.common import (
     print_json,
 )
 from service.cli.fuzz_display import RichReporter, print_summary, summary_data
+from service.cli.fuzz_workers import select_backends
 from service.errors import FieldValidationError
 
 
@@ -229,7 +229,7 @@ def fuzz(
         if gpus is not None:
             _fuzz_on_gpus(gpus, url)
             return
-        selected, resolved_device = _select_backends(backend or [], device)
+        selected, resolved_device = select_backends(backend or [], device)
         migrate(url, wait_s=db_wait)
         from service.cli.fuzz_workers import ExtraWorkers, StoreOptions, join_timeout_s, run_worker
 
@@ -325,37 +325,6 @@ def _require_cuda() -> None:
     if not torch.cuda.is_available():
         why = "this torch is a CPU build" if torch.version.cuda is None else "torch sees no CUDA device"
         fail(FieldValidationError("device", f"cuda: {why}; allowed here: auto, cpu"), code=2)
-
-
-def _select_backends(backend: list[str], device: str) -> tuple[list, str]:
-    """``(selected, device)``: the ``(Backend, spec)`` pairs ``--backend`` names (names and
-    ``module:attr`` plugins) or, without any, every discovered backend that can run here, and the
-    device they run on (``auto``: cuda when a selected backend wants it and a GPU is visible).
-
-    Raises:
-        BackendError: a name is unknown or a plugin spec cannot be loaded (exit 3).
-    """
-    from fuzzer import registry
-
-    names = [b for b in backend if ":" not in b]
-    specs = [b for b in backend if ":" in b]
-    if specs:
-        cwd_importable()
-    if names or specs:
-        selected = registry.select(names, specs)
-    else:
-        selected = list(registry.discover().values())
-    resolved_device = device
-    if device == "auto":
-        import torch
-
-        # quick_availability imports no backend library: TE imported here could load a second
-        # cuDNN into the worker (fuzzer.environment); the children give the full answer
-        wants_cuda = any(b.device == "cuda" and not b.quick_availability() for b, _ in selected)
-        resolved_device = "cuda" if wants_cuda and torch.cuda.is_available() else "cpu"
-    if not names and not specs:  # default: what can run here
-        selected = [(b, s) for b, s in selected if b.device == resolved_device and not b.quick_availability()]
-    return selected, resolved_device
 
 
 def _fuzz_on_gpus(gpus: str, url: str) -> None:

@@ -161,6 +161,38 @@ def run_worker(config: WorkerConfig, url: str, *, reporter: Reporter, options: S
     return WorkerRun(stats=stats, interrupted=interrupted, spooled=spooled)
 
 
+def select_backends(backend: list[str], device: str) -> tuple[list, str]:
+    """``(selected, device)``: the ``(Backend, spec)`` pairs ``--backend`` names (names and
+    ``module:attr`` plugins) or, without any, every discovered backend that can run here, and the
+    device they run on (``auto``: cuda when a selected backend wants it and a GPU is visible).
+
+    Raises:
+        BackendError: a name is unknown or a plugin spec cannot be loaded (exit 3).
+    """
+    from fuzzer import registry
+    from service.cli.common import cwd_importable
+
+    names = [b for b in backend if ":" not in b]
+    specs = [b for b in backend if ":" in b]
+    if specs:
+        cwd_importable()
+    if names or specs:
+        selected = registry.select(names, specs)
+    else:
+        selected = list(registry.discover().values())
+    resolved_device = device
+    if device == "auto":
+        import torch
+
+        # quick_availability imports no backend library: TE imported here could load a second
+        # cuDNN into the worker (fuzzer.environment); the children give the full answer
+        wants_cuda = any(b.device == "cuda" and not b.quick_availability() for b, _ in selected)
+        resolved_device = "cuda" if wants_cuda and torch.cuda.is_available() else "cpu"
+    if not names and not specs:  # default: what can run here
+        selected = [(b, s) for b, s in selected if b.device == resolved_device and not b.quick_availability()]
+    return selected, resolved_device
+
+
 def _reraisable(exc: AttnFuzzError) -> bool:
     """Whether ``type(exc)(message)`` rebuilds ``exc`` with a longer message."""
     from fuzzer.results import SinkFatalError, SinkUnavailableError
@@ -286,10 +318,9 @@ def _extra_worker_main(index: int, conn: Any, counter: Any, job: dict) -> None:
     try:
         from fuzzer.worker import WorkerConfig
         from service.cli.common import exit_code
-        from service.cli.fuzz import _select_backends
 
         try:
-            selected, resolved = _select_backends(job["backend"], job["device"])
+            selected, resolved = select_backends(job["backend"], job["device"])
             config = WorkerConfig(backends=selected, **{**job["config"], "device": resolved})
             run = run_worker(config, job["url"], reporter=_CountingReporter(counter), options=job["options"])  # type: ignore[arg-type]
             conn.send(("ok", pickle.dumps(run)))
