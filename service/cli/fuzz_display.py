@@ -240,6 +240,7 @@ def summary_data(stats: WorkerStats, url: str, *, interrupted: bool = False, spo
         "busy": dict(sorted(getattr(stats, "busy", {}).items())),
         "late": dict(sorted(getattr(stats, "late", {}).items())),
         "late_dropped": dict(sorted(getattr(stats, "late_dropped", {}).items())),
+        "repeated_cases": getattr(stats, "repeated", 0),  # drawn again, answered from their first run: not in "cases"
         "all_busy_cases": getattr(stats, "all_busy", 0),  # drawn, but every backend that runs them was busy: not in "cases"
         "children": _children_data(stats),
         "new_buckets": buckets,
@@ -285,6 +286,11 @@ def print_summary(stats: WorkerStats, url: str, *, interrupted: bool = False) ->
         f"({_share(stats.compile_s, wall)} of wall, {_share(stats.compile_s, stats.fuzz_s)} of fuzzing; "
         f"{sum(len(k) for k in stats.kernel_keys.values())} kernel keys; FA4 compile cache: {jit_cache_description()})"
     )
+    if getattr(stats, "repeated", 0):
+        out.print(
+            f"Drawn again by Hypothesis and answered from their first run in this run (not run, not counted as cases): "
+            f"{stats.repeated}"
+        )
     if stats.slowest_cases:
         slowest = ", ".join(
             f"{name} {n} ({stats.slowest_s[name]:.1f} s)" for name, n in stats.slowest_cases.most_common(4)

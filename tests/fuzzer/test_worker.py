@@ -459,3 +459,48 @@ def test_lanes_store_no_case_that_ran_nowhere(blocked_gate):
     assert stats.cases == 3 and stats.all_busy >= 3, (stats.cases, stats.all_busy)
     with_results = {r.case_id for r in sink.results.values()}
     assert set(sink.cases) == with_results, sorted(set(sink.cases) - with_results)
+
+
+def test_a_fuzz_case_drawn_again_reuses_its_first_run_and_stores_nothing_more(monkeypatch):
+    """The repeat memo (`Worker._repeat_memo_hit`): the second evaluation of the same fuzz case
+    runs no kernel, returns the same verdicts and figures, counts as a case and writes nothing."""
+    from fuzzer.backends.sdpa import SDPABackend
+
+    calls = []
+    real_run = SDPABackend.run
+    monkeypatch.setattr(SDPABackend, "run", lambda self, case, inputs, variant: calls.append(variant) or real_run(self, case, inputs, variant))
+    sink = MemorySink()
+    writes = []
+    real_record = sink.record_case_results
+    monkeypatch.setattr(sink, "record_case_results", lambda *a, **k: writes.append(a[0]) or real_record(*a, **k))
+    case = AttentionCase(seqlen_q=5, seqlen_k=7, causal=True, dtype="bfloat16", backward=True)
+    with Worker(WorkerConfig(backends=registry.select(["torch-cpu-math"]), isolation="none", shrink=False), sink) as worker:
+        first = worker.evaluate(case)
+        ran = len(calls)
+        again = worker.evaluate(AttentionCase.from_json(case.to_json()))  # an equal case, another object
+        other = worker.evaluate(case, phase="shrink", record=False)  # other phases always run
+    assert ran > 0 and len(calls) == 2 * ran, calls
+    assert [(r.backend, r.variant, r.status, r.metrics, r.error_ratio) for r in again] == [
+        (r.backend, r.variant, r.status, r.metrics, r.error_ratio) for r in first
+    ]
+    assert [r.metrics for r in other] == [r.metrics for r in first]
+    assert len(writes) == 1 and worker.stats.cases == 1 and worker.stats.repeated == 1  # a repeat is no case run
+    assert sum(worker.stats.results.values()) == 2 * len(first)  # the two evaluations made count their statuses
+
+
+def test_a_fuzz_case_with_an_error_result_is_run_again(monkeypatch):
+    from fuzzer.backends.sdpa import SDPABackend
+
+    calls = []
+
+    def failing(self, case, inputs, variant):
+        calls.append(variant)
+        raise RuntimeError("planted")
+
+    monkeypatch.setattr(SDPABackend, "run", failing)
+    case = AttentionCase(seqlen_q=3, seqlen_k=3, dtype="float32")
+    with Worker(WorkerConfig(backends=registry.select(["torch-cpu-math"]), isolation="none", shrink=False), MemorySink()) as worker:
+        first = worker.evaluate(case)
+        worker.evaluate(case)
+    assert first and all(r.status == "error" for r in first)
+    assert len(calls) == 2 * len(first) and worker.stats.repeated == 0
