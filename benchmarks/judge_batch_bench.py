@@ -19,10 +19,7 @@ keeps the GPU busy meanwhile with another process's ``SIZE x SIZE`` matmuls, as 
 children do during a campaign (each of the judge's synchronisations then waits for a slice of
 the GPU's time). Every verdict of the two engines is
 also compared, field for field (floats to 1e-12 relative): the figures must agree on the device
-itself, not only on the CPU where the tests run. The host transfers (synchronisations) of each
-engine's judging of a case, and of building the `PreparedReference`, are counted
-(`oracle.host_sync.HostSyncCounter`) and printed: the batch engine makes one a case (before
-2026-12-03: about 10 to prepare a case with backward and 26 to judge 8 outputs).
+itself, not only on the CPU where the tests run.
 
 Timings are compared only with each other (ratios in one run), never with fixed numbers.
 """
@@ -45,7 +42,6 @@ import torch  # noqa: E402
 import oracle.compare as compare  # noqa: E402
 from oracle.compare import PreparedReference, compare_outputs_batch, rounding_dtype  # noqa: E402
 from oracle.config import AttentionCase, torch_dtype  # noqa: E402
-from oracle.host_sync import HostSyncCounter  # noqa: E402
 from oracle.inputs import make_inputs  # noqa: E402
 from oracle.reference import reference  # noqa: E402
 
@@ -89,8 +85,6 @@ def outputs_for(case: AttentionCase, ref, count: int, gen: torch.Generator) -> l
 
 def same(a, b) -> bool:
     for f in fields(a):
-        if f.name == "allowed_tiles_host":  # the batch engine's host copy of allowed_tiles (same values)
-            continue
         x, y = getattr(a, f.name), getattr(b, f.name)
         if isinstance(x, torch.Tensor):
             if not torch.equal(x, y):
@@ -161,11 +155,11 @@ def start_contention(size: int):
 def run(args) -> int:
     gen = torch.Generator().manual_seed(0)
     rows = []
+    real = compare.judge_tensors
     for label, case in CASES.items():
         inputs = make_inputs(case, device=args.device)
         ref = reference(case, inputs, backward=case.backward)
-        with HostSyncCounter() as preparing:
-            prepared = PreparedReference(case, ref, inputs=inputs, batched=True)
+        prepared = PreparedReference(case, ref, inputs=inputs)
         outputs = outputs_for(case, ref, args.results, gen)
         on_host = [{k: v.cpu() for k, v in given.items()} for given in outputs]  # as small outputs come from the children
         plans = {"batch": (True, outputs), "batch_host": (True, on_host), "one_by_one": (False, outputs)}
@@ -178,16 +172,13 @@ def run(args) -> int:
         def staging(engine: str) -> None:  # the staging limit of the engine's run
             compare.STAGE_MAX_BYTES = args.stage_max_bytes if engine == "batch_host_staged" else default_stage
 
-        syncs = {}
         for engine, (batched, given) in plans.items():
+            compare.judge_tensors = lambda p, a, batched=batched: real(p, a, batched=batched)
             staging(engine)
             try:
-                with HostSyncCounter() as counter:  # warm-up, the verdicts and the transfers (the first
-                    engines[engine] = compare_outputs_batch(case, prepared, given, batched=batched)  # fetches the preparation's)
-                    for verdict in engines[engine]:
-                        verdict.to_json()
-                syncs[engine] = counter.total
+                engines[engine] = compare_outputs_batch(case, prepared, given)  # warm-up, and the verdicts
             finally:
+                compare.judge_tensors = real
                 compare.STAGE_MAX_BYTES = default_stage
         mismatches = sum(
             not same(engines[engine][i].tensors[n], engines["one_by_one"][i].tensors[n])
@@ -196,22 +187,21 @@ def run(args) -> int:
         times: dict[str, list[float]] = {engine: [] for engine in plans}
         for _ in range(args.repeats):
             for engine, (batched, given) in plans.items():
+                compare.judge_tensors = lambda p, a, batched=batched: real(p, a, batched=batched)
                 staging(engine)
                 try:
-                    times[engine].append(timed(lambda: compare_outputs_batch(case, prepared, given, batched=batched), args.device))
+                    times[engine].append(timed(lambda: compare_outputs_batch(case, prepared, given), args.device))
                 finally:
+                    compare.judge_tensors = real
                     compare.STAGE_MAX_BYTES = default_stage
         ms = {engine: statistics.median(t) for engine, t in times.items()}
         row = {"case": label, "results": len(outputs), **{f"{e}_ms": v for e, v in ms.items()},
                "ratio": ms["one_by_one"] / ms["batch"], "ratio_host": ms["one_by_one"] / ms["batch_host"],
-               "verdict_mismatches": mismatches, "prepare_syncs": preparing.total,
-               **{f"{e}_syncs": v for e, v in syncs.items()}}
+               "verdict_mismatches": mismatches}
         rows.append(row)
         print(f"{label:40s} {len(outputs)} results: batch {ms['batch']:8.2f} ms (host outputs {ms['batch_host']:8.2f}), "
               f"one by one {ms['one_by_one']:8.2f} ms, {row['ratio']:.2f}x ({row['ratio_host']:.2f}x); verdicts differing: {mismatches}"
               + (f"; host outputs staged up to {args.stage_max_bytes} bytes {ms['batch_host_staged']:8.2f} ms" if "batch_host_staged" in ms else ""))
-        print(f"{'':40s} host transfers: prepare {preparing.total}, "
-              + ", ".join(f"{e} {v}" for e, v in syncs.items()) + " (judging and JSON; batch's first includes the preparation's)")
     if args.json:
         args.json.write_text(json.dumps({"device": args.device, "rows": rows}, indent=1))
     return 1 if any(r["verdict_mismatches"] for r in rows) else 0

@@ -82,8 +82,8 @@ def normalise_masked_lse(lse: Any, ref_lse: Any, sentinel: float, *, empty_rows:
         ref_lse: the oracle's lse, same shape, float64; ``-inf`` on rows without a visible key.
         sentinel: the value the backend declares for such rows (`Backend.masked_row_lse`).
         empty_rows: ``torch.isneginf(ref_lse)`` already on ``lse``'s device (bool, same shape),
-            or None. Given, the work stays where ``lse`` is (`judge_many` moves an lse that came
-            back as bytes to the reference's GPU first, without waiting for the device).
+            or None. Given, the work stays where ``lse`` is (an output that came back as bytes
+            is normalised on the host and judged in its name's batch, `oracle.compare.judge_tensors`).
 
     Returns:
         ``lse`` with those entries replaced: on ``lse``'s device with ``empty_rows``, else on
@@ -159,11 +159,8 @@ def judge_many(
 ) -> list[CaseResult]:
     """`judge` of several outcomes of one case, pure: the ``ok`` outputs are compared with the
     reference together (`oracle.compare.compare_outputs_batch`: on a GPU each tensor name in one
-    batch and every figure of the case in one host transfer, the pending preparation's of a
-    `oracle.compare.PreparedReference` included; on the CPU one tensor at a time; the figures are
-    those of one-by-one judging). A host lse normalised for its backend's masked-row convention
-    is moved to the reference's GPU first, without waiting for the device
-    (`oracle.compare.to_device_async`).
+    batch, three host transfers per name instead of about ten per output; on the CPU one tensor
+    at a time; the figures are those of one-by-one judging).
 
     Args:
         case, reference, oracle_ms, phase: as `judge`.
@@ -178,7 +175,7 @@ def judge_many(
     """
     import torch
 
-    from oracle.compare import compare_outputs_batch, to_device_async
+    from oracle.compare import compare_outputs_batch
 
     results: list[CaseResult | None] = [None] * len(calls)
     to_compare: list[int] = []
@@ -208,10 +205,6 @@ def judge_many(
         lse = out.lse
         if lse is not None and backend.masked_row_lse is not None:
             ref_lse = getattr(reference, "reference", reference).lse
-            if lse.device.type == "cpu" and ref_lse.device.type != "cpu" and lse.shape == ref_lse.shape:
-                # an lse that came back as bytes: to the reference's GPU without waiting for it (fetching
-                # the empty rows to the host instead waited for the GPU), normalised and judged there
-                lse = to_device_async(lse, ref_lse.device)
             if lse.device not in empty_rows:
                 empty_rows[lse.device] = torch.isneginf(ref_lse).to(lse.device)
             lse = normalise_masked_lse(lse, ref_lse, backend.masked_row_lse, empty_rows=empty_rows[lse.device])

@@ -479,11 +479,9 @@ def test_the_batch_judges_a_reference_stored_in_another_order_with_unjudged_entr
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_host_outputs_staged_in_one_transfer_get_the_verdicts_of_outputs_on_the_device() -> None:
     """Small outputs that came back as bytes (on the host) are moved to the GPU in one pinned
-    transfer per dtype (`oracle.compare._stage_host_tensors`), a lone dtype and a tensor above
-    `STAGE_MAX_BYTES` in a pinned transfer of their own (no pageable copy, which waits for the
-    GPU): every verdict equals the one of the same tensors on the device, for a run of rows, a
-    dtype group with a gap, a lone dtype and a wrong shape; the whole judging makes one host
-    transfer."""
+    transfer per dtype (`oracle.compare._stage_host_tensors`): every verdict equals the one of the
+    same tensors on the device, for a run of rows, a dtype group with a gap, one tensor above
+    `STAGE_MAX_BYTES`, a lone dtype and a wrong shape."""
     import oracle.compare as compare
     from oracle.compare import judge_tensors, prepare_tensor
 
@@ -496,195 +494,17 @@ def test_host_outputs_staged_in_one_transfer_get_the_verdicts_of_outputs_on_the_
             (ref * 1.01).to(torch.float32), ref.to(torch.float16), ref.to(torch.bfloat16).flatten()[:-1],
             torch.zeros_like(ref, dtype=torch.bfloat16)]
     groups = compare._stage_host_tensors(prepared, host)
-    assert sorted(rows for rows, _ in groups) == [[0, 1, 3, 7], [2, 4], [5]]  # the wrong shape is no group
+    assert sorted(rows for rows, _ in groups) == [[0, 1, 3, 7], [2, 4]]  # float16 alone, the wrong shape is no group
     on_device = judge_tensors(prepared, [x.cuda() for x in host], batched=True)
-    from oracle.host_sync import HostSyncCounter
-
-    with HostSyncCounter() as syncs:
-        from_host = judge_tensors(prepared, host, batched=True)
-    assert syncs.counts == {"tolist": 1}, syncs.counts
+    from_host = judge_tensors(prepared, host, batched=True)
     for a, b in zip(from_host, on_device):
         _same_verdict(a, b)
     assert from_host[0].passed and not from_host[1].passed and from_host[6].signatures == ("out:shape",)
     saved = compare.STAGE_MAX_BYTES
     try:
-        compare.STAGE_MAX_BYTES = 1  # each tensor staged on its own, the same verdicts
-        assert sorted(rows for rows, _ in compare._stage_host_tensors(prepared, host)) == [[0], [1], [2], [3], [4], [5], [7]]
+        compare.STAGE_MAX_BYTES = 1  # nothing staged: each tensor moved on its own, the same verdicts
+        assert compare._stage_host_tensors(prepared, host) == []
         for a, b in zip(judge_tensors(prepared, host, batched=True), on_device):
             _same_verdict(a, b)
     finally:
         compare.STAGE_MAX_BYTES = saved
-
-
-def _same_prepared(a, b) -> None:
-    """Two `PreparedTensor`s agree field for field (tensors equal, NaN equal to NaN)."""
-    from dataclasses import fields
-
-    for f in fields(a):
-        x, y = getattr(a, f.name), getattr(b, f.name)
-        if isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor):
-            assert isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor), f.name
-            assert x.dtype == y.dtype and torch.equal(x, y), f.name
-        elif isinstance(x, float) and math.isnan(x):
-            assert math.isnan(y), f.name
-        else:
-            assert x == y, (f.name, x, y)
-
-
-def _overflow_references() -> list[tuple[str, torch.Tensor, str, int, torch.Tensor | None]]:
-    """``(name, reference, dtype, row_dim, visible_rows)``: plain, with unjudged entries, a masked
-    lse, an entry past float16's range and one at its overflow edge (the data-dependent steps of
-    `prepare_tensor`)."""
-    gen = torch.Generator().manual_seed(7)
-    plain = torch.randn(2, 70, 3, 16, generator=gen, dtype=torch.float64)
-    holes = plain.clone()
-    holes[0, 3] = -math.inf
-    lse = torch.randn(2, 3, 70, generator=gen, dtype=torch.float64)
-    visible = torch.rand(lse.shape, generator=gen) > 0.2
-    lse = torch.where(visible, lse, -math.inf)
-    past = torch.randn(64, 16, generator=gen, dtype=torch.float64) * 100.0
-    past[3, 5] = 333_175.0
-    edge = torch.randn(64, 16, generator=gen, dtype=torch.float64) * 4000.0
-    edge[3, 5] = 65_460.0
-    both = edge.clone()
-    both[9, 1] = -1e6
-    return [("out", plain, "bfloat16", 1, None), ("dq", holes, "float32", 1, None), ("lse", lse, "float16", 2, visible),
-            ("dk", past, "float16", 0, None), ("dk", edge, "float16", 0, None), ("dv", both, "float16", 0, None)]
-
-
-def test_the_device_preparation_resolves_to_the_prepared_tensor_of_prepare_tensor() -> None:
-    """`_prepare_on_device` (the GPU's preparation: no host transfer, no data-dependent branch)
-    resolves to the `PreparedTensor` of `prepare_tensor`, field for field, where nothing
-    overflows, with unjudged entries, a masked lse, an entry past float16's range and one at its
-    overflow edge; and it reads nothing on the host until resolved."""
-    from oracle.compare import _HostTransfer, _prepare_on_device, prepare_tensor
-    from oracle.host_sync import HostSyncCounter
-
-    kinds = set()
-    for name, ref, dtype, row_dim, visible in _overflow_references():
-        expected = prepare_tensor(name, ref, dtype, tile_rows=16, row_dim=row_dim, visible_rows=visible)
-        with HostSyncCounter() as syncs:
-            pending = _prepare_on_device(name, ref, dtype, tile_rows=16, row_dim=row_dim, visible_rows=visible)
-        assert syncs.total == 0, syncs.counts
-        transfer = _HostTransfer()
-        where = transfer.add(*pending.host_parts())
-        _same_prepared(pending.resolve(transfer.fetch()[where]), expected)
-        kinds.add((expected.overflow is not None, expected.overflow_edge is not None, expected.all_judged))
-    assert kinds == {(False, False, True), (False, False, False), (True, False, False), (False, True, True), (True, True, False)}
-
-
-def _case_outputs(case: AttentionCase, ref: ReferenceResult, count: int, seed: int) -> list[dict[str, torch.Tensor]]:
-    """``count`` fake kernel outputs of ``case``: rounded, noisy, all zero, with a NaN, an
-    infinity, a wrong shape, a planted wrong row, lse without some names."""
-    gen = torch.Generator().manual_seed(seed)
-    outputs = []
-    for i in range(count):
-        given = {}
-        for name, value in rounded_outputs(case, ref).items():
-            exact = getattr(ref, name)
-            x = value.clone().contiguous()
-            kind = i % 8
-            if kind == 1 and name == "out":
-                x = torch.zeros_like(x)
-            elif kind == 2:
-                noise = torch.randn(exact.shape, generator=gen, dtype=torch.float64).to(exact.device)
-                x = (exact * (1 + 1e-2 * noise)).to(x.dtype)
-            elif kind == 3 and name in ("out", "dk"):
-                x.view(-1)[5] = math.nan
-            elif kind == 4 and name in ("dq", "lse"):
-                x.view(-1)[-1] = math.inf
-            elif kind == 5 and name == "dv":
-                x = x.flatten()[:-1]
-            elif kind == 6:
-                x.select(-1 if name == "lse" else (0 if case.is_varlen else 1), 0).mul_(1.5)
-            elif kind == 7 and name in ("lse", "dq"):
-                continue
-            given[name] = x
-        outputs.append(given)
-    return outputs
-
-
-CASE_KINDS = [
-    AttentionCase(batch_size=1, seqlen_q=65, seqlen_k=130, num_heads=2, head_dim=16, dtype="bfloat16", backward=True, causal=True),
-    AttentionCase(batch_size=1, seqlen_q=70, seqlen_k=40, num_heads=2, head_dim=16, dtype="float16", backward=True,
-                  causal=True, causal_alignment="bottom_right"),
-    AttentionCase(batch_size=2, seqlen_q=1, seqlen_k=300, num_heads=4, num_heads_kv=2, head_dim=32, dtype="bfloat16"),
-    AttentionCase(batch_size=2, seqlen_q=20, seqlen_k=20, num_heads=2, head_dim=8, dtype="float32", backward=True,
-                  qkv_format="thd", seqlens_q=(20, 13), seqlens_k=(13, 20), causal=True, causal_alignment="bottom_right"),
-]
-
-
-@pytest.mark.parametrize("case", CASE_KINDS, ids=["bwd-causal", "bwd-masked-rows", "fwd-decode-gqa", "bwd-thd-fp32"])
-def test_a_case_judged_in_one_transfer_gets_the_verdicts_of_the_one_tensor_engine(case, monkeypatch) -> None:
-    """The GPU's path, run on the CPU: a `PreparedReference` prepared on the device (nothing
-    fetched) and `compare_outputs_batch` with the batch engine make ONE host transfer for the
-    whole case (every name's figures, the preparation's, the failing verdicts' tile allowances),
-    and a second judging of the same reference one too; every verdict equals the one-tensor
-    engine's, field for field and in JSON. (Before: 10 transfers to prepare a case with backward,
-    26-27 to judge 8 outputs, one per failing tensor's JSON.)"""
-    import oracle.compare as compare
-    from oracle.compare import PreparedReference, compare_outputs_batch
-    from oracle.host_sync import HostSyncCounter
-
-    # the tile allowances come with the figures on a GPU; here too, so their JSON is counted
-    monkeypatch.setattr(compare, "_keeps_host_tiles", lambda p: p.num_groups * p.num_tiles <= compare.MAX_STORED_TILES)
-    ref = reference(case, make_inputs(case), backward=case.backward)
-    outputs = _case_outputs(case, ref, 8, seed=case.seqlen_q)
-    one_by_one = compare_outputs_batch(case, PreparedReference(case, ref, batched=False), outputs, batched=False)
-    with HostSyncCounter() as preparing:
-        prepared = PreparedReference(case, ref, batched=True)
-    assert preparing.total == 0, preparing.counts
-    assert set(prepared._pending) == {n for n in ("out", "lse", "dq", "dk", "dv") if getattr(ref, n) is not None}
-    with HostSyncCounter() as judging:
-        together = compare_outputs_batch(case, prepared, outputs, batched=True)
-        as_json = [v.to_json() for v in together]
-    assert judging.counts == {"tolist": 1}, judging.counts
-    assert prepared._pending == {}
-    with HostSyncCounter() as again:
-        twice = compare_outputs_batch(case, prepared, outputs, batched=True)
-    assert again.total == 1, again.counts
-    assert not all(v.passed for v in together) and any(v.passed for v in together)
-    for a, b, c in zip(together, one_by_one, twice):
-        assert a.signatures == b.signatures == c.signatures
-        assert set(a.tensors) == set(b.tensors)
-        for name in a.tensors:
-            _same_verdict(replace_host_tiles(a.tensors[name]), b.tensors[name])
-            _same_verdict(replace_host_tiles(c.tensors[name]), b.tensors[name])
-    assert as_json == [v.to_json() for v in one_by_one]
-    assert any("tile_allowed" in t for v in as_json for t in v["tensors"].values())
-
-
-def replace_host_tiles(verdict):
-    """``verdict`` without its host copy of the tile allowances, which must equal its tensor."""
-    import dataclasses
-
-    if verdict.allowed_tiles_host is not None:
-        assert verdict.allowed_tiles_host == verdict.allowed_tiles.tolist()
-    return dataclasses.replace(verdict, allowed_tiles_host=None)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("case", CASE_KINDS, ids=["bwd-causal", "bwd-masked-rows", "fwd-decode-gqa", "bwd-thd-fp32"])
-def test_a_case_on_the_gpu_is_prepared_and_judged_in_one_host_transfer(case) -> None:
-    """On a GPU, a `PreparedReference` (the GPU's default: prepared on the device) and
-    `compare_outputs_batch` of outputs on the device and outputs on the host (as the children
-    send small ones) make one host transfer for the case, the failing verdicts' JSON included;
-    the verdicts equal the one-tensor engine's on the same device."""
-    from oracle.compare import PreparedReference, compare_outputs_batch
-    from oracle.host_sync import HostSyncCounter
-
-    ref = reference(case, make_inputs(case, device="cuda"), backward=case.backward)
-    outputs = _case_outputs(case, ref, 8, seed=case.seqlen_q)
-    outputs = outputs[:4] + [{k: v.cpu() for k, v in given.items()} for given in outputs[4:]]
-    one_by_one = compare_outputs_batch(case, PreparedReference(case, ref, batched=False), outputs, batched=False)
-    with HostSyncCounter() as syncs:
-        prepared = PreparedReference(case, ref)
-        together = compare_outputs_batch(case, prepared, outputs)
-        as_json = [v.to_json() for v in together]
-    assert prepared.batched and syncs.counts == {"tolist": 1}, syncs.counts
-    for a, b in zip(together, one_by_one):
-        assert a.signatures == b.signatures
-        for name in a.tensors:
-            _same_verdict(replace_host_tiles(a.tensors[name]), b.tensors[name])
-    assert as_json == [v.to_json() for v in one_by_one]
