@@ -36,7 +36,7 @@ from typing import Any, Protocol
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from fuzzer.text import MAX_DETAIL, MAX_NAME, MAX_PACKAGE, MAX_SIGNATURE, MAX_VERSIONS, is_storable, storable_text
+from fuzzer.text import MAX_DETAIL, MAX_NAME, MAX_PACKAGE, MAX_SIGNATURE, MAX_VERSIONS, has_unstorable, is_storable, storable_text
 from oracle.config import AttentionCase
 from oracle.errors import AttnFuzzError
 
@@ -46,21 +46,30 @@ PHASES = ("fuzz", "shrink", "confirm", "replay")
 
 
 def _storable_json(value: Any) -> bool:
-    """True when no string (key or value) in the JSON value needs `storable_text`."""
+    """True when no string (key or value) in the JSON value needs `storable_text`: every key is a
+    string and no string holds a character `storable_text` escapes. The strings are gathered
+    (a dict's keys joined in one ``str.join``, which refuses a key that is not a string) and
+    searched once (`fuzzer.text.has_unstorable`: a search for single characters finds the same in
+    the concatenation as in its parts); numbers are skipped by their exact type. A result's
+    metrics hold about 55 keys: one search instead of one `is_storable` call per string."""
+    texts: list[str] = []
     stack = [value]
     while stack:
         item = stack.pop()
+        kind = type(item)
+        if kind is float or kind is int or kind is bool or item is None:
+            continue
         if isinstance(item, str):
-            if not is_storable(item):
-                return False
+            texts.append(item)
         elif isinstance(item, dict):
-            for key, child in item.items():
-                if not isinstance(key, str) or not is_storable(key):
-                    return False
-                stack.append(child)
+            try:
+                texts.append("".join(item))
+            except TypeError:  # a key that is not a string
+                return False
+            stack.extend(item.values())
         elif isinstance(item, (list, tuple)):
             stack.extend(item)
-    return True
+    return not has_unstorable("".join(texts))
 
 
 def _storable_copy(value: Any) -> Any:

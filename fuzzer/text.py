@@ -63,6 +63,11 @@ def storable_text(value: Any, max_chars: int | None = None) -> str:
     return text
 
 
+def has_unstorable(text: str) -> bool:
+    """True when ``text`` holds a character `storable_text` escapes (NUL, a lone surrogate)."""
+    return _UNSTORABLE.search(text) is not None
+
+
 def is_storable(value: str, max_chars: int | None = None) -> bool:
     """True when `storable_text` would return ``value`` unchanged (nothing to escape, not too
     long; tested without building the text: every string of every result's metrics is tested)."""
@@ -71,4 +76,7 @@ def is_storable(value: str, max_chars: int | None = None) -> bool:
     return storable_text(value, max_chars) == value  # (raises as it does for a too small max_chars)
 
 
-__all__ = ["CUT_MARKER", "MAX_DETAIL", "MAX_NAME", "MAX_PACKAGE", "MAX_SIGNATURE", "MAX_VERSIONS", "is_storable", "storable_text"]
+__all__ = [
+    "CUT_MARKER", "MAX_DETAIL", "MAX_NAME", "MAX_PACKAGE", "MAX_SIGNATURE", "MAX_VERSIONS", "has_unstorable", "is_storable",
+    "storable_text",
+]

@@ -93,6 +93,11 @@ def _bucket_key(backend: str, variant: str, signature: str) -> Any:
 # up in SQLAlchemy's compiled cache each time: a third of the write of a CPU fuzz case).
 _BUILD_BY_ID = select(Build.id).where(Build.id == bindparam("id"))
 _WORKER_BY_ID = select(Worker.id).where(Worker.id == bindparam("id"))
+# both in one statement (one round trip a case): ``(build id or NULL, worker id or NULL)``
+_BUILD_AND_WORKER_BY_ID = select(
+    select(Build.id).where(Build.id == bindparam("build_id")).scalar_subquery(),
+    select(Worker.id).where(Worker.id == bindparam("worker_id")).scalar_subquery(),
+)
 
 
 @functools.lru_cache(maxsize=4)
@@ -444,9 +449,18 @@ class SqlStore:
 
     @staticmethod
     def _check_build_worker(connection: Connection, build_id: int, worker_id: int | None) -> None:
-        if connection.scalar(_BUILD_BY_ID, {"id": build_id}) is None:
+        """Raise `NotFoundError` for an unknown ``build_id`` (first) or ``worker_id`` (None: not
+        checked); both checked with one SELECT."""
+        if worker_id is None:
+            if connection.scalar(_BUILD_BY_ID, {"id": build_id}) is None:
+                raise NotFoundError("build", build_id)
+            return
+        found_build, found_worker = connection.execute(
+            _BUILD_AND_WORKER_BY_ID, {"build_id": build_id, "worker_id": worker_id}
+        ).one()
+        if found_build is None:
             raise NotFoundError("build", build_id)
-        if worker_id is not None and connection.scalar(_WORKER_BY_ID, {"id": worker_id}) is None:
+        if found_worker is None:
             raise NotFoundError("worker", worker_id)
 
     @staticmethod

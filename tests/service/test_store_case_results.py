@@ -103,3 +103,18 @@ def test_a_result_of_another_case_is_refused(store: SqlStore, session: Session, 
     with pytest.raises(FieldValidationError, match="case_id"):
         store.record_case_results(CASE.to_json(), "fuzz", _results(OTHER), build_id, worker_id)
     assert _count(session, Case) == 0
+
+
+def test_the_unknown_build_or_worker_is_named(store: SqlStore, session: Session, ids: tuple[int, int]) -> None:
+    """One SELECT checks both: an unknown build is named first, then an unknown worker; a known
+    pair (and a None worker) passes."""
+    build_id, worker_id = ids
+    with pytest.raises(NotFoundError, match="build"):
+        store.record_case_results(CASE.to_json(), "fuzz", _results(CASE), build_id + 1000, worker_id + 1000)
+    with pytest.raises(NotFoundError, match="build"):
+        store.record_case_results(CASE.to_json(), "fuzz", _results(CASE), build_id + 1000, None)
+    with pytest.raises(NotFoundError, match="worker"):
+        store.record_case_results(CASE.to_json(), "fuzz", _results(CASE), build_id, worker_id + 1000)
+    assert _count(session, Case) == 0
+    store.record_case_results(CASE.to_json(), "fuzz", _results(CASE), build_id, None)
+    assert _count(session, Result) == len(_results(CASE))
