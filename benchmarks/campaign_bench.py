@@ -62,8 +62,8 @@ FIGURES = {
     "own": re.compile(r"own work \([^)]*\) ([\d.]+) s"),
 }
 # With several worker processes (``fuzz --workers``, this tree's CPU default) the split above is of
-# their wall times added up, printed as "worker time X s"; one worker prints none (its wall).
-WORKER_TIME = re.compile(r"worker time ([\d.]+) s")
+# their wall times added up, printed as "their time together X s"; one worker prints none (its wall).
+WORKER_TIME = re.compile(r"their time together ([\d.]+) s")
 WORKERS = re.compile(r"with (\d+) worker processes")
 # The console entry point of the tree on PYTHONPATH: attnfuzz.cli.main, which every tree since issue 18
 # has (whatever module holds the typer app behind it); before it, the typer app service.cli:app

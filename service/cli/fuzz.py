@@ -299,7 +299,7 @@ def fuzz(
         if as_json:
             print_json(summary_data(stats, url, interrupted=interrupted, spool=spooled))
         else:
-            print_summary(stats, url, interrupted=interrupted)
+            print_summary(stats, url, interrupted=interrupted, stored=_bucket_states(url, stats.new_buckets) if extra else None)
             if spooled["outages"] or spooled["left"]:
                 out.print(
                     f"database outages: {spooled['outages']}; writes spooled {spooled['spooled']}, flushed {spooled['flushed']}, "
@@ -314,6 +314,28 @@ def fuzz(
             raise typer.Exit(failed[0].exit_code or 1)
     except AttnFuzzError as exc:
         fail(exc)
+
+
+def _bucket_states(url: str, keys: list) -> dict:
+    """`service.db.repository.bucket_states` of ``keys`` in the database at ``url`` (empty when
+    it cannot be read now: the summary then says only what the workers saw)."""
+    if not keys:
+        return {}
+    from sqlalchemy.orm import Session
+
+    from service.db.engine import make_engine
+    from service.db.repository import bucket_states
+
+    try:
+        engine = make_engine(url)
+        try:
+            with Session(engine) as session:
+                return bucket_states(session, keys)
+        finally:
+            engine.dispose()
+    except Exception as exc:  # noqa: BLE001 - the summary goes on with what the workers reported
+        log.warning("could not read the new buckets' state from %s: %s", url, exc)
+        return {}
 
 
 def _require_cuda() -> None:

@@ -248,7 +248,16 @@ def summary_data(stats: WorkerStats, url: str, *, interrupted: bool = False, spo
     }
 
 
-def print_summary(stats: WorkerStats, url: str, *, interrupted: bool = False) -> None:
+def print_summary(stats: WorkerStats, url: str, *, interrupted: bool = False, stored: dict | None = None) -> None:
+    """Print the fuzz summary (tables, the time split, new buckets, hints).
+
+    Args:
+        stats: the run's figures (several workers' merged, `fuzzer.worker.merge_stats`).
+        url: the database URL (named in the hints).
+        interrupted: the run stopped on Ctrl-C.
+        stored: with several workers, `service.db.repository.bucket_states` of the new buckets: what
+            the database says of a bucket another worker shrunk or attached after this one found it.
+    """
     if interrupted:
         out.print("[bold yellow]interrupted (Ctrl-C):[/] what this run stored before it stopped:")
     table = Table(title="evaluations this run, by status")
@@ -273,8 +282,8 @@ def print_summary(stats: WorkerStats, url: str, *, interrupted: bool = False) ->
     wall = stats.split_wall_s
     workers = getattr(stats, "workers", 1)
     side_by_side = (
-        f" with {workers} worker processes side by side ({command_name()} fuzz --workers); "
-        f"worker time {wall:.1f} s, split" if workers > 1 else ". Wall"
+        f" with {workers} worker processes side by side (--workers); their time together {wall:.1f} s, split"
+        if workers > 1 else ". Wall"
     )
     out.print(
         f"{stats.cases} cases in {stats.wall_s:.1f} s ({stats.cases_per_s:.2f} cases/s){side_by_side}: "
@@ -329,6 +338,10 @@ def print_summary(stats: WorkerStats, url: str, *, interrupted: bool = False) ->
                 line += f"\n      {outcome.status}: {outcome.case.describe()}  [case {outcome.case.case_id}]"
             elif key in attached_to:
                 line += f"\n      fails on the minimised case of {' / '.join(attached_to[key])} too: one root cause, not shrunk on its own"
+            elif stored and (stored.get(key) or (None, ""))[1].startswith("attached"):
+                line += f"\n      {stored[key][1]} (by another worker)"
+            elif stored and (stored.get(key) or (None, ""))[0]:
+                line += f"\n      minimised by another worker: case {stored[key][0]}"
             elif stats.minimised or stats.shrink_s:
                 line += f"\n      not minimised in this run: a later fuzz run shrinks it ({command_name()} fuzz --max-cases 0 only shrinks)"
             out.print(escape(line), soft_wrap=True)  # plain text: rich would take "[case ...]" for markup and drop it

@@ -244,6 +244,21 @@ def get_bucket(session: Session, bucket_id: int, *, results_limit: int = 50) -> 
     )
 
 
+def bucket_states(session: Session, keys: list[tuple[str, str, str]]) -> dict[tuple[str, str, str], tuple[str | None, str]]:
+    """What the database says now of the buckets ``keys`` (``(backend, variant, signature)``):
+    ``{key: (minimised case id or None, minimise note)}`` for those it holds. The fuzz summary of
+    several worker processes asks it (a bucket one worker found may have been shrunk, or attached
+    to another's minimised case, by another worker)."""
+    if not keys:
+        return {}
+    rows = session.execute(
+        select(Bucket.backend, Bucket.variant, Bucket.signature, Bucket.minimised_case_id, Bucket.minimise_note).where(
+            tuple_(Bucket.backend, Bucket.variant, Bucket.signature).in_([tuple(k) for k in keys])
+        )
+    )
+    return {(b, v, sig): (case_id, note or "") for b, v, sig, case_id, note in rows}
+
+
 def defect_group(session: Session, bucket: Bucket) -> list[Bucket]:
     """The other buckets of ``bucket``'s root-cause group, most severe first, then by id; empty
     when it has none."""

@@ -155,3 +155,43 @@ def test_the_live_bar_counts_the_other_workers_cases_and_buckets() -> None:
     alone = RichReporter(60.0, None)
     alone.on_case(PLANTED_CASE, [], WorkerStats(cases=3))
     assert alone.progress.tasks[0].description.startswith("3 cases, ")
+
+
+def test_the_summary_says_what_another_worker_did_with_a_bucket(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """A bucket one worker found and another shrank or attached: the summary of several workers reads
+    its state from the database (`bucket_states`) instead of calling it unshrunk."""
+    from sqlalchemy import update
+    from sqlalchemy.orm import Session
+
+    from fuzzer.results import BuildFingerprint, CaseResult
+    from service.cli.fuzz import _bucket_states
+    from service.cli.fuzz_display import print_summary
+    from service.db import migrations
+    from service.db.engine import make_engine
+    from service.db.models import Bucket
+    from service.db.store import SqlStore
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    migrations.upgrade(url)
+    engine = make_engine(url)
+    store = SqlStore(engine)
+    build_id = store.register_build(BuildFingerprint(torch="2.13.0"))
+    store.record_case(PLANTED_CASE.to_json(), "fuzz")
+    shrunk, attached, alone = ("k", "a", "out:all_zero"), ("k", "b", "out:all_zero"), ("k", "c", "lse:mismatch")
+    for key in (shrunk, attached, alone):
+        store.record_result(CaseResult(PLANTED_CASE.case_id, key[0], key[1], "fail", signature=key[2]), build_id, None)
+    with Session(engine) as session, session.begin():
+        session.execute(update(Bucket).where(Bucket.variant == "a").values(minimised_case_id=PLANTED_CASE.case_id))
+        session.execute(update(Bucket).where(Bucket.variant == "b").values(minimise_note="attached: fails as out:all_zero on the minimised case of bucket 1"))
+    engine.dispose()
+
+    states = _bucket_states(url, [shrunk, attached, alone, ("k", "z", "nope")])
+    assert states[shrunk][0] == PLANTED_CASE.case_id and states[alone] == (None, "") and ("k", "z", "nope") not in states
+
+    stats = WorkerStats(cases=1, wall_s=1.0, shrink_s=1.0)
+    stats.new_buckets += [shrunk, attached, alone]
+    print_summary(stats, url, stored=states)
+    said = " ".join(capsys.readouterr().out.split())
+    assert f"minimised by another worker: case {PLANTED_CASE.case_id}" in said
+    assert "attached: fails as out:all_zero on the minimised case of bucket 1 (by another worker)" in said
+    assert said.count("not minimised in this run") == 1  # only the bucket nobody shrank
