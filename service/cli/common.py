@@ -261,10 +261,30 @@ def migrate(url: str, wait_s: float = 0.0) -> None:
                 delay = min(delay * 2, 10.0)
                 continue
             _raise_refused(url, exc)
+            missing = _missing_sqlite_folder(url)
+            if missing is not None:
+                raise ServiceError(
+                    f"database {url!r}: its folder {missing} does not exist (create it, or give --db a path in an existing folder)"
+                ) from exc
             raise ServiceError(f"database {url!r}: cannot migrate: {type(exc).__name__}: {exc}") from exc
         except Exception as exc:  # SQLAlchemy / Alembic errors: name the database, keep the cause
             _raise_refused(url, exc)
             raise ServiceError(f"database {url!r}: cannot migrate: {type(exc).__name__}: {exc}") from exc
+
+
+def _missing_sqlite_folder(url: str) -> str | None:
+    """For a SQLite file URL whose folder does not exist, that folder; else None (SQLite itself
+    only says "unable to open database file")."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        parsed = make_url(url)
+    except Exception:  # noqa: BLE001 - not a URL SQLAlchemy reads: the caller's message stands
+        return None
+    if parsed.get_backend_name() != "sqlite" or not parsed.database or parsed.database == ":memory:":
+        return None
+    directory = os.path.dirname(os.path.abspath(parsed.database))
+    return None if os.path.isdir(directory) else directory
 
 
 def _raise_refused(url: str, exc: Exception) -> None:

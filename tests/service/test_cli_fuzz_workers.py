@@ -195,3 +195,4 @@ def test_the_summary_says_what_another_worker_did_with_a_bucket(tmp_path: Path, 
     assert f"minimised by another worker: case {PLANTED_CASE.case_id}" in said
     assert "attached: fails as out:all_zero on the minimised case of bucket 1 (by another worker)" in said
     assert said.count("not minimised in this run") == 1  # only the bucket nobody shrank
+

@@ -449,3 +449,12 @@ def test_an_unknown_backend_name_is_a_usage_error_listing_the_names(tmp_path) ->
     assert "opt-in backends that exercise attnfuzz itself: cp-cpu-planted-merge" in text
     broken = _invoke("fuzz", "--backend", "no_such_module:Thing", "--max-cases", "1", "--db", f"sqlite:///{tmp_path / 'y.db'}")
     assert broken.exit_code == 3, broken.output
+
+
+def test_a_database_in_a_missing_folder_names_the_folder(tmp_path: Path) -> None:
+    """New-user trial: ``--db /missing/dir/x.db`` said "cannot migrate: unable to open database file"."""
+    missing = tmp_path / "no" / "such"
+    result = _invoke("db", "upgrade", "--db", str(missing / "x.db"))
+    said = " ".join(result.output.split())
+    assert result.exit_code == 5
+    assert f"its folder {missing} does not exist" in said
