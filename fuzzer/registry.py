@@ -130,8 +130,13 @@ def select(names: Iterable[str], extra_specs: Iterable[str] = ()) -> list[tuple[
     if missing:
         opt_in = sorted(n for n, (_, spec) in known.items() if spec.partition(":")[0] in OPT_IN_MODULES)
         regular = sorted(n for n in known if n not in opt_in)
+        import difflib
+
+        close = difflib.get_close_matches(missing[0], list(known), n=1)
         raise UnknownBackendError(
-            f"backend: unknown name {missing[0]!r} (allowed: {', '.join(regular)}"
+            f"backend: unknown name {missing[0]!r}"
+            + (f" (did you mean {close[0]!r}?)" if close else "")
+            + f" (allowed: {', '.join(regular)}"
             + (f"; opt-in backends that exercise attnfuzz itself: {', '.join(opt_in)}" if opt_in else "")
             + ")"
         )

@@ -447,6 +447,8 @@ def test_an_unknown_backend_name_is_a_usage_error_listing_the_names(tmp_path) ->
     text = " ".join(result.output.split())
     assert "backend: unknown name 'nosuch' (allowed: " in text and "torch-cpu-math" in text
     assert "opt-in backends that exercise attnfuzz itself: cp-cpu-planted-merge" in text
+    typo = _invoke("fuzz", "--backend", "torch-cpu-mth", "--max-cases", "1", "--db", f"sqlite:///{tmp_path / 'z.db'}")
+    assert typo.exit_code == 2 and "(did you mean 'torch-cpu-math'?)" in " ".join(typo.output.split())
     broken = _invoke("fuzz", "--backend", "no_such_module:Thing", "--max-cases", "1", "--db", f"sqlite:///{tmp_path / 'y.db'}")
     assert broken.exit_code == 3, broken.output
 
