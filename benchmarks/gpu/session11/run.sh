@@ -8,7 +8,7 @@
 #   start main 600, wait main, finish main check; then on a second machine
 #   benchmarks/judge_batch_bench.py --stage-max-bytes 8388608 (see docs/gpu-campaigns.md).
 set -uo pipefail
-export SESSION_OUT=/tmp/s11
+export SESSION_OUT=${SESSION_OUT:-/tmp/s11}  # a later session sets its own (session12/run.sh)
 case "${1:-}" in
 tests)
     . benchmarks/gpu/staging.sh
