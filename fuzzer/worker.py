@@ -286,7 +286,7 @@ class WorkerStats:
     results: Counter = field(default_factory=Counter)  # status -> count
     per_backend: Counter = field(default_factory=Counter)  # (backend, status) -> count
     runnable: Counter = field(default_factory=Counter)  # backend -> fuzz cases it ran (>= 1 variant)
-    targeted: Counter = field(default_factory=Counter)  # backend -> fuzz cases drawn for it
+    targeted: Counter = field(default_factory=Counter)  # backend -> fuzz cases drawn for it (``repeated`` ones included)
     unsupported: Counter = field(default_factory=Counter)  # (backend, reason) -> unsupported results
     new_buckets: list = field(default_factory=list)  # bucket keys, in order found
     minimised: list = field(default_factory=list)  # (bucket key, MinimiseOutcome)
@@ -925,13 +925,15 @@ class Worker:
                 return  # finish the chunk quickly (reject() would make Hypothesis report it)
             target_name, case = drawn
             self._collect_late()  # background parts of earlier cases that are done: judged, stored
+            repeated = self.stats.repeated
             results = self.evaluate(case, phase="fuzz", tasks=self._compile_gated_tasks(case))
             self._note_crashes(case, results)
             for result in results:  # what observability tools (HYPOTHESIS_EXPERIMENTAL_OBSERVABILITY) show
                 event(f"{result.backend}/{result.variant}: {result.status}")
             if target_name is not None:
-                self.stats.targeted[target_name] += 1
-            count_case(results, self.stats.runnable, self.stats.unsupported)
+                self.stats.targeted[target_name] += 1  # a draw, run or answered from its first run
+            if self.stats.repeated == repeated:  # the coverage counts are of cases run
+                count_case(results, self.stats.runnable, self.stats.unsupported)
             for result in results:
                 if result.error_ratio is not None and math.isfinite(result.error_ratio):
                     target(min(result.error_ratio, 1e6), label=f"{result.backend}:{result.variant}")
