@@ -328,6 +328,8 @@ class WorkerStats:
     workers: int = 1  # worker processes these figures add up (`merge_stats`)
     worker_s: float = 0.0  # their wall seconds summed (0: one worker, ``wall_s``): the base of the time split
     repeated: int = 0  # fuzz cases drawn again in this run, answered from their first run (Worker._repeat_memo_hit); not in ``cases``
+    started_s: float = 0.0  # time.monotonic() when the worker's wall time began (0: unknown); one clock for every process of a machine
+    stopped_s: float = 0.0  # time.monotonic() when it ended (0: unknown)
 
     @property
     def split_wall_s(self) -> float:
@@ -356,9 +358,12 @@ class WorkerStats:
 def merge_stats(parts: list[WorkerStats]) -> WorkerStats:
     """The figures of several workers that ran side by side (``attnfuzz fuzz --workers N``) as one
     `WorkerStats`: counts and seconds added, lists joined in order (a bucket key listed by two
-    workers once), per-backend sets joined; ``wall_s`` is the longest worker's (the run's elapsed
-    time, so ``cases_per_s`` is the run's rate), ``worker_s`` the sum of their walls (the base of
-    the time split, `WorkerStats.split_wall_s`) and ``workers`` their number.
+    workers once), per-backend sets joined; ``wall_s`` is the run's elapsed time, from the first
+    worker's start to the last one's end when every part has ``started_s`` and ``stopped_s`` (one
+    monotonic clock for all the processes of a machine; the workers start a few seconds apart),
+    else the longest worker's, so ``cases_per_s`` is the run's rate; ``worker_s`` the sum of
+    their walls (the base of the time split, `WorkerStats.split_wall_s`) and ``workers`` their
+    number.
 
     Args:
         parts: one `WorkerStats` per worker (at least one); not modified.
@@ -376,12 +381,16 @@ def merge_stats(parts: list[WorkerStats]) -> WorkerStats:
         raise ValueError("parts: at least one WorkerStats is needed")
     merged = WorkerStats()
     merged.workers = 0
-    for part in parts:
+    for index, part in enumerate(parts):
         for f in dataclasses.fields(WorkerStats):
             name = f.name
             mine, theirs = getattr(merged, name), getattr(part, name)
             if name == "wall_s":
                 merged.wall_s = max(mine, theirs)
+            elif name == "started_s":
+                merged.started_s = theirs if index == 0 else min(mine, theirs)
+            elif name == "stopped_s":
+                merged.stopped_s = max(mine, theirs)
             elif name == "worker_s":
                 merged.worker_s = mine + (theirs if theirs > 0 else part.wall_s)
             elif isinstance(mine, Counter):
@@ -400,6 +409,8 @@ def merge_stats(parts: list[WorkerStats]) -> WorkerStats:
                         mine.setdefault(key, value)
             else:  # int and float figures
                 setattr(merged, name, mine + theirs)
+    if all(p.started_s > 0 and p.stopped_s > 0 for p in parts):
+        merged.wall_s = max(merged.wall_s, merged.stopped_s - merged.started_s)
     return merged
 
 
@@ -562,6 +573,7 @@ class Worker:
         """
         self.open()
         self._started = self._clock()
+        self.stats.started_s = self._started
         self.reporter.on_start(self)
         status = "failed"
         try:
@@ -585,7 +597,8 @@ class Worker:
             status = "stopped"
         finally:
             self._drop_late()
-            self.stats.wall_s = self._clock() - self._started
+            self.stats.stopped_s = self._clock()
+            self.stats.wall_s = self.stats.stopped_s - self._started
             if self._fuzz_started is not None:
                 self.stats.fuzz_s = self._clock() - self._fuzz_started
             if self.worker_id is not None:

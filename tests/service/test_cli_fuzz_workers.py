@@ -108,6 +108,10 @@ def test_merged_figures_add_counts_and_seconds_and_keep_the_longest_wall() -> No
     assert merged.task_timing_s["k"] == {"run": 2.0, "pack": 0.25}
     assert merged.own_s == pytest.approx(61.0 - 5.0 - 11.0 - 1.0)  # the split is of the workers' summed wall
     assert a.cases == 10 and a.new_buckets == [("k", "v", "out:all_zero")]  # the parts are not changed
+    a.started_s, a.stopped_s, b.started_s, b.stopped_s = 100.0, 130.0, 103.0, 134.0  # b started 3 s later
+    timed = merge_stats([a, b])
+    assert (timed.started_s, timed.stopped_s, timed.wall_s) == (100.0, 134.0, 34.0)  # the run's elapsed time
+    assert timed.cases_per_s == pytest.approx(17 / 34.0) and timed.worker_s == 61.0
     one = merge_stats([a])
     assert one.workers == 1 and one.split_wall_s == a.wall_s and one.own_s == pytest.approx(a.own_s)
     with pytest.raises(ValueError, match="parts"):
