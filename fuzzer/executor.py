@@ -873,7 +873,7 @@ def _tail(path: str, lines: int = _STDERR_TAIL_LINES) -> str:
     return "\n".join(deque(text.splitlines(), maxlen=lines))
 
 
-def _usable_cores() -> int:
+def usable_cores() -> int:
     """The CPU cores this process may run on (its affinity where the OS says, else the count)."""
     try:
         return len(os.sched_getaffinity(0))
@@ -1194,7 +1194,7 @@ class ChildProcessExecutor:
             return self.parallel
         if _device_of(inputs) == "cuda":
             return True
-        return len(self._environments) + 1 <= _usable_cores()
+        return len(self._environments) + 1 <= usable_cores()
 
     def _check_idle(self) -> None:
         """Before a serial run: wait for every environment's submitted run (lanes) to finish."""

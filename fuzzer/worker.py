@@ -374,7 +374,6 @@ def merge_stats(parts: list[WorkerStats]) -> WorkerStats:
     Raises:
         ValueError: ``parts`` is empty.
     """
-    import copy
     import dataclasses
 
     if not parts:
@@ -396,7 +395,7 @@ def merge_stats(parts: list[WorkerStats]) -> WorkerStats:
             elif isinstance(mine, Counter):
                 mine.update(theirs)
             elif isinstance(mine, list):
-                mine.extend(copy.copy(x) for x in theirs if name != "new_buckets" or x not in mine)
+                mine.extend(x for x in theirs if name != "new_buckets" or x not in mine)
             elif isinstance(mine, dict):
                 for key, value in theirs.items():
                     if isinstance(value, set):
@@ -487,9 +486,8 @@ class Worker:
         self._head_dim_pool: list[int] = []
         self._shrink_overrun_s = 0.0  # recent time minimisations ran past their slice (_shrink_slice)
         self._late: list[Any] = []  # fuzzer.evaluate.LateRun of fuzz cases still running in the background (lanes)
-        # fuzz cases already run and stored in this run: key (`_repeat_key`) -> (results, variants
-        # not applicable, slowest backend or None); see `_repeat_memo_hit`
-        self._repeat_memo: OrderedDict[tuple, tuple[list[CaseResult], Counter, str | None]] = OrderedDict()
+        # fuzz cases already run and stored in this run: key (`_repeat_key`) -> their results; see `_repeat_memo_hit`
+        self._repeat_memo: OrderedDict[tuple, list[CaseResult]] = OrderedDict()
         self._crashed_keys: set[tuple[str, tuple]] = set()  # (backend, kernel_key) that crashed or timed out in a fuzz case
         self._kernel_templates: dict[str, dict[KernelTemplate, None]] = {}  # JIT backend -> first-seen templates
         self._started = 0.0
@@ -1047,9 +1045,7 @@ class Worker:
             self.reporter.on_case(case, results, self.stats)
             self._heartbeat()
         if repeat_key is not None and self._repeatable(evaluation, ran_nowhere):
-            self._repeat_memo[repeat_key] = (
-                results, Counter(evaluation.not_applicable), None if evaluation.slowest is None else evaluation.slowest[0],
-            )
+            self._repeat_memo[repeat_key] = results
             while len(self._repeat_memo) > MAX_REPEAT_MEMO:
                 self._repeat_memo.popitem(last=False)
         return results
@@ -1090,7 +1086,7 @@ class Worker:
         with no time added and nothing stored (the first run stored them; writing them again
         changes no row)."""
         self._repeat_memo.move_to_end(key)
-        results = self._repeat_memo[key][0]
+        results = self._repeat_memo[key]
         self.stats.repeated += 1
         if self._fuzz_started is not None:
             self.stats.fuzz_s = self._clock() - self._fuzz_started

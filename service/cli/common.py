@@ -261,8 +261,8 @@ def migrate(url: str, wait_s: float = 0.0) -> None:
                 delay = min(delay * 2, 10.0)
                 continue
             _raise_refused(url, exc)
-            missing = _missing_sqlite_folder(url)
-            if missing is not None:
+            missing = _sqlite_folder(url)  # read by _raise_refused just before: a URL SQLAlchemy reads
+            if missing is not None and not os.path.isdir(missing):
                 raise ServiceError(
                     f"database {url!r}: its folder {missing} does not exist (create it, or give --db a path in an existing folder)"
                 ) from exc
@@ -272,19 +272,19 @@ def migrate(url: str, wait_s: float = 0.0) -> None:
             raise ServiceError(f"database {url!r}: cannot migrate: {type(exc).__name__}: {exc}") from exc
 
 
-def _missing_sqlite_folder(url: str) -> str | None:
-    """For a SQLite file URL whose folder does not exist, that folder; else None (SQLite itself
-    only says "unable to open database file")."""
+def _sqlite_folder(url: str) -> str | None:
+    """The folder of the SQLite file ``url`` names (absolute); None for another database or an
+    in-memory one.
+
+    Raises:
+        sqlalchemy.exc.ArgumentError: ``url`` is not a URL SQLAlchemy reads.
+    """
     from sqlalchemy.engine import make_url
 
-    try:
-        parsed = make_url(url)
-    except Exception:  # noqa: BLE001 - not a URL SQLAlchemy reads: the caller's message stands
-        return None
+    parsed = make_url(url)
     if parsed.get_backend_name() != "sqlite" or not parsed.database or parsed.database == ":memory:":
         return None
-    directory = os.path.dirname(os.path.abspath(parsed.database))
-    return None if os.path.isdir(directory) else directory
+    return os.path.dirname(os.path.abspath(parsed.database))
 
 
 def _raise_refused(url: str, exc: Exception) -> None:
@@ -292,14 +292,11 @@ def _raise_refused(url: str, exc: Exception) -> None:
     full (SQLite itself only says "unable to open database file")."""
     import shutil
 
-    from sqlalchemy.engine import make_url
-
     from service.db.engine import StoreRefusedError
 
-    parsed = make_url(url)
-    if parsed.get_backend_name() != "sqlite" or not parsed.database or parsed.database == ":memory:":
+    directory = _sqlite_folder(url)
+    if directory is None:
         return
-    directory = os.path.dirname(os.path.abspath(parsed.database))
     reason = None
     if os.path.isdir(directory) and not os.access(directory, os.W_OK):
         reason = f"read-only database: {directory} is not writable"

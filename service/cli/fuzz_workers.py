@@ -23,7 +23,6 @@ import dataclasses
 import logging
 import math
 import multiprocessing
-import os
 import pickle
 import time
 from dataclasses import dataclass
@@ -201,14 +200,6 @@ def _reraisable(exc: AttnFuzzError) -> bool:
     return isinstance(exc, (SinkFatalError, SinkUnavailableError, SpoolError))
 
 
-def usable_cores() -> int:
-    """CPU cores this process may run on (its affinity mask; ``os.cpu_count()`` where there is none)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
 def resolve_workers(
     workers: str,
     *,
@@ -236,7 +227,7 @@ def resolve_workers(
         isolation: ``"process"`` or ``"none"``.
         time_budget_s, seed, max_cases, ledger: the run's options (None: not given).
         url: the database URL.
-        cores: usable cores (None: `usable_cores`).
+        cores: usable cores (None: `fuzzer.executor.usable_cores`).
 
     Returns:
         The number of workers, >= 1.
@@ -253,7 +244,11 @@ def resolve_workers(
             return 1
         if time_budget_s is None or time_budget_s < AUTO_MIN_BUDGET_S:
             return 1
-        return max(1, min(cores if cores is not None else usable_cores(), AUTO_MAX_WORKERS))
+        if cores is None:
+            from fuzzer.executor import usable_cores
+
+            cores = usable_cores()
+        return max(1, min(cores, AUTO_MAX_WORKERS))
     try:
         number = int(text)
     except ValueError:
@@ -313,7 +308,7 @@ class _CountingReporter:
 
 def _extra_worker_main(index: int, conn: Any, counter: Any, job: dict) -> None:
     """Entry of an extra worker process: select the backends as the command did, run
-    `run_worker`, send ``("ok", pickled WorkerRun)`` or ``("error", message, exit code)``."""
+    `run_worker`, send ``("ok", WorkerRun)`` or ``("error", message, exit code)``."""
     logging.getLogger("attnfuzz").setLevel(logging.ERROR)  # the command's own worker says what they would
     try:
         from fuzzer.worker import WorkerConfig
@@ -323,7 +318,7 @@ def _extra_worker_main(index: int, conn: Any, counter: Any, job: dict) -> None:
             selected, resolved = select_backends(job["backend"], job["device"])
             config = WorkerConfig(backends=selected, **{**job["config"], "device": resolved})
             run = run_worker(config, job["url"], reporter=_CountingReporter(counter), options=job["options"])  # type: ignore[arg-type]
-            conn.send(("ok", pickle.dumps(run)))
+            conn.send(("ok", run))
         except AttnFuzzError as exc:
             conn.send(("error", f"{type(exc).__name__}: {exc}", exit_code(exc)))
     except KeyboardInterrupt:  # Ctrl-C before the worker ran: nothing to report
@@ -357,7 +352,6 @@ class ExtraWorkers:
         context = multiprocessing.get_context("spawn")
         fields = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.name not in ("backends", "device")}
         fields.update(replay_known=False, corpus_dir=None)
-        self.started = time.monotonic()
         self.processes: list[tuple[int, Any, Any, Any]] = []  # (index, process, parent end of the pipe, case counter)
         for index in range(1, count + 1):
             job = {
@@ -392,7 +386,7 @@ class ExtraWorkers:
                 if conn.poll(left):
                     message = conn.recv()
                     if message[0] == "ok":
-                        run = pickle.loads(message[1])
+                        run = message[1]
                         report.stats, report.interrupted, report.spooled = run.stats, run.interrupted, run.spooled
                     else:
                         report.error, report.exit_code = message[1], int(message[2])
@@ -402,12 +396,7 @@ class ExtraWorkers:
                 process.join(5.0)
                 report.error, report.exit_code = f"ended without a report (exit code {process.exitcode}): {type(exc).__name__}", 1
             process.join(5.0 if report.error is None else 0.1)
-            if process.is_alive():
-                process.terminate()
-                process.join(5.0)
-                if process.is_alive():
-                    process.kill()
-                    process.join()
+            _end(process)
             conn.close()
             reports.append(report)
         return reports
@@ -418,11 +407,18 @@ class ExtraWorkers:
             if process.is_alive():
                 process.terminate()
         for _, process, conn, _ in self.processes:
-            process.join(10.0)
-            if process.is_alive():
-                process.kill()
-                process.join()
+            _end(process, 10.0)
             conn.close()
+
+
+def _end(process: Any, wait_s: float = 5.0) -> None:
+    """Stop ``process`` if it still runs: SIGTERM, at most ``wait_s`` seconds, then SIGKILL."""
+    if process.is_alive():
+        process.terminate()
+        process.join(wait_s)
+        if process.is_alive():
+            process.kill()
+            process.join()
 
 
 def join_timeout_s(time_budget_s: float | None, shrink_deadline_s: float) -> float | None:
