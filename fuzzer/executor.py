@@ -41,6 +41,7 @@ Protocol (parent -> child): ``("run", case_json, pack_inputs(case, inputs), [(ba
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import contextlib
 import multiprocessing
@@ -926,6 +927,15 @@ class ChildProcessExecutor:
             serial order). Per-task semantics are the same
             either way: the timeout is per task and per child, every way a call ends becomes its
             `TaskOutcome`, a dead child is restarted, outcomes come in task order.
+        spare_after_restarts: once an environment's child has been restarted this many times, a
+            spare child of it is started ahead in the background and kept ready; the next restart
+            takes it at once (``spares_used``) and orders another. None: never (each restart
+            starts a child and waits for it). Why: a CUDA child imports FA4 or TE and creates its
+            context, seconds each time, and a kernel that crashes once tends to crash again; on
+            the H200 (2026-12-02, twelfth session) FA4 crashed 11 times in a 600 s run and its
+            lane ran 383 cases in 449 s of work, of which compiles took 120 s and kernels 82 s.
+            The spare costs a process (host and device memory) only for environments that
+            crashed.
 
     One run per environment at a time: `submit` waits for an environment still working on an
     earlier submitted run (or, with ``skip_busy``, leaves it out: lanes), and `run` without
@@ -946,6 +956,7 @@ class ChildProcessExecutor:
         memory_limit_bytes: int | None = None,
         memory_poll_s: float = 0.05,
         parallel: bool | None = None,
+        spare_after_restarts: int | None = 1,
     ):
         import torch.multiprocessing  # noqa: F401  (registers tensor reductions)
 
@@ -964,6 +975,15 @@ class ChildProcessExecutor:
         self._children: dict[str, _Child] = {}
         self._ever_started: set[str] = set()
         self.restarts = 0  # children started again after a crash, a timeout or a lost pipe
+        if spare_after_restarts is not None and spare_after_restarts < 0:
+            raise ExecutorError(f"spare_after_restarts: must be None or >= 0, got {spare_after_restarts}")
+        #: keep a spare child of an environment, started ahead, once it has been restarted this
+        #: many times (None: never); see `_child`
+        self.spare_after_restarts = spare_after_restarts
+        self.spares_used = 0  # restarts served by a spare child started ahead
+        self._restarts_by_env: collections.Counter = collections.Counter()
+        self._spares: dict[str, concurrent.futures.Future] = {}  # environment -> its spare's start
+        self._spare_pool: concurrent.futures.ThreadPoolExecutor | None = None
         # guards _children, _ever_started, restarts, runtime, log names and process starts
         # (environment_set changes os.environ around the start) across the environment threads
         self._lock = threading.RLock()
@@ -987,7 +1007,13 @@ class ChildProcessExecutor:
     def _environment(self, name: str) -> str:
         return self.backends[name][0].environment
 
-    def _start(self, environment: str) -> _Child:
+    def _start(self, environment: str, register: bool = True) -> _Child:
+        """Start a child of ``environment`` and wait for its ready message; ``register``: make it
+        the environment's child (False: a spare, `_start_spare`).
+
+        Raises:
+            ExecutorError: it did not report ready within ``start_timeout_s`` or died first.
+        """
         members = [(spec, b.name) for b, spec in self.backends.values() if b.environment == environment]
         env_vars: dict[str, str] = {}
         if any(b.jit_compiled for b, _ in self.backends.values() if b.environment == environment):
@@ -1016,8 +1042,57 @@ class ChildProcessExecutor:
         child = _Child(process, parent_conn, log_path, message[1])
         with self._lock:
             self._note_runtime(message[2] if len(message) > 2 else None)
-            self._children[environment] = child
+            if register:
+                self._children[environment] = child
         return child
+
+    def _start_spare(self, environment: str) -> _Child | None:
+        """A spare child of ``environment`` (the spare pool's thread: the child lives as long as
+        that thread, see the class docstring); None when the executor is closing."""
+        if self._closing.is_set():
+            return None
+        child = self._start(environment, register=False)
+        if self._closing.is_set():  # close() began while it started: it will not be used
+            self._end_child(child)
+            return None
+        return child
+
+    def _take_spare(self, environment: str) -> _Child | None:
+        """The spare child of ``environment`` started ahead, alive and ready (waiting for its
+        start if it is still starting), or None (none, or its start failed or it died)."""
+        with self._lock:
+            future = self._spares.pop(environment, None)
+        if future is None:
+            return None
+        try:
+            child = future.result(timeout=self.start_timeout_s)
+        except Exception:  # its start failed: start one the usual way (which reports why)
+            return None
+        if child is None or not child.process.is_alive():
+            if child is not None:
+                self._end_child(child)
+            return None
+        return child
+
+    def _order_spare(self, environment: str) -> None:
+        """Start a spare child of ``environment`` in the background when it has been restarted
+        ``spare_after_restarts`` times or more and has none (see `_child`)."""
+        if self.spare_after_restarts is None or self._closing.is_set():
+            return
+        with self._lock:
+            if self._restarts_by_env[environment] < self.spare_after_restarts or environment in self._spares:
+                return
+            if self._spare_pool is None:
+                self._spare_pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="attnfuzz-spare")
+            self._spares[environment] = self._spare_pool.submit(self._start_spare, environment)
+
+    @staticmethod
+    def _end_child(child: _Child) -> None:
+        """Kill ``child`` (a spare never used) and close its pipe."""
+        if child.process.is_alive():
+            child.process.kill()
+        child.process.join(10)
+        child.conn.close()
 
     def _new_log_path(self, environment: str) -> str:
         """A stderr file name of its own for a new child of ``environment``:
@@ -1048,11 +1123,22 @@ class ChildProcessExecutor:
             child = self._children.get(environment)
         if child is None or not child.process.is_alive():
             with self._lock:
-                if environment in self._ever_started:
+                restart = environment in self._ever_started
+                if restart:
                     self.restarts += 1
-            child = self._start(environment)
+                    self._restarts_by_env[environment] += 1
+            spare = self._take_spare(environment) if restart else None
+            if spare is not None:
+                with self._lock:
+                    self._children[environment] = spare
+                    self.spares_used += 1
+                child = spare
+            else:
+                child = self._start(environment)
             with self._lock:
                 self._ever_started.add(environment)
+            if restart:
+                self._order_spare(environment)
         return child
 
     def _kill(self, environment: str) -> None:
@@ -1398,6 +1484,19 @@ class ChildProcessExecutor:
             if self._pool is not None:  # after the children: their starting threads may end now
                 self._pool.shutdown(wait=True)
                 self._pool = None
+            with self._lock:
+                spares, self._spares = list(self._spares.values()), {}
+            for future in spares:
+                future.cancel()  # not started yet: never starts
+                try:
+                    child = future.result(timeout=self.start_timeout_s) if not future.cancelled() else None
+                except Exception:
+                    child = None
+                if child is not None:
+                    self._end_child(child)
+            if self._spare_pool is not None:
+                self._spare_pool.shutdown(wait=True)
+                self._spare_pool = None
         finally:
             self._closing.clear()
         if self._owns_log_dir:

@@ -583,6 +583,27 @@ SOFTMAX_SCALES = st.one_of(st.none(), st.floats(0.01, 2.0, allow_nan=False))
 SOFTCAPS = st.one_of(st.sampled_from([1.0, 5.0, 30.0, 50.0]), st.floats(0.5, 100.0))
 """A ``softcap`` when one is drawn: the usual values first, then any in ``[0.5, 100]``."""
 
+SEED_POOL = 8
+"""Seeds ``0 .. SEED_POOL - 1`` are the pooled seeds `seeds` draws seven times in eight."""
+
+
+@st.composite
+def seeds(draw) -> int:
+    """A case's ``seed`` (``0 <= seed < 2**32``): seven draws in eight one of the `SEED_POOL`
+    pooled seeds, else any 32-bit seed; shrinks toward the pool, then toward seed 0.
+
+    Why a pool: a case's inputs are a pure function of ``(seed, stream, index)``
+    (`oracle.inputs.hash_normal`, one stream per tensor role), and the CPU engine keeps each
+    ``(seed, stream)``'s samples (`oracle.inputs._hash_normal_cached`), so a case on a pooled
+    seed copies its inputs instead of computing them: on the 2-core CPU machine the inputs were
+    16% of a worker's samples (py-spy, 2026-12-02, `benchmarks/pyspy_split.py`), about as much as
+    the float64 oracle. The values still differ from case to case (the shape decides which
+    indices a tensor takes), what a case tests is its shape, mask and input family, and one draw
+    in eight keeps the whole seed space reachable."""
+    if draw(st.integers(0, 7)) < 7:
+        return draw(st.integers(0, SEED_POOL - 1))
+    return draw(st.integers(0, 2**32 - 1))
+
 
 @functools.lru_cache(maxsize=STRATEGY_CACHE_SIZE)
 def _head_dims_preferring(max_head_dim: int, multiple: int, preferred_head_dims: tuple[int, ...]) -> st.SearchStrategy[int]:
@@ -677,7 +698,7 @@ def _attention_cases(
         softcap = draw(SOFTCAPS)
     backward = t.backward if t else bool(caps.backward and allow_backward and draw(st.booleans()))
     input_spec = draw(input_specs(head_dim=head_dim, backward=backward, dtype=dtype))
-    seed = draw(st.integers(0, 2**32 - 1))
+    seed = draw(seeds())
     return AttentionCase(
         batch_size=batch_size,
         seqlen_q=seqlen_q,

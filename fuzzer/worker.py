@@ -330,6 +330,8 @@ class WorkerStats:
     repeated: int = 0  # fuzz cases drawn again in this run, answered from their first run (Worker._repeat_memo_hit); not in ``cases``
     started_s: float = 0.0  # time.monotonic() when the worker's wall time began (0: unknown); one clock for every process of a machine
     stopped_s: float = 0.0  # time.monotonic() when it ended (0: unknown)
+    child_restarts: int = 0  # backend children started again after a crash, a timeout or a lost pipe (at close)
+    spares_used: int = 0  # of those, restarts served by a spare child started ahead (`ChildProcessExecutor`)
 
     @property
     def split_wall_s(self) -> float:
@@ -551,8 +553,13 @@ class Worker:
         self.worker_id = self.sink.register_worker(*where, slot) if slot else self.sink.register_worker(*where)
 
     def close(self) -> None:
-        """Stop the executor's child processes."""
+        """Stop the executor's child processes (their restart counts go to `stats` first)."""
         if self._evaluator is not None:
+            for executor in (self._executor, getattr(self._executor, "default", None)):
+                if executor is not None and isinstance(getattr(executor, "restarts", None), int):
+                    self.stats.child_restarts += executor.restarts
+                    self.stats.spares_used += getattr(executor, "spares_used", 0)
+                    break
             self._evaluator.close()
             self._evaluator = None
 
@@ -868,7 +875,8 @@ class Worker:
 
     def _note_crashes(self, case: AttentionCase, results: list[CaseResult]) -> None:
         """Quarantine the ``kernel_key`` of every fuzz task of ``case`` that crashed (a fatal
-        CUDA error) or timed out: later fuzz cases do not run that backend at that key
+        CUDA error) or timed out, and the keys of the backend's other variants on ``case``:
+        later fuzz cases do not run that backend at those keys
         (`_compile_gated_tasks`, counted in ``stats.crash_quarantined``). Each such outcome cost
         a child restart (seconds for a CUDA process that imports FA4 or TE) or a whole timeout,
         and its bucket exists and is shrunk already; on the H200 (2026-12-01) one FA4 crash
@@ -892,12 +900,18 @@ class Worker:
             )
             if result.status not in ("crash", "timeout") and not compile_failed:
                 continue
-            try:
-                key = backend.kernel_key(case, result.variant) if backend is not None else None
-            except Exception:  # a plugin's key function must not stop the fuzz loop
-                key = None
-            if key is not None:
-                self._crashed_keys.add((result.backend, key))
+            if backend is None:
+                continue
+            # every variant's key on this case: the variants of a backend call one library
+            # entry with other mask arguments, and on the H200 (2026-12-02) FA4 crashed 11 times
+            # in a 600 s run, through four variants of a few shapes, each crash a child restart
+            for variant in dict.fromkeys([result.variant, *backend.variants]):
+                try:
+                    key = backend.kernel_key(case, variant)
+                except Exception:  # a plugin's key function must not stop the fuzz loop
+                    key = None
+                if key is not None:
+                    self._crashed_keys.add((result.backend, key))
 
     def _with_templates(self, name: str, common: dict[str, Any], share: float | None) -> dict[str, Any]:
         """``common`` with backend ``name``'s kernel templates and ``share`` when it is a JIT

@@ -242,6 +242,9 @@ def summary_data(stats: WorkerStats, url: str, *, interrupted: bool = False, spo
         "late_dropped": dict(sorted(getattr(stats, "late_dropped", {}).items())),
         "repeated_cases": getattr(stats, "repeated", 0),  # drawn again, answered from their first run: not in "cases"
         "all_busy_cases": getattr(stats, "all_busy", 0),  # drawn, but every backend that runs them was busy: not in "cases"
+        # backend children started again after a crash, a timeout or a lost pipe; of them, taken from a spare started ahead
+        "child_restarts": getattr(stats, "child_restarts", 0),
+        "spare_children_used": getattr(stats, "spares_used", 0),
         "children": _children_data(stats),
         "new_buckets": buckets,
         "spool": spool or {},
@@ -315,6 +318,11 @@ def print_summary(stats: WorkerStats, url: str, *, interrupted: bool = False, st
     for what, counts in skipped.items():
         if counts:
             out.print(f"Not run, no result ({what}): " + ", ".join(f"{n} {c}" for n, c in sorted(counts.items())))
+    if getattr(stats, "child_restarts", 0):
+        out.print(
+            f"Backend children started again (after a crash, a timeout or a lost pipe): {stats.child_restarts}, "
+            f"{stats.spares_used} of them by taking a spare child started ahead"
+        )
     if getattr(stats, "all_busy", 0):
         out.print(
             f"Lanes: {stats.all_busy} drawn case(s) ran nowhere (every backend that runs them was busy with an "

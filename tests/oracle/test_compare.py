@@ -456,6 +456,50 @@ def test_judging_a_batch_gives_each_tensor_the_verdict_of_judging_it_alone(dtype
         _same_verdict(a, b)
 
 
+@pytest.mark.parametrize("batched", [False, True])
+def test_a_tensor_bit_identical_to_an_earlier_one_takes_its_verdict_and_one_bit_apart_does_not(batched: bool) -> None:
+    """`judge_tensors` judges a tensor holding the same bits as an earlier one of its list once
+    (the variants of a backend often compute the same values): the copy gets that verdict, equal
+    to judging it alone; tensors one ulp, one signed zero, one NaN payload or one dtype apart are
+    judged on their own, and a planted wrong row among copies still fails."""
+    import oracle.compare as compare
+    from oracle.compare import judge_tensor, judge_tensors, prepare_tensor
+
+    gen = torch.Generator().manual_seed(21)
+    ref = torch.randn(2, 40, 3, 8, generator=gen, dtype=torch.float64)
+    ref[0, 0, 0, 0] = 0.0
+    prepared = prepare_tensor("out", ref, "bfloat16", tile_rows=16, row_dim=1)
+    right = ref.to(torch.bfloat16)
+    ulp = right.clone()
+    ulp.view(torch.int16)[1, 3, 2, 5] += 1  # one unit in the last place
+    negzero = right.clone()
+    negzero[0, 0, 0, 0] = -0.0
+    planted = right.clone()
+    planted[:, 5] = planted[:, 6]
+    nan_a, nan_b = right.clone(), right.clone()
+    nan_a.view(-1)[3] = math.nan
+    nan_b.view(torch.int16).view(-1)[3] = nan_a.view(torch.int16).view(-1)[3] ^ 1  # another NaN payload
+    assert math.isnan(float(nan_b.view(-1)[3]))
+    batch = [right, right.clone(), ulp, negzero, planted, planted.clone(), right.to(torch.float16), nan_a, nan_a.clone(),
+             nan_b, right.clone()]
+    calls = []
+    real = compare.judge_tensor
+    try:
+        compare.judge_tensor = lambda p, a: calls.append(a) or real(p, a)
+        verdicts = judge_tensors(prepared, batch, batched=batched)
+    finally:
+        compare.judge_tensor = real
+    for actual, verdict in zip(batch, verdicts):
+        _same_verdict(verdict, judge_tensor(prepared, actual))
+    assert verdicts[1] is verdicts[0] and verdicts[10] is verdicts[0]
+    assert verdicts[5] is verdicts[4] and not verdicts[4].passed
+    assert verdicts[8] is verdicts[7] and verdicts[7].signatures[0] == "out:nan"
+    for apart in (2, 3, 6, 9):  # judged on their own
+        assert verdicts[apart] is not verdicts[0] and verdicts[apart] is not verdicts[7]
+    if not batched:
+        assert len(calls) == 7  # 11 tensors, 4 copies
+
+
 def test_the_batch_judges_a_reference_stored_in_another_order_with_unjudged_entries() -> None:
     """A reference whose storage is not in the judging order (sbhd: ``[b, s, h, d]`` viewed over
     ``[s, b, h, d]``) with entries it leaves unjudged: the batch engine gives the one-tensor
