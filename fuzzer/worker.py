@@ -902,6 +902,11 @@ class Worker:
                 continue
             if backend is None:
                 continue
+            # No more draws for the backend from this case's template: on the H200 (2026-12-02,
+            # twelfth session) crashed FA4 cases had become templates, so its template draws kept
+            # landing on quarantined keys (2,896 fa4 tasks quarantined; it ran 383 cases of 1,250
+            # drawn for it).
+            self._kernel_templates.get(result.backend, {}).pop(KernelTemplate.of(case), None)
             # every variant's key on this case: the variants of a backend call one library
             # entry with other mask arguments, and on the H200 (2026-12-02) FA4 crashed 11 times
             # in a 600 s run, through four variants of a few shapes, each crash a child restart
@@ -1191,8 +1196,10 @@ class Worker:
     def _track_kernels(self, case: AttentionCase, results: list[CaseResult]) -> None:
         """For each JIT backend that ran ``case`` (a result not ``unsupported``): add its
         ``kernel_key`` per variant run to ``stats.kernel_keys`` (a key counts when first seen)
-        and, for a non-CP case, its `KernelTemplate` to the backend's templates (first-seen
-        order, at most `MAX_KERNEL_TEMPLATES`). Compile seconds go to ``stats.compile_by_backend``."""
+        and, for a non-CP case it ran to a verdict (``pass`` or ``fail``), its `KernelTemplate`
+        to the backend's templates (first-seen order, at most `MAX_KERNEL_TEMPLATES`); a crash,
+        timeout or error makes no template (`_note_crashes` removes one). Compile seconds go to
+        ``stats.compile_by_backend``."""
         for r in results:
             if r.compile_ms:
                 self.stats.compile_by_backend[r.backend] += r.compile_ms / 1000.0
@@ -1204,7 +1211,7 @@ class Worker:
             except Exception:  # a plugin's key function must not stop the fuzz loop
                 key = ("unkeyed", r.variant)
             self.stats.kernel_keys.setdefault(r.backend, set()).add(key)
-            if case.cp_size == 1:
+            if case.cp_size == 1 and r.status in ("pass", "fail"):  # a kernel that ran to a verdict
                 templates = self._kernel_templates.setdefault(r.backend, {})
                 if len(templates) < MAX_KERNEL_TEMPLATES:
                     templates.setdefault(KernelTemplate.of(case), None)

@@ -460,3 +460,19 @@ def test_a_jit_kernel_key_that_failed_to_compile_is_not_run_again_and_other_erro
         assert worker.stats.crash_quarantined["standin-jit-compile-fails"] == 1
         again = worker._compile_gated_tasks(dataclasses.replace(refused, seqlen_k=9, seed=4))
         assert again is None or ("standin-jit-compile-fails", "native") in again
+        # templates (what the backend's draws reuse): only kernels that ran to a verdict, and a
+        # key that failed later is no template any more
+        from fuzzer.strategies import KernelTemplate
+
+        ran = dataclasses.replace(failing, head_dim=16, head_dim_v=16)
+        ran_results = worker.evaluate(ran)
+        assert {r.backend: r.status for r in ran_results}["standin-jit-compile-fails"] == "pass", ran_results
+        worker._note_crashes(ran, ran_results)
+        templates = worker._kernel_templates["standin-jit-compile-fails"]
+        assert list(templates) == [KernelTemplate.of(ran)]  # not the failed or the refused case's
+        from fuzzer.results import CaseResult
+
+        crashed = CaseResult(case_id=ran.case_id, backend="standin-jit-compile-fails", variant="native", status="crash",
+                             signature="crash", signatures=("crash",))
+        worker._note_crashes(dataclasses.replace(ran, seqlen_k=7), [crashed])
+        assert KernelTemplate.of(ran) not in worker._kernel_templates["standin-jit-compile-fails"]
