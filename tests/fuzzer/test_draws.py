@@ -203,13 +203,13 @@ class _StopWhenFound(Reporter):
 
 def test_a_default_cpu_campaign_finds_a_kernel_wrong_only_for_long_rows_with_few_queries():
     """The default CPU settings (targeted draws, CPU_BOUNDS) over a CPU backend and the plugin.
-    With ``seed=4`` it is found within a few cases; ``max_cases`` bounds the run if the draws
+    With ``seed=8`` it is found within a few cases; ``max_cases`` bounds the run if the draws
     change (about 3% of the plugin's cases are in the planted region; 1024-key rows under the
     earlier per-length bound: none in 1,835 cases)."""
     backends = registry.select(["torch-cpu-math"], [PLANTED])
     sink = MemorySink()
     config = WorkerConfig(
-        backends=backends, isolation="none", seed=4, max_cases=250, time_budget_s=None, replay_known=False,
+        backends=backends, isolation="none", seed=8, max_cases=250, time_budget_s=None, replay_known=False,
         shrink_deadline_s=60, shrink_share=1.0,
     )
     stats = Worker(config, sink, reporter=_StopWhenFound("planted-long-row")).run()
