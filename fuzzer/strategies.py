@@ -85,14 +85,17 @@ class DrawBounds:
         max_elements: bound on the elements of each of q, k, v (``batch_size * seqlen *
             heads * head_dim``); on CPU generating inputs costs about 0.3 us per element, so
             this keeps long-row (decode-like) cases cheap there.
+        seed_pool: seeds ``0 .. seed_pool - 1`` are drawn seven times in eight (`seeds`); 0:
+            every seed drawn freely.
     """
 
     max_seqlen: int | None
     max_work: int
     max_elements: int | None
+    seed_pool: int = 0
 
 
-CPU_BOUNDS = DrawBounds(max_seqlen=None, max_work=2**23, max_elements=2**18)
+CPU_BOUNDS = DrawBounds(max_seqlen=None, max_work=2**23, max_elements=2**18, seed_pool=8)
 """CPU defaults: cases stay small, many per second. With the worker's other defaults (batch 2,
 4 kv heads) the modelled mean cost of a case (0.35 us per input element generated plus 8 ns per
 multiply-add, both measured on the 2-core CI machine; `benchmarks/draw_cost.py`, 3,000 draws
@@ -106,7 +109,8 @@ milliseconds in the kernels and the float64 tensor-core oracle, so lengths reach
 batch, heads and head dims leave room (8192 x 8192 needs ``batch*heads*head_dim <= 64``);
 2**25 elements (64 MiB per bf16 tensor) keep the float64 oracle's working set within its default
 bound (`ORACLE_BYTES_PER_ELEMENT` times 2**25 is 6.5 GiB of 8). 8192 is above every backend's
-declared soft cap."""
+declared soft cap. No seed pool: the GPU's inputs are not cached (`seeds`), and with lanes a case
+drawn again runs again (on the H200, 2026-12-02, a pool of 8 made 973 of 3,542 cases repeats)."""
 
 ORACLE_BYTES_PER_ELEMENT = 208
 """Upper bound of `AttentionCase.oracle_working_set_bytes` per unit of ``max_elements`` when every
@@ -507,6 +511,7 @@ def attention_cases(
     max_elements: int | None = None,
     kernel_templates: tuple[KernelTemplate, ...] = (),
     template_share: float = 0.0,
+    seed_pool: int = 0,
 ) -> st.SearchStrategy[AttentionCase]:
     """Cases that at least one backend with ``capabilities`` may run.
 
@@ -538,10 +543,13 @@ def attention_cases(
             everything else here); then the template index (`KERNEL_TEMPLATE_SLOTS`), drawn in
             both branches so that the branch choice does not move later choices. A template draw
             is never a CP draw.
+        seed_pool: seeds ``0 .. seed_pool - 1`` are drawn seven times in eight (`seeds`); 0 (the
+            default): any 32-bit seed.
 
     Raises:
-        StrategyArgumentError: a bound is below 1, ``template_share`` is outside ``[0, 1]`` or a
-            template is not a `KernelTemplate` (checked here, before anything is drawn).
+        StrategyArgumentError: a bound is below 1, ``seed_pool`` is negative, ``template_share``
+            is outside ``[0, 1]`` or a template is not a `KernelTemplate` (checked here, before
+            anything is drawn).
     """
     bounds = (("max_batch_size", max_batch_size), ("max_heads_kv", max_heads_kv), ("max_work", max_work))
     if max_elements is not None:
@@ -554,6 +562,8 @@ def attention_cases(
     if max_seqlen is not None and max_seqlen < 1:
         raise StrategyArgumentError(f"max_seqlen: must be >= 1, got {max_seqlen}")
     cp_configs(max_cp_size)  # checks max_cp_size
+    if isinstance(seed_pool, bool) or not isinstance(seed_pool, int) or seed_pool < 0:
+        raise StrategyArgumentError(f"seed_pool: must be an integer >= 0, got {seed_pool!r}")
     if isinstance(template_share, bool) or not isinstance(template_share, (int, float)) or not 0 <= template_share <= 1:
         raise StrategyArgumentError(f"template_share: must be a number in [0, 1], got {template_share!r}")
     for t in kernel_templates:
@@ -575,6 +585,7 @@ def attention_cases(
         max_elements=max_elements,
         templates=templates,
         share_pct=share_pct,
+        seed_pool=seed_pool,
     )
 
 
@@ -583,14 +594,12 @@ SOFTMAX_SCALES = st.one_of(st.none(), st.floats(0.01, 2.0, allow_nan=False))
 SOFTCAPS = st.one_of(st.sampled_from([1.0, 5.0, 30.0, 50.0]), st.floats(0.5, 100.0))
 """A ``softcap`` when one is drawn: the usual values first, then any in ``[0.5, 100]``."""
 
-SEED_POOL = 8
-"""Seeds ``0 .. SEED_POOL - 1`` are the pooled seeds `seeds` draws seven times in eight."""
-
-
 @st.composite
-def seeds(draw) -> int:
-    """A case's ``seed`` (``0 <= seed < 2**32``): seven draws in eight one of the `SEED_POOL`
-    pooled seeds, else any 32-bit seed; shrinks toward the pool, then toward seed 0.
+def seeds(draw, pool: int = 0) -> int:
+    """A case's ``seed`` (``0 <= seed < 2**32``): with ``pool`` (> 0), seven draws in eight one of
+    the pooled seeds ``0 .. pool - 1``, else any 32-bit seed (shrinks toward the pool, then
+    toward seed 0); with ``pool`` 0 any 32-bit seed (shrinks toward 0). The CPU's default
+    (`CPU_BOUNDS`) pools 8 seeds.
 
     Why a pool: a case's inputs are a pure function of ``(seed, stream, index)``
     (`oracle.inputs.hash_normal`, one stream per tensor role), and the CPU engine keeps each
@@ -600,8 +609,8 @@ def seeds(draw) -> int:
     the float64 oracle. The values still differ from case to case (the shape decides which
     indices a tensor takes), what a case tests is its shape, mask and input family, and one draw
     in eight keeps the whole seed space reachable."""
-    if draw(st.integers(0, 7)) < 7:
-        return draw(st.integers(0, SEED_POOL - 1))
+    if pool and draw(st.integers(0, 7)) < 7:
+        return draw(st.integers(0, pool - 1))
     return draw(st.integers(0, 2**32 - 1))
 
 
@@ -629,6 +638,7 @@ def _attention_cases(
     max_elements: int | None = None,
     templates: tuple[KernelTemplate, ...] = (),
     share_pct: int = 0,
+    seed_pool: int = 0,
 ) -> AttentionCase:
     """The draw behind `attention_cases` (arguments already checked, ``templates`` already the
     usable ones)."""
@@ -698,7 +708,7 @@ def _attention_cases(
         softcap = draw(SOFTCAPS)
     backward = t.backward if t else bool(caps.backward and allow_backward and draw(st.booleans()))
     input_spec = draw(input_specs(head_dim=head_dim, backward=backward, dtype=dtype))
-    seed = draw(seeds())
+    seed = draw(seeds(seed_pool))
     return AttentionCase(
         batch_size=batch_size,
         seqlen_q=seqlen_q,

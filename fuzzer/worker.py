@@ -109,6 +109,9 @@ class WorkerConfig:
             ``max_elements`` None: the device's defaults (`fuzzer.strategies.default_bounds`: on
             CPU each backend's declared ``max_seqlen``, ``2**23`` and ``2**18``; on CUDA 8192,
             ``2**32`` and ``2**25``).
+        seed_pool: seeds ``0 .. seed_pool - 1`` are drawn seven times in eight
+            (`fuzzer.strategies.seeds`; 0: any seed). None: the device's default, 8 on CPU (whose
+            input streams are cached per seed) and 0 on CUDA.
         draw: ``"targeted"`` (each case drawn inside one target backend's capabilities, the
             target chosen per chunk by `fuzzer.coverage.target_plan`) or ``"union"`` (drawn
             inside the union of the selected backends' capabilities).
@@ -180,6 +183,7 @@ class WorkerConfig:
     max_seqlen: int | None = None
     max_work: int | None = None
     max_elements: int | None = None
+    seed_pool: int | None = None
     draw: str = "targeted"
     allow_backward: bool = True
     heartbeat_s: float = 10.0
@@ -228,6 +232,10 @@ class WorkerConfig:
             self.max_work = defaults.max_work
         if self.max_elements is None:
             self.max_elements = defaults.max_elements
+        if self.seed_pool is None:
+            self.seed_pool = defaults.seed_pool
+        if isinstance(self.seed_pool, bool) or not isinstance(self.seed_pool, int) or self.seed_pool < 0:
+            raise WorkerError(f"seed_pool: must be an integer >= 0, got {self.seed_pool!r}")
         if not self.backends:
             raise WorkerError("backends: at least one backend is needed")
 
@@ -313,6 +321,7 @@ class WorkerStats:
     template_chunks: Counter = field(default_factory=Counter)  # "over" / "under" / "none": chunks by budget state
     untargeted_busy: Counter = field(default_factory=Counter)  # backend -> chunks whose plan left it out: busy (lanes)
     compile_gated: Counter = field(default_factory=Counter)  # JIT backend -> fuzz tasks not run: a new kernel while over budget
+    compile_novel: Counter = field(default_factory=Counter)  # JIT backend -> fuzz tasks run over budget: the first kernel of their mask class
     # backend -> part -> seconds of its fuzz tasks outside the library calls (Evaluation.task_timing_s)
     task_timing_s: dict = field(default_factory=dict)
     slowest_cases: Counter = field(default_factory=Counter)  # backend -> fuzz cases its environment finished last
@@ -415,6 +424,27 @@ def merge_stats(parts: list[WorkerStats]) -> WorkerStats:
     return merged
 
 
+def kernel_class(case: AttentionCase) -> tuple[bool, bool, bool, bool, bool]:
+    """The coarse class of the kernels a case needs: ``(causal, window_size_left set,
+    window_size_right set, softcap set, backward)``, at most 32 classes (a backend's
+    ``kernel_key`` adds dtype, head dims, GQA, layout and its own fields).
+
+    Why: over the compile budget (`Worker._compile_gated_tasks`) a JIT backend runs only kernels
+    already built, and its draws reuse its templates (`TEMPLATE_SHARE_OVER`), so the mask kinds
+    of its first few cases were all it ever ran: on the H200 (2026-12-02, thirteenth session)
+    FA4's first causal case ran 2.5 minutes into a 600 s campaign (about 40 causal cases of
+    1,188), and the seed's class, a causal defect of FA4, was first stored at 268 s. The first
+    kernel of each class is built even over the budget (``stats.compile_novel``): at most 32 per
+    backend, fewer where it declares no windows or softcap."""
+    return (
+        case.causal,
+        case.window_size_left is not None,
+        case.window_size_right is not None,
+        case.softcap is not None,
+        case.backward,
+    )
+
+
 def _target_runs(backend: Backend, case: AttentionCase) -> bool:
     """Whether ``backend`` runs ``case`` in at least one variant (no `unsupported_reasons`): the
     filter of a draw for it. `Capabilities` are coarse (a range and a multiple of head_dim, a
@@ -492,6 +522,7 @@ class Worker:
         self._repeat_memo: OrderedDict[tuple, list[CaseResult]] = OrderedDict()
         self._crashed_keys: set[tuple[str, tuple]] = set()  # (backend, kernel_key) that crashed or timed out in a fuzz case
         self._kernel_templates: dict[str, dict[KernelTemplate, None]] = {}  # JIT backend -> first-seen templates
+        self._kernel_classes: dict[str, set[tuple[bool, ...]]] = {}  # JIT backend -> kernel_class of the cases it ran
         self._started = 0.0
         self._fuzz_started: float | None = None
         self._last_heartbeat = 0.0
@@ -702,6 +733,7 @@ class Worker:
             max_seqlen=c.max_seqlen,
             max_work=c.max_work,
             max_elements=c.max_elements,
+            seed_pool=c.seed_pool,
             allow_backward=c.allow_backward,
             preferred_head_dims=tuple(self._head_dim_pool) if c.reuse_kernels else (),
             max_cp_size=getattr(self._executor, "max_cp_size", 1),
@@ -804,7 +836,8 @@ class Worker:
         crashed (`_note_crashes`); then every task but those a held-back backend would have to
         build a new kernel for (runnable, its ``kernel_key`` not built yet, no CP), counted in
         ``stats.compile_gated``, and those at a crashed key, counted in
-        ``stats.crash_quarantined``.
+        ``stats.crash_quarantined``. A new kernel of a `kernel_class` the backend has not run
+        yet is built all the same (``stats.compile_novel``).
 
         Why: the templates steer draws *for* a JIT backend to built kernels, but every case runs
         on every backend that supports it, and a case drawn for a non-JIT target opened new FA4,
@@ -833,9 +866,12 @@ class Worker:
                     gated += 1
                     continue
                 if name in over and key is not None and key not in self.stats.kernel_keys.get(name, ()):
-                    self.stats.compile_gated[name] += 1
-                    gated += 1
-                    continue
+                    if kernel_class(case) not in self._kernel_classes.get(name, ()):
+                        self.stats.compile_novel[name] += 1  # the first kernel of its class: built
+                    else:
+                        self.stats.compile_gated[name] += 1
+                        gated += 1
+                        continue
             tasks.append((name, variant))
         if gated:  # explicit tasks: the evaluator counts no variant left out, so count them here
             self.stats.not_applicable.update(left_out)
@@ -1198,8 +1234,9 @@ class Worker:
         ``kernel_key`` per variant run to ``stats.kernel_keys`` (a key counts when first seen)
         and, for a non-CP case it ran to a verdict (``pass`` or ``fail``), its `KernelTemplate`
         to the backend's templates (first-seen order, at most `MAX_KERNEL_TEMPLATES`); a crash,
-        timeout or error makes no template (`_note_crashes` removes one). Compile seconds go to
-        ``stats.compile_by_backend``."""
+        timeout or error makes no template (`_note_crashes` removes one). The case's
+        `kernel_class` counts as tried for the backend (`_compile_gated_tasks`). Compile seconds
+        go to ``stats.compile_by_backend``."""
         for r in results:
             if r.compile_ms:
                 self.stats.compile_by_backend[r.backend] += r.compile_ms / 1000.0
@@ -1211,6 +1248,7 @@ class Worker:
             except Exception:  # a plugin's key function must not stop the fuzz loop
                 key = ("unkeyed", r.variant)
             self.stats.kernel_keys.setdefault(r.backend, set()).add(key)
+            self._kernel_classes.setdefault(r.backend, set()).add(kernel_class(case))
             if case.cp_size == 1 and r.status in ("pass", "fail"):  # a kernel that ran to a verdict
                 templates = self._kernel_templates.setdefault(r.backend, {})
                 if len(templates) < MAX_KERNEL_TEMPLATES:

@@ -230,6 +230,8 @@ def summary_data(stats: WorkerStats, url: str, *, interrupted: bool = False, spo
         "untargeted_busy_chunks": dict(sorted(stats.untargeted_busy.items())),  # chunks drawn for others: it was busy
         # JIT tasks left out while over the budget (a new kernel to build), by backend
         "compile_gated": dict(sorted(stats.compile_gated.items())),
+        # JIT tasks run all the same while over the budget: the first kernel of their mask class, by backend
+        "compile_novel": dict(sorted(getattr(stats, "compile_novel", {}).items())),
         # variants not run because they send no distinct call for the case (no result), by backend
         "not_applicable": dict(sorted(stats.not_applicable.items())),
         # fuzz tasks not run: their backend crashed or timed out at that kernel key before / on this case
@@ -333,6 +335,9 @@ def print_summary(stats: WorkerStats, url: str, *, interrupted: bool = False, st
     if stats.compile_gated:
         gated = ", ".join(f"{name} {n}" for name, n in sorted(stats.compile_gated.items()))
         out.print(f"JIT tasks not run because they needed a new kernel while compilation was over its budget (--jit-share): {gated}")
+    if getattr(stats, "compile_novel", None):
+        novel = ", ".join(f"{name} {n}" for name, n in sorted(stats.compile_novel.items()))
+        out.print(f"JIT tasks run over the compile budget as the first kernel of their mask class (causal, windows, softcap, backward): {novel}")
     if stats.new_buckets:
         out.print(f"[bold red]{len(stats.new_buckets)} new bucket(s):[/]")
         shrunk = dict(stats.minimised)

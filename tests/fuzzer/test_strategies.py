@@ -156,13 +156,16 @@ def test_seeds_come_from_the_pool_seven_times_in_eight_reach_any_32_bit_seed_and
     from hypothesis import HealthCheck, Phase
     from hypothesis import seed as fixed_seed
 
-    from fuzzer.strategies import SEED_POOL, seeds
+    from fuzzer.strategies import CPU_BOUNDS, GPU_BOUNDS, seeds
+
+    SEED_POOL = CPU_BOUNDS.seed_pool
+    assert SEED_POOL == 8 and GPU_BOUNDS.seed_pool == 0
 
     drawn = []
 
     @fixed_seed(7)
     @settings(max_examples=800, database=None, phases=[Phase.generate], suppress_health_check=list(HealthCheck))
-    @given(attention_cases(capabilities=CAPS, max_batch_size=3, max_heads_kv=2))
+    @given(attention_cases(capabilities=CAPS, max_batch_size=3, max_heads_kv=2, seed_pool=SEED_POOL))
     def collect(case):
         assert 0 <= case.seed < 2**32
         drawn.append(case.seed)
@@ -170,6 +173,18 @@ def test_seeds_come_from_the_pool_seven_times_in_eight_reach_any_32_bit_seed_and
     collect()
     pooled = sum(value < SEED_POOL for value in drawn) / len(drawn)
     assert 0.75 <= pooled < 0.99, pooled
-    assert find(seeds(), lambda s: s >= SEED_POOL, settings=settings(database=None)) == SEED_POOL
-    assert find(seeds(), lambda s: s > 2**31, settings=settings(database=None, max_examples=2000)) > 2**31
-    assert find(seeds(), lambda s: True, settings=settings(database=None)) == 0
+    assert find(seeds(SEED_POOL), lambda s: s >= SEED_POOL, settings=settings(database=None)) == SEED_POOL
+    assert find(seeds(SEED_POOL), lambda s: s > 2**31, settings=settings(database=None, max_examples=2000)) > 2**31
+    assert find(seeds(SEED_POOL), lambda s: True, settings=settings(database=None)) == 0
+    unpooled = []
+
+    @fixed_seed(7)
+    @settings(max_examples=200, database=None, phases=[Phase.generate], suppress_health_check=list(HealthCheck))
+    @given(attention_cases(capabilities=CAPS, max_batch_size=3, max_heads_kv=2))
+    def collect_unpooled(case):
+        unpooled.append(case.seed)
+
+    collect_unpooled()
+    assert sum(seed < SEED_POOL for seed in unpooled) < len(unpooled) / 2  # no pool by default (the GPU's)
+    with pytest.raises(StrategyArgumentError, match="seed_pool"):
+        attention_cases(capabilities=CAPS, seed_pool=-1)

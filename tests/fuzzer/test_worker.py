@@ -215,8 +215,9 @@ def test_jit_share_must_be_in_0_1():
 
 def test_over_the_compile_budget_a_case_drawn_for_another_backend_builds_no_new_kernel():
     """A non-JIT target's draws are free; over the budget (frozen clock: spent after the first
-    compile) the JIT backend runs only the kernels already built, and says how many tasks it
-    left out; the other backend runs every case."""
+    compile) the JIT backend runs only the kernels already built and the first kernel of each
+    mask class it has not run yet (`kernel_class`, counted in ``compile_novel``), and says how
+    many tasks it left out; the other backend runs every case."""
     from tests.fuzzer.planted_jit import FakeClock, PlantedJitBackend
     from tests.fuzzer.standins import CorrectBackend
 
@@ -236,8 +237,11 @@ def test_over_the_compile_budget_a_case_drawn_for_another_backend_builds_no_new_
     assert gated.compile_gated["planted-jit"] > 0 and not free.compile_gated
     assert "standin-ok" not in gated.compile_gated
     assert len(backend.built) == len(gated.kernel_keys["planted-jit"])  # what ran is what was built
-    # the kernels of the first case it ran (one per variant, then the budget is spent for good)
-    assert len(backend.built) <= len(PlantedJitBackend.variants) < len(free_backend.built)
+    # the kernels of the first case it ran (one per variant, then the budget is spent for good),
+    # then only the first kernel of each mask class (causal, windows, softcap, backward) not run yet
+    classes = {(k[5], k[6], k[7], k[8], k[10]) for k in backend.built}
+    assert len(PlantedJitBackend.variants) == 1 and len(backend.built) == len(classes) < len(free_backend.built)
+    assert gated.compile_novel["planted-jit"] == len(backend.built) - 1 and not free.compile_novel
     ran_ok = sum(n for (b, status), n in gated.per_backend.items() if b == "standin-ok" and status != "unsupported")
     free_ok = sum(n for (b, status), n in free.per_backend.items() if b == "standin-ok" and status != "unsupported")
     assert ran_ok > 0 and free_ok > 0
