@@ -432,7 +432,7 @@ def kernel_class(case: AttentionCase) -> tuple[bool, bool, bool, bool, bool]:
     Why: over the compile budget (`Worker._compile_gated_tasks`) a JIT backend runs only kernels
     already built, and its draws reuse its templates (`TEMPLATE_SHARE_OVER`), so the mask kinds
     of its first few cases were all it ever ran: on the H200 (2026-12-02, thirteenth session)
-    FA4's first causal case ran 2.5 minutes into a 600 s campaign (about 40 causal cases of
+    FA4's first causal case ran 122 s into a 600 s campaign (about 40 causal cases of
     1,188), and the seed's class, a causal defect of FA4, was first stored at 268 s. The first
     kernel of each class is built even over the budget (``stats.compile_novel``): at most 32 per
     backend, fewer where it declares no windows or softcap."""
