@@ -118,9 +118,11 @@ class RichReporter:
 
 
 COUNTS_NOTE = (
-    "These counts are of evaluations this run made: a case Hypothesis draws again, a replayed known "
-    "bucket and a redone case count every time. The database keeps each case once (by case_id) and "
-    "one result per case, backend, variant and build, so its counts (attnfuzz report) can be lower."
+    "These counts are of evaluations this run made: a replayed known bucket and a redone case count every "
+    "time; a case Hypothesis draws again is answered from its first run where it can be (counted apart, "
+    "not as a case; with lanes on a GPU it runs again and counts again), but counts in 'drawn for'. The "
+    "database keeps each case once (by case_id) and one result per case, backend, variant and build, so "
+    "its counts (attnfuzz report) can be lower."
 )
 
 
@@ -298,7 +300,8 @@ def print_summary(stats: WorkerStats, url: str, *, interrupted: bool = False, st
         f"processes) {stats.own_s:.1f} s ({_share(stats.own_s, wall)}). In the backends' children "
         f"(summed over the children, which may run side by side): kernels {stats.kernel_s:.1f} s, JIT {stats.compile_s:.1f} s "
         f"({_share(stats.compile_s, wall)} of wall, {_share(stats.compile_s, stats.fuzz_s)} of fuzzing; "
-        f"{sum(len(k) for k in stats.kernel_keys.values())} kernel keys; FA4 compile cache: {jit_cache_description()})"
+        f"{sum(len(k) for k in stats.kernel_keys.values())} kernel keys"
+        + (f"; FA4 compile cache: {jit_cache_description()})" if stats.kernel_keys or stats.compile_s else ")")
     )
     if getattr(stats, "repeated", 0):
         out.print(

@@ -84,6 +84,27 @@ def test_a_run_whose_failures_are_all_known_does_not_say_no_failures() -> None:
     with out.capture() as captured:
         print_summary(stats, "sqlite://")
     assert "no failures found" in captured.get()
+    assert "FA4 compile cache" not in captured.get()  # nothing compiled: no JIT cache to name
+    stats.kernel_keys["fa4"] = {("a",)}
+    with out.capture() as captured:
+        print_summary(stats, "sqlite://")
+    assert "FA4 compile cache" in captured.get()
+
+
+def test_the_json_summary_counts_restarts_spares_and_mask_class_kernels() -> None:
+    from fuzzer.worker import WorkerStats
+    from service.cli.fuzz_display import print_summary, summary_data
+    from service.cli.common import out
+
+    stats = WorkerStats(cases=3, wall_s=2.0, child_restarts=3, spares_used=2)
+    stats.compile_novel["fa4"] = 4
+    data = summary_data(stats, "sqlite://")
+    assert (data["child_restarts"], data["spare_children_used"], data["compile_novel"]) == (3, 2, {"fa4": 4})
+    with out.capture() as captured:
+        print_summary(stats, "sqlite://")
+    text = captured.get()
+    assert "started again (after a crash, a timeout or a lost pipe): 3, 2 of them by taking a spare" in " ".join(text.split())
+    assert "first kernel of their mask class" in text and "fa4 4" in text
 
 
 def test_the_json_summary_says_where_the_tasks_time_went_and_what_was_not_run(tmp_path: Path) -> None:
