@@ -944,7 +944,8 @@ class ChildProcessExecutor:
 
     Raises:
         ExecutorError: (constructor) ``$ATTNFUZZ_PARALLEL_CHILDREN`` is neither ``1`` nor ``0``,
-            or ``memory_limit_bytes`` is not positive; (from ``run``/``result()``) a child could
+            ``memory_limit_bytes`` is not positive, or ``spare_after_restarts`` is neither None nor
+            an integer >= 1; (from ``run``/``result()``) a child could
             not be started within ``start_timeout_s``.
     """
 
@@ -962,6 +963,8 @@ class ChildProcessExecutor:
 
         if memory_limit_bytes is not None and memory_limit_bytes <= 0:
             raise ExecutorError(f"memory_limit_bytes: must be positive, got {memory_limit_bytes}")
+        if spare_after_restarts is not None and (isinstance(spare_after_restarts, bool) or not isinstance(spare_after_restarts, int) or spare_after_restarts < 1):
+            raise ExecutorError(f"spare_after_restarts: must be None or an integer >= 1, got {spare_after_restarts!r}")
         self.backends = {b.name: (b, spec) for b, spec in backends}
         self._environments = {b.environment for b, _ in backends}  # one child each
         self.start_timeout_s = start_timeout_s
@@ -975,8 +978,6 @@ class ChildProcessExecutor:
         self._children: dict[str, _Child] = {}
         self._ever_started: set[str] = set()
         self.restarts = 0  # children started again after a crash, a timeout or a lost pipe
-        if spare_after_restarts is not None and spare_after_restarts < 0:
-            raise ExecutorError(f"spare_after_restarts: must be None or >= 0, got {spare_after_restarts}")
         #: keep a spare child of an environment, started ahead, once it has been restarted this
         #: many times (None: never); see `_child`
         self.spare_after_restarts = spare_after_restarts

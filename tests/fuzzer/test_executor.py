@@ -216,8 +216,9 @@ def test_a_child_that_crashed_gets_a_spare_started_ahead_and_close_ends_it(spare
     backends = registry.select([], ["tests.fuzzer.standins:CorrectBackend", "tests.fuzzer.standins:CrashingBackend"])
     clean_case, crash_case = _cases(3)[0], _cases(3)[1]
     tasks = [("standin-crash", "native"), ("standin-ok", "native")]
-    with pytest.raises(ExecutorError, match="spare_after_restarts"):
-        ChildProcessExecutor(backends, spare_after_restarts=-1)
+    for bad in (-1, 0, 1.5):
+        with pytest.raises(ExecutorError, match="spare_after_restarts"):
+            ChildProcessExecutor(backends, spare_after_restarts=bad)
     executor = ChildProcessExecutor(backends, parallel=True, spare_after_restarts=spare_after_restarts)
     try:
         executor.availability()
