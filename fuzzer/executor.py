@@ -1089,7 +1089,7 @@ class ChildProcessExecutor:
 
     @staticmethod
     def _end_child(child: _Child) -> None:
-        """Kill ``child`` (a spare never used) and close its pipe."""
+        """Kill ``child`` (a dead or stuck environment child, or a spare never used) and close its pipe."""
         if child.process.is_alive():
             child.process.kill()
         child.process.join(10)
@@ -1145,12 +1145,8 @@ class ChildProcessExecutor:
     def _kill(self, environment: str) -> None:
         with self._lock:
             child = self._children.pop(environment, None)
-        if child is None:
-            return
-        if child.process.is_alive():
-            child.process.kill()
-        child.process.join(10)
-        child.conn.close()
+        if child is not None:
+            self._end_child(child)
 
     def availability(self) -> dict[str, str | None]:
         """Each backend's availability as its child sees it (starts the children).

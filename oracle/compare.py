@@ -697,25 +697,23 @@ def judge_tensors(prepared: PreparedTensor, actuals: list[torch.Tensor], *, batc
     if batched is None:
         batched = torch.device(p.device).type != "cpu"
     same = _same_as_earlier(actuals)
-    if not batched:
-        verdicts_1: list[TensorVerdict] = []
-        for i, actual in enumerate(actuals):
-            verdicts_1.append(verdicts_1[same[i]] if same[i] is not None else judge_tensor(p, actual))
-        return verdicts_1
     verdicts: list[TensorVerdict | None] = [None] * len(actuals)
-    batch: list[int] = []
-    for i, actual in enumerate(actuals):
-        if same[i] is not None:
-            continue  # the verdict of the earlier, identical tensor (below)
-        if tuple(actual.shape) != p.shape:
-            verdicts[i] = _shape_verdict(p.name)
-        else:
-            batch.append(i)
-    per_batch = max(1, JUDGE_BATCH_ELEMENTS // max(1, math.prod(p.shape)))
-    for start in range(0, len(batch), per_batch):
-        chunk = batch[start : start + per_batch]
-        for i, stats in zip(chunk, _batch_stats(p, [actuals[i] for i in chunk])):
-            verdicts[i] = _finish_verdict(p, stats)
+    distinct = [i for i, j in enumerate(same) if j is None]  # the others take an earlier one's verdict (below)
+    if not batched:
+        for i in distinct:
+            verdicts[i] = judge_tensor(p, actuals[i])
+    else:
+        batch: list[int] = []
+        for i in distinct:
+            if tuple(actuals[i].shape) != p.shape:
+                verdicts[i] = _shape_verdict(p.name)
+            else:
+                batch.append(i)
+        per_batch = max(1, JUDGE_BATCH_ELEMENTS // max(1, math.prod(p.shape)))
+        for start in range(0, len(batch), per_batch):
+            chunk = batch[start : start + per_batch]
+            for i, stats in zip(chunk, _batch_stats(p, [actuals[i] for i in chunk])):
+                verdicts[i] = _finish_verdict(p, stats)
     for i, j in enumerate(same):
         if j is not None:
             verdicts[i] = verdicts[j]
@@ -736,20 +734,17 @@ def _same_as_earlier(actuals: list[torch.Tensor]) -> list[int | None]:
     one's `TensorVerdict` (the same object; verdicts are frozen). Only host tensors are compared
     (a comparison on a GPU would cost one host synchronisation, as much as judging it)."""
     same: list[int | None] = [None] * len(actuals)
-    distinct: list[int] = []
+    distinct: list[tuple[int, torch.Tensor]] = []  # (index, its bits) of the host tensors met first
     for i, actual in enumerate(actuals):
         if actual.device.type != "cpu" or actual.dtype.itemsize not in _BITS_DTYPES or actual.is_complex():
             continue
         bits = actual.detach().view(_BITS_DTYPES[actual.dtype.itemsize])
-        for j in distinct:
-            other = actuals[j]
-            if other.dtype == actual.dtype and other.shape == actual.shape and torch.equal(
-                other.detach().view(bits.dtype), bits
-            ):
+        for j, other in distinct:
+            if actuals[j].dtype == actual.dtype and other.shape == bits.shape and torch.equal(other, bits):
                 same[i] = j
                 break
         else:
-            distinct.append(i)
+            distinct.append((i, bits))
     return same
 
 

@@ -347,6 +347,7 @@ def print_summary(stats: WorkerStats, url: str, *, interrupted: bool = False, st
         first_cases, attached_to = stats.first_cases, stats.attached_to
         for key in stats.new_buckets:
             outcome = shrunk.get(key)
+            stored_case, stored_note = (stored or {}).get(key, (None, ""))  # what another worker did with it
             line = f"  {' / '.join(key)}"
             if key in first_cases:
                 line += f"  [first seen on case {first_cases[key]}]"
@@ -354,10 +355,10 @@ def print_summary(stats: WorkerStats, url: str, *, interrupted: bool = False, st
                 line += f"\n      {outcome.status}: {outcome.case.describe()}  [case {outcome.case.case_id}]"
             elif key in attached_to:
                 line += f"\n      fails on the minimised case of {' / '.join(attached_to[key])} too: one root cause, not shrunk on its own"
-            elif stored and (stored.get(key) or (None, ""))[1].startswith("attached"):
-                line += f"\n      {stored[key][1]} (by another worker)"
-            elif stored and (stored.get(key) or (None, ""))[0]:
-                line += f"\n      minimised by another worker: case {stored[key][0]}"
+            elif stored_note.startswith("attached"):
+                line += f"\n      {stored_note} (by another worker)"
+            elif stored_case:
+                line += f"\n      minimised by another worker: case {stored_case}"
             elif stats.minimised or stats.shrink_s:
                 line += f"\n      not minimised in this run: a later fuzz run shrinks it ({command_name()} fuzz --max-cases 0 only shrinks)"
             out.print(escape(line), soft_wrap=True)  # plain text: rich would take "[case ...]" for markup and drop it

@@ -92,7 +92,6 @@ def _bucket_key(backend: str, variant: str, signature: str) -> Any:
 # Statements of every case's write, built once (a statement built per call was hashed and looked
 # up in SQLAlchemy's compiled cache each time: a third of the write of a CPU fuzz case).
 _BUILD_BY_ID = select(Build.id).where(Build.id == bindparam("id"))
-_WORKER_BY_ID = select(Worker.id).where(Worker.id == bindparam("id"))
 # both in one statement (one round trip a case): ``(build id or NULL, worker id or NULL)``
 _BUILD_AND_WORKER_BY_ID = select(
     select(Build.id).where(Build.id == bindparam("build_id")).scalar_subquery(),
