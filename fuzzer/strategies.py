@@ -294,6 +294,40 @@ draws."""
 
 
 @functools.lru_cache(maxsize=STRATEGY_CACHE_SIZE)
+def _sampled_from(options: tuple) -> st.SearchStrategy:
+    """``st.sampled_from(options)``, one object per distinct tuple (`STRATEGY_CACHE_SIZE`):
+    Hypothesis does not cache ``sampled_from`` strategies, so each draw's new one was validated
+    again (with `_integers` and `_same_or`, about a quarter of the drawing's samples in a CPU fuzz
+    run, py-spy, 2026-12-02)."""
+    return st.sampled_from(options)
+
+
+@functools.lru_cache(maxsize=STRATEGY_CACHE_SIZE)
+def _integers(min_value: int, max_value: int) -> st.SearchStrategy[int]:
+    """``st.integers(min_value, max_value)``, one object per distinct bounds (see `_sampled_from`)."""
+    return st.integers(min_value, max_value)
+
+
+@functools.lru_cache(maxsize=STRATEGY_CACHE_SIZE)
+def _same_or(value: int, other: st.SearchStrategy[int]) -> st.SearchStrategy[int]:
+    """``st.one_of(st.just(value), other)``, one object per distinct arguments (see `_sampled_from`)."""
+    return st.one_of(st.just(value), other)
+
+
+@functools.lru_cache(maxsize=STRATEGY_CACHE_SIZE)
+def _lists_of(elements: st.SearchStrategy[int], size: int) -> st.SearchStrategy[list[int]]:
+    """``st.lists(elements, min_size=size, max_size=size)``, one object per distinct arguments."""
+    return st.lists(elements, min_size=size, max_size=size)
+
+
+@functools.lru_cache(maxsize=1)
+def _score_offsets() -> st.SearchStrategy[float]:
+    """A score offset: one of `SCORE_OFFSETS` or any finite value within ``+-MAX_SCORE_OFFSET``."""
+    offsets = st.floats(-MAX_SCORE_OFFSET, MAX_SCORE_OFFSET, allow_nan=False, allow_infinity=False)
+    return st.one_of(st.sampled_from(SCORE_OFFSETS), offsets)
+
+
+@functools.lru_cache(maxsize=STRATEGY_CACHE_SIZE)
 def seqlens(max_seqlen: int) -> st.SearchStrategy[int]:
     """A sequence length in ``[1, max_seqlen]``: small values, tile edges, or anything.
 
@@ -424,16 +458,16 @@ def _sequence_lengths(
             return cp_lengths(max(1, limit), unit, padded, seqlens)
 
     else:
-        decode = draw(st.integers(0, DECODE_SHARE - 1)) == DECODE_SHARE - 1
+        decode = draw(_integers(0, DECODE_SHARE - 1)) == DECODE_SHARE - 1
         limit_q = max(1, min(max_q, pairs, DECODE_MAX_SEQLEN_Q) if decode else min(max_q, math.isqrt(pairs)))
         lengths = seqlens
     if thd:
-        seqlens_q = tuple(draw(st.lists(lengths(limit_q), min_size=batch_size, max_size=batch_size)))
+        seqlens_q = tuple(draw(_lists_of(lengths(limit_q), batch_size)))
         limit_k = max(1, min(max_k, pairs // max(seqlens_q)))
         if cp_size == 1 and decode:
-            seqlens_k = tuple(draw(st.lists(decode_seqlens_k(limit_k), min_size=batch_size, max_size=batch_size)))
+            seqlens_k = tuple(draw(_lists_of(decode_seqlens_k(limit_k), batch_size)))
         elif not self_attention and draw(st.booleans()):
-            seqlens_k = tuple(draw(st.lists(lengths(limit_k), min_size=batch_size, max_size=batch_size)))
+            seqlens_k = tuple(draw(_lists_of(lengths(limit_k), batch_size)))
         else:
             seqlens_k = seqlens_q
         return seqlens_q, seqlens_k, max(seqlens_q), max(seqlens_k)
@@ -444,7 +478,7 @@ def _sequence_lengths(
     elif cp_size == 1 and decode:
         seqlen_k = draw(decode_seqlens_k(limit_k))
     elif seqlen_q <= limit_k:
-        seqlen_k = draw(st.one_of(st.just(seqlen_q), lengths(limit_k)))
+        seqlen_k = draw(_same_or(seqlen_q, lengths(limit_k)))
     else:
         seqlen_k = draw(lengths(limit_k))
     return None, None, seqlen_q, seqlen_k
@@ -473,28 +507,27 @@ def input_specs(draw, *, head_dim: int, backward: bool = True, dtype: str = "bfl
 
     Everything shrinks toward the first option: ``normal`` inputs, no family, normal ``dout``.
     """
-    family = draw(st.sampled_from(INPUT_FAMILIES))
+    family = draw(_sampled_from(INPUT_FAMILIES))
     # LLM-like features replace the q/k statistics: they are drawn on normal inputs only (with
     # large_logits or near_constant keys they reach scores the error model under-covers in fp32,
     # see `oracle.inputs`).
     distributions = INPUT_DISTRIBUTIONS if family != "llm_like" else INPUT_DISTRIBUTIONS[:1]
-    spec: dict = {"input_distribution": draw(st.sampled_from(distributions))}
+    spec: dict = {"input_distribution": draw(_sampled_from(tuple(distributions)))}
     if family == "score_offset":
-        offsets = st.floats(-MAX_SCORE_OFFSET, MAX_SCORE_OFFSET, allow_nan=False, allow_infinity=False)
-        spec["score_offset"] = draw(st.one_of(st.sampled_from(SCORE_OFFSETS), offsets))
-        spec["score_offset_mode"] = draw(st.sampled_from(SCORE_OFFSET_MODES))
+        spec["score_offset"] = draw(_score_offsets())
+        spec["score_offset_mode"] = draw(_sampled_from(tuple(SCORE_OFFSET_MODES)))
     elif family == "llm_like":
         if draw(st.booleans()):
-            spec["qk_rank"] = draw(st.integers(1, min(8, head_dim)))
+            spec["qk_rank"] = draw(_integers(1, min(8, head_dim)))
         if dtype != "float32" and draw(st.booleans()):
-            spec["massive_channels"] = draw(st.integers(1, min(4, head_dim)))
+            spec["massive_channels"] = draw(_integers(1, min(4, head_dim)))
         spec["attention_sink"] = draw(st.booleans())
         if draw(st.booleans()):
-            spec["seq_scale_log2"] = draw(st.integers(1, MAX_SEQ_SCALE_LOG2))
+            spec["seq_scale_log2"] = draw(_integers(1, MAX_SEQ_SCALE_LOG2))
         if draw(st.booleans()):
-            spec["peaked_rows"] = draw(st.sampled_from([0.125, 0.5, 1.0]))
+            spec["peaked_rows"] = draw(_sampled_from((0.125, 0.5, 1.0)))
     if backward:
-        spec["dout_distribution"] = draw(st.sampled_from(DOUT_DISTRIBUTIONS))
+        spec["dout_distribution"] = draw(_sampled_from(tuple(DOUT_DISTRIBUTIONS)))
     return spec
 
 
@@ -594,6 +627,7 @@ SOFTMAX_SCALES = st.one_of(st.none(), st.floats(0.01, 2.0, allow_nan=False))
 SOFTCAPS = st.one_of(st.sampled_from([1.0, 5.0, 30.0, 50.0]), st.floats(0.5, 100.0))
 """A ``softcap`` when one is drawn: the usual values first, then any in ``[0.5, 100]``."""
 
+@functools.lru_cache(maxsize=STRATEGY_CACHE_SIZE)  # one strategy object per pool (see `_sampled_from`)
 @st.composite
 def seeds(draw, pool: int = 0) -> int:
     """A case's ``seed`` (``0 <= seed < 2**32``): with ``pool`` (> 0), seven draws in eight one of
@@ -609,9 +643,9 @@ def seeds(draw, pool: int = 0) -> int:
     the float64 oracle. The values still differ from case to case (the shape decides which
     indices a tensor takes), what a case tests is its shape, mask and input family, and one draw
     in eight keeps the whole seed space reachable."""
-    if pool and draw(st.integers(0, 7)) < 7:
-        return draw(st.integers(0, pool - 1))
-    return draw(st.integers(0, 2**32 - 1))
+    if pool and draw(_integers(0, 7)) < 7:
+        return draw(_integers(0, pool - 1))
+    return draw(_integers(0, 2**32 - 1))
 
 
 @functools.lru_cache(maxsize=STRATEGY_CACHE_SIZE)
@@ -646,25 +680,25 @@ def _attention_cases(
     max_seqlen = max_seqlen or caps.max_seqlen
     t: KernelTemplate | None = None
     if templates:
-        use_template = draw(st.integers(0, 99)) >= 100 - share_pct  # shrinks to 0: the free draw
-        index = draw(st.integers(0, max(KERNEL_TEMPLATE_SLOTS, len(templates)) - 1))
+        use_template = draw(_integers(0, 99)) >= 100 - share_pct  # shrinks to 0: the free draw
+        index = draw(_integers(0, max(KERNEL_TEMPLATE_SLOTS, len(templates)) - 1))
         if use_template:
             t = templates[index % len(templates)]
-    dtype = t.dtype if t else draw(st.sampled_from(caps.dtypes))
-    qkv_format = t.qkv_format if t else draw(st.sampled_from(caps.qkv_formats))
+    dtype = t.dtype if t else draw(_sampled_from(tuple(caps.dtypes)))
+    qkv_format = t.qkv_format if t else draw(_sampled_from(tuple(caps.qkv_formats)))
     # the CP shape (and three CP cases in four "TE-shaped": `fuzzer.cp.strategies`); without CP
     # nothing extra is drawn; a template draw is never CP
     cp = draw(cp_shapes(max_cp_size)) if caps.cp and max_cp_size >= 2 and t is None else NO_CP
-    batch_size = draw(st.integers(1, max_batch_size))
+    batch_size = draw(_integers(1, max_batch_size))
     heads_unit = cp.heads_unit
     if heads_unit > 1:
-        num_heads_kv = heads_unit * draw(st.integers(1, max(1, max_heads_kv // heads_unit)))
+        num_heads_kv = heads_unit * draw(_integers(1, max(1, max_heads_kv // heads_unit)))
     else:
-        num_heads_kv = draw(st.integers(1, max_heads_kv))
+        num_heads_kv = draw(_integers(1, max_heads_kv))
     if t:
         group = t.group
     else:
-        group = draw(st.sampled_from(GQA_GROUPS)) if caps.gqa else 1
+        group = draw(_sampled_from(tuple(GQA_GROUPS))) if caps.gqa else 1
     num_heads = num_heads_kv * group
     if t:
         head_dim, head_dim_v = t.head_dim, t.head_dim_v
@@ -698,13 +732,13 @@ def _attention_cases(
     elif cp.prefers_top_left and "top_left" in caps.causal_alignments:
         causal_alignment = "top_left"
     else:
-        causal_alignment = draw(st.sampled_from(caps.causal_alignments))
+        causal_alignment = draw(_sampled_from(tuple(caps.causal_alignments)))
     softmax_scale = draw(SOFTMAX_SCALES)
     softcap = None
     # one case in four: st.one_of(st.none(), ...) chose a softcap two times in three, and softcap
     # is what most kernels refuse (issue 15: 120 of 200 cases of a GPU run, unsupported on
     # te-fused, torch-sdpa-*, te-fa4); the integer shrinks to 0, i.e. to no softcap
-    if t.softcap if t else (caps.softcap and draw(st.integers(0, 3)) == 3):
+    if t.softcap if t else (caps.softcap and draw(_integers(0, 3)) == 3):
         softcap = draw(SOFTCAPS)
     backward = t.backward if t else bool(caps.backward and allow_backward and draw(st.booleans()))
     input_spec = draw(input_specs(head_dim=head_dim, backward=backward, dtype=dtype))

@@ -188,3 +188,45 @@ def test_seeds_come_from_the_pool_seven_times_in_eight_reach_any_32_bit_seed_and
     assert sum(seed < SEED_POOL for seed in unpooled) < len(unpooled) / 2  # no pool by default (the GPU's)
     with pytest.raises(StrategyArgumentError, match="seed_pool"):
         attention_cases(capabilities=CAPS, seed_pool=-1)
+
+
+def test_a_second_run_of_draws_builds_no_new_strategy_object() -> None:
+    """The inner strategies a case's draw builds from earlier choices (``sampled_from``, bounded
+    ``integers``, the seed pool, the lists of thd lengths) are kept per arguments, so drawing the
+    same cases again validates no new strategy object (Hypothesis validates each new object: a
+    quarter of the drawing's samples in a CPU fuzz run); the cases drawn are the same."""
+    from hypothesis import HealthCheck, Phase
+    from hypothesis.strategies._internal.strategies import SearchStrategy
+
+    caps = Capabilities(dtypes=("float32", "bfloat16"), qkv_formats=("bshd", "thd"), gqa=True, windows=True,
+                        head_dim_v_differs=True, softcap=True, lse=True)
+
+    def draw_all() -> list:
+        cases = []
+
+        @settings(max_examples=150, derandomize=True, database=None, deadline=None, phases=[Phase.generate],
+                  suppress_health_check=list(HealthCheck))
+        @given(attention_cases(capabilities=caps, max_work=2**20, seed_pool=8))
+        def collect(case):
+            cases.append(case.to_json())
+
+        collect()
+        return cases
+
+    first = draw_all()
+    validated = []
+    original = SearchStrategy.validate
+
+    def counting(self):
+        if not self.validate_called:
+            validated.append(type(self).__name__)
+        return original(self)
+
+    SearchStrategy.validate = counting
+    try:
+        again = draw_all()
+    finally:
+        SearchStrategy.validate = original
+    assert again == first
+    # the top-level strategy and Hypothesis's own wrappers are new each run; no per-case ones
+    assert len(validated) < 10, validated

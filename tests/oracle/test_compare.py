@@ -456,6 +456,59 @@ def test_judging_a_batch_gives_each_tensor_the_verdict_of_judging_it_alone(dtype
         _same_verdict(a, b)
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_the_host_fast_paths_give_every_figure_of_torch_alone(dtype: str, monkeypatch) -> None:
+    """The numpy fast paths on the host (`oracle.compare.HOST_FAST_PATHS`: the finite tests, the
+    any/all tests, the argmax) change no bit: the prepared tensors and the verdicts equal those
+    made with torch alone, field for field, on outputs that pass, fail in one tile, are all zero,
+    hold NaN or infinities, overflow the dtype, and for a masked lse and a reference that itself
+    overflows float16. A fast path answering wrong (an ``any`` that is always False) fails it."""
+    import dataclasses
+
+    import oracle.compare as compare
+    from oracle.compare import judge_tensor, prepare_tensor
+
+    gen = torch.Generator().manual_seed(23)
+    cases = [("out", (2, 70, 3, 16), 1, 1.0), ("dk", (150, 2, 8), 0, 1.0), ("lse", (2, 3, 70), 2, 1.0),
+             ("dv", (1, 40, 2, 8), 1, 7e4)]  # the last: a reference beyond float16's largest value
+    checked = 0
+    for name, shape, row_dim, scale in cases:
+        ref = scale * torch.randn(shape, generator=gen, dtype=torch.float64)
+        visible = None
+        if name == "lse":
+            visible = torch.rand(shape, generator=gen) > 0.2
+            ref = torch.where(visible, ref, -math.inf)
+        kinds = {}
+        for fast in (True, False):
+            monkeypatch.setattr(compare, "HOST_FAST_PATHS", fast)
+            kinds[fast] = prepare_tensor(name, ref, dtype, tile_rows=16, row_dim=row_dim, visible_rows=visible)
+        for f in dataclasses.fields(kinds[True]):
+            x, y = getattr(kinds[True], f.name), getattr(kinds[False], f.name)
+            assert (torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y or x != x and y != y), f.name
+        rounded = ref.to(torch.float32 if name == "lse" else torch_dtype(dtype))
+        planted = rounded.clone()
+        planted.select(row_dim, 5).mul_(1.5)
+        holes = rounded.clone()
+        holes.view(-1)[7] = math.nan
+        holes.view(-1)[-2] = -math.inf
+        for actual in (rounded, planted, torch.zeros_like(rounded), holes, rounded.double() * 1e300, rounded.double()):
+            verdicts = {}
+            for fast in (True, False):
+                monkeypatch.setattr(compare, "HOST_FAST_PATHS", fast)
+                verdicts[fast] = judge_tensor(kinds[False], actual)
+            _same_verdict(verdicts[True], verdicts[False])
+            checked += 1
+        monkeypatch.setattr(compare, "HOST_FAST_PATHS", True)
+        assert not judge_tensor(kinds[True], planted).passed
+        assert judge_tensor(kinds[True], torch.zeros_like(rounded)).is_all_zero
+        if name == "out":  # every entry judged: the all-zero test is the fast `any`
+            first = kinds[True], rounded
+    assert checked == 4 * 6
+    # the planted fast path: an `any` that never sees a non-zero entry calls every output all zero
+    monkeypatch.setattr(compare, "_any", lambda mask: False)
+    assert judge_tensor(*first).is_all_zero
+
+
 @pytest.mark.parametrize("batched", [False, True])
 def test_a_tensor_bit_identical_to_an_earlier_one_takes_its_verdict_and_one_bit_apart_does_not(batched: bool) -> None:
     """`judge_tensors` judges a tensor holding the same bits as an earlier one of its list once
