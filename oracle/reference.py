@@ -110,6 +110,41 @@ class ReferenceResult:
     error_scales: dict[str, torch.Tensor] = field(default_factory=dict)
     engine: str = "torch"
 
+    def numel(self) -> int:
+        """Entries of every tensor held (``out``, ``lse``, the gradients, the error scales)."""
+        return sum(t.numel() for t in self._tensors().values())
+
+    def _tensors(self) -> dict[str, torch.Tensor]:
+        named = {"out": self.out, "lse": self.lse, "dq": self.dq, "dk": self.dk, "dv": self.dv}
+        named.update({f"error_scales.{k}": v for k, v in self.error_scales.items()})
+        return {k: v for k, v in named.items() if v is not None}
+
+    def to_host(self) -> ReferenceResult:
+        """This result with every tensor on the CPU, moved in one device-to-host transfer (the
+        float64 tensors flattened into one buffer on the device, copied once, and viewed back in
+        their shapes: one host synchronisation instead of one per tensor). Values and dtypes are
+        unchanged; the host tensors are contiguous views of one buffer (read them, do not write).
+        A result already on the CPU is returned as it is. A tensor that is not float64 is copied
+        on its own."""
+        tensors = self._tensors()
+        if all(t.device.type == "cpu" for t in tensors.values()):
+            return self
+        flat = [t for t in tensors.values() if t.dtype == torch.float64]
+        host_flat = torch.cat([t.reshape(-1) for t in flat]).cpu() if flat else None
+        moved: dict[str, torch.Tensor] = {}
+        offset = 0
+        for name, t in tensors.items():
+            if t.dtype == torch.float64:
+                moved[name] = host_flat[offset : offset + t.numel()].view(t.shape)
+                offset += t.numel()
+            else:
+                moved[name] = t.cpu()
+        scales = {k.split(".", 1)[1]: v for k, v in moved.items() if k.startswith("error_scales.")}
+        return ReferenceResult(
+            out=moved["out"], lse=moved["lse"], dq=moved.get("dq"), dk=moved.get("dk"), dv=moved.get("dv"),
+            error_scales=scales, engine=self.engine,
+        )
+
 
 def choose_block_q(
     batch_size: int, num_heads: int, seqlen_q: int, seqlen_k: int, buffers: int, memory_budget_bytes: int

@@ -432,3 +432,73 @@ def test_the_masked_lse_normalised_with_the_case_s_empty_rows_is_the_same() -> N
     given = normalise_masked_lse(lse, ref_lse, 0.0, empty_rows=torch.isneginf(ref_lse))
     assert torch.equal(plain, given) and given.device == lse.device
     assert given.tolist() == [[0.0, -math.inf, 0.0, 3.0]]
+
+
+def test_a_small_gpu_reference_is_judged_on_the_host_and_a_large_one_or_a_cpu_one_is_not() -> None:
+    """`judge_on_host`: on a GPU device, a reference of at most `HOST_JUDGE_MAX_ELEMENTS` entries
+    (out, lse, gradients and error scales counted) goes to the host; a larger one stays; on the
+    CPU nothing moves. (The device is only named: no GPU is needed to decide.)"""
+    from fuzzer.evaluate import HOST_JUDGE_MAX_ELEMENTS, judge_on_host
+
+    ref = reference(BACKWARD, make_inputs(BACKWARD, "cpu"))
+    entries = ref.numel()
+    parts = [ref.out, ref.lse, ref.dq, ref.dk, ref.dv, *ref.error_scales.values()]
+    assert entries == sum(t.numel() for t in parts) and entries <= HOST_JUDGE_MAX_ELEMENTS
+    assert judge_on_host(ref, "cuda:0") and judge_on_host(ref, torch.device("cuda"))
+    assert not judge_on_host(ref, "cpu")
+    big = dataclasses.replace(ref, out=torch.zeros(HOST_JUDGE_MAX_ELEMENTS + 1, dtype=torch.float64))
+    assert not judge_on_host(big, "cuda:0")
+
+
+def test_a_case_judged_on_the_host_gets_the_results_of_judging_it_where_the_oracle_ran(monkeypatch) -> None:
+    """With `judge_on_host` saying yes, the evaluator moves the reference with
+    `ReferenceResult.to_host` before preparing it, and every result (the planted all-zero
+    variant's failure included) is the one judged without the move; saying no, nothing moves."""
+    import oracle.reference as reference_module
+    from fuzzer import evaluate
+
+    moved = []
+    real_to_host = reference_module.ReferenceResult.to_host
+
+    def spy(self):
+        moved.append(self.numel())
+        return real_to_host(self)
+
+    monkeypatch.setattr(reference_module.ReferenceResult, "to_host", spy)
+    outcomes = {}
+    for on_host in (False, True):
+        monkeypatch.setattr(evaluate, "judge_on_host", lambda ref, device, answer=on_host: answer)
+        with Evaluator(BACKENDS, isolation="none") as ev:
+            outcomes[on_host] = _by_task(ev.evaluate(BACKWARD).results)
+        assert len(moved) == (1 if on_host else 0)
+    assert {k: (r.status, r.signature, r.error_ratio) for k, r in outcomes[True].items()} == {
+        k: (r.status, r.signature, r.error_ratio) for k, r in outcomes[False].items()
+    }
+    assert any(r.signature == "out:all_zero" for r in outcomes[True].values())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_reference_moved_to_the_host_in_one_transfer_holds_the_same_values_and_verdicts() -> None:
+    """`ReferenceResult.to_host` on a GPU: every tensor (error scales included) equal to the
+    device's, on the host, in its shape; the verdicts of outputs judged against it agree with
+    those judged on the device (signatures equal, error ratios to 1e-9)."""
+    from oracle.compare import compare_outputs_batch
+    from oracle.config import torch_dtype
+
+    ref = reference(PREP_BACKWARD, make_inputs(PREP_BACKWARD, "cuda"))
+    host = ref.to_host()
+    for name in ("out", "lse", "dq", "dk", "dv"):
+        a, b = getattr(ref, name), getattr(host, name)
+        assert b.device.type == "cpu" and b.shape == a.shape and torch.equal(a.cpu(), b), name
+    assert set(host.error_scales) == set(ref.error_scales)
+    for name, t in ref.error_scales.items():
+        assert torch.equal(t.cpu(), host.error_scales[name]), name
+    dtype = torch_dtype(PREP_BACKWARD.dtype)
+    right = {n: getattr(ref, n).to(torch.float32 if n == "lse" else dtype).cpu() for n in ("out", "lse", "dq", "dk", "dv")}
+    zero = dict(right, out=torch.zeros_like(right["out"]))
+    on_device = compare_outputs_batch(PREP_BACKWARD, PreparedReference(PREP_BACKWARD, ref), [right, zero])
+    on_host = compare_outputs_batch(PREP_BACKWARD, PreparedReference(PREP_BACKWARD, host), [right, zero])
+    for a, b in zip(on_device, on_host):
+        assert a.signatures == b.signatures
+        assert math.isclose(a.error_ratio, b.error_ratio, rel_tol=1e-9) or a.error_ratio == b.error_ratio
+    assert on_host[0].passed and "out:all_zero" in on_host[1].signatures
