@@ -13,8 +13,14 @@ preparation and judging (`oracle.compare.PreparedReference`, `compare_outputs_ba
 
 * ``host, torch only``: on the host with `oracle.compare.HOST_FAST_PATHS` off;
 * ``host``: on the host with the numpy fast paths (the default);
-* on CUDA also ``device``: the reference left on the GPU (the judge of a large case), and
-  ``to host``: `oracle.reference.ReferenceResult.to_host` then the host (`fuzzer.evaluate.judge_on_host`).
+* on CUDA also ``device``: the reference left on the GPU (where the worker judges a GPU case), and
+  ``to host``: `oracle.reference.ReferenceResult.to_host` then the host.
+
+On the H200 (2026-12-02, `benchmarks/gpu/results-2026-12-02-s14/compare_host_bench.txt`, beside TE's
+extension build) the host won only for references up to about 32K entries (6.5 against 8.5 ms a
+case of 20 outputs up to 8K) and lost above 128K (47.9 against 30.9 ms); a 600 s campaign that
+judged every case up to 128K entries on the host spent more on the comparison than the one before
+(24.7 against 18.2 ms a case), so the worker judges a GPU case on the GPU.
 
 It prints milliseconds per case by the reference's size (entries of ``out``, ``lse``, the gradients
 and error scales) and the ratios, and checks that every engine's verdicts agree (signatures equal,

@@ -623,8 +623,6 @@ class Evaluator:
             device_done(self.device)  # the oracle's GPU work is the oracle's (see device_done)
             t2 = time.perf_counter()
         evaluation.oracle_s += t2 - t1
-        if judge_on_host(ref, self.device):
-            ref = ref.to_host()  # one transfer; the comparison's preparation and judging then run on the host
         prepared = PreparedReference(case, ref, inputs=inputs)
         evaluation.judge_s += time.perf_counter() - t2  # the comparison's own preparation
         return prepared, (t2 - t1) * 1000.0
@@ -676,34 +674,6 @@ OWN_BACKEND = "attnfuzz"
 
 class OracleTimeout(Exception):
     """The float64 oracle ran past the per-case time limit (`oracle_time_bound`)."""
-
-
-HOST_JUDGE_MAX_ELEMENTS = 1 << 17
-"""A reference computed on a GPU with at most this many float64 entries in all (``out``, ``lse``, the
-gradients, their error scales: 1 MiB) is moved to the host once and its case judged there
-(`judge_on_host`)."""
-
-
-def judge_on_host(reference: Any, device: Any) -> bool:
-    """Whether a case whose `oracle.reference.ReferenceResult` ``reference`` was computed on
-    ``device`` is judged on the host: on a GPU, when the reference holds at most
-    `HOST_JUDGE_MAX_ELEMENTS` entries; never on the CPU (it is there already).
-
-    Why: a small case's outputs come back from the children as bytes, on the host
-    (`fuzzer.executor.BYTES_TRANSPORT_MAX`), and judging them on the GPU took some 25 host
-    synchronisations a case, each waiting for a slice of the GPU's time beside the children's
-    kernels (the comparison was 64.5 s of a 600 s H200 campaign, 18 ms a case, 2026-12-02). On
-    the host the same checks run without a synchronisation (the numpy fast paths of
-    `oracle.compare`), and a tensor bit-identical to another output of its batch is judged once
-    (`oracle.compare._same_as_earlier`, host tensors only): 20 outputs, 8 distinct, of stored CPU
-    cases with up to 8K / 32K / 128K reference entries judged in 3.2 / 5.3 / 7.9 ms on one core
-    of the 2-core CI machine (`benchmarks/compare_host_bench.py`). The verdicts are those of the
-    CPU engine (the same checks; a sum may differ from the GPU's in the last bit)."""
-    import torch
-
-    if torch.device(device).type == "cpu":
-        return False
-    return reference.numel() <= HOST_JUDGE_MAX_ELEMENTS
 
 
 def device_done(device: Any) -> None:
@@ -764,8 +734,6 @@ __all__ = [
     "OracleTimeout",
     "judge",
     "judge_many",
-    "judge_on_host",
-    "HOST_JUDGE_MAX_ELEMENTS",
     "oracle_time_bound",
     "make_executor",
     "normalise_masked_lse",

@@ -434,49 +434,6 @@ def test_the_masked_lse_normalised_with_the_case_s_empty_rows_is_the_same() -> N
     assert given.tolist() == [[0.0, -math.inf, 0.0, 3.0]]
 
 
-def test_a_small_gpu_reference_is_judged_on_the_host_and_a_large_one_or_a_cpu_one_is_not() -> None:
-    """`judge_on_host`: on a GPU device, a reference of at most `HOST_JUDGE_MAX_ELEMENTS` entries
-    (out, lse, gradients and error scales counted) goes to the host; a larger one stays; on the
-    CPU nothing moves. (The device is only named: no GPU is needed to decide.)"""
-    from fuzzer.evaluate import HOST_JUDGE_MAX_ELEMENTS, judge_on_host
-
-    ref = reference(BACKWARD, make_inputs(BACKWARD, "cpu"))
-    entries = ref.numel()
-    parts = [ref.out, ref.lse, ref.dq, ref.dk, ref.dv, *ref.error_scales.values()]
-    assert entries == sum(t.numel() for t in parts) and entries <= HOST_JUDGE_MAX_ELEMENTS
-    assert judge_on_host(ref, "cuda:0") and judge_on_host(ref, torch.device("cuda"))
-    assert not judge_on_host(ref, "cpu")
-    big = dataclasses.replace(ref, out=torch.zeros(HOST_JUDGE_MAX_ELEMENTS + 1, dtype=torch.float64))
-    assert not judge_on_host(big, "cuda:0")
-
-
-def test_a_case_judged_on_the_host_gets_the_results_of_judging_it_where_the_oracle_ran(monkeypatch) -> None:
-    """With `judge_on_host` saying yes, the evaluator moves the reference with
-    `ReferenceResult.to_host` before preparing it, and every result (the planted all-zero
-    variant's failure included) is the one judged without the move; saying no, nothing moves."""
-    import oracle.reference as reference_module
-    from fuzzer import evaluate
-
-    moved = []
-    real_to_host = reference_module.ReferenceResult.to_host
-
-    def spy(self):
-        moved.append(self.numel())
-        return real_to_host(self)
-
-    monkeypatch.setattr(reference_module.ReferenceResult, "to_host", spy)
-    outcomes = {}
-    for on_host in (False, True):
-        monkeypatch.setattr(evaluate, "judge_on_host", lambda ref, device, answer=on_host: answer)
-        with Evaluator(BACKENDS, isolation="none") as ev:
-            outcomes[on_host] = _by_task(ev.evaluate(BACKWARD).results)
-        assert len(moved) == (1 if on_host else 0)
-    assert {k: (r.status, r.signature, r.error_ratio) for k, r in outcomes[True].items()} == {
-        k: (r.status, r.signature, r.error_ratio) for k, r in outcomes[False].items()
-    }
-    assert any(r.signature == "out:all_zero" for r in outcomes[True].values())
-
-
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_a_reference_moved_to_the_host_in_one_transfer_holds_the_same_values_and_verdicts() -> None:
     """`ReferenceResult.to_host` on a GPU: every tensor (error scales included) equal to the
