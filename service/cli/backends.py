@@ -17,14 +17,18 @@ def backends(
     backend: Annotated[Optional[list[str]], typer.Option("--backend", help="Extra plugin module:attr.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
-    """List every known backend: device, variants, versions, and why it is unavailable here."""
+    """List every known backend: device, variants, versions, and why it is unavailable here.
+
+    The opt-in backends (`fuzzer.registry.OPT_IN_MODULES`: the CPU context-parallel ring and its
+    planted variants, which exercise attnfuzz itself) are listed too, marked ``opt-in``: a fuzz
+    run takes them only when named with ``--backend``."""
     from fuzzer import registry
 
     specs = [b for b in (backend or []) if ":" in b]
     if specs:
         cwd_importable()  # as fuzz and export do: --backend mymod:MyBackend finds ./mymod.py
     try:
-        found = registry.discover(specs)
+        found = registry.discover(specs, opt_in=True)
     except AttnFuzzError as exc:
         fail(exc)
     from fuzzer.executor import probe_backends
@@ -35,6 +39,7 @@ def backends(
     availability, runtime = probe_backends([found[name] for name in sorted(found)])
     for name, (b, spec) in sorted(found.items()):
         reason = availability.get(name)
+        opt_in = spec.partition(":")[0] in registry.OPT_IN_MODULES
         rows.append(
             {
                 "name": name,
@@ -44,6 +49,7 @@ def backends(
                 "available": reason is None,
                 "reason": reason or "",
                 "spec": spec,
+                "opt_in": opt_in,
                 "runtime": runtime.get(name, {}),
             }
         )
@@ -58,6 +64,8 @@ def backends(
     table.add_column("status", overflow="fold")
     for row in rows:
         status = "[green]available[/]" if row["available"] else f"[yellow]unavailable:[/] {row['reason']}"
+        if row["opt_in"]:
+            status += f"\nopt-in: fuzzed only with --backend {row['name']}"
         versions = "\n".join(f"{k}={v}" for k, v in row["versions"].items())
         versions += _runtime_text(row["runtime"])
         table.add_row(row["name"], row["device"], "\n".join(row["variants"]), versions, status)

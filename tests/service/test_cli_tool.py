@@ -404,6 +404,23 @@ def test_backends_finds_a_plugin_module_in_the_current_directory(tmp_path: Path)
     assert rows["sample-plugin"]["spec"] == "my_sample_kernel:SampleBackend" and rows["sample-plugin"]["available"], rows
 
 
+def test_backends_lists_the_opt_in_backends_marked_as_such() -> None:
+    """New-user trial: ``attnfuzz backends`` left out the opt-in CPU context-parallel backends
+    (`fuzzer.registry.OPT_IN_MODULES`), which ``fuzz --backend cp-cpu-ring`` runs. They are listed,
+    marked ``opt_in`` (JSON) and "opt-in: fuzzed only with --backend NAME" (table); the default
+    ones are not marked."""
+    from service.cli.main import app
+
+    listed = CliRunner().invoke(app, ["backends", "--json"])
+    assert listed.exit_code == 0, listed.output
+    rows = {row["name"]: row for row in json.loads(listed.stdout)}
+    opt_in = {name for name, row in rows.items() if row["opt_in"]}
+    assert {"cp-cpu-ring", "cp-cpu-planted-merge"} <= opt_in, rows.keys()
+    assert not rows["torch-cpu-math"]["opt_in"] and rows["torch-cpu-math"]["available"]
+    table = CliRunner().invoke(app, ["backends"], env={"COLUMNS": "200"})
+    assert table.exit_code == 0 and "opt-in: fuzzed only with --backend cp-cpu-ring" in table.stdout, table.stdout
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
