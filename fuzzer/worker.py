@@ -83,6 +83,12 @@ class WorkerConfig:
         backends: ``(backend, spec)`` pairs (spec = ``module:attr`` that loads it in a child).
         device: ``"cpu"`` or ``"cuda"``: where inputs and the oracle live.
         time_budget_s: stop after this many seconds (None = no limit).
+        ends_at_s: a ``time.monotonic()`` instant (one clock for every process of a machine) by
+            which the fuzzing stops even if ``time_budget_s`` is not spent: ``attnfuzz fuzz`` sets
+            it to the command's start plus ``--time-budget``, so the start-up (imports, children,
+            migrations) counts in the budget and the run ends about when asked (a new-user trial:
+            ``--time-budget 60`` took about 78 s). None: ``time_budget_s`` from the worker's own
+            start only.
         max_cases: stop after this many generated cases (None = no limit).
         seed: make generation reproducible (None = random).
         shrink: minimise the first failure of each new bucket.
@@ -168,6 +174,7 @@ class WorkerConfig:
     backends: list[tuple[Backend, str]]
     device: str = "cpu"
     time_budget_s: float | None = 60.0
+    ends_at_s: float | None = None
     max_cases: int | None = None
     seed: int | None = None
     shrink: bool = True
@@ -225,6 +232,9 @@ class WorkerConfig:
                 raise WorkerError(f"{name}: must be a finite number of seconds >= 0, got {value!r}")
         if self.draw not in DRAW_MODES:
             raise WorkerError(f"draw: unknown value {self.draw!r} (allowed: {', '.join(DRAW_MODES)})")
+        ends = self.ends_at_s
+        if ends is not None and (isinstance(ends, bool) or not isinstance(ends, (int, float)) or not math.isfinite(ends)):
+            raise WorkerError(f"ends_at_s: must be a finite time.monotonic() instant or None, got {ends!r}")
         defaults = default_bounds(self.device)
         if self.max_seqlen is None:
             self.max_seqlen = defaults.max_seqlen
@@ -524,6 +534,7 @@ class Worker:
         self._kernel_templates: dict[str, dict[KernelTemplate, None]] = {}  # JIT backend -> first-seen templates
         self._kernel_classes: dict[str, set[tuple[bool, ...]]] = {}  # JIT backend -> kernel_class of the cases it ran
         self._started = 0.0
+        self._budget_s: float | None = config.time_budget_s  # set again at the start of run (`_time_budget`)
         self._fuzz_started: float | None = None
         self._last_heartbeat = 0.0
         self.build_id: int | None = None
@@ -610,6 +621,7 @@ class Worker:
         self.open()
         self._started = self._clock()
         self.stats.started_s = self._started
+        self._budget_s = self._time_budget()
         self.reporter.on_start(self)
         status = "failed"
         try:
@@ -704,7 +716,16 @@ class Worker:
         c = self.config
         if c.max_cases is not None and self.stats.cases >= c.max_cases:
             return True
-        return c.time_budget_s is not None and self._clock() - self._started >= c.time_budget_s
+        return self._budget_s is not None and self._clock() - self._started >= self._budget_s
+
+    def _time_budget(self) -> float | None:
+        """Seconds of this run from its start (``_started``): ``time_budget_s``, cut to what is
+        left before ``ends_at_s`` (never below 0); None without either."""
+        c = self.config
+        if c.ends_at_s is None:
+            return c.time_budget_s
+        left = max(c.ends_at_s - time.monotonic(), 0.0)
+        return left if c.time_budget_s is None else min(c.time_budget_s, left)
 
     def _heartbeat(self, force: bool = False) -> None:
         now = time.monotonic()
@@ -1369,10 +1390,10 @@ class Worker:
         c = self.config
         wall = self._clock() - self._started
         if c.shrink_share >= 1 or (c.max_cases is not None and self.stats.cases >= c.max_cases):
-            if c.time_budget_s is not None and wall >= c.time_budget_s + c.shrink_deadline_s:
+            if self._budget_s is not None and wall >= self._budget_s + c.shrink_deadline_s:
                 return None
             return c.shrink_deadline_s
-        left = None if c.time_budget_s is None else c.time_budget_s - wall
+        left = None if self._budget_s is None else self._budget_s - wall
         f = c.shrink_share * (1.0 - SHRINK_SHARE_MARGIN)  # aim below the bound: the last overrun is not made up
         room = (f * wall - self.stats.shrink_s) / (1.0 - f) - self._shrink_overrun_s
         slice_s = min(c.shrink_deadline_s, room)

@@ -13,6 +13,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -60,7 +61,7 @@ def _share(value: float) -> float:
 
 
 def fuzz(
-    time_budget: Annotated[Optional[float], typer.Option("--time-budget", callback=_positive, help="Seconds to fuzz, > 0 (default 60).")] = None,
+    time_budget: Annotated[Optional[float], typer.Option("--time-budget", callback=_positive, help="Seconds the run lasts, start-up included, > 0 (default 60).")] = None,
     max_cases: Annotated[Optional[int], typer.Option("--max-cases", min=0, help="Stop after N generated cases (0: only shrink what is queued).")] = None,
     backend: Annotated[
         Optional[list[str]],
@@ -203,6 +204,7 @@ def fuzz(
     of ``sys.path`` (so ``--backend localk:LocalBackend`` finds ``./localk.py``, as ``python -m``
     would), after the installed packages.
     """
+    started = time.monotonic()  # the budget counts from here: the start-up is part of the run
     from fuzzer.worker import Reporter, WorkerConfig
 
     device, isolation = Device(device).value, Isolation(isolation).value
@@ -244,6 +246,7 @@ def fuzz(
             backends=selected,
             device=resolved_device,
             time_budget_s=budget,
+            ends_at_s=None if budget is None else started + budget,
             max_cases=own_cases,
             seed=seed,
             shrink=shrink,

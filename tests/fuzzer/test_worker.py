@@ -508,3 +508,28 @@ def test_a_fuzz_case_with_an_error_result_is_run_again(monkeypatch):
         worker.evaluate(case)
     assert first and all(r.status == "error" for r in first)
     assert len(calls) == 2 * len(first) and worker.stats.repeated == 0
+
+
+def test_a_worker_stops_at_ends_at_before_its_time_budget_is_spent(planted_plugin) -> None:
+    """``ends_at_s`` (what ``attnfuzz fuzz`` sets to its start plus ``--time-budget``, so the
+    start-up counts) stops the fuzzing at that instant even with most of ``time_budget_s`` left;
+    an instant already past runs no case; a bad value names the field."""
+    import math
+    import time
+
+    from fuzzer.worker import WorkerError
+
+    def run(ends_at_s: float) -> tuple:
+        config = WorkerConfig(backends=registry.select([planted_plugin]), time_budget_s=600.0, ends_at_s=ends_at_s,
+                              shrink=False, replay_known=False, isolation="none", seed=3)
+        t0 = time.monotonic()
+        stats = Worker(config, MemorySink()).run()
+        return stats, time.monotonic() - t0
+
+    stats, took = run(time.monotonic() + 2.0)
+    assert stats.cases >= 1 and took < 60, (stats.cases, took)  # 600 s of budget: only the instant stopped it
+    past, _ = run(time.monotonic() - 1.0)
+    assert past.cases == 0
+    for bad in (math.nan, math.inf, "soon", True):
+        with pytest.raises(WorkerError, match="ends_at_s"):
+            WorkerConfig(backends=registry.select([planted_plugin]), ends_at_s=bad)
