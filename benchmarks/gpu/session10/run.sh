@@ -40,7 +40,7 @@ start)
     N=$2
     stage_wait_install "$O"
     if [ ! -d "$S" ]; then cp -r "$PWD" "$S" && rm -rf "$S/.gpu-wheels" "$S/.venv"; fi
-    cd "$S"; export PYTHONPATH=$S:/tmp/gpu-site
+    cd "$S"; export PYTHONPATH=$S:${GPU_SITE:-/tmp/gpu-site}  # GPU_SITE: where a later session imports the staged packages from
     rm -f "/tmp/$N.db"* "/tmp/$N.pid"; rm -rf /tmp/attnfuzz-children-* ~/.cache/attnfuzz/fa4-jit /tmp/torchinductor_* ~/.cache/torch/inductor
     { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; python3 -c "import torch; print('torch', torch.__version__, 'cudnn', torch.backends.cudnn.version())"; } > "$O/env.txt" 2>&1
     [ -f "$O/backends.txt" ] || { timeout 200 python3 -m service.cli.main backends > "$O/backends.txt" 2>&1; echo "rc $?" >> "$O/backends.txt"; }

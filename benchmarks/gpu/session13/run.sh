@@ -9,7 +9,7 @@
 # What ran: recv 1..8, install, early-tests, start main 600, wait main 560, wait main 200, finish main check
 # (CHECK_S=200 CHECK_BUDGET=160); on a second machine recv 1..8, install, start short 280, wait short 300,
 # finish short check (CHECK_S=150 CHECK_BUDGET=110).
-export SESSION_OUT=/tmp/s13
+export SESSION_OUT=${SESSION_OUT:-/tmp/s13}  # a later session sets its own (session14/run.sh)
 case "${1:-}" in
 early-tests)
     mkdir -p "$SESSION_OUT"
