@@ -33,10 +33,17 @@ DEFAULT_CPU_BACKENDS = ("torch-cpu-math", "torch-cpu-flash")
 
 
 def _as_backends(obj: object, origin: str) -> list[Backend]:
-    if isinstance(obj, type) and issubclass(obj, Backend):
-        obj = obj()
-    elif callable(obj) and not isinstance(obj, Backend):
-        obj = obj()
+    """The backends ``obj`` (a `Backend` subclass, instance, factory, or a list of them) stands for.
+
+    Raises:
+        BackendError: naming ``origin``: a class or factory that cannot be called without
+            arguments (an abstract `Backend` included) or raises, or something that is no `Backend`.
+    """
+    if (isinstance(obj, type) and issubclass(obj, Backend)) or (callable(obj) and not isinstance(obj, Backend)):
+        try:
+            obj = obj()
+        except Exception as exc:  # a plugin's constructor: its error, said as the spec's
+            raise BackendError(f"{origin}: calling {getattr(obj, '__name__', obj)!r} failed: {type(exc).__name__}: {exc}") from exc
     items = list(obj) if isinstance(obj, (list, tuple)) else [obj]
     for item in items:
         if not isinstance(item, Backend):
