@@ -15,12 +15,14 @@ class NotFoundError(ServiceError, LookupError):
     Attributes:
         kind: what was looked up, e.g. ``"bucket"``.
         key: the id that was not found.
+        hint: where to look instead (appended to the message after "; "), or "".
     """
 
-    def __init__(self, kind: str, key: object):
+    def __init__(self, kind: str, key: object, hint: str = ""):
         self.kind = kind
         self.key = key
-        super().__init__(f"{kind} {key!r} not found")
+        self.hint = hint
+        super().__init__(f"{kind} {key!r} not found" + (f"; {hint}" if hint else ""))
 
 
 class FieldValidationError(ServiceError, ValueError):

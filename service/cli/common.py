@@ -406,7 +406,7 @@ def resolve_case_id(session, value: str) -> str:
     escaped = value.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
     found = session.scalars(select(Case.id).where(Case.id.like(f"{escaped}%", escape="\\")).limit(6)).all()
     if not found:
-        raise NotFoundError("case", value)
+        raise NotFoundError("case", value, hint="`attnfuzz cases list` shows the stored cases")
     if len(found) > 1:
         shown = ", ".join(found[:5]) + (", ..." if len(found) > 5 else "")
         raise FieldValidationError("case_id", f"{value!r} is the prefix of several cases ({shown}); give more characters")

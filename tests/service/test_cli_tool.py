@@ -189,7 +189,7 @@ def test_a_unique_case_id_prefix_is_accepted_and_an_ambiguous_or_unknown_one_is_
     assert shown.exit_code == 0, shown.output
     assert json.loads(shown.stdout)["case"]["seqlen_q"] == 5
     unknown = _invoke("cases", "show", "zzzz", "--db", db)
-    assert unknown.exit_code == 2 and "zzzz" in unknown.output
+    assert unknown.exit_code == 2 and "zzzz" in unknown.output and "cases list" in unknown.output  # where to look
     common = os.path.commonprefix([PASSING.case_id, FAILING.case_id])
     ambiguous = _invoke("cases", "show", common, "--db", db)
     assert ambiguous.exit_code == 2, ambiguous.output
