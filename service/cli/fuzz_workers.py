@@ -79,6 +79,29 @@ class WorkerRun:
     spooled: dict
 
 
+GC_GEN0_THRESHOLD = 10_000
+"""Allocations between two young-generation collections of a CPU worker process (Python's default: 700)."""
+
+
+def tune_gc(device: str) -> None:
+    """Fewer, cheaper garbage collections in a CPU worker process: what is alive after the
+    start-up (torch, Hypothesis, SQLAlchemy, the backends) is frozen out of the collector's scans
+    (``gc.freeze``) and the young generation is collected every `GC_GEN0_THRESHOLD` allocations.
+    A CPU case allocates thousands of small objects (the draw, the verdicts, the rows), so Python
+    collected about once a case: 0.68 s of a 20 s one-worker run (``gc.callbacks``, 2026-12-02),
+    0.32 s with the higher threshold. Nothing else changes: cyclic garbage is still collected, a
+    few cases later. A GPU worker keeps Python's defaults (a cycle holding device memory is
+    freed at once)."""
+    import gc
+
+    if device != "cpu":
+        return
+    gc.collect()
+    gc.freeze()
+    _, gen1, gen2 = gc.get_threshold()
+    gc.set_threshold(GC_GEN0_THRESHOLD, gen1, gen2)
+
+
 def run_worker(config: WorkerConfig, url: str, *, reporter: Reporter, options: StoreOptions, metrics_port: int | None = None) -> WorkerRun:
     """Run one `fuzzer.worker.Worker` whose results go to the SQL store at ``url`` through a
     local spool slot, until its budget is spent or Ctrl-C.
@@ -106,6 +129,7 @@ def run_worker(config: WorkerConfig, url: str, *, reporter: Reporter, options: S
     from service.db.examples import SqlExampleDatabase
     from service.db.store import SqlStore
 
+    tune_gc(config.device)
     engine = make_engine(url, timeout_s=options.db_timeout_s)
     spool = Spool.acquire(options.spool_dir or default_spool_root(), url, max_bytes=options.spool_max_bytes)
     journal = Ledger(options.ledger) if options.ledger else None
@@ -254,13 +278,13 @@ def resolve_workers(
     except ValueError:
         number = 0
     if number < 1:
-        raise CaseValidationError("workers", f"{workers!r} is not a number of worker processes", "auto, or an integer >= 1")
+        raise CaseValidationError("--workers", f"{workers!r} is not a number of worker processes to start", "auto, or an integer >= 1")
     if number > 1:
         for given, why in ((isolation != "process", "--isolation none runs the backends in the one worker process"),
                            (bool(ledger), "--ledger is one file, written by one worker"),
                            (in_memory, "an in-memory SQLite database is private to one process")):
             if given:
-                raise CaseValidationError("workers", f"{number} workers: {why}", "1 (or auto)")
+                raise CaseValidationError("--workers", f"{number} workers: {why}", "1 (or auto)")
     return number
 
 

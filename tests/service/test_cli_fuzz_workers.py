@@ -75,7 +75,7 @@ def test_a_bad_workers_option_is_a_usage_error_before_anything_runs(tmp_path: Pa
     result = CliRunner().invoke(app, ["fuzz", "--workers", "many", "--db", str(tmp_path / "w.db")], env={"COLUMNS": "250"})
     assert result.exit_code == 2
     said = " ".join(result.output.split())  # the console may wrap the line
-    assert "workers: 'many'" in said and "auto, or an integer >= 1" in said
+    assert "--workers: 'many'" in said and "auto, or an integer >= 1" in said  # the option, as typed
     assert not (tmp_path / "w.db").exists()  # nothing migrated
 
 
@@ -200,3 +200,23 @@ def test_the_summary_says_what_another_worker_did_with_a_bucket(tmp_path: Path, 
     assert "attached: fails as out:all_zero on the minimised case of bucket 1 (by another worker)" in said
     assert said.count("not minimised in this run") == 1  # only the bucket nobody shrank
 
+
+
+def test_a_cpu_worker_process_collects_garbage_less_often_and_a_gpu_one_keeps_the_defaults() -> None:
+    """`tune_gc`: on the CPU the start-up's objects are frozen out of the scans and the young
+    generation waits for `GC_GEN0_THRESHOLD` allocations; on a GPU nothing changes."""
+    import gc
+
+    from service.cli.fuzz_workers import GC_GEN0_THRESHOLD, tune_gc
+
+    gc.unfreeze()  # an in-process fuzz run of an earlier test may have frozen this process's objects
+    before = gc.get_threshold()
+    try:
+        tune_gc("cuda")
+        assert gc.get_threshold() == before and gc.get_freeze_count() == 0
+        tune_gc("cpu")
+        assert gc.get_threshold() == (GC_GEN0_THRESHOLD, *before[1:])
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)
