@@ -71,7 +71,7 @@ def _assert_stored_exactly_once(url: str, ledger: Path) -> None:
 
 def test_postgresql_stopped_and_restarted_under_a_running_worker_loses_nothing(cli, private_postgres, tmp_path) -> None:
     url, spool, ledger = private_postgres.url, tmp_path / "spool", tmp_path / "ledger.jsonl"
-    worker = cli(*fuzz_args(url, spool, "--time-budget", "25", "--no-shrink", "--ledger", str(ledger), "--db-timeout", "2"))
+    worker = cli(*fuzz_args(url, spool, "--time-budget", "35", "--no-shrink", "--ledger", str(ledger), "--db-timeout", "2"))
     wait_until(lambda: counts(url)["results"] >= 4, 120, "the first results")
     before = counts(url)
     private_postgres.stop("immediate")
@@ -90,7 +90,7 @@ def test_postgresql_stopped_and_restarted_under_a_running_worker_loses_nothing(c
 
 def test_sqlite_locked_by_another_writer_makes_the_worker_spool_then_flush(cli, sqlite_url, tmp_path) -> None:
     spool, ledger = tmp_path / "spool", tmp_path / "ledger.jsonl"
-    worker = cli(*fuzz_args(sqlite_url, spool, "--time-budget", "20", "--no-shrink", "--ledger", str(ledger),
+    worker = cli(*fuzz_args(sqlite_url, spool, "--time-budget", "30", "--no-shrink", "--ledger", str(ledger),
                             "--db-timeout", "0.2"))
     wait_until(lambda: counts(sqlite_url)["results"] >= 4, 120, "the first results")
     lock = sqlite3.connect(sqlite_url.removeprefix("sqlite:///"), timeout=30, isolation_level=None)
