@@ -12,13 +12,14 @@ rounded to the case dtype, and noisy copies), the rest bit-identical copies of t
 preparation and judging (`oracle.compare.PreparedReference`, `compare_outputs_batch`) is timed:
 
 * ``host, torch only``: on the host with `oracle.compare.HOST_FAST_PATHS` off;
-* ``host``: on the host with the numpy fast paths (the default);
+* ``host``: on the host with the numpy fast paths (the default), the reference moved there
+  before the timing;
 * on CUDA also ``device``: the reference left on the GPU (where the worker judges a GPU case), and
   ``to host``: `oracle.reference.ReferenceResult.to_host` then the host.
 
 On the H200 (2026-12-02, `benchmarks/gpu/results-2026-12-02-s14/compare_host_bench.txt`, beside TE's
-extension build) the host won only for references up to about 32K entries (6.5 against 8.5 ms a
-case of 20 outputs up to 8K) and lost above 128K (47.9 against 30.9 ms); a 600 s campaign that
+extension build; that run's ``host`` column timed the transfer too, as ``to host`` does) the host
+won only for references up to about 32K entries (6.5 against 8.5 ms a case of 20 outputs up to 8K) and lost above 128K (47.9 against 30.9 ms); a 600 s campaign that
 judged every case up to 128K entries on the host spent more on the comparison than the one before
 (24.7 against 18.2 ms a case), so the worker judges a GPU case on the GPU.
 
@@ -105,35 +106,39 @@ def main() -> None:
     work = []
     for case in draw_cases(args.cases):
         ref = reference(case, make_inputs(case, device))
-        work.append((case, ref, outputs_of(case, ref, args.outputs, args.distinct, gen)))
+        outs = outputs_of(case, ref, args.outputs, args.distinct, gen)
+        work.append((case, ref, ref.to_host(), outs))  # the host copy made outside every timing
 
-    def host(case, ref, outs):
-        return compare_outputs_batch(case, PreparedReference(case, ref.to_host()), outs)
+    def host(case, ref, ref_host, outs):
+        return compare_outputs_batch(case, PreparedReference(case, ref_host), outs)
 
-    def host_torch_only(case, ref, outs):
+    def host_torch_only(case, ref, ref_host, outs):
         compare.HOST_FAST_PATHS = False
         try:
-            return host(case, ref, outs)
+            return host(case, ref, ref_host, outs)
         finally:
             compare.HOST_FAST_PATHS = True
 
     engines = {"host, torch only": host_torch_only, "host": host}
     if device.type == "cuda":
-        def on_device(case, ref, outs):
+        def on_device(case, ref, ref_host, outs):
             verdicts = compare_outputs_batch(case, PreparedReference(case, ref), outs)
             torch.cuda.synchronize()
             return verdicts
 
+        def to_host(case, ref, ref_host, outs):  # the reference moved in one transfer inside the timing
+            return host(case, ref, ref.to_host(), outs)
+
         engines["device"] = on_device
-        engines["to host"] = host  # the reference moved in one transfer inside the timing
+        engines["to host"] = to_host
     seconds = {name: {label: [] for _, label in BUCKETS} for name in engines}
     disagreements = 0
-    for case, ref, outs in work:
+    for case, ref, ref_host, outs in work:
         size = ref.numel()
         label = next(lbl for limit, lbl in BUCKETS if size <= limit)
         first = None
         for name, engine in engines.items():  # interleaved: every engine on the same case in turn
-            s, verdicts = timed(lambda: engine(case, ref, outs))
+            s, verdicts = timed(lambda: engine(case, ref, ref_host, outs))
             seconds[name][label].append(s)
             figures = [(v.signatures, v.error_ratio) for v in verdicts]
             if first is None:

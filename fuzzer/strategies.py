@@ -320,13 +320,6 @@ def _lists_of(elements: st.SearchStrategy[int], size: int) -> st.SearchStrategy[
     return st.lists(elements, min_size=size, max_size=size)
 
 
-@functools.lru_cache(maxsize=1)
-def _score_offsets() -> st.SearchStrategy[float]:
-    """A score offset: one of `SCORE_OFFSETS` or any finite value within ``+-MAX_SCORE_OFFSET``."""
-    offsets = st.floats(-MAX_SCORE_OFFSET, MAX_SCORE_OFFSET, allow_nan=False, allow_infinity=False)
-    return st.one_of(st.sampled_from(SCORE_OFFSETS), offsets)
-
-
 @functools.lru_cache(maxsize=STRATEGY_CACHE_SIZE)
 def seqlens(max_seqlen: int) -> st.SearchStrategy[int]:
     """A sequence length in ``[1, max_seqlen]``: small values, tile edges, or anything.
@@ -487,6 +480,11 @@ def _sequence_lengths(
 SCORE_OFFSETS = (-200.0, -120.0, -60.0, 60.0, 120.0, 200.0)
 """Row-LSE offsets (nats) drawn first: -120 is where ``exp(s - lse)`` in a backward breaks when
 ``lse`` is kept with too little range; +-200 the far ends."""
+SCORE_OFFSET_VALUES = st.one_of(
+    st.sampled_from(SCORE_OFFSETS), st.floats(-MAX_SCORE_OFFSET, MAX_SCORE_OFFSET, allow_nan=False, allow_infinity=False)
+)
+"""A score offset: one of `SCORE_OFFSETS` or any finite value within ``+-MAX_SCORE_OFFSET`` (one
+object for every draw, as `SOFTCAPS`)."""
 INPUT_FAMILIES = ("plain", "score_offset", "llm_like")
 
 
@@ -514,7 +512,7 @@ def input_specs(draw, *, head_dim: int, backward: bool = True, dtype: str = "bfl
     distributions = INPUT_DISTRIBUTIONS if family != "llm_like" else INPUT_DISTRIBUTIONS[:1]
     spec: dict = {"input_distribution": draw(_sampled_from(tuple(distributions)))}
     if family == "score_offset":
-        spec["score_offset"] = draw(_score_offsets())
+        spec["score_offset"] = draw(SCORE_OFFSET_VALUES)
         spec["score_offset_mode"] = draw(_sampled_from(tuple(SCORE_OFFSET_MODES)))
     elif family == "llm_like":
         if draw(st.booleans()):

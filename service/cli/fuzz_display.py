@@ -233,7 +233,7 @@ def summary_data(stats: WorkerStats, url: str, *, interrupted: bool = False, spo
         # JIT tasks left out while over the budget (a new kernel to build), by backend
         "compile_gated": dict(sorted(stats.compile_gated.items())),
         # JIT tasks run all the same while over the budget: the first kernel of their mask class, by backend
-        "compile_novel": dict(sorted(getattr(stats, "compile_novel", {}).items())),
+        "compile_novel": dict(sorted(stats.compile_novel.items())),
         # variants not run because they send no distinct call for the case (no result), by backend
         "not_applicable": dict(sorted(stats.not_applicable.items())),
         # fuzz tasks not run: their backend crashed or timed out at that kernel key before / on this case
@@ -338,7 +338,7 @@ def print_summary(stats: WorkerStats, url: str, *, interrupted: bool = False, st
     if stats.compile_gated:
         gated = ", ".join(f"{name} {n}" for name, n in sorted(stats.compile_gated.items()))
         out.print(f"JIT tasks not run because they needed a new kernel while compilation was over its budget (--jit-share): {gated}")
-    if getattr(stats, "compile_novel", None):
+    if stats.compile_novel:
         novel = ", ".join(f"{name} {n}" for name, n in sorted(stats.compile_novel.items()))
         out.print(f"JIT tasks run over the compile budget as the first kernel of their mask class (causal, windows, softcap, backward): {novel}")
     if stats.new_buckets:
