@@ -27,6 +27,15 @@ earlier case is left out (`fuzzer.executor.BUSY`), and after the oracle the eval
 ``lane_grace_s`` for the others; what still runs becomes ``Evaluation.late`` (a `LateRun`), judged
 later by `Evaluator.collect_late`.
 
+Background judging (``judge_later``, the worker's fuzz cases on CUDA): the ``ok`` outcomes are
+judged on the evaluator's judge thread (`PendingJudgement`, one thread, first in first out; on a
+GPU its own CUDA stream) while the caller goes on with the next case; the outcomes that did not
+return (crash, timeout, error) are turned into results at once. The caller collects the finished
+judgements (`PendingJudgement.done`, `PendingJudgement.result`). Why: on the H200 (2026-12-02,
+fourteenth session) the comparison took 18-25 ms a case on the worker's thread, mostly waiting for
+the GPU beside the children's kernels, 13% of the wall time; the worker's thread only waits for a
+judgement when too many are pending (`fuzzer.worker.MAX_PENDING_JUDGEMENTS`) and at the end.
+
 It stores nothing: the `Evaluation` it returns holds the results (and, for a CP case, the twin
 case and its results) for the caller to record.
 
@@ -43,10 +52,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -262,6 +273,10 @@ class Evaluation:
             earlier case (lanes, ``lane_grace_s``: `fuzzer.executor.BUSY`); no result.
         late: lanes: the environments still working when the grace time ran out (`LateRun`); their
             results come from `Evaluator.collect_late`, not in ``results``. None otherwise.
+        pending: background judging: the ``ok`` outcomes being judged on the judge thread
+            (`PendingJudgement`); their results are not in ``results``. None otherwise.
+        background: this evaluation was made on the judge thread (`PendingJudgement.result`):
+            its ``judge_s`` ran beside the caller's thread, not on it.
     """
 
     case: AttentionCase
@@ -282,6 +297,8 @@ class Evaluation:
     skipped: Counter = field(default_factory=Counter)
     busy: Counter = field(default_factory=Counter)
     late: LateRun | None = None
+    pending: PendingJudgement | None = None
+    background: bool = False
 
     def note_timing(self, outcome: Any) -> None:
         """Add ``outcome``'s run, compile and `fuzzer.executor.TaskOutcome.timing` parts to
@@ -325,6 +342,41 @@ class LateRun:
         """Whether every task has finished (collecting then does not wait)."""
         done = getattr(self.handle, "done", None)
         return bool(done()) if callable(done) else True
+
+
+class PendingJudgement:
+    """The ``ok`` outcomes of one case (or of a `LateRun`) being judged on the evaluator's judge
+    thread (`Evaluator.evaluate` and `Evaluator.collect_late` with ``judge_later``).
+
+    Attributes:
+        case: the case.
+        backends: the backends whose outcomes it judges (each ran the case: a caller counting
+            the backends that ran a case counts these, `fuzzer.coverage.count_case`).
+        future: the judge thread's `concurrent.futures.Future` of the `Evaluation`.
+        meta: free for the caller (the worker keeps its repeat key and the case's other results
+            there).
+    """
+
+    def __init__(self, case: AttentionCase, backends: set[str], future: Future):
+        self.case = case
+        self.backends = backends
+        self.future = future
+        self.meta: dict[str, Any] = {}
+
+    def done(self) -> bool:
+        """Whether the judgement is finished (`result` then does not wait)."""
+        return self.future.done()
+
+    def result(self, timeout: float | None = None) -> Evaluation:
+        """The `Evaluation` of the judged outcomes (``background`` set; its ``results`` one per
+        outcome in order, ``judge_s`` the judge thread's seconds), waiting up to ``timeout``
+        seconds (None: until done). Never raises for a failure of the judging itself: each
+        outcome then gets its own-step error (`Evaluator._own_step_failed`).
+
+        Raises:
+            concurrent.futures.TimeoutError: not done within ``timeout``.
+        """
+        return self.future.result(timeout)
 
 
 def applicable_tasks(backends: Iterable[Backend], case: AttentionCase) -> tuple[list[tuple[str, str]], Counter]:
@@ -407,6 +459,9 @@ class Evaluator:
         self.executor = executor if executor is not None else make_executor(self.specs, isolation, memory_limit_bytes)
         self.unavailable: dict[str, str] = {}
         self.usable: list[Backend] = list(self.backends.values())
+        self._judge_pool: ThreadPoolExecutor | None = None  # the judge thread (background judging), started on first use
+        self._judge_stream: Any = None  # its CUDA stream (on a GPU)
+        self._judge_lock = threading.Lock()
 
     def open(self) -> dict[str, str]:
         """Set this process's torch threads (`fuzzer.executor.configure_torch_threads`), ask the
@@ -419,7 +474,11 @@ class Evaluator:
         return self.unavailable
 
     def close(self) -> None:
-        """Stop the executor's child processes."""
+        """Stop the executor's child processes, after the judge thread has finished what was
+        given to it (background judging)."""
+        if self._judge_pool is not None:
+            self._judge_pool.shutdown(wait=True)
+            self._judge_pool = None
         if self.executor is not None:
             self.executor.close()
             self.executor = None
@@ -472,6 +531,7 @@ class Evaluator:
         tasks: list[tuple[str, str]] | None = None,
         *,
         lane_grace_s: float | None = None,
+        judge_later: bool = False,
     ) -> Evaluation:
         """Run ``case`` on ``tasks`` (default: every variant of every usable backend) and judge it.
 
@@ -485,6 +545,10 @@ class Evaluator:
                 others: what is still running then becomes ``Evaluation.late``, judged later by
                 `collect_late`. With an executor without lanes (in process, serial children, a CP
                 case) the whole run is waited for.
+            judge_later: background judging: the ``ok`` outcomes are judged on the judge thread
+                (``Evaluation.pending``, a `PendingJudgement`) and the comparison's preparation
+                is left to it; the others' results are in ``results`` at once. A CP outcome (its
+                twin) is always judged here.
 
         Returns:
             The `Evaluation` (nothing is stored).
@@ -505,7 +569,7 @@ class Evaluator:
         lanes = lane_grace_s is not None
         handle = submit_run(self.executor, case, inputs, runnable, self.case_timeout_s, skip_busy=lanes)
         try:
-            prepared, oracle_ms = self._oracle(case, inputs, evaluation)
+            prepared, oracle_ms = self._oracle(case, inputs, evaluation, eager=not judge_later)
         except Exception as exc:  # MemoryError, OverflowError, OracleTimeout, a bug of ours ...
             handle.abandon()  # wait for what runs (the children stay in step); its outcomes are dropped
             evaluation.results.append(self._own_step_failed(case, exc, "oracle", phase))
@@ -517,7 +581,7 @@ class Evaluator:
             outcomes, rest = handle.result(), None
         t0 = time.perf_counter()
         evaluation.wait_s += t0 - t_wait
-        self._judge_outcomes(case, prepared, oracle_ms, phase, outcomes, evaluation)
+        self._judge_outcomes(case, prepared, oracle_ms, phase, outcomes, evaluation, judge_later=judge_later)
         evaluation.judge_s += time.perf_counter() - t0
         if rest is not None:
             evaluation.late = LateRun(case, rest.tasks, rest, prepared, inputs, oracle_ms, phase)
@@ -526,11 +590,12 @@ class Evaluator:
             evaluation.twin_case = cp_twin(case)
         return evaluation
 
-    def collect_late(self, late: LateRun, wait: bool = False) -> Evaluation | None:
+    def collect_late(self, late: LateRun, wait: bool = False, *, judge_later: bool = False) -> Evaluation | None:
         """Judge the outcomes of ``late`` (the part of an `evaluate` with ``lane_grace_s`` still
         running then): an `Evaluation` of the same case holding only those results (and their
         kernel, compile and judging seconds; ``wait_s`` is what this call waited), or None when
-        they are not all done and ``wait`` is false.
+        they are not all done and ``wait`` is false. With ``judge_later`` the ``ok`` outcomes go
+        to the judge thread (``Evaluation.pending``), as in `evaluate`.
 
         Raises:
             fuzzer.executor.ExecutorError: a child could not be started (as ``result()``).
@@ -542,19 +607,20 @@ class Evaluator:
         outcomes = late.handle.result()
         t0 = time.perf_counter()
         evaluation.wait_s += t0 - t_wait
-        self._judge_outcomes(late.case, late.prepared, late.oracle_ms, late.phase, outcomes, evaluation)
+        self._judge_outcomes(late.case, late.prepared, late.oracle_ms, late.phase, outcomes, evaluation, judge_later=judge_later)
         evaluation.judge_s += time.perf_counter() - t0
         if evaluation.twin_results:
             evaluation.twin_case = cp_twin(late.case)
         return evaluation
 
     def _judge_outcomes(
-        self, case: AttentionCase, prepared: Any, oracle_ms: float, phase: str, outcomes: list[TaskOutcome], evaluation: Evaluation
+        self, case: AttentionCase, prepared: Any, oracle_ms: float, phase: str, outcomes: list[TaskOutcome], evaluation: Evaluation,
+        *, judge_later: bool = False,
     ) -> None:
         """Judge ``outcomes`` into ``evaluation`` (results, twins, seconds, timing); `SKIPPED`
-        and `BUSY` outcomes leave no result and are counted instead. Plain outcomes (no CP twin:
-        `fuzzer.executor.TaskOutcome.judged` not overridden) are judged together (`judge_many`);
-        when that raises, each is judged on its own, so an own-step failure names its outcome."""
+        and `BUSY` outcomes leave no result and are counted instead. With ``judge_later`` and
+        no CP outcome among them, the ``ok`` outcomes go to the judge thread
+        (``evaluation.pending``) and the others are judged here."""
         ran = []
         for outcome in outcomes:
             if outcome.status in (SKIPPED, BUSY):  # not run: another variant ended the child, or its environment was busy
@@ -565,6 +631,21 @@ class Evaluator:
             evaluation.compile_s += outcome.compile_ms / 1000.0
             evaluation.note_timing(outcome)
             ran.append(outcome)
+        if judge_later and all(type(o).judged is TaskOutcome.judged for o in ran):
+            later = [o for o in ran if o.status == "ok"]
+            if later:
+                ran = [o for o in ran if o.status != "ok"]
+                evaluation.pending = self._judge_in_background(case, prepared, oracle_ms, phase, later)
+        if ran:
+            self._judge_ran(case, prepared, oracle_ms, phase, ran, evaluation)
+
+    def _judge_ran(
+        self, case: AttentionCase, prepared: Any, oracle_ms: float, phase: str, ran: list[TaskOutcome], evaluation: Evaluation
+    ) -> None:
+        """Judge outcomes that ran into ``evaluation`` (results, twins, the twins' seconds).
+        Plain outcomes (no CP twin: `fuzzer.executor.TaskOutcome.judged` not overridden) are
+        judged together (`judge_many`); when that raises, each is judged on its own, so an
+        own-step failure names its outcome."""
         plain = [o for o in ran if type(o).judged is TaskOutcome.judged]
         batched: dict[int, CaseResult] = {}
         if len(plain) > 1:
@@ -591,6 +672,52 @@ class Evaluator:
                     evaluation.kernel_s += twin_outcome.run_ms / 1000.0
                     evaluation.compile_s += twin_outcome.compile_ms / 1000.0
 
+    # ------------------------------------------------------------------ background judging
+    def _judge_in_background(
+        self, case: AttentionCase, prepared: Any, oracle_ms: float, phase: str, outcomes: list[TaskOutcome]
+    ) -> PendingJudgement:
+        """Give plain ``outcomes`` of ``case`` to the judge thread (started on first use); returns
+        their `PendingJudgement`. On a GPU the judge thread works on its own CUDA stream, which
+        first waits for what this thread queued so far (the inputs, the oracle, the reference)."""
+        ready = None
+        with self._judge_lock:
+            if self._judge_pool is None:
+                self._judge_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="attnfuzz-judge")
+                self._judge_stream = _new_judge_stream(self.device)
+        if self._judge_stream is not None:
+            import torch
+
+            ready = torch.cuda.Event()
+            ready.record()  # on this thread's current stream
+        future = self._judge_pool.submit(self._judge_job, case, prepared, oracle_ms, phase, outcomes, ready)
+        return PendingJudgement(case, {o.backend for o in outcomes}, future)
+
+    def _judge_job(
+        self, case: AttentionCase, prepared: Any, oracle_ms: float, phase: str, outcomes: list[TaskOutcome], ready: Any
+    ) -> Evaluation:
+        """The judge thread's work for one `PendingJudgement`: an `Evaluation` (``background``
+        set) of ``outcomes``. Every GPU operation of it is done when it returns (its stream is
+        synchronised), so the tensors it used may be freed by any thread. A failure of the
+        judging itself gives each outcome its own-step error (never raises)."""
+        t0 = time.perf_counter()
+        evaluation = Evaluation(case=case, background=True)
+        stream = self._judge_stream
+        try:
+            if stream is not None:
+                import torch
+
+                stream.wait_event(ready)
+                with torch.cuda.stream(stream):
+                    self._judge_ran(case, prepared, oracle_ms, phase, outcomes, evaluation)
+                stream.synchronize()
+            else:
+                self._judge_ran(case, prepared, oracle_ms, phase, outcomes, evaluation)
+        except Exception as exc:  # a CUDA error of the stream, a bug of ours: every outcome gets the evidence
+            evaluation.results = [self._own_step_failed(case, exc, "compare", phase, o) for o in outcomes]
+            evaluation.twins = [None] * len(outcomes)
+        evaluation.judge_s = time.perf_counter() - t0
+        return evaluation
+
     # ------------------------------------------------------------------ attnfuzz's own steps
     def _inputs(self, case: AttentionCase, evaluation: Evaluation) -> Any:
         """The inputs of ``case`` (`oracle.inputs.make_inputs` on the evaluator's device), after
@@ -606,11 +733,13 @@ class Evaluator:
         evaluation.inputs_s += time.perf_counter() - t0
         return inputs
 
-    def _oracle(self, case: AttentionCase, inputs: Any, evaluation: Evaluation) -> tuple[Any, float]:
+    def _oracle(self, case: AttentionCase, inputs: Any, evaluation: Evaluation, *, eager: bool = True) -> tuple[Any, float]:
         """The oracle of ``inputs`` and the prepared comparison reference of ``case``, under what
         the inputs left of the per-case time bound (one bound for both steps, as before the
         overlap); ``(prepared, oracle ms)``. Main thread only for the bound (`oracle_time_bound`).
-        Adds to ``evaluation.oracle_s`` (the reference) and ``judge_s`` (the preparation)."""
+        Adds to ``evaluation.oracle_s`` (the reference) and ``judge_s`` (the preparation, done
+        here with ``eager``, else by the first judgement: the judge thread's, in background
+        judging)."""
         from oracle.compare import PreparedReference
         from oracle.reference import reference
 
@@ -623,7 +752,7 @@ class Evaluator:
             device_done(self.device)  # the oracle's GPU work is the oracle's (see device_done)
             t2 = time.perf_counter()
         evaluation.oracle_s += t2 - t1
-        prepared = PreparedReference(case, ref, inputs=inputs)
+        prepared = PreparedReference(case, ref, inputs=inputs, eager=eager)
         evaluation.judge_s += time.perf_counter() - t2  # the comparison's own preparation
         return prepared, (t2 - t1) * 1000.0
 
@@ -677,20 +806,32 @@ class OracleTimeout(Exception):
 
 
 def device_done(device: Any) -> None:
-    """Wait until the work queued on ``device`` by this process is done (``torch.cuda.synchronize``
-    on a CUDA device; nothing on the CPU, where torch runs each operation before returning).
+    """Wait until the work queued on ``device`` by this thread is done (its current stream's
+    ``synchronize`` on a CUDA device, so not the judge thread's stream, `Evaluator`'s background
+    judging; nothing on the CPU, where torch runs each operation before returning).
 
     Why: CUDA operations return once queued, so without it the GPU time of the inputs and of the
     float64 oracle was counted where the host next waited for the GPU, the comparison's
     preparation (`oracle.compare.PreparedReference` fetches its figures at once), i.e. as
     attnfuzz's own work instead of the oracle's. The wait costs no time: that preparation waits
-    for the same work right after. Raises what ``torch.cuda.synchronize`` raises (a CUDA error
-    of the queued work)."""
+    for the same work right after. Raises what ``torch.cuda.Stream.synchronize`` raises (a CUDA
+    error of the queued work)."""
     import torch
 
     dev = torch.device(device)
     if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
+        torch.cuda.current_stream(dev).synchronize()  # this thread's work only: not the judge thread's stream
+
+
+def _new_judge_stream(device: str) -> Any:
+    """The judge thread's CUDA stream on ``device`` (a stream of torch's pool, which does not
+    wait for the default stream implicitly), or None on the CPU."""
+    import torch
+
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return None
+    return torch.cuda.Stream(device=dev if dev.index is not None else torch.cuda.current_device())
 
 
 @contextmanager
@@ -732,6 +873,7 @@ __all__ = [
     "OWN_BACKEND",
     "STORED_NONFINITE_RATIO",
     "OracleTimeout",
+    "PendingJudgement",
     "judge",
     "judge_many",
     "oracle_time_bound",

@@ -59,7 +59,7 @@ from hypothesis.errors import Unsatisfiable
 from fuzzer.backends.base import Backend
 from fuzzer.backends.cp_layout import cp_unsupported_reasons
 from fuzzer.cp.executor import make_executor_with_cp
-from fuzzer.evaluate import Evaluation, Evaluator, applicable_tasks, judge, with_phase
+from fuzzer.evaluate import Evaluation, Evaluator, PendingJudgement, applicable_tasks, judge, with_phase
 from fuzzer.evaluate import normalise_masked_lse as _normalise_masked_lse
 from fuzzer.executor import TaskOutcome
 from fuzzer.minimise import MinimiseInterrupted, MinimiseOutcome, minimise
@@ -169,6 +169,16 @@ class WorkerConfig:
         late_drain_s: lanes: at the end of the run, seconds to wait for the background parts
             still running (their results are stored); what is still running after it is stopped
             and leaves no result.
+        judge: ``"background"``, ``"inline"`` or ``"auto"`` (background when lanes are on).
+            Background: a fuzz case's ``ok`` outcomes are judged on the evaluator's judge
+            thread (`fuzzer.evaluate.PendingJudgement`) while the worker draws and runs the next
+            cases; their results are stored when judged (`_collect_late`, at the next cases; at
+            most `MAX_PENDING_JUDGEMENTS` wait at a time), and the worker waits for all of them
+            before it stops. Their error ratios reach no Hypothesis ``target()`` (the example is
+            over, as for the lanes' background parts); a case drawn again is answered from its
+            first run once that is judged. Shrinking, replays, confirmations and CP cases are
+            judged inline. Why: on the H200 the comparison took 18-25 ms a case on the worker's
+            thread (2026-12-02), 13% of the wall time, mostly waiting for the GPU.
     """
 
     backends: list[tuple[Backend, str]]
@@ -205,6 +215,7 @@ class WorkerConfig:
     lanes: str = "auto"
     lane_grace_s: float = 0.25
     late_drain_s: float = 15.0
+    judge: str = "auto"
 
     def __post_init__(self) -> None:
         share = self.jit_share
@@ -226,6 +237,8 @@ class WorkerConfig:
             raise WorkerError(f"device: unknown value {self.device!r} (allowed: cpu, cuda)")
         if self.lanes not in LANE_MODES:
             raise WorkerError(f"lanes: unknown value {self.lanes!r} (allowed: {', '.join(LANE_MODES)})")
+        if self.judge not in JUDGE_MODES:
+            raise WorkerError(f"judge: unknown value {self.judge!r} (allowed: {', '.join(JUDGE_MODES)})")
         for name in ("lane_grace_s", "late_drain_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value >= 0):
@@ -256,6 +269,14 @@ and CUDA dialect errors, torch.compile's): `Worker._note_crashes` quarantines th
 
 LANE_MODES = ("auto", "on", "off")
 """`WorkerConfig.lanes` values."""
+
+JUDGE_MODES = ("auto", "background", "inline")
+"""`WorkerConfig.judge` values."""
+
+MAX_PENDING_JUDGEMENTS = 4
+"""Background judging: at most this many judgements wait on the judge thread; past it the worker
+waits for the oldest (counted as comparison, its own work), so a judge thread slower than the
+cases holds back the fuzzing instead of piling up their tensors."""
 
 MAX_REDO_ATTEMPTS = 2
 """A journaled evaluation redone this many times without finishing is quarantined."""
@@ -323,7 +344,8 @@ class WorkerStats:
     # children, which run side by side on CUDA, so they may add up to more than the wall):
     inputs_s: float = 0.0  # generating inputs in the worker
     wait_s: float = 0.0  # waiting for the children after the worker's own oracle was done
-    judge_s: float = 0.0  # comparing outcomes with the reference
+    judge_s: float = 0.0  # comparing outcomes with the reference, on the worker's thread (waits for the judge thread included)
+    judge_background_s: float = 0.0  # comparing on the judge thread (background judging), beside the worker's thread
     wall_s: float = 0.0
     fuzz_s: float = 0.0  # wall time since fuzzing began (after replays): the compile budget's base
     kernel_keys: dict = field(default_factory=dict)  # JIT backend -> set of Backend.kernel_key run (fuzz phase)
@@ -344,6 +366,7 @@ class WorkerStats:
     late: Counter = field(default_factory=Counter)  # backend -> fuzz tasks finished after their case's loop went on (lanes)
     all_busy: int = 0  # fuzz cases not counted in ``cases``: every backend that runs them was busy (lanes)
     late_dropped: Counter = field(default_factory=Counter)  # backend -> background tasks still running at the end, stopped (no result)
+    judged_background: int = 0  # judgements made on the judge thread (background judging)
     workers: int = 1  # worker processes these figures add up (`merge_stats`)
     worker_s: float = 0.0  # their wall seconds summed (0: one worker, ``wall_s``): the base of the time split
     repeated: int = 0  # fuzz cases drawn again in this run, answered from their first run (Worker._repeat_memo_hit); not in ``cases``
@@ -528,6 +551,7 @@ class Worker:
         self._head_dim_pool: list[int] = []
         self._shrink_overrun_s = 0.0  # recent time minimisations ran past their slice (_shrink_slice)
         self._late: list[Any] = []  # fuzzer.evaluate.LateRun of fuzz cases still running in the background (lanes)
+        self._pending: list[PendingJudgement] = []  # judgements on the judge thread, oldest first (background judging)
         # fuzz cases already run and stored in this run: key (`_repeat_key`) -> their results; see `_repeat_memo_hit`
         self._repeat_memo: OrderedDict[tuple, list[CaseResult]] = OrderedDict()
         self._crashed_keys: set[tuple[str, tuple]] = set()  # (backend, kernel_key) that crashed or timed out in a fuzz case
@@ -642,6 +666,7 @@ class Worker:
                 self._drain_minimisation()  # as far as the shrink share allows
                 self._heartbeat(force=True)
             self._collect_late(wait_s=self.config.late_drain_s)
+            self._collect_pending(wait=True)
             status = "stopped"
         finally:
             self._drop_late()
@@ -1075,13 +1100,16 @@ class Worker:
             results (with ``metrics["cp"]``); the non-CP twin's results are recorded, not returned.
         """
         repeat_key = self._repeat_key(case, phase, tasks, record)
+        if repeat_key is not None and repeat_key not in self._repeat_memo:
+            self._wait_for_first_run(repeat_key)
         if repeat_key is not None and repeat_key in self._repeat_memo:
             return self._repeat_memo_hit(case, repeat_key)
         if record and self.journal is not None:
             self.journal.begin_evaluation(case.to_json(), phase, None if tasks is None else [list(t) for t in tasks])
         lanes = phase == "fuzz" and self.lanes_on
         evaluation = self._evaluator.evaluate(
-            case, phase=phase, tasks=tasks, lane_grace_s=self.config.lane_grace_s if lanes else None
+            case, phase=phase, tasks=tasks, lane_grace_s=self.config.lane_grace_s if lanes else None,
+            judge_later=phase == "fuzz" and record and self.judge_in_background,
         )
         results = evaluation.results
         # lanes: every backend able to run the case was busy with an earlier one; the case ran
@@ -1120,11 +1148,21 @@ class Worker:
                 self.journal.end_evaluation()
             self.reporter.on_case(case, results, self.stats)
             self._heartbeat()
-        if repeat_key is not None and self._repeatable(evaluation, ran_nowhere):
-            self._repeat_memo[repeat_key] = results
-            while len(self._repeat_memo) > MAX_REPEAT_MEMO:
-                self._repeat_memo.popitem(last=False)
+        if evaluation.pending is not None:
+            pending = evaluation.pending
+            pending.meta["counted"] = {r.backend for r in results if r.status != "unsupported"}
+            if repeat_key is not None and self._repeatable(evaluation, ran_nowhere, pending_ok=True):
+                pending.meta["repeat"] = (repeat_key, list(results))  # remembered once judged (_absorb_pending)
+            self._add_pending(pending)
+        elif repeat_key is not None and self._repeatable(evaluation, ran_nowhere):
+            self._remember(repeat_key, results)
         return results
+
+    def _remember(self, key: tuple, results: list[CaseResult]) -> None:
+        """Keep a fuzz case's results for the same case drawn again (`_repeat_memo_hit`)."""
+        self._repeat_memo[key] = results
+        while len(self._repeat_memo) > MAX_REPEAT_MEMO:
+            self._repeat_memo.popitem(last=False)
 
     # ------------------------------------------------------------------ a fuzz case drawn again
     # Hypothesis draws the same case again within a run (its target phase's hill climbing, filters
@@ -1148,11 +1186,14 @@ class Worker:
         return (case.case_id, None if tasks is None else tuple(map(tuple, tasks)), tuple(b.name for b in usable))
 
     @staticmethod
-    def _repeatable(evaluation: Evaluation, ran_nowhere: bool) -> bool:
+    def _repeatable(evaluation: Evaluation, ran_nowhere: bool, *, pending_ok: bool = False) -> bool:
         """Whether ``evaluation`` may be reused for the same case drawn again: every task ran
-        (none busy, late or skipped), no CP twin, and every result a verdict or ``unsupported``."""
+        (none busy, late or skipped), no CP twin, and every result a verdict or ``unsupported``;
+        its judgement on the judge thread, if any, finished (else ``pending_ok``: the part
+        judged so far qualifies, and the rest is checked when judged)."""
         return (
             not ran_nowhere and evaluation.late is None and not evaluation.busy and not evaluation.skipped
+            and (evaluation.pending is None or pending_ok)
             and not evaluation.twin_results and all(r.status in REPEATABLE_STATUSES for r in evaluation.results)
         )
 
@@ -1179,9 +1220,18 @@ class Worker:
             return c.device == "cuda" and c.isolation == "process"
         return c.lanes == "on" and c.isolation == "process"  # in process nothing runs in the background
 
+    @property
+    def judge_in_background(self) -> bool:
+        """Whether fuzz cases are judged on the judge thread (`WorkerConfig.judge`: ``"auto"`` is
+        background when lanes are on)."""
+        mode = self.config.judge
+        return self.lanes_on if mode == "auto" else mode == "background"
+
     def _collect_late(self, wait_s: float | None = None) -> None:
         """Judge and store the background parts of earlier fuzz cases (lanes) that are done; with
-        ``wait_s``, first wait up to that many seconds (in all) for those still running.
+        ``wait_s``, first wait up to that many seconds (in all) for those still running. With
+        background judging their ``ok`` outcomes go to the judge thread, and the judgements
+        finished there are stored first (`_collect_pending`).
 
         Each part's results are stored with their case in one more write (the case row exists:
         the write adds results), counted like a case's results (`WorkerStats` results, backends'
@@ -1190,6 +1240,7 @@ class Worker:
         Hypothesis example is over). A part whose child could not start is dropped with a
         warning (nothing of it was stored). The seconds waited count as waiting for the children
         (``stats.wait_s``, as the grace of a case), not as attnfuzz's own work."""
+        self._collect_pending()
         if not self._late:
             return
         deadline = None if wait_s is None else time.monotonic() + wait_s
@@ -1204,34 +1255,92 @@ class Worker:
                 still.append(late)
                 continue
             try:
-                evaluation = self._evaluator.collect_late(late)
+                evaluation = self._evaluator.collect_late(late, judge_later=self.judge_in_background)
             except AttnFuzzError as exc:
                 import logging
 
                 logging.getLogger("attnfuzz.worker").warning("background part of case %s lost: %s", late.case.case_id, exc)
                 continue
             self._absorb_late(evaluation)
+            if evaluation.pending is not None:
+                evaluation.pending.meta["counted"] = {r.backend for r in evaluation.results if r.status != "unsupported"}
+                self._add_pending(evaluation.pending)
         self._late = still
 
-    def _absorb_late(self, evaluation: Evaluation) -> None:
-        """Count and store a finished background part (see `_collect_late`)."""
+    def _absorb_late(self, evaluation: Evaluation, counted: set[str] | None = None) -> None:
+        """Count and store a finished background part (see `_collect_late`) or a judgement of
+        the judge thread (`_collect_pending`); ``counted``: backends already counted as having
+        run the case (their results in an earlier part)."""
         case, results = evaluation.case, evaluation.results
         self._add_backend_time(evaluation)
         self._track_kernels(case, results)
         self._note_crashes(case, results)
-        count_case(results, self.stats.runnable, self.stats.unsupported)
+        count_case([r for r in results if not counted or r.backend not in counted], self.stats.runnable, self.stats.unsupported)
         self._count_statuses(results)
-        self._record(case, results, "fuzz")
+        if results:
+            self._record(case, results, "fuzz")
         if evaluation.twin_results:
             self._record(evaluation.twin_case, evaluation.twin_results, "fuzz")
-        self.reporter.on_case(case, results, self.stats)
+        if results:
+            self.reporter.on_case(case, results, self.stats)
+
+    # ------------------------------------------------------------------ background judging
+    def _add_pending(self, pending: PendingJudgement) -> None:
+        """Keep ``pending`` until judged; past `MAX_PENDING_JUDGEMENTS` unfinished ones, wait for
+        the oldest and store what is done (`_collect_pending`)."""
+        self._pending.append(pending)
+        while sum(1 for p in self._pending if not p.done()) > MAX_PENDING_JUDGEMENTS:
+            self._collect_pending(wait=True, oldest_only=True)
+
+    def _collect_pending(self, wait: bool = False, oldest_only: bool = False) -> None:
+        """Store the judgements of the judge thread that are finished, oldest first (each like a
+        lanes' background part, `_absorb_late`; a fuzz case drawn again is then answered from
+        its first run). With ``wait``, wait for them (for the oldest only with
+        ``oldest_only``); the seconds waited count as comparison on the worker's thread
+        (``stats.judge_s``): the worker was held up by its own work."""
+        while self._pending:
+            pending = self._pending[0]
+            if not pending.done():
+                if not wait:
+                    return
+                t0 = time.perf_counter()
+                evaluation = pending.result()
+                self.stats.judge_s += time.perf_counter() - t0
+                if oldest_only:
+                    wait = False
+            else:
+                evaluation = pending.result()
+            self._pending.pop(0)
+            self._absorb_pending(pending, evaluation)
+
+    def _wait_for_first_run(self, key: tuple) -> None:
+        """A fuzz case drawn again while its first run is still being judged on the judge thread
+        (the remembered part of ``key``): wait for that judgement (and the older ones) and store
+        them, so the case is answered from its first run instead of running again (a judgement
+        takes milliseconds, a case on the GPU a tenth of a second or more)."""
+        first = next((p for p in self._pending if p.meta.get("repeat", (None,))[0] == key), None)
+        while first is not None and first in self._pending:
+            self._collect_pending(wait=True, oldest_only=True)
+
+    def _absorb_pending(self, pending: PendingJudgement, evaluation: Evaluation) -> None:
+        """Count and store one finished judgement of the judge thread, and remember its case for a
+        draw of it again when the whole case qualifies (`_repeatable`)."""
+        self.stats.judged_background += len(evaluation.results)
+        self._absorb_late(evaluation, counted=pending.meta.get("counted"))
+        repeat = pending.meta.get("repeat")
+        if repeat is not None and all(r.status in REPEATABLE_STATUSES for r in evaluation.results):
+            key, first = repeat
+            self._remember(key, first + evaluation.results)
 
     def _add_backend_time(self, evaluation: Evaluation) -> None:
         """Add a fuzz evaluation's kernel, compile and judging seconds, its per-backend task timing
         and its tasks skipped after a crash to `stats` (a case, or a background part of one)."""
         self.stats.kernel_s += evaluation.kernel_s
         self.stats.compile_s += evaluation.compile_s
-        self.stats.judge_s += evaluation.judge_s
+        if evaluation.background:
+            self.stats.judge_background_s += evaluation.judge_s
+        else:
+            self.stats.judge_s += evaluation.judge_s
         for backend, parts in evaluation.task_timing_s.items():
             self.stats.task_timing_s.setdefault(backend, Counter()).update(parts)
         self.stats.skipped_after_crash.update(evaluation.skipped)
@@ -1245,10 +1354,15 @@ class Worker:
 
     def _drop_late(self) -> None:
         """Give up the background parts still running (the end of the run, or an error): counted
-        in ``stats.late_dropped``; `close` stops their children. Nothing of them was stored."""
+        in ``stats.late_dropped``; `close` stops their children. Nothing of them was stored. The
+        judge thread's judgements not stored yet (an error or an interrupt stopped the run
+        before `_collect_pending`) are given up too, counted by backend in ``late_dropped``."""
         for late in self._late:
             self.stats.late_dropped.update(name for name, _ in late.tasks)
         self._late = []
+        for pending in self._pending:
+            self.stats.late_dropped.update(pending.backends)
+        self._pending = []
 
     def _track_kernels(self, case: AttentionCase, results: list[CaseResult]) -> None:
         """For each JIT backend that ran ``case`` (a result not ``unsupported``): add its

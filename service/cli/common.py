@@ -102,6 +102,16 @@ class LaneMode(str, enum.Enum):
     on = "on"
     off = "off"
 
+
+class JudgeMode(str, enum.Enum):
+    """``fuzz --judge`` choices (`fuzzer.worker.JUDGE_MODES`): a fuzz case's outputs judged on a
+    judge thread while the worker goes on with the next cases (``background``), on the worker's
+    thread (``inline``), or ``auto`` (background when lanes are on)."""
+
+    auto = "auto"
+    background = "background"
+    inline = "inline"
+
 DbOption = Annotated[
     Optional[str],
     typer.Option(

@@ -25,6 +25,7 @@ from service.cli.common import (
     Device,
     DrawMode,
     Isolation,
+    JudgeMode,
     LaneMode,
     console,
     db_url,
@@ -140,6 +141,15 @@ def fuzz(
             "--lane-grace", callback=_finite_non_negative, help="Lanes: seconds to wait for the backends after the oracle, >= 0."
         ),
     ] = 0.25,
+    judge: Annotated[
+        JudgeMode,
+        typer.Option(
+            "--judge",
+            help="background: a fuzz case's outputs are judged on a judge thread while the worker draws and runs the "
+            "next cases (their error ratios then reach no Hypothesis target()); inline: on the worker's thread; auto: "
+            "background when lanes are on.",
+        ),
+    ] = JudgeMode.auto,
     forward_only: Annotated[bool, typer.Option("--forward-only", help="Do not fuzz gradients.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", help="No live display.")] = False,
     as_json: Annotated[
@@ -263,6 +273,7 @@ def fuzz(
             draw=DrawMode(draw).value,
             lanes=LaneMode(lanes).value,
             lane_grace_s=lane_grace,
+            judge=JudgeMode(judge).value,
             allow_backward=not forward_only,
             replay_known=replay,
             heartbeat_s=heartbeat,

@@ -225,6 +225,8 @@ def summary_data(stats: WorkerStats, url: str, *, interrupted: bool = False, spo
             "inputs": stats.inputs_s,
             "comparison": stats.judge_s,
             "own_work": stats.own_s,
+            # not in the split: comparison on the judge thread, beside the worker's (background judging)
+            "comparison_background": getattr(stats, "judge_background_s", 0.0),
         },
         "jit_share": stats.compile_share,  # measured: compile time / fuzzing wall time (the compile budget's measure)
         "compile_share": stats.compile_share,  # the same figure under a name that is not the option's
@@ -303,6 +305,11 @@ def print_summary(stats: WorkerStats, url: str, *, interrupted: bool = False, st
         f"{sum(len(k) for k in stats.kernel_keys.values())} kernel keys"
         + (f"; FA4 compile cache: {jit_cache_description()})" if stats.kernel_keys or stats.compile_s else ")")
     )
+    if getattr(stats, "judged_background", 0):
+        out.print(
+            f"Judged on the judge thread, beside the worker's (--judge background): {stats.judged_background} results, "
+            f"{stats.judge_background_s:.1f} s of comparison not in the split above."
+        )
     if getattr(stats, "repeated", 0):
         out.print(
             f"Drawn again by Hypothesis and answered from their first run in this run (not run, not counted as cases): "

@@ -394,10 +394,20 @@ def test_device_done_waits_for_a_cuda_device_only(monkeypatch) -> None:
     from fuzzer import evaluate
 
     waited = []
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: waited.append(device))
+
+    class Stream:
+        def __init__(self, device):
+            self.device = device
+
+        def synchronize(self):
+            waited.append(self.device)
+
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: Stream(device))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: waited.append(("whole device", device)))
     evaluate.device_done("cpu")
     assert waited == []
     evaluate.device_done("cuda:0")
+    # this thread's stream only: the judge thread's stream (background judging) is not waited for
     assert waited == [torch.device("cuda:0")]
 
 
@@ -459,3 +469,89 @@ def test_a_reference_moved_to_the_host_in_one_transfer_holds_the_same_values_and
         assert a.signatures == b.signatures
         assert math.isclose(a.error_ratio, b.error_ratio, rel_tol=1e-9) or a.error_ratio == b.error_ratio
     assert on_host[0].passed and "out:all_zero" in on_host[1].signatures
+
+
+# ---------------------------------------------------------------- background judging
+def _figures(results):
+    return {(r.backend, r.variant): (r.status, r.signature, r.signatures, r.error_ratio, r.metrics) for r in results}
+
+
+@pytest.mark.parametrize("case", [FORWARD, BACKWARD], ids=["forward", "backward"])
+def test_judging_on_the_judge_thread_gives_the_inline_verdicts(case) -> None:
+    """``judge_later``: the ok outcomes come back from the judge thread (``pending``), with the
+    figures of inline judging, field for field; the case's other results are there at once."""
+    with Evaluator(BACKENDS, isolation="none") as evaluator:
+        inline = evaluator.evaluate(case)
+        later = evaluator.evaluate(case, judge_later=True)
+        assert later.pending is not None and later.results == []  # every task ran ok: all judged later
+        judged = later.pending.result(timeout=60)
+    assert judged.background and judged.case is case and judged.judge_s > 0
+    assert later.runnable == inline.runnable == len(judged.results)
+    assert later.pending.backends == {"standin-ok", "standin-zero"}
+    assert _figures(judged.results) == _figures(inline.results)
+    assert _by_task(judged.results)[("standin-zero", "zero")].signature == "out:all_zero"
+
+
+class RaisingBackend(CorrectBackend):
+    """Planted: variant ``raise`` raises (an ``error`` outcome, not ok); ``native`` is correct."""
+
+    name = "standin-raise"
+    environment = "standin-raise"
+    variants = ("native", "raise")
+
+    def run(self, case, inputs, variant):
+        if variant == "raise":
+            raise RuntimeError("planted failure")
+        return super().run(case, inputs, variant)
+
+
+def test_outcomes_that_did_not_return_are_results_at_once_and_only_ok_ones_wait_for_the_judge_thread() -> None:
+    backends = [(RaisingBackend(), "tests.fuzzer.test_evaluate:RaisingBackend")]
+    with Evaluator(backends, isolation="none") as evaluator:
+        evaluation = evaluator.evaluate(FORWARD, judge_later=True)
+        judged = evaluation.pending.result(timeout=60)
+    assert [(r.variant, r.status, r.signature) for r in evaluation.results] == [("raise", "error", "error:RuntimeError")]
+    assert [(r.variant, r.status) for r in judged.results] == [("native", "pass")]
+
+
+def test_a_failure_of_the_judging_on_the_judge_thread_becomes_each_outcome_s_own_step_error(monkeypatch) -> None:
+    """Planted: the judging itself raises on the judge thread; each outcome it held gets the
+    own-step error with the evidence, and the evaluator goes on (the next case is judged)."""
+    from fuzzer import evaluate
+
+    import threading
+
+    real = evaluate.Evaluator._judge_ran
+
+    def broken(self, *args, **kwargs):
+        if threading.current_thread() is not threading.main_thread():
+            raise ZeroDivisionError("planted bug in the judging")
+        return real(self, *args, **kwargs)
+
+    with Evaluator(BACKENDS, isolation="none") as evaluator:
+        monkeypatch.setattr(evaluate.Evaluator, "_judge_ran", broken)
+        judged = evaluator.evaluate(FORWARD, judge_later=True).pending.result(timeout=60)
+        monkeypatch.undo()
+        after = evaluator.evaluate(FORWARD, judge_later=True).pending.result(timeout=60)
+    assert len(judged.results) == 3
+    assert {r.signature for r in judged.results} == {"attnfuzz_error:ZeroDivisionError"}
+    assert all("planted bug in the judging" in r.detail for r in judged.results)
+    assert {r.status for r in after.results} == {"pass", "fail"}
+
+
+def test_the_evaluator_s_close_waits_for_the_judge_thread() -> None:
+    evaluator = Evaluator(BACKENDS, isolation="none")
+    evaluator.open()
+    pending = evaluator.evaluate(BACKWARD, judge_later=True).pending
+    evaluator.close()
+    assert pending.done() and len(pending.result().results) == 3
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_a_gpu_the_judge_thread_judges_on_its_own_stream_with_the_inline_verdicts() -> None:
+    with Evaluator(BACKENDS, isolation="none", device="cuda") as evaluator:
+        inline = evaluator.evaluate(BACKWARD)
+        later = evaluator.evaluate(BACKWARD, judge_later=True)
+        judged = later.pending.result(timeout=120)
+        assert evaluator._judge_stream is not None and evaluator._judge_stream != torch.cuda.current_stream()
+    assert _figures(judged.results) == _figures(inline.results)

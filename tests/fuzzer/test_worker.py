@@ -533,3 +533,59 @@ def test_a_worker_stops_at_ends_at_before_its_time_budget_is_spent(planted_plugi
     for bad in (math.nan, math.inf, "soon", True):
         with pytest.raises(WorkerError, match="ends_at_s"):
             WorkerConfig(backends=registry.select([planted_plugin]), ends_at_s=bad)
+
+
+# ---------------------------------------------------------------- background judging
+def test_background_judging_finds_and_shrinks_the_planted_bug_and_stores_every_result_once(planted_plugin, monkeypatch):
+    """``judge="background"``: the planted window bug is found on the judge thread's verdicts and
+    shrunk as inline; every case is stored with each of its results once (no result lost or
+    written twice), and the worker waits for every judgement before it stops; at most
+    `MAX_PENDING_JUDGEMENTS` judgements wait at a time."""
+    from fuzzer import worker as worker_module
+
+    monkeypatch.setattr(worker_module, "MAX_PENDING_JUDGEMENTS", 1)
+    waiting = []
+    real_add = Worker._add_pending
+
+    def add_pending(self, pending):
+        real_add(self, pending)
+        waiting.append(sum(1 for p in self._pending if not p.done()))
+
+    monkeypatch.setattr(Worker, "_add_pending", add_pending)
+    written = []
+
+    class WritingSink(MemorySink):
+        def record_result(self, result, build_id, worker_id):
+            written.append((result.case_id, result.backend, result.variant, result.phase, result.status))
+            return super().record_result(result, build_id, worker_id)
+
+    sink = WritingSink()
+    config = WorkerConfig(
+        backends=registry.select([planted_plugin]), max_cases=40, time_budget_s=None, seed=1,
+        shrink_deadline_s=60, max_batch_size=3, max_heads_kv=3, isolation="none", judge="background",
+    )
+    worker = Worker(config, sink)
+    assert worker.judge_in_background
+    stats = worker.run()
+    key = ("planted-fa4", "te_window", "out:all_zero")
+    assert key in sink.buckets, f"buckets found: {sorted(sink.buckets)}"
+    assert sink.buckets[key].minimised_case is not None
+    assert waiting and max(waiting) <= 1
+    assert stats.judged_background > 0 and stats.judge_background_s > 0
+    assert worker._pending == [] and not stats.late_dropped
+    fuzz = [w for w in written if w[3] == "fuzz"]
+    assert len({w[:3] for w in fuzz}) == len(fuzz)  # no result written twice
+    # every verdict of a fuzz case came from the judge thread, and each one judged there was written
+    assert sum(1 for w in fuzz if w[4] in ("pass", "fail")) == stats.judged_background
+    fuzz_cases = {c for c, row in sink.cases.items() if row.get("origin") == "fuzz"}
+    assert fuzz_cases and {w[0] for w in fuzz} == fuzz_cases  # every fuzz case stored has its results
+
+
+def test_the_judge_mode_is_background_with_lanes_by_default_and_bad_values_are_refused():
+    backends = registry.select([], ["tests.fuzzer.standins:CorrectBackend"])
+    assert not Worker(WorkerConfig(backends=backends), MemorySink()).judge_in_background  # CPU: inline
+    assert Worker(WorkerConfig(backends=backends, device="cuda"), MemorySink()).judge_in_background  # lanes on
+    assert not Worker(WorkerConfig(backends=backends, device="cuda", judge="inline"), MemorySink()).judge_in_background
+    assert Worker(WorkerConfig(backends=backends, judge="background"), MemorySink()).judge_in_background
+    with pytest.raises(WorkerError, match="judge: unknown value 'later' \\(allowed: auto, background, inline\\)"):
+        WorkerConfig(backends=backends, judge="later")
