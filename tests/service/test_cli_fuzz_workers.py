@@ -125,9 +125,11 @@ def test_two_workers_share_one_database_and_the_summary_adds_them_up(tmp_path: P
     db = tmp_path / "w.db"
     env = {**os.environ, "COLUMNS": "200"}
     run = subprocess.run(
-        # 20 s: the budget counts from the command's start (WorkerConfig.ends_at_s), and on a loaded
+        # 40 s: the budget counts from the command's start (WorkerConfig.ends_at_s), and on a loaded
         # 2-core machine the second worker process needs several seconds to import and start its child
-        [sys.executable, "-m", "attnfuzz", "fuzz", "--workers", "2", "--time-budget", "20", "--json", "--no-shrink",
+        # (20 s left it a few; four workers in 25 s had no case on a slow day, 2026-12-02). Not --max-cases:
+        # the two workers must run side by side for their walls to add up
+        [sys.executable, "-m", "attnfuzz", "fuzz", "--workers", "2", "--time-budget", "40", "--json", "--no-shrink",
          "--corpus", "", "--backend", PLANTED, "--max-seqlen", "16", "--db", str(db), "--spool-dir", str(tmp_path / "spool")],
         cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=240, env=env,
     )
