@@ -146,8 +146,9 @@ def fuzz(
         typer.Option(
             "--judge",
             help="background: a fuzz case's outputs are judged on a judge thread while the worker draws and runs the "
-            "next cases (their error ratios then reach no Hypothesis target()); inline: on the worker's thread; auto: "
-            "background when lanes are on.",
+            "next cases, and stored once judged (at most 4 waiting; their error ratios then reach no Hypothesis "
+            "target()); inline: on the worker's thread; auto: background when lanes are on (--device cuda), inline "
+            "on the CPU.",
         ),
     ] = JudgeMode.auto,
     forward_only: Annotated[bool, typer.Option("--forward-only", help="Do not fuzz gradients.")] = False,

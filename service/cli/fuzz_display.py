@@ -367,7 +367,10 @@ def print_summary(stats: WorkerStats, url: str, *, interrupted: bool = False, st
             elif stored_case:
                 line += f"\n      minimised by another worker: case {stored_case}"
             elif stats.minimised or stats.shrink_s:
-                line += f"\n      not minimised in this run: a later fuzz run shrinks it ({command_name()} fuzz --max-cases 0 only shrinks)"
+                line += (
+                    f"\n      not minimised in this run: a later fuzz run shrinks it (only shrinking: "
+                    f"{command_name()} fuzz --max-cases 0 --db {url} --backend {key[0]}, with this run's --device)"
+                )
             out.print(escape(line), soft_wrap=True)  # plain text: rich would take "[case ...]" for markup and drop it
     elif stats.results.get("fail", 0) or stats.results.get("error", 0):
         failing = stats.results.get("fail", 0) + stats.results.get("error", 0)
@@ -377,6 +380,11 @@ def print_summary(stats: WorkerStats, url: str, *, interrupted: bool = False, st
         )
     else:
         out.print("[green]no failures found[/]")
+    earlier = [(key, outcome) for key, outcome in stats.minimised if key not in set(stats.new_buckets)]
+    if earlier:  # a shrink-only run (--max-cases 0), or buckets queued by earlier runs or other workers
+        out.print(f"{len(earlier)} bucket(s) found earlier, shrunk in this run:")
+        for key, outcome in earlier:
+            out.print(escape(f"  {' / '.join(key)}\n      {outcome.status}: {outcome.case.describe()}  [case {outcome.case.case_id}]"), soft_wrap=True)
     prog = command_name()
     out.print(f"stored in {url}; see them with: {prog} report --db {url}  (dashboard: {prog} serve --db {url})", soft_wrap=True)
     if stats.new_buckets:

@@ -176,7 +176,30 @@ def test_the_summary_gives_each_new_bucket_a_case_to_export_and_says_why_one_was
     assert f"[case {minimal.case_id}]" in text
     assert "fails on the minimised case of b / v1 / out:all_zero too: one root cause, not shrunk on its own" in text
     assert "c / v1 / dq:nan  [first seen on case cccc000011112222]\n      not minimised in this run" in text
+    # the shrink-only command names the database and the bucket's backend (an opt-in one is not selected by default)
+    assert ".venv/bin/attnfuzz fuzz --max-cases 0 --db sqlite:///x.db --backend c" in text
+    assert "found earlier, shrunk in this run" not in text  # every bucket shrunk was new
     assert ".venv/bin/attnfuzz report --db sqlite:///x.db" in text and ".venv/bin/attnfuzz export CASE_ID" in text
     data = {tuple(b[k] for k in ("backend", "variant", "signature")): b for b in summary_data(stats, "sqlite://")["new_buckets"]}
     assert data[attached]["attached_to"] == "b / v1 / out:all_zero" and data[waiting]["first_case_id"] == "cccc000011112222"
     assert data[shrunk]["minimised"]["case_id"] == minimal.case_id and data[shrunk]["attached_to"] is None
+
+
+def test_a_shrink_only_run_lists_the_buckets_it_shrank() -> None:
+    """``fuzz --max-cases 0`` finds no bucket but shrinks queued ones: the summary says which, with
+    the minimised case (a new-user trial saw only "no new bucket" and "0 cases")."""
+    from fuzzer.minimise import MinimiseOutcome
+    from fuzzer.worker import WorkerStats
+    from oracle.config import AttentionCase
+    from service.cli.common import out
+    from service.cli.fuzz_display import print_summary
+
+    minimal = AttentionCase(batch_size=1, seqlen_q=1, seqlen_k=2, num_heads=1, head_dim=8)
+    stats = WorkerStats(cases=0, wall_s=3.0, shrink_s=2.0)
+    stats.results.update({"fail": 4})
+    stats.minimised = [(("p", "v", "out:all_zero"), MinimiseOutcome(status="minimised", case=minimal, original=minimal, attempts=3, elapsed_s=1.0, note=""))]
+    with out.capture() as captured:
+        print_summary(stats, "sqlite:///x.db")
+    text = captured.get()
+    assert "1 bucket(s) found earlier, shrunk in this run:" in text
+    assert f"p / v / out:all_zero\n      minimised: {minimal.describe()}  [case {minimal.case_id}]" in text
