@@ -272,25 +272,25 @@ def test_a_sibling_claim_does_not_count_as_an_attempt_of_its_own_shrink(store, t
 
 def test_a_minimisation_that_ran_past_its_slice_shortens_the_next_slices():
     """`Worker._shrink_slice` leaves room for the last overrun (a predicate call past the
-    deadline, the re-checks): with 100 s of wall, 20 s shrunk and a 25% share (aimed at 25% less
-    the margin, f = 23.75%) the room is (23.75 - 20) / 0.7625 = 4.92 s; after a 3 s overrun it
-    is 1.92 s, and under ``shrink_min_s`` none starts."""
+    deadline, the re-checks): with 100 s of wall, 15 s shrunk and a 25% share (aimed at 25% less
+    the margin, f = 22.5%) the room is (22.5 - 15) / 0.775 = 9.68 s; after a 3 s overrun it
+    is 6.68 s, after a 9 s one 0.68 s, under ``shrink_min_s``: none starts."""
     from fuzzer.worker import SHRINK_SHARE_MARGIN
 
-    assert SHRINK_SHARE_MARGIN == 0.05
-    f = 0.25 * 0.95
+    assert SHRINK_SHARE_MARGIN == 0.10
+    f = 0.25 * 0.90
     backends = registry.select([], [f"{ME}:TickingBackend"])
     config = WorkerConfig(backends=backends, max_cases=None, time_budget_s=1000.0, isolation="none",
                           shrink_share=0.25, shrink_deadline_s=40.0, shrink_min_s=1.0)
     CLOCK.t = 100.0
     worker = Worker(config, MemorySink(), clock=CLOCK)
     worker._started = 0.0
-    worker.stats.shrink_s = 20.0
-    assert worker._shrink_slice() == pytest.approx((100 * f - 20) / (1 - f))
+    worker.stats.shrink_s = 15.0
+    assert worker._shrink_slice() == pytest.approx((100 * f - 15) / (1 - f))
     worker._shrink_overrun_s = 3.0
-    assert worker._shrink_slice() == pytest.approx((100 * f - 20) / (1 - f) - 3.0)
-    worker._shrink_overrun_s = 4.0
+    assert worker._shrink_slice() == pytest.approx((100 * f - 15) / (1 - f) - 3.0)
+    worker._shrink_overrun_s = 9.0
     assert worker._shrink_slice() is None
-    worker.stats.shrink_s = 23.8  # within 25% but past the aim: none starts
+    worker.stats.shrink_s = 22.6  # within 25% but past the aim: none starts
     worker._shrink_overrun_s = 0.0
     assert worker._shrink_slice() is None
