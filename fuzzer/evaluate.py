@@ -52,12 +52,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import threading
 import time
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -461,7 +460,6 @@ class Evaluator:
         self.usable: list[Backend] = list(self.backends.values())
         self._judge_pool: ThreadPoolExecutor | None = None  # the judge thread (background judging), started on first use
         self._judge_stream: Any = None  # its CUDA stream (on a GPU)
-        self._judge_lock = threading.Lock()
 
     def open(self) -> dict[str, str]:
         """Set this process's torch threads (`fuzzer.executor.configure_torch_threads`), ask the
@@ -680,10 +678,9 @@ class Evaluator:
         their `PendingJudgement`. On a GPU the judge thread works on its own CUDA stream, which
         first waits for what this thread queued so far (the inputs, the oracle, the reference)."""
         ready = None
-        with self._judge_lock:
-            if self._judge_pool is None:
-                self._judge_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="attnfuzz-judge")
-                self._judge_stream = _new_judge_stream(self.device)
+        if self._judge_pool is None:  # the caller's thread is the only one that gives work
+            self._judge_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="attnfuzz-judge")
+            self._judge_stream = _new_judge_stream(self.device)
         if self._judge_stream is not None:
             import torch
 

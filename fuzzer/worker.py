@@ -1153,10 +1153,9 @@ class Worker:
             self._heartbeat()
         if evaluation.pending is not None:
             pending = evaluation.pending
-            pending.meta["counted"] = {r.backend for r in results if r.status != "unsupported"}
             if repeat_key is not None and self._repeatable(evaluation, ran_nowhere, pending_ok=True):
                 pending.meta["repeat"] = (repeat_key, list(results))  # remembered once judged (_absorb_pending)
-            self._add_pending(pending)
+            self._add_pending(pending, results)
         elif repeat_key is not None and self._repeatable(evaluation, ran_nowhere):
             self._remember(repeat_key, results)
         return results
@@ -1266,8 +1265,7 @@ class Worker:
                 continue
             self._absorb_late(evaluation)
             if evaluation.pending is not None:
-                evaluation.pending.meta["counted"] = {r.backend for r in evaluation.results if r.status != "unsupported"}
-                self._add_pending(evaluation.pending)
+                self._add_pending(evaluation.pending, evaluation.results)
         self._late = still
 
     def _absorb_late(self, evaluation: Evaluation, counted: set[str] | None = None) -> None:
@@ -1288,9 +1286,11 @@ class Worker:
             self.reporter.on_case(case, results, self.stats)
 
     # ------------------------------------------------------------------ background judging
-    def _add_pending(self, pending: PendingJudgement) -> None:
+    def _add_pending(self, pending: PendingJudgement, counted: list[CaseResult]) -> None:
         """Keep ``pending`` until judged; past `MAX_PENDING_JUDGEMENTS` unfinished ones, wait for
-        the oldest and store what is done (`_collect_pending`)."""
+        the oldest and store what is done (`_collect_pending`). ``counted``: the results of the
+        same part already counted (their backends ran the case: not counted again when judged)."""
+        pending.meta["counted"] = {r.backend for r in counted if r.status != "unsupported"}
         self._pending.append(pending)
         while sum(1 for p in self._pending if not p.done()) > MAX_PENDING_JUDGEMENTS:
             self._collect_pending(wait=True, oldest_only=True)

@@ -547,8 +547,8 @@ def test_background_judging_finds_and_shrinks_the_planted_bug_and_stores_every_r
     waiting = []
     real_add = Worker._add_pending
 
-    def add_pending(self, pending):
-        real_add(self, pending)
+    def add_pending(self, pending, counted):
+        real_add(self, pending, counted)
         waiting.append(sum(1 for p in self._pending if not p.done()))
 
     monkeypatch.setattr(Worker, "_add_pending", add_pending)
