@@ -42,12 +42,13 @@ example database for generation, which only the minimiser uses in that mode.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import socket
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -264,6 +265,21 @@ class WorkerConfig:
 
 
 COMPILE_ERROR_TYPES = ("MLIRError", "CUDADialectError", "InductorError", "BackendCompilerFailed")
+
+OWN_PARTS = {
+    "drawing": "Hypothesis between the fuzz cases of a chunk: the strategy, the draws, its engine",
+    "running": "the evaluator outside inputs, oracle, waits and comparison: splitting a case into "
+    "tasks, sending the inputs to the children, receiving and unpacking their outcomes",
+    "storing": "writing cases and results to the sink, and the journal",
+    "between_chunks": "between chunks and at the end, outside shrinking, waits and comparison: "
+    "collecting the lanes' late parts, the minimisation queue's claims, heartbeats",
+    "start": "from the worker's start to its first chunk, outside shrinking (redone and replayed cases)",
+}
+"""The measured parts of attnfuzz's own work on the worker's thread (`WorkerStats.own_parts`), by
+name, with what each covers; inputs and comparison are measured apart (``inputs_s``, ``judge_s``)
+and what none covers is `WorkerStats.own_other_s`. Why: on the H200 (2026-12-02, fifteenth
+session) about 50 s of a 600 s campaign's own work fell outside inputs and comparison, and outside
+the profiler's window: with the parts measured, every run says where it goes."""
 """Exception types of a JIT backend's ``error`` that mean its kernel did not build (CuTe DSL's MLIR
 and CUDA dialect errors, torch.compile's): `Worker._note_crashes` quarantines the kernel key."""
 
@@ -293,15 +309,17 @@ run (`Worker._repeat_memo`; least recently used dropped first, a few KiB each)."
 REPEATABLE_STATUSES = frozenset({"pass", "fail", "unsupported"})
 """The statuses a remembered fuzz case may hold: a case with a crash, timeout, oom or error (a
 child restarted, an own-step failure) is always run again."""
-SHRINK_SHARE_MARGIN = 0.10
+SHRINK_SHARE_MARGIN = 0.20
 """Relative margin below ``shrink_share`` that `Worker._shrink_slice` aims at: the overrun of the
 last minimisation of a run (its last predicate call past the deadline and its re-checks) is never
 made up by later fuzzing, and ``_shrink_overrun_s`` only knows the overruns seen before it. On the
 H200 a 25% share ended at 25.15% (2026-12-01) and 25.8% (2026-12-02, 155.7 of 602.7 s) before the
 overrun was tracked; with it and a 5% margin (aiming at 23.75%) 600 s campaigns ended at 23.7%,
 22.5% and 26.0% (fifteenth session: 149.5 of 574.5 s; likely a JIT backend's predicate call
-compiling past its slice, not measured) and a 480 s run at 21.0%. Aiming at 22.5% leaves room for an overrun
-of about 15 s in a 600 s run (each of those four would have ended about 1.2 points lower)."""
+compiling past its slice, not measured) and a 480 s run at 21.0%. Aiming at 20% leaves room for an overrun
+of about 30 s in a 600 s run (each of those four would have ended about 2.4 points lower); a JIT backend's
+compile failure, whose predicate calls each rebuild a failing kernel, is no longer shrunk
+(`Worker._keep_compile_failure`)."""
 TEMPLATE_SHARE_OVER = 1.0
 """Share of a JIT backend's draws that reuse one of its kernel templates while compilation is over
 ``jit_share`` of the fuzzing wall time: all of them, no new kernel key until compilation is back
@@ -349,6 +367,9 @@ class WorkerStats:
     wait_s: float = 0.0  # waiting for the children after the worker's own oracle was done
     judge_s: float = 0.0  # comparing outcomes with the reference, on the worker's thread (waits for the judge thread included)
     judge_background_s: float = 0.0  # comparing on the judge thread (background judging), beside the worker's thread
+    # the measured parts of the own work on the worker's thread besides inputs and comparison, wall
+    # seconds by `OWN_PARTS` name (fuzz phase; the rest of `own_s` is `own_other_s`)
+    own_parts: Counter = field(default_factory=Counter)
     wall_s: float = 0.0
     fuzz_s: float = 0.0  # wall time since fuzzing began (after replays): the compile budget's base
     kernel_keys: dict = field(default_factory=dict)  # JIT backend -> set of Backend.kernel_key run (fuzz phase)
@@ -396,6 +417,21 @@ class WorkerStats:
         its waits for the children (kernels and JIT not hidden behind the oracle) and shrinking;
         i.e. inputs, comparison, drawing, storage, process start-up (never below 0)."""
         return max(self.split_wall_s - self.oracle_s - self.wait_s - self.shrink_s, 0.0)
+
+    @property
+    def own_other_s(self) -> float:
+        """The part of `own_s` that no measured part covers: `own_s` less ``inputs_s``, ``judge_s``
+        and every ``own_parts`` entry (the fuzz case's own bookkeeping, heartbeats, the minimisation
+        queue's claims, reporting); never below 0."""
+        return max(self.own_s - self.inputs_s - self.judge_s - sum(self.own_parts.values()), 0.0)
+
+    @property
+    def own_split(self) -> dict[str, float]:
+        """The own work's measured parts besides inputs and comparison, by `OWN_PARTS` name in
+        that order (0 where none was measured), then ``other`` (`own_other_s`); wall seconds."""
+        split = {name: float(self.own_parts.get(name, 0.0)) for name in OWN_PARTS}
+        split["other"] = self.own_other_s
+        return split
 
     @property
     def cases_per_s(self) -> float:
@@ -662,14 +698,17 @@ class Worker:
             self._drain_minimisation()  # what earlier or dead workers left (a shrink-only worker)
             chunk = 0
             self._fuzz_started = self._clock()
+            self.stats.own_parts["start"] += max(self._fuzz_started - self._started - self.stats.shrink_s, 0.0)
             while not self._budget_spent():
                 self._run_chunk(chunk)
                 chunk += 1
-                self._collect_late()
-                self._drain_minimisation()  # as far as the shrink share allows
-                self._heartbeat(force=True)
-            self._collect_late(wait_s=self.config.late_drain_s)
-            self._collect_pending(wait=True)
+                with self._between_chunks():
+                    self._collect_late()
+                    self._drain_minimisation()  # as far as the shrink share allows
+                    self._heartbeat(force=True)
+            with self._between_chunks():
+                self._collect_late(wait_s=self.config.late_drain_s)
+                self._collect_pending(wait=True)
             status = "stopped"
         finally:
             self._drop_late()
@@ -687,6 +726,21 @@ class Worker:
             self.close()
             self.reporter.on_stop(self.stats)
         return self.stats
+
+    @contextlib.contextmanager
+    def _between_chunks(self) -> Iterator[None]:
+        """Time the worker's steps between chunks (or at the end) as ``own_parts["between_chunks"]``,
+        less what they spent shrinking, waiting for the children, comparing and storing (each
+        counted as such)."""
+        s = self.stats
+        before = (s.shrink_s, s.wait_s, s.judge_s, s.own_parts["storing"])
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            counted = (s.shrink_s - before[0]) + (s.wait_s - before[1]) + (s.judge_s - before[2])
+            counted += s.own_parts["storing"] - before[3]
+            s.own_parts["between_chunks"] += max(time.perf_counter() - t0 - counted, 0.0)
 
     def redo_interrupted(self) -> list[CaseResult]:
         """Run again the evaluation a killed worker left in the journal, recording its results
@@ -1033,9 +1087,21 @@ class Worker:
         return cache[key]
 
     def _run_chunk(self, chunk: int) -> None:
+        """Run one chunk of fuzz cases: a Hypothesis test of ``chunk_size`` examples over
+        `strategy`. The chunk's time outside its cases (the strategy, the draws, Hypothesis's
+        engine) counts as ``own_parts["drawing"]``."""
         c = self.config
+        t_chunk = time.perf_counter()
+        in_cases = [0.0]  # seconds inside fuzz_case
 
         def fuzz_case(drawn: tuple[str | None, AttentionCase]) -> None:
+            t0 = time.perf_counter()
+            try:
+                run_case(drawn)
+            finally:
+                in_cases[0] += time.perf_counter() - t0
+
+        def run_case(drawn: tuple[str | None, AttentionCase]) -> None:
             if self._budget_spent():
                 return  # finish the chunk quickly (reject() would make Hypothesis report it)
             target_name, case = drawn
@@ -1077,6 +1143,8 @@ class Worker:
             test()
         except Unsatisfiable:  # every draw of the chunk was filtered out (_target_runs): draw the next chunk
             self.stats.unsatisfiable_chunks += 1
+        finally:
+            self.stats.own_parts["drawing"] += max(time.perf_counter() - t_chunk - in_cases[0], 0.0)
 
     # ------------------------------------------------------------------ evaluation
     def tasks_for(self, case: AttentionCase) -> tuple[list[tuple[str, str]], list[CaseResult]]:
@@ -1108,12 +1176,17 @@ class Worker:
         if repeat_key is not None and repeat_key in self._repeat_memo:
             return self._repeat_memo_hit(case, repeat_key)
         if record and self.journal is not None:
-            self.journal.begin_evaluation(case.to_json(), phase, None if tasks is None else [list(t) for t in tasks])
+            with self._storing(phase):
+                self.journal.begin_evaluation(case.to_json(), phase, None if tasks is None else [list(t) for t in tasks])
         lanes = phase == "fuzz" and self.lanes_on
+        t_run = time.perf_counter()
         evaluation = self._evaluator.evaluate(
             case, phase=phase, tasks=tasks, lane_grace_s=self.config.lane_grace_s if lanes else None,
             judge_later=phase == "fuzz" and record and self.judge_in_background,
         )
+        if phase == "fuzz":  # the evaluator's time outside what it measured itself
+            measured = evaluation.inputs_s + evaluation.oracle_s + evaluation.wait_s + evaluation.judge_s
+            self.stats.own_parts["running"] += max(time.perf_counter() - t_run - measured, 0.0)
         results = evaluation.results
         # lanes: every backend able to run the case was busy with an earlier one; the case ran
         # nowhere: not counted as a case and not stored (a new-user trial found such cases stored
@@ -1148,7 +1221,8 @@ class Worker:
             if evaluation.twin_results:  # the non-CP twin: same inputs and oracle, run by the CP executor
                 self._record(evaluation.twin_case, evaluation.twin_results, phase)
             if self.journal is not None:
-                self.journal.end_evaluation()
+                with self._storing(phase):
+                    self.journal.end_evaluation()
             self.reporter.on_case(case, results, self.stats)
             self._heartbeat()
         if evaluation.pending is not None:
@@ -1397,15 +1471,29 @@ class Worker:
         transaction on the SQL store; a sink without it gets `record_case` then `record_result`
         per result); report each bucket the sink saw first."""
         record_all = getattr(self.sink, "record_case_results", None)
-        if record_all is not None:
-            updates = record_all(case.to_json(), phase, results, self.build_id, self.worker_id)
-        else:
-            self.sink.record_case(case.to_json(), origin=phase)
-            updates = [self.sink.record_result(r, self.build_id, self.worker_id) for r in results]
+        with self._storing(phase):
+            if record_all is not None:
+                updates = record_all(case.to_json(), phase, results, self.build_id, self.worker_id)
+            else:
+                self.sink.record_case(case.to_json(), origin=phase)
+                updates = [self.sink.record_result(r, self.build_id, self.worker_id) for r in results]
         for r, update in zip(results, updates):
             key = r.bucket_key
             if update is not None and key is not None and update.is_new:
                 self._note_new_bucket(key, case)
+
+    @contextlib.contextmanager
+    def _storing(self, phase: str) -> Iterator[None]:
+        """Time a sink or journal write of the fuzz phase as ``own_parts["storing"]`` (the other
+        phases' writes are part of shrinking or of the start)."""
+        if phase != "fuzz":
+            yield
+            return
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.stats.own_parts["storing"] += time.perf_counter() - t0
 
     def _note_new_bucket(self, key: tuple[str, str, str], case: AttentionCase) -> None:
         """Count the bucket ``key`` new in this run, first seen on ``case``, and report it."""
@@ -1560,6 +1648,8 @@ class Worker:
             self.sink.release_minimisation(claim.bucket_id, self.worker_id, f"not minimised: stored case invalid: {exc}")
             return None
         t0 = self._clock()
+        if self._compile_failure(key):
+            return self._keep_compile_failure(claim, case, t0)
         try:
             db_key = ("attnfuzz-minimise:" + "|".join(key)).encode()
             predicate = self.still_fails(key, claim.bucket_id, original=case)
@@ -1604,6 +1694,40 @@ class Worker:
         finally:
             self.stats.shrink_s += self._clock() - t0
         self.reporter.on_minimised(key, outcome)
+        return outcome
+
+    def _compile_failure(self, key: tuple[str, str, str]) -> bool:
+        """Whether bucket ``key`` is a JIT backend's compile failure (``error:`` one of
+        `COMPILE_ERROR_TYPES`), which `minimise_claimed` keeps instead of shrinking."""
+        backend = self.backends.get(key[0])
+        return (
+            backend is not None and backend.jit_compiled
+            and key[2].startswith("error:") and key[2].removeprefix("error:") in COMPILE_ERROR_TYPES
+        )
+
+    def _keep_compile_failure(self, claim: MinimiseClaim, case: AttentionCase, t0: float) -> MinimiseOutcome:
+        """Store a compile failure's first case as its minimised case, unshrunk (status
+        ``unchanged``, with a note saying why), and end the lease.
+
+        Why: a kernel that fails to build is not cached, so every predicate call of a shrink
+        builds it again, and what decides the failure is the kernel key (dtype, head dims, mask
+        kind), which a JIT backend's shrink keeps anyway. On the H200 (2026-12-02, fifteenth
+        session) one torch-flex ``error:InductorError`` bucket took 7 predicate calls in its
+        slice (a flex build fails after 15-100 s), and the campaign's shrinking ended at 26.0% of
+        the wall time against a bound of 25%."""
+        outcome = MinimiseOutcome(
+            status="unchanged", case=case, original=case, attempts=0, elapsed_s=0.0,
+            note="not shrunk: a JIT backend's compile failure (every run builds the failing kernel again; "
+            "its kernel key, kept by any shrink, decides it)",
+        )
+        try:
+            self.stats.minimised.append((claim.key, outcome))
+            self.sink.record_minimised(
+                claim.bucket_id, case.to_json(), case.case_id, f"{outcome.status}: {outcome.note}", worker_id=self.worker_id
+            )
+        finally:
+            self.stats.shrink_s += self._clock() - t0
+        self.reporter.on_minimised(claim.key, outcome)
         return outcome
 
     def _recheck_symptoms(self, minimal: AttentionCase, key: tuple[str, str, str]) -> list[tuple[str, str]]:

@@ -180,6 +180,13 @@ def _children_data(stats: WorkerStats) -> dict:
     }
 
 
+def own_parts_data(stats: WorkerStats) -> dict[str, float]:
+    """`WorkerStats.own_split`: the measured parts of attnfuzz's own work besides inputs and
+    comparison, and ``other``; wall seconds ({} for figures without it)."""
+    split = getattr(stats, "own_split", None)
+    return dict(split) if split is not None else {}
+
+
 def summary_data(stats: WorkerStats, url: str, *, interrupted: bool = False, spool: dict | None = None) -> dict:
     """The fuzz summary as JSON-ready data (``attnfuzz fuzz --json``); times in seconds."""
     shrunk = dict(stats.minimised)
@@ -225,6 +232,8 @@ def summary_data(stats: WorkerStats, url: str, *, interrupted: bool = False, spo
             "inputs": stats.inputs_s,
             "comparison": stats.judge_s,
             "own_work": stats.own_s,
+            # the own work's parts on the worker's thread besides inputs and comparison (fuzzer.worker.OWN_PARTS)
+            "own_parts": own_parts_data(stats),
             # not in the split: comparison on the judge thread, beside the worker's (background judging)
             "comparison_background": getattr(stats, "judge_background_s", 0.0),
         },
@@ -305,6 +314,9 @@ def print_summary(stats: WorkerStats, url: str, *, interrupted: bool = False, st
         f"{sum(len(k) for k in stats.kernel_keys.values())} kernel keys"
         + (f"; FA4 compile cache: {jit_cache_description()})" if stats.kernel_keys or stats.compile_s else ")")
     )
+    if stats.own_s > 0:
+        parts = ", ".join(f"{name.replace('_', ' ')} {seconds:.1f} s" for name, seconds in own_parts_data(stats).items())
+        out.print(f"Own work besides inputs ({stats.inputs_s:.1f} s) and comparison ({stats.judge_s:.1f} s): {parts}.")
     if getattr(stats, "judged_background", 0):
         out.print(
             f"Judged on the judge thread, beside the worker's (--judge background): {stats.judged_background} results, "

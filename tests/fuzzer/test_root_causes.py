@@ -273,12 +273,12 @@ def test_a_sibling_claim_does_not_count_as_an_attempt_of_its_own_shrink(store, t
 def test_a_minimisation_that_ran_past_its_slice_shortens_the_next_slices():
     """`Worker._shrink_slice` leaves room for the last overrun (a predicate call past the
     deadline, the re-checks): with 100 s of wall, 15 s shrunk and a 25% share (aimed at 25% less
-    the margin, f = 22.5%) the room is (22.5 - 15) / 0.775 = 9.68 s; after a 3 s overrun it
-    is 6.68 s, after a 9 s one 0.68 s, under ``shrink_min_s``: none starts."""
+    the margin, f = 20%) the room is (20 - 15) / 0.8 = 6.25 s; after a 3 s overrun it
+    is 3.25 s, after a 9 s one below 0, under ``shrink_min_s``: none starts."""
     from fuzzer.worker import SHRINK_SHARE_MARGIN
 
-    assert SHRINK_SHARE_MARGIN == 0.10
-    f = 0.25 * 0.90
+    assert SHRINK_SHARE_MARGIN == 0.20
+    f = 0.25 * 0.80
     backends = registry.select([], [f"{ME}:TickingBackend"])
     config = WorkerConfig(backends=backends, max_cases=None, time_budget_s=1000.0, isolation="none",
                           shrink_share=0.25, shrink_deadline_s=40.0, shrink_min_s=1.0)
@@ -291,6 +291,57 @@ def test_a_minimisation_that_ran_past_its_slice_shortens_the_next_slices():
     assert worker._shrink_slice() == pytest.approx((100 * f - 15) / (1 - f) - 3.0)
     worker._shrink_overrun_s = 9.0
     assert worker._shrink_slice() is None
-    worker.stats.shrink_s = 22.6  # within 25% but past the aim: none starts
+    worker.stats.shrink_s = 20.6  # within 25% but past the aim: none starts
     worker._shrink_overrun_s = 0.0
     assert worker._shrink_slice() is None
+
+
+class InductorError(RuntimeError):
+    """Named like torch's compile failure (`fuzzer.worker.COMPILE_ERROR_TYPES`)."""
+
+
+class FailingBuildBackend(_Base):
+    """A JIT backend whose kernel for causal cases never builds: each such call raises
+    ``InductorError`` (counted in ``calls``); correct elsewhere."""
+
+    name = "planted-failing-build"
+    environment = "planted-failing-build"
+    capabilities = WIDE_CAPS
+    variants = ("native",)
+    jit_compiled = True
+    calls = 0
+
+    def kernel_key(self, case, variant):
+        return (case.dtype, case.head_dim, case.causal)
+
+    def run(self, case, inputs, variant):
+        if case.causal:
+            type(self).calls += 1
+            raise InductorError("No valid triton configs (planted)")
+        return self._call(case, inputs, *self._bounds(case))
+
+
+def test_a_jit_backend_s_compile_failure_is_kept_unshrunk():
+    """An ``error:InductorError`` of a JIT backend is stored with its first case as the minimised
+    case (status ``unchanged``, the note saying why) without one more call of the backend: every
+    shrink step would build the failing kernel again. A failure of another kind is shrunk."""
+    sink = MemorySink()
+    config = _shrink_only("FailingBuildBackend")
+    with Worker(config, sink) as worker:
+        (result,) = worker.evaluate(CASE)
+    assert result.signature == "error:InductorError", result
+    calls = FailingBuildBackend.calls
+
+    stats = Worker(config, sink).run()
+
+    (key, outcome), = stats.minimised
+    assert key == ("planted-failing-build", "native", "error:InductorError")
+    assert outcome.status == "unchanged" and outcome.attempts == 0 and outcome.case == CASE
+    assert FailingBuildBackend.calls == calls, "no shrink step ran the backend"
+    (bucket,) = sink.buckets.values()
+    assert bucket.minimised_case == CASE.to_json()
+    assert bucket.note.startswith("unchanged: not shrunk: a JIT backend's compile failure"), bucket.note
+    # the same error from a backend that compiles nothing is shrunk as usual
+    worker = Worker(_shrink_only("RootCauseBackend"), MemorySink())
+    assert not worker._compile_failure(("planted-rootcause", "a", "error:InductorError"))
+    assert not worker._compile_failure(("planted-failing-build", "native", "error:ValueError"))

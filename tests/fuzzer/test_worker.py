@@ -589,3 +589,40 @@ def test_the_judge_mode_is_background_with_lanes_by_default_and_bad_values_are_r
     assert Worker(WorkerConfig(backends=backends, judge="background"), MemorySink()).judge_in_background
     with pytest.raises(WorkerError, match="judge: unknown value 'later' \\(allowed: auto, background, inline\\)"):
         WorkerConfig(backends=backends, judge="later")
+
+
+class _SlowStoreSink(MemorySink):
+    """A `MemorySink` whose case writes each take ``delay_s`` more (a slow database)."""
+
+    delay_s = 0.03
+
+    def record_case_results(self, *args, **kwargs):
+        import time
+
+        time.sleep(self.delay_s)
+        return super().record_case_results(*args, **kwargs)
+
+
+def test_the_own_work_is_split_into_measured_parts_and_a_slow_store_shows_as_storing():
+    """`WorkerStats.own_parts`: a sink that takes 30 ms a case write shows as ``storing`` (at
+    least 30 ms per case stored), not as ``other``; every part is at least 0, the parts with
+    inputs and comparison stay within the own work, and the summary's JSON lists each part of
+    `OWN_PARTS` and ``other``."""
+    from fuzzer.worker import OWN_PARTS
+    from service.cli.fuzz_display import summary_data
+
+    backends = registry.select([], ["tests.fuzzer.standins:CorrectBackend"])
+    config = WorkerConfig(backends=backends, max_cases=12, time_budget_s=None, seed=3, isolation="none", shrink=False)
+    sink = _SlowStoreSink()
+    stats = Worker(config, sink).run()
+
+    assert stats.cases == 12
+    assert set(stats.own_parts) <= set(OWN_PARTS)
+    assert stats.own_parts["storing"] >= 12 * _SlowStoreSink.delay_s
+    assert stats.own_parts["drawing"] > 0 and stats.own_parts["running"] >= 0
+    assert stats.own_other_s < stats.own_parts["storing"], stats.own_split
+    measured = stats.inputs_s + stats.judge_s + sum(stats.own_parts.values())
+    assert measured <= stats.own_s + 0.05, (measured, stats.own_s)
+    split = summary_data(stats, "memory://")["time_s"]["own_parts"]
+    assert list(split) == [*OWN_PARTS, "other"]
+    assert split["storing"] == stats.own_parts["storing"] and split["other"] == stats.own_other_s
