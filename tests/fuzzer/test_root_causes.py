@@ -345,3 +345,35 @@ def test_a_jit_backend_s_compile_failure_is_kept_unshrunk():
     worker = Worker(_shrink_only("RootCauseBackend"), MemorySink())
     assert not worker._compile_failure(("planted-rootcause", "a", "error:InductorError"))
     assert not worker._compile_failure(("planted-failing-build", "native", "error:ValueError"))
+
+
+def test_the_seconds_of_a_failed_kernel_build_count_as_compile_time():
+    """`fuzzer.executor.run_task`: a JIT backend's call that raises a compile error
+    (`COMPILE_ERROR_TYPES`) reports its seconds as ``compile_ms`` (the compile budget's measure),
+    not ``run_ms``; any other error, and a compile error of a backend that compiles nothing, as
+    ``run_ms``."""
+    import time
+
+    from fuzzer.executor import run_task
+    from oracle.inputs import make_inputs
+
+    class SlowFailingBuild(FailingBuildBackend):
+        def run(self, case, inputs, variant):
+            time.sleep(0.05)
+            return super().run(case, inputs, variant)
+
+    class NotJit(SlowFailingBuild):
+        jit_compiled = False
+
+    class OtherError(FailingBuildBackend):
+        def run(self, case, inputs, variant):
+            time.sleep(0.05)
+            raise ValueError("planted")
+
+    inputs = make_inputs(CASE)
+    failed = run_task(SlowFailingBuild(), CASE, inputs, "native")
+    assert failed.status == "error" and failed.exception_type == "InductorError"
+    assert failed.compile_ms >= 50 and failed.run_ms == 0
+    for backend in (NotJit(), OtherError()):
+        outcome = run_task(backend, CASE, inputs, "native")
+        assert outcome.status == "error" and outcome.run_ms >= 50 and outcome.compile_ms == 0, type(backend).__name__
