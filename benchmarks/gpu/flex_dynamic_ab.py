@@ -28,7 +28,7 @@ SHAPES = [  # (batch, seqlen_q, seqlen_k, heads): lengths and batch change as in
 ]
 
 
-def one_mode(mode: str, dtype_name: str, head_dim: int) -> list[dict]:
+def one_mode(mode: str, dtype_name: str, head_dim: int, stable: bool = False) -> list[dict]:
     import torch
     import torch._dynamo
     from torch._dynamo.utils import counters
@@ -40,6 +40,12 @@ def one_mode(mode: str, dtype_name: str, head_dim: int) -> list[dict]:
     compiled = torch.compile(flex_attention, dynamic=True if mode == "dynamic" else None)
     dtype = getattr(torch, dtype_name)
     rows = []
+    # stable: one mask function for every call, its offset a 0-dim tensor filled in place (the
+    # function object, and what it captures, stay the same); else a new closure per call
+    stable_off = torch.zeros((), dtype=torch.int32, device="cuda")
+
+    def stable_mask(bb, hh, q_idx, kv_idx):
+        return kv_idx <= q_idx + stable_off
     for b, sq, sk, h in SHAPES:
         gen = torch.Generator(device="cuda").manual_seed(0)
         q, k, v = (torch.randn(b, h, n, head_dim, device="cuda", dtype=dtype, generator=gen) for n in (sq, sk, sk))
@@ -49,6 +55,10 @@ def one_mode(mode: str, dtype_name: str, head_dim: int) -> list[dict]:
 
         def mask_mod(bb, hh, q_idx, kv_idx):
             return kv_idx <= q_idx + off_t
+
+        if stable:
+            stable_off.fill_(sk - sq)
+            mask_mod = stable_mask
 
         block_mask = create_block_mask(mask_mod, None, None, sq, sk, device="cuda")
         before = counters["stats"]["unique_graphs"]
@@ -75,7 +85,7 @@ def one_mode(mode: str, dtype_name: str, head_dim: int) -> list[dict]:
             row["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
         row["graphs"] = counters["stats"]["unique_graphs"] - before
         rows.append(row)
-        print(json.dumps({"mode": mode, **row}), flush=True)
+        print(json.dumps({"mode": mode + ("+stable" if stable else ""), **row}), flush=True)
     return rows
 
 
@@ -84,16 +94,18 @@ def main() -> None:
     parser.add_argument("--mode", choices=("auto", "dynamic"))
     parser.add_argument("--dtype", default="float16")
     parser.add_argument("--head-dim", type=int, default=64)
+    parser.add_argument("--stable", action="store_true", help="one mask function for every call (see one_mode)")
     args = parser.parse_args()
     if args.mode:
-        one_mode(args.mode, args.dtype, args.head_dim)
+        one_mode(args.mode, args.dtype, args.head_dim, args.stable)
         return
     for mode in ("auto", "dynamic"):
         with tempfile.TemporaryDirectory() as cache:
             env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache}
             t0 = time.perf_counter()
             proc = subprocess.run(
-                [sys.executable, __file__, "--mode", mode, "--dtype", args.dtype, "--head-dim", str(args.head_dim)],
+                [sys.executable, __file__, "--mode", mode, "--dtype", args.dtype, "--head-dim", str(args.head_dim)]
+                + (["--stable"] if args.stable else []),
                 env=env, capture_output=True, text=True,
             )
             print(proc.stdout, end="")
