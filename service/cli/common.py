@@ -175,10 +175,29 @@ def db_url(db: str | None) -> str:
     from sqlalchemy.exc import ArgumentError
 
     try:
-        make_url(value)
+        url = make_url(value)
     except ArgumentError as exc:
         raise typer.BadParameter(f"{value!r} is not a database URL ({exc})", param_hint="'--db'") from None
+    if url.get_backend_name() not in DB_BACKENDS:
+        raise typer.BadParameter(
+            f"{value!r}: unknown database {url.get_backend_name()!r} (allowed: {', '.join(DB_BACKENDS)}; "
+            "e.g. sqlite:///attnfuzz.db or postgresql+psycopg://user@host:5432/db)",
+            param_hint="'--db'",
+        )
+    if url.get_backend_name() == "sqlite" and url.database in (None, "", ":memory:"):
+        # each connection of an in-memory SQLite database is a database of its own: the tables made
+        # by the migration were gone for the worker ("no such table: builds", a new-user trial)
+        raise typer.BadParameter(
+            f"{value!r} is an in-memory SQLite database, which keeps nothing between the connections and "
+            "processes attnfuzz uses; give a file, e.g. sqlite:///attnfuzz.db",
+            param_hint="'--db'",
+        )
     return value
+
+
+DB_BACKENDS = ("sqlite", "postgresql")
+"""The databases ``--db`` takes (SQLAlchemy backend names; PostgreSQL through psycopg 3:
+``pip install -e '.[postgres]'``)."""
 
 
 def exit_code(exc: AttnFuzzError) -> int:
@@ -279,7 +298,10 @@ def migrate(url: str, wait_s: float = 0.0) -> None:
             raise ServiceError(f"database {url!r}: cannot migrate: {type(exc).__name__}: {exc}") from exc
         except Exception as exc:  # SQLAlchemy / Alembic errors: name the database, keep the cause
             _raise_refused(url, exc)
-            raise ServiceError(f"database {url!r}: cannot migrate: {type(exc).__name__}: {exc}") from exc
+            hint = ""
+            if isinstance(exc, ModuleNotFoundError) and exc.name in ("psycopg", "psycopg2"):
+                hint = " (PostgreSQL needs psycopg 3: pip install -e '.[postgres]', and a postgresql+psycopg:// URL)"
+            raise ServiceError(f"database {url!r}: cannot migrate: {type(exc).__name__}: {exc}{hint}") from exc
 
 
 def _sqlite_folder(url: str) -> str | None:

@@ -180,6 +180,17 @@ def _children_data(stats: WorkerStats) -> dict:
     }
 
 
+OWN_PART_LABELS = {
+    "drawing": "drawing cases (Hypothesis)",
+    "running": "sending to and receiving from the backends",
+    "storing": "storing results",
+    "between_chunks": "between chunks (background results, shrink claims)",
+    "start": "before the first case",
+    "other": "other",
+}
+"""How the summary names each part of `own_parts_data` (``fuzz --json`` keeps the keys)."""
+
+
 def own_parts_data(stats: WorkerStats) -> dict[str, float]:
     """`WorkerStats.own_split`: the measured parts of attnfuzz's own work besides inputs and
     comparison, and ``other``; wall seconds ({} for figures without it)."""
@@ -307,15 +318,17 @@ def print_summary(stats: WorkerStats, url: str, *, interrupted: bool = False, st
         f"{stats.cases} cases in {stats.wall_s:.1f} s ({stats.cases_per_s:.2f} cases/s){side_by_side}: "
         f"oracle {stats.oracle_s:.1f} s ({_share(stats.oracle_s, wall)}), waiting for the backends "
         f"{stats.wait_s:.1f} s ({_share(stats.wait_s, wall)}), shrinking {stats.shrink_s:.1f} s "
-        f"({_share(stats.shrink_s, wall)}), attnfuzz's own work (inputs, comparison, drawing, storage, "
-        f"processes) {stats.own_s:.1f} s ({_share(stats.own_s, wall)}). In the backends' children "
+        f"({_share(stats.shrink_s, wall)}), attnfuzz's own work (inputs, comparison and the parts below) "
+        f"{stats.own_s:.1f} s ({_share(stats.own_s, wall)}). In the backends' children "
         f"(summed over the children, which may run side by side): kernels {stats.kernel_s:.1f} s, JIT {stats.compile_s:.1f} s "
         f"({_share(stats.compile_s, wall)} of wall, {_share(stats.compile_s, stats.fuzz_s)} of fuzzing; "
         f"{sum(len(k) for k in stats.kernel_keys.values())} kernel keys"
         + (f"; FA4 compile cache: {jit_cache_description()})" if stats.kernel_keys or stats.compile_s else ")")
     )
     if stats.own_s > 0:
-        parts = ", ".join(f"{name.replace('_', ' ')} {seconds:.1f} s" for name, seconds in own_parts_data(stats).items())
+        parts = ", ".join(
+            f"{OWN_PART_LABELS.get(name, name)} {seconds:.1f} s" for name, seconds in own_parts_data(stats).items()
+        )
         out.print(f"Own work besides inputs ({stats.inputs_s:.1f} s) and comparison ({stats.judge_s:.1f} s): {parts}.")
     if getattr(stats, "judged_background", 0):
         out.print(

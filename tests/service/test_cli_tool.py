@@ -126,6 +126,31 @@ def test_db_takes_a_sqlite_path_and_a_bad_url_says_what_it_meant(tmp_path: Path)
     assert "did you mean" in bad.output and "Traceback" not in bad.output
 
 
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("sqlite://", "in-memory SQLite database"),  # a new-user trial: "no such table: builds", a traceback
+        ("sqlite:///:memory:", "in-memory SQLite database"),
+        ("foo://bar", "unknown database 'foo' (allowed: sqlite, postgresql"),
+        ("mysql://u@h/db", "unknown database 'mysql' (allowed: sqlite, postgresql"),
+    ],
+)
+def test_a_database_attnfuzz_cannot_use_is_a_usage_error_naming_the_allowed_ones(url: str, message: str) -> None:
+    for args in (("fuzz", "--time-budget", "5"), ("report",)):
+        bad = _invoke(*args, "--db", url)
+        assert bad.exit_code == 2, (args, bad.output)
+        assert message in " ".join(bad.output.split()) and "Traceback" not in bad.output, bad.output
+
+
+def test_a_missing_postgresql_driver_names_the_extra_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_driver(url: str) -> None:
+        raise ModuleNotFoundError("No module named 'psycopg'", name="psycopg")
+
+    monkeypatch.setattr(migrations, "upgrade", no_driver)
+    with pytest.raises(ServiceError, match=r"pip install -e '\.\[postgres\]'"):
+        cli_common.migrate("postgresql+psycopg://u@127.0.0.1:1/db")
+
+
 def test_reading_commands_do_not_migrate_and_read_a_read_only_database(db: str, tmp_path: Path) -> None:
     path = db.removeprefix("sqlite:///")
     read_only = f"sqlite:///file:{path}?mode=ro&uri=true"
