@@ -37,11 +37,12 @@ def export_case(
         bool, typer.Option("--json", help="Print {path, case_id, backend, variant, signature} as JSON on stdout.")
     ] = False,
 ) -> None:
-    """Write CASE_ID as a pytest file that needs only torch, pytest and the backend's package: it
-    regenerates the inputs, calls the backend as the variant did (the adapter's repro method),
-    and judges the result as the fuzzer did, failing exactly while the recorded signature is
-    still there (see service/export/repro.py). Allowances come from the stored results; those
-    recorded without them are computed with the float64 oracle."""
+    """Write CASE_ID as a pytest file that needs only torch, pytest and the backend's package.
+
+    The file regenerates the inputs, calls the backend as the variant did and judges the result as
+    the fuzzer did: it fails exactly while the recorded signature is still there. Allowances come
+    from the stored results (computed with the float64 oracle where none were stored). Made by
+    `service.export.repro`."""
     from sqlalchemy.exc import SQLAlchemyError
     from sqlalchemy.orm import Session
 

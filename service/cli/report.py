@@ -21,9 +21,10 @@ def report(
     bucket: Annotated[Optional[int], typer.Option("--bucket", help="Report one bucket (with --format markdown: as an issue).")] = None,
     format_: Annotated[str, typer.Option("--format", help="text or markdown (markdown needs --bucket).")] = "text",
 ) -> None:
-    """Summarise a database: results per backend and status, times, and every bucket with its
-    minimised case. With ``--bucket ID --format markdown``: that bucket as an issue for the
-    library's tracker (service/export/issue_report.py), from stored data only."""
+    """Summarise a database: results per backend and status, times, and every bucket with its minimised case.
+
+    With --bucket ID --format markdown: that bucket as an issue for the library's tracker, from
+    stored data only (`service.export.issue_report`)."""
     from service.errors import FieldValidationError
 
     if format_ not in ("text", "markdown"):

@@ -25,9 +25,10 @@ def serve(
         ),
     ] = None,
 ) -> None:
-    """Serve the dashboard and JSON API (FastAPI + uvicorn). Reads the database and never
-    migrates it (a read-only database can be served); an old schema is an error naming
-    ``attnfuzz db upgrade``."""
+    """Serve the dashboard and JSON API (FastAPI + uvicorn); the database is only read.
+
+    It is never migrated (a read-only database can be served); an old schema is an error naming
+    attnfuzz db upgrade."""
     import uvicorn
 
     from service.api.app import create_app
