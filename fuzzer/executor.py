@@ -346,7 +346,7 @@ def run_task(backend: Backend, case: AttentionCase, inputs: Any, variant: str) -
     outcome = _run_task_call(backend, case, inputs, variant, start)
     if outcome.status != "ok":  # a call that raised took its time too (a compile that failed: a minute of flex)
         elapsed_ms = (time.perf_counter() - start) * 1000.0
-        if backend.jit_compiled and outcome.exception_type in COMPILE_ERROR_TYPES:
+        if getattr(backend, "jit_compiled", False) and outcome.exception_type in COMPILE_ERROR_TYPES:  # a CP rank passes a wrapper
             # a failed build is compile time: the compile budget sees it (on the H200, 2026-12-02, nine
             # torch-flex InductorErrors took 127 s of a 600 s campaign, all counted as kernel time)
             outcome.compile_ms = elapsed_ms

@@ -155,6 +155,7 @@ class _CPCall:
     def __init__(self, backend: Backend, groups: CPProcessGroups):
         self.name = backend.name
         self.device = backend.device
+        self.jit_compiled = getattr(backend, "jit_compiled", False)  # run_task: a failed build is compile time
         self._backend = backend
         self._groups = groups
 
