@@ -62,7 +62,7 @@ from fuzzer.backends.cp_layout import cp_unsupported_reasons
 from fuzzer.cp.executor import make_executor_with_cp
 from fuzzer.evaluate import Evaluation, Evaluator, PendingJudgement, applicable_tasks, judge, with_phase
 from fuzzer.evaluate import normalise_masked_lse as _normalise_masked_lse
-from fuzzer.executor import TaskOutcome
+from fuzzer.executor import COMPILE_ERROR_TYPES, TaskOutcome  # COMPILE_ERROR_TYPES: its kernel did not build (quarantined, not shrunk)
 from fuzzer.minimise import MinimiseInterrupted, MinimiseOutcome, minimise
 from fuzzer.results import CaseResult, MinimiseClaim, ResultSink
 from fuzzer.severity import is_ratio_based
@@ -264,8 +264,6 @@ class WorkerConfig:
             raise WorkerError("backends: at least one backend is needed")
 
 
-from fuzzer.executor import COMPILE_ERROR_TYPES  # noqa: E402  (kept importable from here)
-
 OWN_PARTS = {
     "drawing": "Hypothesis between the fuzz cases of a chunk: the strategy, the draws, its engine",
     "running": "the evaluator outside inputs, oracle, waits and comparison: splitting a case into "
@@ -280,8 +278,6 @@ name, with what each covers; inputs and comparison are measured apart (``inputs_
 and what none covers is `WorkerStats.own_other_s`. Why: on the H200 (2026-12-02, fifteenth
 session) about 50 s of a 600 s campaign's own work fell outside inputs and comparison, and outside
 the profiler's window: with the parts measured, every run says where it goes."""
-"""Exception types of a JIT backend's ``error`` that mean its kernel did not build (CuTe DSL's MLIR
-and CUDA dialect errors, torch.compile's): `Worker._note_crashes` quarantines the kernel key."""
 
 LANE_MODES = ("auto", "on", "off")
 """`WorkerConfig.lanes` values."""
