@@ -180,7 +180,7 @@ def db_url(db: str | None) -> str:
         raise typer.BadParameter(f"{value!r} is not a database URL ({exc})", param_hint="'--db'") from None
     if url.get_backend_name() not in DB_BACKENDS:
         raise typer.BadParameter(
-            f"{value!r}: unknown database {url.get_backend_name()!r} (allowed: {', '.join(DB_BACKENDS)}; "
+            f"{value!r}: unsupported database {url.get_backend_name()!r} (allowed: {', '.join(DB_BACKENDS)}; "
             "e.g. sqlite:///attnfuzz.db or postgresql+psycopg://user@host:5432/db)",
             param_hint="'--db'",
         )

@@ -41,8 +41,7 @@ def export_case(
 
     The file regenerates the inputs, calls the backend as the variant did and judges the result as
     the fuzzer did: it fails exactly while the recorded signature is still there. Allowances come
-    from the stored results (computed with the float64 oracle where none were stored). Made by
-    `service.export.repro`."""
+    from the stored results (computed with the float64 oracle where none were stored)."""
     from sqlalchemy.exc import SQLAlchemyError
     from sqlalchemy.orm import Session
 

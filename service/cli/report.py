@@ -24,7 +24,7 @@ def report(
     """Summarise a database: results per backend and status, times, and every bucket with its minimised case.
 
     With --bucket ID --format markdown: that bucket as an issue for the library's tracker, from
-    stored data only (`service.export.issue_report`)."""
+    stored data only."""
     from service.errors import FieldValidationError
 
     if format_ not in ("text", "markdown"):

@@ -131,8 +131,8 @@ def test_db_takes_a_sqlite_path_and_a_bad_url_says_what_it_meant(tmp_path: Path)
     [
         ("sqlite://", "in-memory SQLite database"),  # a new-user trial: "no such table: builds", a traceback
         ("sqlite:///:memory:", "in-memory SQLite database"),
-        ("foo://bar", "unknown database 'foo' (allowed: sqlite, postgresql"),
-        ("mysql://u@h/db", "unknown database 'mysql' (allowed: sqlite, postgresql"),
+        ("foo://bar", "unsupported database 'foo' (allowed: sqlite, postgresql"),
+        ("mysql://u@h/db", "unsupported database 'mysql' (allowed: sqlite, postgresql"),
     ],
 )
 def test_a_database_attnfuzz_cannot_use_is_a_usage_error_naming_the_allowed_ones(url: str, message: str) -> None:
