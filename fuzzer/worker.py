@@ -1027,12 +1027,7 @@ class Worker:
             return
         for result in results:
             backend = self.backends.get(result.backend)
-            compile_failed = (
-                result.status == "error"
-                and backend is not None
-                and backend.jit_compiled
-                and (result.signature or "").removeprefix("error:") in COMPILE_ERROR_TYPES
-            )
+            compile_failed = result.status == "error" and self._compile_failure((result.backend, result.variant, result.signature or ""))
             if result.status not in ("crash", "timeout") and not compile_failed:
                 continue
             if backend is None:
@@ -1693,8 +1688,9 @@ class Worker:
         return outcome
 
     def _compile_failure(self, key: tuple[str, str, str]) -> bool:
-        """Whether bucket ``key`` is a JIT backend's compile failure (``error:`` one of
-        `COMPILE_ERROR_TYPES`), which `minimise_claimed` keeps instead of shrinking."""
+        """Whether ``(backend, variant, signature)`` is a JIT backend's compile failure (``error:``
+        one of `COMPILE_ERROR_TYPES`): its kernel key is quarantined (`_note_crashes`) and its
+        bucket kept instead of shrunk (`minimise_claimed`)."""
         backend = self.backends.get(key[0])
         return (
             backend is not None and backend.jit_compiled

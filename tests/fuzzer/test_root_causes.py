@@ -378,7 +378,6 @@ def test_the_seconds_of_a_failed_kernel_build_count_as_compile_time():
         outcome = run_task(backend, CASE, inputs, "native")
         assert outcome.status == "error" and outcome.run_ms >= 50 and outcome.compile_ms == 0, type(backend).__name__
 
-
     class Wrapper:  # a duck-typed backend without jit_compiled (the CP executor's ranks pass one): no crash
         name, device = "wrapper", "cpu"
 
