@@ -464,3 +464,71 @@ def test_a_read_only_database_refuses_writes_with_a_clear_error(database, tmp_pa
             assert session.get(Case, AttentionCase(seqlen_q=77).case_id) is None
     finally:
         engine.dispose()
+
+
+def test_a_ctrl_c_inside_a_write_waits_for_its_commit_and_leaves_no_lock(tmp_path) -> None:
+    """Ctrl-C (SIGINT) arriving in the middle of a write transaction: the write is committed whole,
+    the `KeyboardInterrupt` comes after it, and the next write (another connection, as a worker's
+    last heartbeat is) gets the lock at once. Before, the interrupt could cut the transaction and
+    leave the write lock held (a ``fuzz --workers 2`` run that hung after Ctrl-C)."""
+    import signal
+
+    from service.db.engine import Transactor, ctrl_c_deferred
+
+    started_with = signal.signal(signal.SIGINT, signal.default_int_handler)  # a run in the background starts with it ignored
+    try:
+        _ctrl_c_in_a_write(tmp_path, Transactor, ctrl_c_deferred)
+    finally:
+        signal.signal(signal.SIGINT, started_with)
+
+
+def _ctrl_c_in_a_write(tmp_path, Transactor, ctrl_c_deferred) -> None:
+    import os
+    import signal
+    import threading
+
+    from sqlalchemy import text
+
+    url = f"sqlite:///{tmp_path / 'c.db'}"
+    engine = make_engine(url, timeout_s=1)
+    try:
+        Transactor(engine).write(lambda c: c.execute(text("CREATE TABLE t (x INTEGER)")))
+
+        def insert_with_ctrl_c(connection) -> None:
+            connection.execute(text("INSERT INTO t VALUES (1)"))
+            os.kill(os.getpid(), signal.SIGINT)  # the handler runs at the next bytecode, inside the transaction
+            connection.execute(text("INSERT INTO t VALUES (2)"))
+
+        with pytest.raises(KeyboardInterrupt):
+            Transactor(engine).write(insert_with_ctrl_c)
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is given back
+        other = make_engine(url, timeout_s=1)
+        try:
+            Transactor(other).write(lambda c: c.execute(text("INSERT INTO t VALUES (3)")))  # no lock left behind
+            assert Transactor(other).read(lambda c: sorted(c.scalars(text("SELECT x FROM t")))) == [1, 2, 3]
+        finally:
+            other.dispose()
+    finally:
+        engine.dispose()
+
+    seen: list[bool] = []  # outside the main thread nothing is swapped (signals reach only the main thread)
+    thread = threading.Thread(target=lambda: seen.append(_swapped_inside(ctrl_c_deferred)))
+    thread.start()
+    thread.join()
+    assert seen == [False]
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a caller's own setting is left alone
+    try:
+        assert not _swapped_inside(ctrl_c_deferred)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert _swapped_inside(ctrl_c_deferred)
+
+
+def _swapped_inside(deferred) -> bool:
+    """Whether ``deferred()`` replaced SIGINT's handler while its block ran."""
+    import signal
+
+    before = signal.getsignal(signal.SIGINT)
+    with deferred():
+        inside = signal.getsignal(signal.SIGINT)
+    return inside is not before
