@@ -674,8 +674,12 @@ class Worker:
     def run(self) -> WorkerStats:
         """Fuzz until the budget is spent; returns the statistics.
 
+        The worker's row ends ``stopped`` when the budget is spent or on Ctrl-C (the
+        `KeyboardInterrupt` goes on to the caller), ``failed`` when anything else was raised.
+
         Raises:
             WorkerError: no selected backend is available on this machine.
+            KeyboardInterrupt: Ctrl-C.
         """
         self.open()
         self._started = self._clock()
@@ -706,6 +710,9 @@ class Worker:
                 self._collect_late(wait_s=self.config.late_drain_s)
                 self._collect_pending(wait=True)
             status = "stopped"
+        except KeyboardInterrupt:  # Ctrl-C: a stop asked for, not a failure (the row says "stopped")
+            status = "stopped"
+            raise
         finally:
             self._drop_late()
             self.stats.stopped_s = self._clock()

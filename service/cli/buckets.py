@@ -181,18 +181,18 @@ def buckets_show(
     if as_json:
         print_json(data)
         return
-    out.print(f"[bold]bucket {data['id']}[/]  {data['backend']} / {data['variant']} / {data['signature']}", soft_wrap=True)
+    out.print(f"[bold]bucket {data['id']}[/]  " + escape(f"{data['backend']} / {data['variant']} / {data['signature']}"), soft_wrap=True)
     facts = [f"hits {data['hit_count']} ({data['result_count']} stored results)", f"state {data['triage_state']}"]
     facts += [f"{k} {data[k]}" for k in ("severity", "defect_id") if data.get(k) is not None]
     facts += [f"builds {data['first_build']} .. {data['last_build']}"]
     out.print("  " + "; ".join(facts), soft_wrap=True)
     for key in ("first_case", "minimised_case"):
         if data[key] is not None:
-            out.print(f"  {key.replace('_', ' ')}: {data[key]['case_id']}  {data[key]['description']}", soft_wrap=True)
+            out.print(escape(f"  {key.replace('_', ' ')}: {data[key]['case_id']}  {data[key]['description']}"), soft_wrap=True)
     if data["minimise_note"]:
-        out.print(f"  shrink: {data['minimise_note']}", soft_wrap=True)
+        out.print(escape(f"  shrink: {data['minimise_note']}"), soft_wrap=True)
     if data["upstream_url"] or data["notes"] or data["duplicate_of_id"]:
-        out.print(f"  upstream {data['upstream_url'] or '-'}; duplicate of {data['duplicate_of_id'] or '-'}; notes: {data['notes']}", soft_wrap=True)
+        out.print(escape(f"  upstream {data['upstream_url'] or '-'}; duplicate of {data['duplicate_of_id'] or '-'}; notes: {data['notes']}"), soft_wrap=True)
     table = Table(title="latest results")
     id_column(table, "case_id", [r["case_id"] for r in data["results"]])
     for column in ("status", "error_ratio", "phase"):

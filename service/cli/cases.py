@@ -8,6 +8,7 @@ from collections import Counter
 from typing import Annotated, Optional
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from oracle.errors import AttnFuzzError, CaseValidationError
@@ -99,12 +100,12 @@ def cases_show(
             fail(exc)
         detail = get_case(session, case_id)
         if detail is None:
-            console.print(f"[red]error:[/] case_id: no case {case_id!r} in {url}")
+            console.print(f"[red]error:[/] {escape(f'case_id: no case {case_id!r} in {url}')}")
             raise typer.Exit(2)
         try:
             case = AttentionCase.from_json(detail.case.config)
         except (CaseValidationError, TypeError, ValueError) as exc:  # stored before a bound it now breaks
-            console.print(f"[bold red]error:[/] case {case_id} is stored but no longer validates: {exc}")
+            console.print(f"[bold red]error:[/] {escape(f'case {case_id} is stored but no longer validates: {exc}')}")
             print_json(detail.case.config)
             raise typer.Exit(2) from None
         results = [
@@ -122,7 +123,7 @@ def cases_show(
     if as_json:
         print_json({"case": case.to_json(), "results": results})
         return
-    out.print(f"[bold]{case.case_id}[/]  {case.describe()}")
+    out.print(f"[bold]{case.case_id}[/]  {escape(case.describe())}")
     print_json(case.to_json())
     table = Table()
     id_column(table, "backend", [r["backend"] for r in results])

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from oracle.errors import AttnFuzzError, CaseValidationError
 
@@ -239,7 +240,7 @@ def exit_code(exc: AttnFuzzError) -> int:
 
 def fail(exc: AttnFuzzError, code: int | None = None) -> NoReturn:
     """Print ``exc`` and exit with ``code`` (default: `exit_code`)."""
-    console.print(f"[bold red]error:[/] {exc}")
+    console.print(f"[bold red]error:[/] {escape(str(exc))}")
     raise typer.Exit(exit_code(exc) if code is None else code)
 
 

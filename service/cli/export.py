@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich.markup import escape
 
 from oracle.errors import AttnFuzzError
 from service.cli.common import DbOption, console, cwd_importable, fail, open_database, print_json, resolve_case_id
@@ -63,7 +64,7 @@ def export_case(
                 force=force, compute_missing=True,
             )
     except NotFoundError:
-        console.print(f"[red]error:[/] case_id: no case {case_id!r} in {url}")
+        console.print(f"[red]error:[/] {escape(f'case_id: no case {case_id!r} in {url}')}")
         raise typer.Exit(2) from None
     except AttnFuzzError as exc:
         fail(exc)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich.markup import escape
 
 from oracle.errors import AttnFuzzError, CaseValidationError
 from service.cli.common import (
@@ -322,7 +323,7 @@ def fuzz(
                     soft_wrap=True,
                 )
         for r in failed:
-            console.print(f"[bold red]error:[/] worker process {r.index} of {n_workers}: {r.error}")
+            console.print(f"[bold red]error:[/] {escape(f'worker process {r.index} of {n_workers}: {r.error}')}")
         if interrupted:
             raise typer.Exit(130)
         if failed:

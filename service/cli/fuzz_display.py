@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 
 from rich.console import Group
 from rich.live import Live
-from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.markup import escape
 from rich.table import Table
 
 from service.cli.common import console, id_column, log, out
@@ -108,7 +108,7 @@ class RichReporter:
         self.buckets.append(" / ".join(key) + f"  (case {case.case_id})")
 
     def on_minimised(self, key, outcome) -> None:
-        console.print(f"[cyan]shrunk[/] {' / '.join(key)}: {outcome.status}: {outcome.case.describe()}")
+        console.print(f"[cyan]shrunk[/] {escape(' / '.join(key))}: {outcome.status}: {escape(outcome.case.describe())}")
 
     def on_stop(self, stats: WorkerStats) -> None:
         if self.live is not None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Annotated, Optional
 
 import typer
+from rich.markup import escape
 
 from oracle.errors import AttnFuzzError
 from service.cli.common import DbOption, check_schema, db_url, fail, out
@@ -54,7 +55,7 @@ def _check_bindable(host: str, port: int) -> None:
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except OSError as exc:
-        out.print(f"[red]error:[/] host: cannot resolve {host!r}: {exc}", highlight=False)
+        out.print(f"[red]error:[/] {escape(f'host: cannot resolve {host!r}: {exc}')}", highlight=False)
         raise typer.Exit(2) from None
     family, kind, proto, _, address = infos[0]
     with socket.socket(family, kind, proto) as probe:

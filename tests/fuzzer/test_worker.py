@@ -626,3 +626,34 @@ def test_the_own_work_is_split_into_measured_parts_and_a_slow_store_shows_as_sto
     split = summary_data(stats, "memory://")["time_s"]["own_parts"]
     assert list(split) == [*OWN_PARTS, "other"]
     assert split["storing"] == stats.own_parts["storing"] and split["other"] == stats.own_other_s
+
+
+class _CtrlCSink(MemorySink):
+    """A `MemorySink` whose third case write meets a Ctrl-C (after storing it)."""
+
+    def record_case_results(self, *args, **kwargs):
+        updates = super().record_case_results(*args, **kwargs)
+        if len(self.cases) == 3:
+            raise KeyboardInterrupt
+        return updates
+
+
+def test_a_worker_stopped_by_ctrl_c_ends_stopped_not_failed_and_one_that_raises_ends_failed():
+    """Ctrl-C is a stop the user asked for: the worker's last heartbeat says ``stopped`` (a new
+    user's trial found every interrupted worker row ``failed``) and the interrupt goes on to the
+    caller; any other error still ends ``failed``."""
+    backends = registry.select([], ["tests.fuzzer.standins:CorrectBackend"])
+    config = WorkerConfig(backends=backends, max_cases=12, time_budget_s=None, seed=3, isolation="none", shrink=False)
+    sink = _CtrlCSink()
+    with pytest.raises(KeyboardInterrupt):
+        Worker(config, sink).run()
+    assert [w["status"] for w in sink.workers.values()] == ["stopped"]
+
+    class _BrokenSink(MemorySink):
+        def record_case_results(self, *args, **kwargs):
+            raise RuntimeError("the store broke")
+
+    broken = _BrokenSink()
+    with pytest.raises(RuntimeError, match="the store broke"):
+        Worker(config, broken).run()
+    assert [w["status"] for w in broken.workers.values()] == ["failed"]

@@ -176,6 +176,8 @@ def test_two_workers_share_one_database_and_the_summary_adds_them_up(tmp_path: P
         stored = con.execute("SELECT COUNT(*) FROM results").fetchone()[0]
         distinct = con.execute("SELECT COUNT(*) FROM (SELECT DISTINCT case_id, backend, variant, build_id FROM results)").fetchone()[0]
         signatures = {row[0] for row in con.execute("SELECT signature FROM buckets")}
+        statuses = [row[0] for row in con.execute("SELECT status FROM workers")]
+    assert statuses == ["stopped", "stopped"]  # Ctrl-C is a stop, not a failure
     assert len(per_worker) == 2 and all(n >= 20 for n in per_worker.values())  # both workers stored results
     assert stored == distinct  # one row per case, backend, variant and build
     evaluations = sum(summary["evaluations_by_status"].values())

@@ -149,6 +149,11 @@ def test_a_missing_postgresql_driver_names_the_extra_to_install(monkeypatch: pyt
     monkeypatch.setattr(migrations, "upgrade", no_driver)
     with pytest.raises(ServiceError, match=r"pip install -e '\.\[postgres\]'"):
         cli_common.migrate("postgresql+psycopg://u@127.0.0.1:1/db")
+    # and the user reads it whole: rich took "[postgres]" for markup and printed "pip install -e '.'"
+    # (a new user's trial, 2026-12-03); every error is printed with its text escaped
+    shown = _invoke("fuzz", "--time-budget", "5", "--db", "postgresql+psycopg://u@127.0.0.1:1/db")
+    assert shown.exit_code != 0
+    assert "pip install -e '.[postgres]'" in " ".join(shown.output.split()), shown.output
 
 
 def test_reading_commands_do_not_migrate_and_read_a_read_only_database(db: str, tmp_path: Path) -> None:
