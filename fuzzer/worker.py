@@ -687,6 +687,7 @@ class Worker:
         self._budget_s = self._time_budget()
         self.reporter.on_start(self)
         status = "failed"
+        restore_sigint = self._catch_ctrl_c()
         try:
             self.redo_interrupted()
             if self.build_history is not None and self.config.corpus_dir is not None:
@@ -700,6 +701,7 @@ class Worker:
             self._fuzz_started = self._clock()
             self.stats.own_parts["start"] += max(self._fuzz_started - self._started - self.stats.shrink_s, 0.0)
             while not self._budget_spent():
+                self._check_ctrl_c()
                 self._run_chunk(chunk)
                 chunk += 1
                 with self._between_chunks():
@@ -714,6 +716,7 @@ class Worker:
             status = "stopped"
             raise
         finally:
+            restore_sigint()
             self._drop_late()
             self.stats.stopped_s = self._clock()
             self.stats.wall_s = self.stats.stopped_s - self._started
@@ -796,6 +799,40 @@ class Worker:
         self.journal.end_evaluation()
         self.stats.quarantined += 1
         logging.getLogger("attnfuzz.worker").warning("journaled case quarantined, not redone: %s", why)
+
+    def _catch_ctrl_c(self) -> Callable[[], None]:
+        """Remember a Ctrl-C as well as raise it, so a `KeyboardInterrupt` that something swallowed
+        still stops the worker: `_check_ctrl_c` raises it again at the next case (or shrink check,
+        or chunk). Returns the function that puts the previous SIGINT handler back.
+
+        Why: Python cannot raise out of a garbage-collector callback; a `KeyboardInterrupt` raised
+        in Hypothesis's (``gc_cumulative_time``) is printed as "Exception ignored" and lost. A
+        ``fuzz --workers 2`` run then went on to its 600 s budget after Ctrl-C (CI, 2026-12-03).
+
+        Only in the main thread and only over Python's default handler (or another that raises
+        `KeyboardInterrupt`, `service.db.engine.raises_keyboard_interrupt`); else nothing changes
+        (a run started with SIGINT ignored stays so)."""
+        import signal
+        import threading
+
+        self._ctrl_c = False
+        previous = signal.getsignal(signal.SIGINT)
+        raises = previous is signal.default_int_handler or getattr(previous, "raises_keyboard_interrupt", False) is True
+        if threading.current_thread() is not threading.main_thread() or not raises:
+            return lambda: None
+
+        def on_ctrl_c(signum: int, frame: Any) -> None:
+            self._ctrl_c = True
+            raise KeyboardInterrupt
+
+        on_ctrl_c.raises_keyboard_interrupt = True  # type: ignore[attr-defined]
+        signal.signal(signal.SIGINT, on_ctrl_c)
+        return lambda: signal.signal(signal.SIGINT, previous)
+
+    def _check_ctrl_c(self) -> None:
+        """Raise `KeyboardInterrupt` if a Ctrl-C came and was swallowed (see `_catch_ctrl_c`)."""
+        if getattr(self, "_ctrl_c", False):
+            raise KeyboardInterrupt
 
     def _budget_spent(self) -> bool:
         c = self.config
@@ -1100,6 +1137,7 @@ class Worker:
                 in_cases[0] += time.perf_counter() - t0
 
         def run_case(drawn: tuple[str | None, AttentionCase]) -> None:
+            self._check_ctrl_c()
             if self._budget_spent():
                 return  # finish the chunk quickly (reject() would make Hypothesis report it)
             target_name, case = drawn
@@ -1545,6 +1583,7 @@ class Worker:
         margin = self.config.shrink_error_margin if is_ratio_based(signature) else None
 
         def predicate(case: AttentionCase) -> bool:
+            self._check_ctrl_c()  # a swallowed Ctrl-C ends the shrink as a Ctrl-C does
             if predicate.lease_lost or cp_unsupported_reasons(case):
                 return False
             if bucket_id is not None and self._clock() - last_renewal[0] >= self.config.heartbeat_s:

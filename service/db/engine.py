@@ -281,10 +281,18 @@ def _identity(path: str) -> tuple[int, int] | None:
     return (info.st_dev, info.st_ino)
 
 
+def raises_keyboard_interrupt(handler: Any) -> bool:
+    """Whether ``handler`` (a SIGINT disposition) is Python's default, or a handler marked as raising
+    `KeyboardInterrupt` as it does (an attribute ``raises_keyboard_interrupt`` set to True; the fuzz
+    worker's, `fuzzer.worker.Worker.run`)."""
+    return handler is signal.default_int_handler or getattr(handler, "raises_keyboard_interrupt", False) is True
+
+
 @contextmanager
 def ctrl_c_deferred() -> Iterator[None]:
-    """Hold a Ctrl-C (SIGINT) that arrives inside the block and raise its `KeyboardInterrupt` when
-    the block ends, so a write transaction is committed or rolled back whole, never cut in two.
+    """Hold a Ctrl-C (SIGINT) that arrives inside the block and hand it to the SIGINT handler when
+    the block ends (which raises its `KeyboardInterrupt` there), so a write transaction is committed
+    or rolled back whole, never cut in two.
 
     Why: a `KeyboardInterrupt` raised inside SQLAlchemy's begin, commit or connection check-in
     (Python raises it at any bytecode of the main thread) can leave a SQLite connection holding the
@@ -295,12 +303,13 @@ def ctrl_c_deferred() -> Iterator[None]:
     2-core machine).
 
     Only in the main thread (Python runs signal handlers there only; elsewhere nothing is changed)
-    and only while SIGINT has Python's default handler (a caller's own handler, SIG_IGN or SIG_DFL is
-    left as it is). The signal handler is swapped for the block's length: a write is a few
-    milliseconds; a busy wait for another writer's lock (at most the busy timeout) is inside the
-    SQLite call, where Python could not raise either.
+    and only while SIGINT's handler raises `KeyboardInterrupt` (`raises_keyboard_interrupt`; a
+    caller's other handler, SIG_IGN or SIG_DFL is left as it is). The handler is swapped for the
+    block's length: a write is a few milliseconds; a busy wait for another writer's lock (at most
+    the busy timeout) is inside the SQLite call, where Python could not raise either.
     """
-    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+    previous = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or not raises_keyboard_interrupt(previous):
         yield
         return
     caught: list[int] = []
@@ -308,9 +317,10 @@ def ctrl_c_deferred() -> Iterator[None]:
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGINT, previous)
         if caught:
-            raise KeyboardInterrupt
+            previous(caught[0], None)  # raises KeyboardInterrupt
+            raise KeyboardInterrupt  # pragma: no cover - a marked handler that did not raise
 
 
 class Transactor:

@@ -657,3 +657,43 @@ def test_a_worker_stopped_by_ctrl_c_ends_stopped_not_failed_and_one_that_raises_
     with pytest.raises(RuntimeError, match="the store broke"):
         Worker(config, broken).run()
     assert [w["status"] for w in broken.workers.values()] == ["failed"]
+
+
+class _SwallowedCtrlCSink(MemorySink):
+    """A `MemorySink` in whose third case write a Ctrl-C arrives and its `KeyboardInterrupt` is
+    swallowed, as Python does to one raised in a garbage-collector callback (Hypothesis's)."""
+
+    def record_case_results(self, *args, **kwargs):
+        import os
+        import signal
+
+        updates = super().record_case_results(*args, **kwargs)
+        if len(self.cases) == 3:
+            try:
+                os.kill(os.getpid(), signal.SIGINT)
+                for _ in range(1000):  # the handler runs at one of these bytecodes
+                    pass
+            except KeyboardInterrupt:
+                pass  # lost here, as in a gc callback
+        return updates
+
+
+def test_a_ctrl_c_whose_interrupt_was_swallowed_still_stops_the_worker_at_the_next_case():
+    """CI (2026-12-03): a Ctrl-C's `KeyboardInterrupt` raised inside Hypothesis's gc callback was
+    printed as "Exception ignored" and lost, and the run went on to its budget. The worker remembers
+    the Ctrl-C and raises it again at its next case; its row ends ``stopped``; the SIGINT handler
+    it put in place is taken away again."""
+    import signal
+
+    backends = registry.select([], ["tests.fuzzer.standins:CorrectBackend"])
+    config = WorkerConfig(backends=backends, max_cases=12, time_budget_s=None, seed=3, isolation="none", shrink=False)
+    sink = _SwallowedCtrlCSink()
+    started_with = signal.signal(signal.SIGINT, signal.default_int_handler)  # a background run starts with it ignored
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            Worker(config, sink).run()
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, started_with)
+    assert len(sink.cases) == 3  # no case after the swallowed Ctrl-C
+    assert [w["status"] for w in sink.workers.values()] == ["stopped"]
