@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import signal
 from dataclasses import dataclass, field
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
@@ -358,6 +359,14 @@ class SinkUnavailableError(AttnFuzzError):
 class SinkFatalError(AttnFuzzError):
     """The sink refuses writes and retrying will not help (disk full, read-only database).
     Nothing of the failed call was written; the worker must stop."""
+
+
+def raises_keyboard_interrupt(handler: Any) -> bool:
+    """Whether ``handler`` (a SIGINT disposition, `signal.getsignal`) is Python's default, or a
+    handler marked as raising `KeyboardInterrupt` as it does (an attribute
+    ``raises_keyboard_interrupt`` set to True: the fuzz worker's, `fuzzer.worker.Worker.run`). A
+    sink may hold such a Ctrl-C until its write has ended (`service.db.engine.ctrl_c_deferred`)."""
+    return handler is signal.default_int_handler or getattr(handler, "raises_keyboard_interrupt", False) is True
 
 
 @dataclass(frozen=True)

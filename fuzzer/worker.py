@@ -64,7 +64,7 @@ from fuzzer.evaluate import Evaluation, Evaluator, PendingJudgement, applicable_
 from fuzzer.evaluate import normalise_masked_lse as _normalise_masked_lse
 from fuzzer.executor import COMPILE_ERROR_TYPES, TaskOutcome  # COMPILE_ERROR_TYPES: its kernel did not build (quarantined, not shrunk)
 from fuzzer.minimise import MinimiseInterrupted, MinimiseOutcome, minimise
-from fuzzer.results import CaseResult, MinimiseClaim, ResultSink
+from fuzzer.results import CaseResult, MinimiseClaim, ResultSink, raises_keyboard_interrupt
 from fuzzer.severity import is_ratio_based
 from fuzzer.coverage import DRAW_MODES, count_case, target_plan
 from fuzzer.strategies import KernelTemplate, attention_cases, default_bounds, merge_capabilities
@@ -598,6 +598,7 @@ class Worker:
         self._last_heartbeat = 0.0
         self.build_id: int | None = None
         self.worker_id: int | None = None
+        self._ctrl_c = False  # a Ctrl-C came (`_catch_ctrl_c`)
         self.unavailable: dict[str, str] = {}
 
     # ------------------------------------------------------------------ lifecycle
@@ -809,16 +810,15 @@ class Worker:
         in Hypothesis's (``gc_cumulative_time``) is printed as "Exception ignored" and lost. A
         ``fuzz --workers 2`` run then went on to its 600 s budget after Ctrl-C (CI, 2026-12-03).
 
-        Only in the main thread and only over Python's default handler (or another that raises
-        `KeyboardInterrupt`, `service.db.engine.raises_keyboard_interrupt`); else nothing changes
-        (a run started with SIGINT ignored stays so)."""
+        Only in the main thread and only over a handler that raises `KeyboardInterrupt`
+        (`fuzzer.results.raises_keyboard_interrupt`: Python's default, or another such); else
+        nothing changes (a run started with SIGINT ignored stays so)."""
         import signal
         import threading
 
         self._ctrl_c = False
         previous = signal.getsignal(signal.SIGINT)
-        raises = previous is signal.default_int_handler or getattr(previous, "raises_keyboard_interrupt", False) is True
-        if threading.current_thread() is not threading.main_thread() or not raises:
+        if threading.current_thread() is not threading.main_thread() or not raises_keyboard_interrupt(previous):
             return lambda: None
 
         def on_ctrl_c(signum: int, frame: Any) -> None:
@@ -831,7 +831,7 @@ class Worker:
 
     def _check_ctrl_c(self) -> None:
         """Raise `KeyboardInterrupt` if a Ctrl-C came and was swallowed (see `_catch_ctrl_c`)."""
-        if getattr(self, "_ctrl_c", False):
+        if self._ctrl_c:
             raise KeyboardInterrupt
 
     def _budget_spent(self) -> bool:

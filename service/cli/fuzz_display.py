@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 
 from rich.console import Group
 from rich.live import Live
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.markup import escape
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from service.cli.common import console, id_column, log, out

@@ -40,7 +40,7 @@ from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 
-from fuzzer.results import SinkFatalError, SinkUnavailableError
+from fuzzer.results import SinkFatalError, SinkUnavailableError, raises_keyboard_interrupt
 from service.errors import ServiceError
 
 DEFAULT_DATABASE_URL = "sqlite:///attnfuzz.db"
@@ -279,13 +279,6 @@ def _identity(path: str) -> tuple[int, int] | None:
     except OSError:  # a directory we may not enter, ...: the write itself will say more
         return None
     return (info.st_dev, info.st_ino)
-
-
-def raises_keyboard_interrupt(handler: Any) -> bool:
-    """Whether ``handler`` (a SIGINT disposition) is Python's default, or a handler marked as raising
-    `KeyboardInterrupt` as it does (an attribute ``raises_keyboard_interrupt`` set to True; the fuzz
-    worker's, `fuzzer.worker.Worker.run`)."""
-    return handler is signal.default_int_handler or getattr(handler, "raises_keyboard_interrupt", False) is True
 
 
 @contextmanager

@@ -15,7 +15,7 @@ from fuzzer.results import BucketUpdate, BuildFingerprint, CaseResult
 from oracle.config import AttentionCase
 from oracle.errors import CaseValidationError
 from service.db import migrations
-from service.db.engine import make_engine
+from service.db.engine import Transactor, ctrl_c_deferred, make_engine
 from service.errors import FieldValidationError, NotFoundError
 from service.db.models import Bucket, Build, Case, Result, Worker, utcnow
 from service.db.engine import StoreRefusedError, StoreUnavailableError
@@ -473,16 +473,14 @@ def test_a_ctrl_c_inside_a_write_waits_for_its_commit_and_leaves_no_lock(tmp_pat
     leave the write lock held (a ``fuzz --workers 2`` run that hung after Ctrl-C)."""
     import signal
 
-    from service.db.engine import Transactor, ctrl_c_deferred
-
     started_with = signal.signal(signal.SIGINT, signal.default_int_handler)  # a run in the background starts with it ignored
     try:
-        _ctrl_c_in_a_write(tmp_path, Transactor, ctrl_c_deferred)
+        _ctrl_c_in_a_write(tmp_path)
     finally:
         signal.signal(signal.SIGINT, started_with)
 
 
-def _ctrl_c_in_a_write(tmp_path, Transactor, ctrl_c_deferred) -> None:
+def _ctrl_c_in_a_write(tmp_path) -> None:
     import os
     import signal
     import threading
