@@ -250,6 +250,7 @@ def minimise(
             condition,
             settings=settings(
                 database=database,
+                derandomize=False,  # as a fuzz chunk: the same on a machine with $CI set (Hypothesis's "ci" profile)
                 phases=[Phase.reuse, Phase.shrink],
                 max_examples=1000,
                 deadline=None,

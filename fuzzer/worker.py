@@ -1164,6 +1164,11 @@ class Worker:
         # are replayed from their buckets (replay_known) and shrinking keeps its database.
         test = settings(
             database=None,
+            # Never derandomised, whatever profile is loaded: with $CI set (GitHub Actions, GitLab,
+            # Buildkite, ...) Hypothesis loads its "ci" profile (derandomize=True), and every chunk
+            # of every worker then drew the same cases: a 300 s two-worker run stored 40 results,
+            # all from its first chunk (CI, 2026-12-03). ``--seed`` still makes a run reproducible.
+            derandomize=False,
             max_examples=c.chunk_size,
             phases=[Phase.generate, Phase.target],
             deadline=None,

@@ -697,3 +697,27 @@ def test_a_ctrl_c_whose_interrupt_was_swallowed_still_stops_the_worker_at_the_ne
         signal.signal(signal.SIGINT, started_with)
     assert len(sink.cases) == 3  # no case after the swallowed Ctrl-C
     assert [w["status"] for w in sink.workers.values()] == ["stopped"]
+
+
+def test_a_derandomising_hypothesis_profile_does_not_make_every_chunk_draw_the_same_cases():
+    """With ``$CI`` set, Hypothesis loads its "ci" profile (``derandomize=True``); a worker took it
+    up and every chunk of every worker drew the same cases (a 300 s two-worker run stored 40
+    results, all from its first chunk; CI, 2026-12-03). Two chunks of one worker and two workers
+    without ``--seed`` must draw different cases under such a profile."""
+    from hypothesis import settings
+    from hypothesis._settings import local_settings
+
+    def cases_drawn(chunks: int) -> list[str]:
+        sink = MemorySink()
+        config = WorkerConfig(
+            backends=registry.select(["torch-cpu-math"]), max_cases=10 * chunks, chunk_size=10, time_budget_s=30,
+            isolation="none", shrink=False, replay_known=False, max_seqlen=8,
+        )
+        Worker(config, sink).run()
+        return list(sink.cases)
+
+    with local_settings(settings(derandomize=True, database=None)):
+        assert settings.default.derandomize  # the profile a CI machine loads is in force
+        first, second = cases_drawn(2), cases_drawn(1)
+    assert len(first) >= 15, f"two chunks stored {len(first)} distinct cases: the second drew the first's"
+    assert len(set(first[:10]) & set(second)) < 5, "a second worker drew the first worker's cases"

@@ -155,9 +155,12 @@ def test_two_workers_share_one_database_and_the_summary_adds_them_up(tmp_path: P
         start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline and process.poll() is None and not _both_workers_stored_and_found(db, 20):
+        started = time.monotonic()
+        ready = False
+        while time.monotonic() < started + 300 and process.poll() is None and not ready:
             time.sleep(0.5)
+            ready = _both_workers_stored_and_found(db, 20)
+        waited = time.monotonic() - started
         assert process.poll() is None, "the run ended before both workers stored results"
         os.killpg(process.pid, signal.SIGINT)
         stdout, stderr = process.communicate(timeout=240)
@@ -166,6 +169,7 @@ def test_two_workers_share_one_database_and_the_summary_adds_them_up(tmp_path: P
             os.killpg(process.pid, signal.SIGKILL)
             process.communicate()
     assert process.returncode == 130, stdout[-2000:] + stderr[-3000:]  # Ctrl-C's exit code
+    assert ready, f"both workers had not stored 20 results after {waited:.0f} s; stderr: {stderr[-3000:]}"
     summary = json.loads(stdout)
     assert summary["interrupted"] is True
     assert summary["workers"] == 2
