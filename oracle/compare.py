@@ -352,7 +352,7 @@ def _unravel(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(index))
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def compare_tensor(
     name: str,
     actual: torch.Tensor,
@@ -486,7 +486,7 @@ class PreparedTensor:
         return x.view(self.num_groups, self.num_tiles, self.tile_rows).sum(-1)
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def prepare_tensor(
     name: str,
     reference: torch.Tensor,
@@ -650,7 +650,7 @@ def _non_finite_masks(p: PreparedTensor, act: torch.Tensor) -> tuple[torch.Tenso
     return act_finite, nan, posinf, neginf, p.expect_masked & act_finite
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def judge_tensor(prepared: PreparedTensor, actual: torch.Tensor) -> TensorVerdict:
     """`compare_tensor` of ``actual`` against a `prepare_tensor` result (same verdict, figure
     for figure, as `compare_tensor` with the arguments ``prepared`` was made from). One tensor's
@@ -734,7 +734,7 @@ _STATS = (
 )
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def judge_tensors(prepared: PreparedTensor, actuals: list[torch.Tensor], *, batched: bool | None = None) -> list[TensorVerdict]:
     """`judge_tensor` of each of ``actuals`` (kernel tensors shaped like the reference, any float
     dtype and device) against one `prepare_tensor` result, batched: the tensors of the right shape
