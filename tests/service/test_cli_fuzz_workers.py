@@ -138,10 +138,11 @@ def test_two_workers_share_one_database_and_the_summary_adds_them_up(tmp_path: P
     found (by either).
 
     The run is stopped with Ctrl-C (SIGINT to its process group, as a terminal sends it) once both
-    workers have stored results and a bucket exists, not by a time budget: on a loaded 2-core CI
-    machine a worker process took most of a 40 s budget to import torch and start its child, and
-    the second stored nothing (CI, 2026-12-02). So the test waits as long as the machine needs, and
-    on a quiet one it ends in seconds. Not --max-cases: the two workers must run side by side for
+    workers have stored results and a bucket exists, not by a time budget, so the test waits as long
+    as a loaded machine needs, and on a quiet one it ends in seconds. (Its CI failures of 2026-12-02
+    and 2026-12-03, the second worker storing nothing, were the CI machine's ``$CI``: Hypothesis's
+    derandomising "ci" profile made every chunk draw the same cases; see
+    ``test_a_derandomising_hypothesis_profile_does_not_make_every_chunk_draw_the_same_cases``.) Not --max-cases: the two workers must run side by side for
     their walls to add up."""
     import signal
     import time
