@@ -30,6 +30,7 @@ import dataclasses
 import hashlib
 import json
 import signal
+import threading
 from dataclasses import dataclass, field
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
@@ -361,12 +362,21 @@ class SinkFatalError(AttnFuzzError):
     Nothing of the failed call was written; the worker must stop."""
 
 
-def raises_keyboard_interrupt(handler: Any) -> bool:
-    """Whether ``handler`` (a SIGINT disposition, `signal.getsignal`) is Python's default, or a
-    handler marked as raising `KeyboardInterrupt` as it does (an attribute
-    ``raises_keyboard_interrupt`` set to True: the fuzz worker's, `fuzzer.worker.Worker.run`). A
-    sink may hold such a Ctrl-C until its write has ended (`service.db.engine.ctrl_c_deferred`)."""
-    return handler is signal.default_int_handler or getattr(handler, "raises_keyboard_interrupt", False) is True
+def keyboard_interrupt_handler() -> Any:
+    """The SIGINT handler in place when one may be swapped for a Ctrl-C-aware one, else None.
+
+    That is, only on the main thread (Python runs signal handlers there only), and only when the
+    handler (`signal.getsignal`) is Python's default or a handler marked as raising
+    `KeyboardInterrupt` as it does: an attribute ``raises_keyboard_interrupt`` set to True, as on
+    the fuzz worker's (`fuzzer.worker.Worker.run`). A caller's other handler, SIG_IGN or SIG_DFL
+    gives None: it is left as it is. A sink may hold such a Ctrl-C until its write has ended
+    (`service.db.engine.ctrl_c_deferred`)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    handler = signal.getsignal(signal.SIGINT)
+    if handler is signal.default_int_handler or getattr(handler, "raises_keyboard_interrupt", False) is True:
+        return handler
+    return None
 
 
 @dataclass(frozen=True)

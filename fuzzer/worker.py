@@ -64,7 +64,7 @@ from fuzzer.evaluate import Evaluation, Evaluator, PendingJudgement, applicable_
 from fuzzer.evaluate import normalise_masked_lse as _normalise_masked_lse
 from fuzzer.executor import COMPILE_ERROR_TYPES, TaskOutcome  # COMPILE_ERROR_TYPES: its kernel did not build (quarantined, not shrunk)
 from fuzzer.minimise import MinimiseInterrupted, MinimiseOutcome, minimise
-from fuzzer.results import CaseResult, MinimiseClaim, ResultSink, raises_keyboard_interrupt
+from fuzzer.results import CaseResult, MinimiseClaim, ResultSink, keyboard_interrupt_handler
 from fuzzer.severity import is_ratio_based
 from fuzzer.coverage import DRAW_MODES, count_case, target_plan
 from fuzzer.strategies import KernelTemplate, attention_cases, default_bounds, merge_capabilities
@@ -811,14 +811,13 @@ class Worker:
         ``fuzz --workers 2`` run then went on to its 600 s budget after Ctrl-C (CI, 2026-12-03).
 
         Only in the main thread and only over a handler that raises `KeyboardInterrupt`
-        (`fuzzer.results.raises_keyboard_interrupt`: Python's default, or another such); else
+        (`fuzzer.results.keyboard_interrupt_handler`: Python's default, or another such); else
         nothing changes (a run started with SIGINT ignored stays so)."""
         import signal
-        import threading
 
         self._ctrl_c = False
-        previous = signal.getsignal(signal.SIGINT)
-        if threading.current_thread() is not threading.main_thread() or not raises_keyboard_interrupt(previous):
+        previous = keyboard_interrupt_handler()
+        if previous is None:
             return lambda: None
 
         def on_ctrl_c(signum: int, frame: Any) -> None:

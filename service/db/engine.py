@@ -28,7 +28,6 @@ import json
 import math
 import os
 import signal
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -40,7 +39,7 @@ from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 
-from fuzzer.results import SinkFatalError, SinkUnavailableError, raises_keyboard_interrupt
+from fuzzer.results import SinkFatalError, SinkUnavailableError, keyboard_interrupt_handler
 from service.errors import ServiceError
 
 DEFAULT_DATABASE_URL = "sqlite:///attnfuzz.db"
@@ -296,13 +295,13 @@ def ctrl_c_deferred() -> Iterator[None]:
     2-core machine).
 
     Only in the main thread (Python runs signal handlers there only; elsewhere nothing is changed)
-    and only while SIGINT's handler raises `KeyboardInterrupt` (`raises_keyboard_interrupt`; a
+    and only while SIGINT's handler raises `KeyboardInterrupt` (`keyboard_interrupt_handler`; a
     caller's other handler, SIG_IGN or SIG_DFL is left as it is). The handler is swapped for the
     block's length: a write is a few milliseconds; a busy wait for another writer's lock (at most
     the busy timeout) is inside the SQLite call, where Python could not raise either.
     """
-    previous = signal.getsignal(signal.SIGINT)
-    if threading.current_thread() is not threading.main_thread() or not raises_keyboard_interrupt(previous):
+    previous = keyboard_interrupt_handler()
+    if previous is None:
         yield
         return
     caught: list[int] = []
