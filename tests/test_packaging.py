@@ -31,6 +31,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.build_lock import tree_build_lock
+
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,7 +50,8 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A fresh venv with attnfuzz installed from a wheel built from this tree; its ``bin/``."""
     work = tmp_path_factory.mktemp("packaging")
     wheels = work / "wheels"
-    _run(sys.executable, "-m", "pip", "wheel", "--no-deps", *_build_isolation(), "-q", "-w", wheels, ROOT, cwd=work)
+    with tree_build_lock(ROOT):  # setuptools builds in ROOT/build: one build at a time (tests/build_lock.py)
+        _run(sys.executable, "-m", "pip", "wheel", "--no-deps", *_build_isolation(), "-q", "-w", wheels, ROOT, cwd=work)
     (wheel,) = wheels.glob("attnfuzz-*.whl")
     venv = work / "venv"
     _run(sys.executable, "-m", "venv", venv, cwd=work)

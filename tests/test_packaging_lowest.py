@@ -27,6 +27,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.build_lock import tree_build_lock
+
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -106,7 +108,8 @@ def test_the_lowest_declared_versions_install_and_pass_a_smoke_test(tmp_path: Pa
     _run(uv, "venv", "-q", "--python", sys.executable, venv, cwd=tmp_path)
     python = venv / "bin" / "python"
     _run(uv, "pip", "install", "-q", "--python", python, "--no-deps", "-r", pins, cwd=tmp_path)
-    _run(uv, "pip", "install", "-q", "--python", python, "--no-deps", ROOT, cwd=tmp_path)
+    with tree_build_lock(ROOT):  # setuptools builds in ROOT/build: one build at a time (tests/build_lock.py)
+        _run(uv, "pip", "install", "-q", "--python", python, "--no-deps", ROOT, cwd=tmp_path)
     site = Path(_run(python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])", cwd=tmp_path).stdout.strip())
     links = tmp_path / "torch-links"
     links.mkdir()
