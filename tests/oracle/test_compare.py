@@ -502,9 +502,13 @@ def test_the_host_fast_paths_give_every_figure_of_torch_alone(dtype: str, monkey
         assert not judge_tensor(kinds[True], planted).passed
         assert judge_tensor(kinds[True], torch.zeros_like(rounded)).is_all_zero
         if name == "out":  # every entry judged: the all-zero test is the fast `any`
-            first = kinds[True], rounded
+            # twice the reference: its error norm is the reference's own (2R - R = R exactly), as
+            # an all-zero output's is, so the entries themselves are tested
+            first = kinds[True], 2 * ref
+            assert not judge_tensor(*first).is_all_zero
     assert checked == 4 * 6
     # the planted fast path: an `any` that never sees a non-zero entry calls every output all zero
+    # whose error norm does not rule it out
     monkeypatch.setattr(compare, "_any", lambda mask: False)
     assert judge_tensor(*first).is_all_zero
 
@@ -605,3 +609,38 @@ def test_host_outputs_staged_in_one_transfer_get_the_verdicts_of_outputs_on_the_
             _same_verdict(a, b)
     finally:
         compare.STAGE_MAX_BYTES = saved
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_an_all_zero_output_is_told_however_its_error_norm_is_summed(threads: int) -> None:
+    """`judge_tensor` rules an all-zero output out by its error norm alone when that norm is not
+    the reference's (`oracle.compare._norm_allows_all_zero`), so an all-zero output must keep
+    passing that test: on a large tensor summed by several threads, with unjudged rows and with
+    a reference that overflows the dtype, every all-zero output is ``all_zero``, and the same
+    output with one entry set is not. A test that compared the norms bit for bit, or one that
+    always ruled out, fails here."""
+    from oracle.compare import judge_tensor, prepare_tensor
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        gen = torch.Generator().manual_seed(41)
+        for name, shape, scale, masked in (("out", (2, 4096, 4, 64), 1.0, False), ("dv", (1, 300, 2, 16), 7e4, False),
+                                           ("lse", (2, 3, 500), 30.0, True)):
+            ref = scale * torch.randn(shape, generator=gen, dtype=torch.float64)
+            row_dim = 2 if name == "lse" else 1
+            visible = None
+            if masked:
+                visible = torch.rand(shape, generator=gen) > 0.3
+                ref = torch.where(visible, ref, -math.inf)
+            prepared = prepare_tensor(name, ref, "float16", row_dim=row_dim, visible_rows=visible)
+            zeros = torch.zeros(shape, dtype=torch.float32 if name == "lse" else torch.float16)
+            if masked:
+                zeros = torch.where(visible, zeros, -math.inf)
+            verdict = judge_tensor(prepared, zeros)
+            assert verdict.is_all_zero and "all_zero" in "".join(verdict.signatures), name
+            one = zeros.clone()
+            one.view(-1)[int(torch.nonzero(torch.isfinite(ref).view(-1))[-1])] = 1.0
+            assert not judge_tensor(prepared, one).is_all_zero, name
+    finally:
+        torch.set_num_threads(previous)
