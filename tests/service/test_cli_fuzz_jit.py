@@ -179,7 +179,15 @@ def test_the_summary_gives_each_new_bucket_a_case_to_export_and_says_why_one_was
     # the shrink-only command names the database and the bucket's backend (an opt-in one is not selected by default)
     assert ".venv/bin/attnfuzz fuzz --max-cases 0 --db sqlite:///x.db --backend c" in text
     assert "found earlier, shrunk in this run" not in text  # every bucket shrunk was new
-    assert ".venv/bin/attnfuzz report --db sqlite:///x.db" in text and ".venv/bin/attnfuzz export CASE_ID" in text
+    assert ".venv/bin/attnfuzz report --db sqlite:///x.db" in text
+    # the export hint names the minimised case to export (a new-user trial did not know which id)
+    assert f"the first one's: .venv/bin/attnfuzz export {minimal.case_id} --db sqlite:///x.db" in text
+    assert "export CASE_ID" not in text
+    stats.minimised = []  # none shrunk yet: the first bucket's first case
+    with out.capture() as captured:
+        print_summary(stats, "sqlite:///x.db")
+    assert "first bucket's case: .venv/bin/attnfuzz export aaaa000011112222 --db sqlite:///x.db" in captured.get()
+    stats.minimised = [(shrunk, MinimiseOutcome(status="minimised", case=minimal, original=minimal, attempts=3, elapsed_s=1.0, note=""))]
     data = {tuple(b[k] for k in ("backend", "variant", "signature")): b for b in summary_data(stats, "sqlite://")["new_buckets"]}
     assert data[attached]["attached_to"] == "b / v1 / out:all_zero" and data[waiting]["first_case_id"] == "cccc000011112222"
     assert data[shrunk]["minimised"]["case_id"] == minimal.case_id and data[shrunk]["attached_to"] is None
