@@ -110,6 +110,14 @@ def buckets_list(
     if as_json:
         print_json({"total": page.total, "limit": limit, "offset": offset, "items": rows})
         return
+    if not rows:  # not an empty table (a new-user trial): say why there is nothing
+        if page.total:
+            out.print(f"no buckets in {url} after --offset {offset}: {page.total} match", soft_wrap=True)
+        elif any(v is not None for v in (backend, variant, signature, state)):
+            out.print(f"no buckets in {url} match these filters", soft_wrap=True)
+        else:
+            out.print(f"no buckets in {url}: no failing result is stored", soft_wrap=True)
+        return
     table = Table(title=f"{len(rows)} of {page.total} buckets in {url}")
     id_column(table, "id", [r["id"] for r in rows], justify="right")
     id_column(table, "backend", [r["backend"] for r in rows])

@@ -44,11 +44,12 @@ class RichReporter:
         self.by_time = budget_s is not None
         self.task = self.progress.add_task("", total=total)
         self.buckets: list[str] = []
+        self.caption: str | None = None  # with other workers: what the table counts (on_case)
         self.live: Live | None = None
         self.started = time.monotonic()
 
     def _render(self, stats: WorkerStats | None) -> Group:
-        table = Table(title=None, expand=False)
+        table = Table(title=None, expand=False, caption=self.caption)
         id_column(table, "backend", [b for b, _ in (stats.per_backend if stats is not None else ())])
         for status in ("pass", "fail", "unsupported", "error", "crash", "timeout", "oom"):
             table.add_column(status, justify="right")
@@ -94,7 +95,11 @@ class RichReporter:
         processes, other_cases, other_buckets = self.others() if self.others is not None else (0, 0, 0)
         cases = stats.cases + other_cases
         rate = cases / elapsed if elapsed > 0 else 0.0
-        workers = f" ({processes + 1} workers; table: this one's)" if processes else ""
+        workers = f" ({processes + 1} workers)" if processes else ""
+        self.caption = (
+            f"this table: this process's worker only; the cases and buckets above: all {processes + 1} workers"
+            if processes else None
+        )
         self.progress.update(
             self.task,
             completed=elapsed if self.by_time else cases,

@@ -108,7 +108,10 @@ def report_data(session, url: str) -> dict:
 
 def print_report(data: dict) -> None:
     """Print `report_data`'s object as tables and lines (``attnfuzz report``)."""
-    table = Table(title=f"{data['cases']} cases")
+    table = Table(
+        title=f"results per backend and status ({data['cases']} cases, {data['results']} results)",
+        caption="run s: seconds in the backend's calls; JIT s: its compile seconds",
+    )
     id_column(table, "backend", list(data["results_by_backend"]))  # names never cut
     for column in (*sorted(data["results_by_status"]), "run s", "JIT s"):
         table.add_column(column, justify="right")
@@ -122,14 +125,21 @@ def print_report(data: dict) -> None:
             f"{t['compile_s']:.1f}",
         )
     out.print(table)
-    coverage = Table(title="coverage per backend")
+    coverage = Table(
+        title="coverage per backend",
+        caption="cases: cases with a result of the backend; cases run: those it ran in at least one variant (not unsupported)",
+    )
     for column in ("backend", "cases", "cases run", "top unsupported reasons (results)"):
         coverage.add_column(column, justify="right" if column.startswith("cases") else "left")
     for c in data["coverage"]:
         reasons = "; ".join(f"{r['reason']} ({r['results']})" for r in c["top_unsupported"])
         coverage.add_row(c["backend"], str(c["cases"]), str(c["cases_run"]), reasons)
     out.print(coverage)
-    out.print(f"oracle: {data['oracle_s']:.1f} s")
+    out.print(f"oracle (the float64 reference) time in all: {data['oracle_s']:.1f} s")
+    if not data["buckets"]:
+        out.print("no buckets: no failing result is stored")
+    else:
+        out.print(f"{len(data['buckets'])} bucket(s), most severe first: {SEVERITY_LEGEND}")
     for b in data["buckets"]:
         group = f"  defect {b['defect_id']}" if b["defect_id"] is not None else ""
         out.print(
@@ -141,6 +151,14 @@ def print_report(data: dict) -> None:
         if len(d["symptoms"]) > 1:
             symptoms = ", ".join(f"{v} / {sig}" for v, sig in d["symptoms"])
             out.print(f"defect {d['id']} ({d['severity']}, {d['backend']}, case {d['case_id']}): {symptoms}")
+
+
+SEVERITY_LEGEND = (
+    "wrong (all-zero, non-finite, wrong shape or an error ratio of 10 or more), crash (died, hung or out of memory), "
+    "imprecise (error ratio 1 to 10), error (raised on a case it declared supported); defect N: the buckets one "
+    "minimised case shows, one root cause (fuzzer.severity)"
+)
+"""The severities' meaning, printed above the buckets (a new-user trial found them unexplained)."""
 
 
 def _defects(buckets: list[dict]) -> list[dict]:

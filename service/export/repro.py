@@ -130,7 +130,8 @@ def render_repro(
         {case.describe()}
 
         Standalone: needs only {packages}; skips with the reason when the package, a CUDA GPU or
-        the GPU architecture is missing. Run it with plain pytest.
+        the GPU architecture is missing. Run it with pytest: `pytest FILE`, or inside a project whose
+        pytest settings add options (xdist's -n, say) `pytest -c /dev/null FILE`.
 
         What it does: regenerates the inputs bit for bit (attnfuzz's counter-based hash_normal,
         copied below), calls {name} exactly as the variant {variant!s} did (call_backend), computes

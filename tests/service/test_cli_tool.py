@@ -259,6 +259,11 @@ def test_buckets_list_show_and_triage(db: str) -> None:
     confirmed = json.loads(_invoke("buckets", "list", "--state", "confirmed", "--json", "--db", db).stdout)
     assert [b["id"] for b in confirmed["items"]] == [bucket["id"]] and confirmed["items"][0]["notes"] == "seen"
     assert json.loads(_invoke("buckets", "list", "--state", "new", "--json", "--db", db).stdout)["total"] == 0
+    # no bucket to list: a line that says why, not an empty table (a new-user trial)
+    filtered = _invoke("buckets", "list", "--state", "new", "--db", db)
+    assert filtered.exit_code == 0 and f"no buckets in {db} match these filters" in filtered.stdout, filtered.output
+    past = _invoke("buckets", "list", "--offset", "5", "--db", db)
+    assert f"no buckets in {db} after --offset 5: 1 match" in past.stdout, past.output
 
     bad_state = _invoke("buckets", "triage", str(bucket["id"]), "--state", "done", "--db", db)
     assert bad_state.exit_code == 2 and "triage_state" in bad_state.output

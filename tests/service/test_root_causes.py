@@ -200,6 +200,28 @@ def test_report_lists_buckets_most_severe_first_with_their_groups(tmp_path) -> N
     assert text.exit_code == 0, text.output
     lines = [line for line in text.output.splitlines() if "fa4 / v" in line]
     assert [line.split()[0] for line in lines] == ["wrong", "wrong", "crash", "imprecise", "error"]
+    # the severities and groups are explained above the buckets (a new-user trial found them unexplained)
+    output = " ".join(text.output.split())
+    assert "5 bucket(s), most severe first: wrong (all-zero" in output and "defect N:" in output
+    assert "no buckets" not in output
+
+
+def test_report_of_a_database_without_buckets_says_so(tmp_path) -> None:
+    """An empty database's report ends with a line saying there is no bucket, not with nothing
+    (a new-user trial could not tell "none" from "not shown")."""
+    from typer.testing import CliRunner
+
+    from service.cli.main import app
+    from service.db import migrations
+
+    url = f"sqlite:///{tmp_path / 'e.db'}"
+    migrations.upgrade(url)
+    result = CliRunner().invoke(app, ["report", "--db", url])
+    assert result.exit_code == 0, result.output
+    assert "no buckets: no failing result is stored" in result.output
+    assert "most severe first" not in result.output
+    listed = CliRunner().invoke(app, ["buckets", "list", "--db", url], env={"COLUMNS": "250"})
+    assert listed.exit_code == 0 and f"no buckets in {url}: no failing result is stored" in listed.output, listed.output
 
 
 def test_migration_0005_backfills_severity_ratios_and_defects(fresh_database_url: str) -> None:
