@@ -9,6 +9,8 @@ the newest revision (the reading commands never do).
 
 from __future__ import annotations
 
+import shlex
+import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -82,10 +84,13 @@ def export_case(
                     "variant": target.variant, "signature": target.signature,
                     "also_failing": [f"{b}/{v}" for b, v in target.also_failing]})
         return
+    # this interpreter's pytest: a bare "pytest" may be another Python's, without torch, and the file then
+    # only skips (a new-user trial saw "1 skipped" and no reason); -rs prints a skip's reason
+    python = shlex.quote(sys.executable)
     console.print(
         f"wrote {path}: {target.backend} / {target.variant} / {target.signature or '(no recorded failure)'}; "
-        f"run it with: pytest -c /dev/null {path} (-c /dev/null: without the pytest settings of the project you "
-        "are in, which may add options this file does not need; needs pytest: pip install pytest)"
+        f"run it with: {python} -m pytest -rs -c /dev/null {path} (-c /dev/null: without the pytest settings of the "
+        f"project you are in, which may add options this file does not need; needs pytest: {python} -m pip install pytest)"
     )
     if target.also_failing:
         others = ", ".join(f"{b}/{v}" for b, v in target.also_failing)

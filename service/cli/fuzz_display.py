@@ -103,7 +103,7 @@ class RichReporter:
         self.progress.update(
             self.task,
             completed=elapsed if self.by_time else cases,
-            description=f"{cases} cases{workers}, {rate:.2f} cases/s, {len(self.buckets) + other_buckets} new buckets, "
+            description=f"{cases} cases{workers}, {rate:.2f} cases/s, {len(self.buckets) + other_buckets} new bucket(s), "
             f"JIT {_share(stats.compile_s, getattr(stats, 'fuzz_s', 0.0))} of wall",
         )
         if self.live is not None:

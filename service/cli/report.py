@@ -139,14 +139,14 @@ def print_report(data: dict) -> None:
     if not data["buckets"]:
         out.print("no buckets: no failing result is stored")
     else:
-        out.print(f"{len(data['buckets'])} bucket(s), most severe first: {SEVERITY_LEGEND}")
+        out.print(escape(f"{len(data['buckets'])} bucket(s), most severe first: {SEVERITY_LEGEND}"))  # "[bucket ID]" is no markup
     for b in data["buckets"]:
         group = f"  defect {b['defect_id']}" if b["defect_id"] is not None else ""
         out.print(
             f"[bold]{b['severity']:<9}[/] [bold]{escape(b['backend'])} / {escape(b['variant'])} / {escape(b['signature'])}[/] "
             f"x{b['hit_count']}{group}  {escape(b['minimise_note'] or '')}"
         )
-        out.print(escape(f"    {b['case']}  [case {b['case_id']}]"))  # rich took "[case ...]" for markup and dropped it
+        out.print(escape(f"    {b['case']}  [case {b['case_id']}] [bucket {b['id']}]"))  # rich took "[case ...]" for markup and dropped it
     for d in data["defects"]:
         if len(d["symptoms"]) > 1:
             symptoms = ", ".join(f"{v} / {sig}" for v, sig in d["symptoms"])
@@ -155,8 +155,9 @@ def print_report(data: dict) -> None:
 
 SEVERITY_LEGEND = (
     "wrong (all-zero, non-finite, wrong shape or an error ratio of 10 or more), crash (died, hung or out of memory), "
-    "imprecise (error ratio 1 to 10), error (raised on a case it declared supported); defect N: the buckets one "
-    "minimised case shows, one root cause (fuzzer.severity)"
+    "imprecise (error ratio 1 to 10), error (raised on a case it declared supported); the error ratio is the "
+    "error over the error the dtype allows (above 1 fails); xN: N failing results; defect N: buckets that fail on "
+    "the same minimised case, one root cause; [bucket ID]: for report --bucket ID and buckets show ID"
 )
 """The severities' meaning, printed above the buckets (a new-user trial found them unexplained)."""
 

@@ -57,6 +57,13 @@ def test_export_writes_the_repro_of_the_failing_variant(cli: typer.Typer, stored
     source = target.read_text()
     ast.parse(source)
     assert "VARIANT = 'bool_mask'" in source and "SIGNATURE = 'out:mismatch'" in source
+    # the command to run it names this Python's pytest (a bare "pytest" may be another Python's, without
+    # torch, where the file only skips) and -rs (a skip's reason shows)
+    import shlex
+    import sys
+
+    said = "".join(result.output.split())  # rich wraps long lines, inside paths too
+    assert f"runitwith:{shlex.quote(sys.executable)}-mpytest-rs-c/dev/null{target}".replace(" ", "") in said
 
 
 def test_export_to_stdout(cli: typer.Typer, stored) -> None:

@@ -201,7 +201,7 @@ def test_the_live_bar_counts_the_other_workers_cases_and_buckets() -> None:
     assert description.startswith("8 cases (2 workers)")
     # the table counts this worker only, and says so (a new-user trial read "table: this one's" as unclear)
     assert reporter._render(WorkerStats(cases=3)).renderables[1].caption.startswith("this table: this process's worker only")
-    assert "3 new buckets" in description
+    assert "3 new bucket(s)" in description
     alone = RichReporter(60.0, None)
     alone.on_case(PLANTED_CASE, [], WorkerStats(cases=3))
     assert alone.progress.tasks[0].description.startswith("3 cases, ")

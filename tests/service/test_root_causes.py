@@ -203,6 +203,8 @@ def test_report_lists_buckets_most_severe_first_with_their_groups(tmp_path) -> N
     # the severities and groups are explained above the buckets (a new-user trial found them unexplained)
     output = " ".join(text.output.split())
     assert "5 bucket(s), most severe first: wrong (all-zero" in output and "defect N:" in output
+    assert f"[bucket {ids['wrong-zero']}]" in output  # the id report --bucket and buckets show take
+    assert "[bucket ID]: for report --bucket ID" in output
     assert "no buckets" not in output
 
 
