@@ -20,8 +20,8 @@ def backends(
     """List every known backend: device, variants, versions, and why it is unavailable here.
 
     The opt-in backends (`fuzzer.registry.OPT_IN_MODULES`: the CPU context-parallel ring and its
-    planted variants, which exercise attnfuzz itself) are listed too, marked ``opt-in``: a fuzz
-    run takes them only when named with ``--backend``."""
+    planted variants, which exercise attnfuzz itself) are listed too, marked 'opt-in': a fuzz
+    run takes them only when named with --backend."""
     from fuzzer import registry
 
     specs = [b for b in (backend or []) if ":" in b]

@@ -85,7 +85,7 @@ def buckets_list(
     as_json: JsonOption = False,
 ) -> None:
     """Buckets matching every filter given: id, key, hits, triage state (and severity/group when
-    stored). A ``--backend``/``--variant`` the database never stored is an error listing the
+    stored). A --backend or --variant the database never stored is an error listing the
     stored names."""
     from sqlalchemy.orm import Session
 
@@ -226,7 +226,7 @@ def buckets_triage(
     as_json: JsonOption = False,
 ) -> None:
     """Change a bucket's triage fields (only the options given), with the rules of the API:
-    ``duplicate`` needs ``--duplicate-of`` another bucket, no cycles."""
+    the state 'duplicate' needs --duplicate-of another bucket, no cycles."""
     from sqlalchemy.orm import Session
 
     from service.errors import FieldValidationError

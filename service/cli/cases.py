@@ -143,7 +143,7 @@ def cases_add(
     paths: Annotated[list[str], typer.Argument(help="JSON files, each one AttentionCase.to_json() object.")],
     db: DbOption = None,
 ) -> None:
-    """Store cases from JSON files (origin ``corpus``). Every file is checked first: one bad file
+    """Store cases from JSON files (origin 'corpus'). Every file is checked first: one bad file
     (not JSON, an unknown field, a constraint violated) stores nothing and names the file and field."""
     from oracle.config import AttentionCase
     from service.db.store import SqlStore

@@ -212,9 +212,9 @@ def fuzz(
     Ctrl-C stops the run: what was stored so far is summarised (and where), unsaved results stay
     in the spool for the next run, and the exit code is 130.
 
-    A plugin given as ``--backend module:attr`` is imported with the current directory at the end
-    of ``sys.path`` (so ``--backend localk:LocalBackend`` finds ``./localk.py``, as ``python -m``
-    would), after the installed packages.
+    A plugin given as '--backend module:attr' is imported with the current directory at the end
+    of sys.path (so '--backend localk:LocalBackend' finds ./localk.py, as 'python -m' would),
+    after the installed packages.
     """
     started = time.monotonic()  # the budget counts from here: the start-up is part of the run
     from fuzzer.worker import Reporter, WorkerConfig

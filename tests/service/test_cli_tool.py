@@ -108,6 +108,19 @@ def test_help_declares_envvars_choices_and_exit_codes() -> None:
     assert "ATTNFUZZ_BUILDS_DIR" in help_of("builds", "list")
 
 
+def test_no_help_shows_the_docstrings_rest_markup() -> None:
+    """The commands' help is their docstrings: the reST double backticks of the code's docstrings
+    read as noise there (a new-user trial), so a command's docstring uses plain quotes."""
+    commands = [
+        ("fuzz",), ("report",), ("export",), ("serve",), ("backends",), ("buckets", "list"), ("buckets", "show"),
+        ("buckets", "triage"), ("cases", "list"), ("cases", "show"), ("cases", "add"), ("db", "upgrade"), ("db", "current"),
+    ]
+    for command in commands:
+        result = CliRunner().invoke(app, [*command, "--help"], env={"COLUMNS": "250"})
+        assert result.exit_code == 0, result.output
+        assert "``" not in result.output, command
+
+
 def test_device_and_isolation_are_usage_errors_naming_the_choices() -> None:
     for option, value in (("--device", "gpu"), ("--isolation", "thread")):
         result = _invoke("fuzz", option, value)
