@@ -419,16 +419,16 @@ def print_summary(stats: WorkerStats, url: str, *, interrupted: bool = False, st
     out.print(f"stored in {url}; see them with: {prog} report --db {url}  (dashboard: {prog} serve --db {url})", soft_wrap=True)
     if stats.new_buckets:
         # a new-user trial did not know which of a bucket's two case ids to export: name the
-        # minimised one of the first bucket that has one (the smaller case)
-        shrunk = dict(stats.minimised)
-        minimised = [shrunk[key].case.case_id for key in stats.new_buckets if key in shrunk]
-        if minimised:
+        # minimised one of the first bucket that has one (the smaller case), else a first case
+        # (shrunk and first_cases: the bucket list's above, under the same condition)
+        minimised = next((shrunk[key].case.case_id for key in stats.new_buckets if key in shrunk), None)
+        first = next((first_cases[key] for key in stats.new_buckets if key in first_cases), None)
+        if minimised is not None:
             out.print(escape(
                 f"a standalone pytest repro of a bucket's minimised case (the [case ...] on its second line), "
-                f"the first one's: {prog} export {minimised[0]} --db {url}"
+                f"the first one's: {prog} export {minimised} --db {url}"
             ), soft_wrap=True)
-        elif any(key in stats.first_cases for key in stats.new_buckets):
-            first = next(stats.first_cases[key] for key in stats.new_buckets if key in stats.first_cases)
+        elif first is not None:
             out.print(f"a standalone pytest repro of the first bucket's case: {prog} export {first} --db {url}", soft_wrap=True)
         else:
             out.print(f"a standalone pytest repro of a case: {prog} export CASE_ID --db {url}", soft_wrap=True)

@@ -11,6 +11,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from fuzzer.severity import WRONG_RATIO
 from oracle.errors import AttnFuzzError
 from service.cli.common import DbOption, fail, id_column, open_database, out, print_json
 
@@ -154,12 +155,13 @@ def print_report(data: dict) -> None:
 
 
 SEVERITY_LEGEND = (
-    "wrong (all-zero, non-finite, wrong shape or an error ratio of 10 or more), crash (died, hung or out of memory), "
-    "imprecise (error ratio 1 to 10), error (raised on a case it declared supported); the error ratio is the "
+    f"wrong (all-zero, non-finite, wrong shape or an error ratio of {WRONG_RATIO:g} or more), crash (died, hung or out "
+    f"of memory), imprecise (error ratio 1 to {WRONG_RATIO:g}), error (raised on a case it declared supported); the error ratio is the "
     "error over the error the dtype allows (above 1 fails); xN: N failing results; defect N: buckets that fail on "
     "the same minimised case, one root cause; [bucket ID]: for report --bucket ID and buckets show ID"
 )
-"""The severities' meaning, printed above the buckets (a new-user trial found them unexplained)."""
+"""The severities' meaning (`fuzzer.severity`, its bound ``WRONG_RATIO``), printed above the buckets (a
+new-user trial found them unexplained)."""
 
 
 def _defects(buckets: list[dict]) -> list[dict]:
