@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 from oracle.config import AttentionCase
+from oracle.design import Design
 from oracle.errors import AttnFuzzError
 
 if TYPE_CHECKING:
@@ -196,6 +197,11 @@ class Backend(abc.ABC):
         jit_compiled: the library compiles a kernel per configuration on first use (FA4's CuTe
             DSL): minimisation then keeps head dims fixed, and generation prefers head dims it
             has already run.
+        design: which intermediates the library's design holds in the case's dtype, with the
+            source of each claim (`oracle.design.Design`). A failure that a correct float32
+            emulation of that design shares is reported as the design's limit
+            (``<tensor>:limit``), not as ``wrong`` (`oracle.design.explain_failure`). None: the
+            backend declared nothing and is emulated as `oracle.design.UNDECLARED`.
     """
 
     name: ClassVar[str] = ""
@@ -207,6 +213,7 @@ class Backend(abc.ABC):
     capabilities: ClassVar[Capabilities] = Capabilities()
     masked_row_lse: ClassVar[float | None] = None
     jit_compiled: ClassVar[bool] = False
+    design: ClassVar[Design | None] = None
 
     # ------------------------------------------------------------------ discovery-time checks
     def availability(self) -> str | None:
