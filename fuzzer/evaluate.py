@@ -221,17 +221,56 @@ def judge_many(
         to_compare.append(i)
         given.append({"out": out.out, "lse": lse, "dq": out.dq, "dk": out.dk, "dv": out.dv})
     if to_compare:
-        for i, verdict in zip(to_compare, compare_outputs_batch(case, reference, given)):
+        for j, (i, verdict) in enumerate(zip(to_compare, compare_outputs_batch(case, reference, given))):
+            metrics: dict[str, Any] = {name: tv.to_json() for name, tv in verdict.tensors.items()}
+            signatures = tuple(verdict.signatures)
+            if not verdict.passed:
+                signatures, block = explain(case, reference, given[j], verdict, calls[i][1])
+                if block is not None:
+                    metrics[DESIGN_METRICS_KEY] = block
             results[i] = CaseResult(
                 status="pass" if verdict.passed else "fail",
-                signature=None if verdict.passed else verdict.primary_signature,
-                signatures=tuple(verdict.signatures),
-                metrics={name: tv.to_json() for name, tv in verdict.tensors.items()},
+                signature=None if verdict.passed else signatures[0],
+                signatures=signatures,
+                metrics=metrics,
                 error_ratio=storable_error_ratio(verdict.error_ratio),
                 selected_kernel=calls[i][0].output.selected_kernel,
                 **commons[i],
             )
     return results  # type: ignore[return-value]
+
+
+DESIGN_METRICS_KEY = "design"
+"""The key of a failing result's design explanation in ``CaseResult.metrics``
+(`oracle.emulate.Explanation.to_json`, or ``{"error": ...}`` when the explanation itself failed)."""
+
+
+def explain(
+    case: AttentionCase, reference: Any, given: dict[str, Any], verdict: Any, backend: Backend
+) -> tuple[tuple[str, ...], dict[str, Any] | None]:
+    """Tell a defect from the limit of ``backend``'s design for a failing verdict
+    (`oracle.emulate.explain_failure`; `oracle.design.UNDECLARED` for a backend that declares
+    none): ``(signatures, the metrics block)``; the block is None (and the verdict's signatures
+    stand) when ``reference`` keeps no inputs (a bare `oracle.reference.ReferenceResult`). The signatures are the verdict's, with each
+    tensor a correct kernel of the design fails the same way as ``<tensor>:limit`` (or
+    ``<tensor>:unjudgeable``) after the others. Never raises: a failure of the explanation (no
+    inputs kept with the reference, a bug of ours, a design object that is not a
+    `oracle.design.Design`) keeps the verdict's signatures and records the error."""
+    if getattr(reference, "inputs", None) is None:
+        return tuple(verdict.signatures), None
+    from oracle.design import UNDECLARED, Design
+    from oracle.emulate import explain_failure
+
+    try:
+        design = getattr(backend, "design", None)
+        if design is None:
+            design = UNDECLARED
+        if not isinstance(design, Design):
+            raise TypeError(f"design: {type(design).__name__} is not an oracle.design.Design")
+        explanation = explain_failure(case, reference, given, verdict, design)
+        return explanation.signatures, explanation.to_json()
+    except Exception as exc:  # the verdict stands; the evidence is kept
+        return tuple(verdict.signatures), {"error": f"{type(exc).__name__}: {exc}"[:500]}
 
 
 @dataclass

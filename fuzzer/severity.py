@@ -14,6 +14,10 @@ allowed error, > 1 fails; see `oracle.compare`). Most severe first:
                ``1 <= error_ratio < WRONG_RATIO``: outside the tolerance by less than 10x
 ``error``      the backend raised an exception on a case it declared supported
                (``error:<ExceptionType>``): loud, a capability-declaration gap
+``limit``      a correct kernel of the backend's design fails the same way (``<tensor>:limit``:
+               an intermediate the design holds in the dtype overflows or loses precision) or
+               the case is beyond any first-order bound of that design
+               (``<tensor>:unjudgeable``): no claim against the kernel (`oracle.emulate`)
 =============  ================================================================================
 
 The ratio bound 10 is issue 14's: a result off by ten times the allowed error of its dtype is not
@@ -24,15 +28,18 @@ from __future__ import annotations
 
 import math
 
-SEVERITIES = ("wrong", "crash", "imprecise", "error")
+SEVERITIES = ("wrong", "crash", "imprecise", "error", "limit")
 """Severities, most severe first."""
 SEVERITY_RANK = {name: len(SEVERITIES) - i for i, name in enumerate(SEVERITIES)}
-"""Larger is more severe: ``wrong`` 4, ``crash`` 3, ``imprecise`` 2, ``error`` 1."""
+"""Larger is more severe: ``wrong`` 5, ``crash`` 4, ``imprecise`` 3, ``error`` 2, ``limit`` 1."""
 WRONG_RATIO = 10.0
 RATIO_KINDS = frozenset({"mismatch", "tile_mismatch"})
 """Signature kinds that say only "the error is above the allowed error": judged by the ratio."""
 WRONG_KINDS = frozenset({"all_zero", "nan", "posinf", "neginf", "shape", "finite_on_masked"})
 CRASH_SIGNATURES = frozenset({"crash", "timeout", "oom"})
+LIMIT_KINDS = frozenset({"limit", "unjudgeable"})
+"""Signature kinds of a failure that a correct kernel of the backend's design shares
+(`oracle.emulate.LIMIT_KINDS`)."""
 
 
 def signature_kind(signature: str) -> str:
@@ -66,6 +73,8 @@ def severity(signature: str, error_ratio: float | None = None) -> str:
     kind = signature_kind(signature)
     if kind == "error":
         return "error"
+    if kind in LIMIT_KINDS:
+        return "limit"
     if signature in CRASH_SIGNATURES:
         return "crash"
     if kind in RATIO_KINDS:

@@ -366,7 +366,8 @@ def test_a_case_s_outcomes_are_judged_together_with_the_verdicts_of_judging_each
     with Evaluator(BACKENDS, isolation="none") as evaluator:
         found = evaluator.evaluate(BACKWARD)
         batches = list(calls)
-        ref = reference(BACKWARD, make_inputs(BACKWARD), backward=True)
+        inputs = make_inputs(BACKWARD)
+        ref = PreparedReference(BACKWARD, reference(BACKWARD, inputs, backward=True), inputs=inputs)  # as the evaluator keeps it
         alone = {}
         for (backend, _), name in zip(BACKENDS, ("standin-ok", "standin-zero")):
             for variant in backend.variants:
