@@ -18,6 +18,10 @@ Intermediates (`INTERMEDIATES`; every design also accumulates in float32 and rou
 ``probs``                ``P`` rounded to the dtype before ``P @ V`` and ``P^T @ dO``
 ``probs_for_ds``         ``P`` rounded to the dtype before ``dS = P * (dP - D)``
 ``dp``                   ``dP = dO v^T`` written in the dtype
+``delta_from_dp``        ``D = rowsum(P * dP)`` from the ``dP`` the backward holds (autograd's
+                         softmax backward, ``_softmax_backward_data``), not ``rowsum(dO * out)``
+                         (FlashAttention-2's): an infinite ``dP`` makes the whole row's ``dS``
+                         non-finite
 ``ds``                   ``dS`` rounded to the dtype before ``dS @ k`` and ``dS^T @ q``
 ``ds_scaled``            ``dS * softmax_scale`` rounded to the dtype instead
 ``ds_scaled_softcap``    ``dS * softmax_scale / softcap`` rounded to the dtype instead (softcap
@@ -46,6 +50,7 @@ INTERMEDIATES: dict[str, str] = {
     "probs": "P rounded to the dtype before P @ V and P^T @ dO",
     "probs_for_ds": "P rounded to the dtype before dS = P * (dP - D)",
     "dp": "dP = dO v^T written in the dtype",
+    "delta_from_dp": "D = rowsum(P * dP) from the dP the backward holds (autograd's softmax backward), not rowsum(dO * out)",
     "ds": "dS rounded to the dtype before the dq and dk GEMMs",
     "ds_scaled": "dS * softmax_scale rounded to the dtype before the dq and dk GEMMs",
     "ds_scaled_softcap": "dS * softmax_scale / softcap rounded to the dtype before the dq and dk GEMMs",
@@ -60,8 +65,8 @@ DS_ROUNDINGS = ("ds", "ds_scaled", "ds_scaled_softcap")
 REACHES: dict[str, tuple[str, ...]] = {
     "out": ("scores", "probs"),
     "lse": ("scores",),
-    "dq": ("scores", "probs", "probs_for_ds", "dp", *DS_ROUNDINGS, "pre_scale_grads"),
-    "dk": ("scores", "probs", "probs_for_ds", "dp", *DS_ROUNDINGS, "pre_scale_grads", "gqa_grads_per_head"),
+    "dq": ("scores", "probs", "probs_for_ds", "dp", "delta_from_dp", *DS_ROUNDINGS, "pre_scale_grads"),
+    "dk": ("scores", "probs", "probs_for_ds", "dp", "delta_from_dp", *DS_ROUNDINGS, "pre_scale_grads", "gqa_grads_per_head"),
     "dv": ("scores", "probs", "gqa_grads_per_head"),
 }
 
@@ -70,6 +75,7 @@ PHRASES: dict[str, str] = {
     "probs": "P",
     "probs_for_ds": "P before dS",
     "dp": "dP",
+    "delta_from_dp": "D = rowsum(P dP)",
     "ds": "dS",
     "ds_scaled": "dS*scale",
     "ds_scaled_softcap": "dS*scale/softcap",

@@ -159,7 +159,8 @@ def emulate(
     softmax(s)``, ``out = P V``, ``lse = max + log(sum)`` (``-inf`` and ``out = 0`` on a row that
     sees no key); ``dP = dO V^T``, ``D = rowsum(dO * out)`` (from the rounded out, as
     FlashAttention-2 does), ``dS = P (dP - D)`` (times ``1 - tanh^2`` with a softcap), ``dq =
-    softmax_scale dS k``, ``dk = softmax_scale dS^T q``, ``dv = P^T dO``; dk and dv of the query
+    softmax_scale dS k``, ``dk = softmax_scale dS^T q``, ``dv = P^T dO`` (``D = rowsum(P dP)``
+    with the claim ``delta_from_dp``); dk and dv of the query
     heads of one kv head summed (FlashAttention-2, arXiv:2307.08691, Algorithm 2).
 
     Args:
@@ -255,9 +256,12 @@ def emulate(
             do_blk = do[:, :, i0:i1]
             dp = torch.matmul(do_blk, vg[:, None].transpose(-1, -2))
             dp = rnd(dp, "dp")
-            d = (do_blk * o_r).sum(-1, keepdim=True)
             p_b = rnd(p, "probs_for_ds")
-            ds = p_b * (dp - d)
+            if "delta_from_dp" in claimed:
+                d = (p_b * dp).sum(-1, keepdim=True)
+            else:
+                d = (do_blk * o_r).sum(-1, keepdim=True)
+            ds = torch.where(visible, p_b * (dp - d), 0.0)  # a kernel computes no dS of a masked key
             if cap is not None:
                 ds = ds * (1 - t * t)
             x = rnd(ds * ds_factor, ds_name) if ds_name in claimed else ds * ds_factor
