@@ -56,7 +56,7 @@ from oracle.config import AttentionCase
 from oracle.design import DS_ROUNDINGS, PHRASES, REACHES, Design
 from oracle.masks import key_bounds
 
-DEFAULT_BLOCK_ENTRIES = {"cpu": 1 << 22, "cuda": 1 << 26}
+DEFAULT_BLOCK_ENTRIES = {"cpu": 1 << 22, "cuda": 1 << 25}
 """Score entries per query block of the emulation (its memory is a few times this, float32)."""
 
 FA_RULE_FACTOR = 2.0
@@ -449,12 +449,14 @@ def _mechanism(case: AttentionCase, tensor: str, design: Design, stats: dict[str
             return stats.get(f"{tensor}_per_head", IntermediateStats())
         return stats.get(name, IntermediateStats())
 
-    over = [(figures(n).max_abs, n) for n in reach if figures(n).max_abs > largest]
+    over = sorted(((figures(n).max_abs, n) for n in reach if figures(n).max_abs > largest), reverse=True)
     if over:
-        value, name = max(over)
-        what = f"per-head {tensor}" if name == "gqa_grads_per_head" else PHRASES[name]
-        where = " before the GQA sum" if name == "gqa_grads_per_head" else ""
-        return name, f"{what} up to {_fmt(value)} > {case.dtype} max {_fmt(largest)}{where}", False
+        parts = []
+        for value, name in over:
+            what = f"per-head {tensor}" if name == "gqa_grads_per_head" else PHRASES[name]
+            where = " before the GQA sum" if name == "gqa_grads_per_head" else ""
+            parts.append(f"{what} up to {_fmt(value)}{where}")
+        return over[0][1], f"{', '.join(parts)} > {case.dtype} max {_fmt(largest)}", False
     scores = figures("scores")
     if "scores" in reach and 2 * u * scores.max_abs >= 1.0:
         spacing = 2.0 ** math.floor(math.log2(scores.max_abs)) * 2 * u
