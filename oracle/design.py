@@ -31,6 +31,10 @@ Intermediates (`INTERMEDIATES`; every design also accumulates in float32 and rou
                          ``dk / softmax_scale`` must fit)
 ``gqa_grads_per_head``   ``dk`` and ``dv`` of each query head written in the dtype, then summed
                          over the GQA group
+``flush_to_zero``        the float32 ``P`` and ``dS`` below float32's smallest normal (2**-126)
+                         are zero (CUDA's ``-ftz=true`` under ``--use_fast_math``, x86 FTZ/DAZ, a
+                         vectorised ``exp`` that underflows to 0): a tile of keys a row barely
+                         attends loses all its digits
 =======================  ======================================================================
 
 Torch-free (a backend module declares its design at import time without loading torch).
@@ -56,6 +60,7 @@ INTERMEDIATES: dict[str, str] = {
     "ds_scaled_softcap": "dS * softmax_scale / softcap rounded to the dtype before the dq and dk GEMMs",
     "pre_scale_grads": "dq / softmax_scale and dk / softmax_scale written in the dtype before the scaling",
     "gqa_grads_per_head": "per-query-head dk and dv written in the dtype before the sum over the GQA group",
+    "flush_to_zero": "float32 P and dS below float32's smallest normal flushed to zero (CUDA -ftz=true, x86 FTZ/DAZ, a vectorised exp)",
 }
 """Intermediate name -> what holding it in the dtype means (the module docstring's table)."""
 
@@ -63,11 +68,12 @@ DS_ROUNDINGS = ("ds", "ds_scaled", "ds_scaled_softcap")
 
 #: Which intermediates can move which output tensor (a limit is named only from these).
 REACHES: dict[str, tuple[str, ...]] = {
-    "out": ("scores", "probs"),
+    "out": ("scores", "probs", "flush_to_zero"),
     "lse": ("scores",),
-    "dq": ("scores", "probs", "probs_for_ds", "dp", "delta_from_dp", *DS_ROUNDINGS, "pre_scale_grads"),
-    "dk": ("scores", "probs", "probs_for_ds", "dp", "delta_from_dp", *DS_ROUNDINGS, "pre_scale_grads", "gqa_grads_per_head"),
-    "dv": ("scores", "probs", "gqa_grads_per_head"),
+    "dq": ("scores", "probs", "probs_for_ds", "dp", "delta_from_dp", *DS_ROUNDINGS, "pre_scale_grads", "flush_to_zero"),
+    "dk": ("scores", "probs", "probs_for_ds", "dp", "delta_from_dp", *DS_ROUNDINGS, "pre_scale_grads", "gqa_grads_per_head",
+           "flush_to_zero"),
+    "dv": ("scores", "probs", "gqa_grads_per_head", "flush_to_zero"),
 }
 
 PHRASES: dict[str, str] = {
@@ -81,6 +87,7 @@ PHRASES: dict[str, str] = {
     "ds_scaled_softcap": "dS*scale/softcap",
     "pre_scale_grads": "dq/scale and dk/scale",
     "gqa_grads_per_head": "per-head dk and dv",
+    "flush_to_zero": "float32 P and dS",
 }
 """Short names of the intermediates for the mechanism's sentence."""
 

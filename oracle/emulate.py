@@ -56,6 +56,9 @@ from oracle.config import AttentionCase
 from oracle.design import DS_ROUNDINGS, PHRASES, REACHES, Design
 from oracle.masks import key_bounds
 
+FLOAT32_TINY = float(torch.finfo(torch.float32).tiny)
+"""float32's smallest normal, 2**-126: below it a flush-to-zero design's P and dS are 0."""
+
 DEFAULT_BLOCK_ENTRIES = {"cpu": 1 << 22, "cuda": 1 << 25}
 """Score entries per query block of the emulation (its memory is a few times this, float32)."""
 
@@ -246,6 +249,11 @@ def emulate(
             e = torch.exp(s - m_safe)
             total = e.sum(-1, keepdim=True)
             p = torch.where(total > 0, e / torch.where(total > 0, total, torch.ones_like(total)), torch.zeros_like(e))
+            if "flush_to_zero" in claimed:
+                if record:
+                    stats["flush_to_zero"].add(p, FLOAT32_TINY)
+                else:
+                    p = torch.where(p < FLOAT32_TINY, 0.0, p)
             lse_g[:, :, i0:i1] = torch.where(total[..., 0] > 0, (m_safe + torch.log(total))[..., 0], -math.inf)
             p_r = rnd(p, "probs")
             o = torch.matmul(p_r, vg[:, None])  # [Hkv, G, r, Dv]
@@ -262,6 +270,8 @@ def emulate(
             else:
                 d = (do_blk * o_r).sum(-1, keepdim=True)
             ds = torch.where(visible, p_b * (dp - d), 0.0)  # a kernel computes no dS of a masked key
+            if "flush_to_zero" in claimed and not record:
+                ds = torch.where(ds.abs() < FLOAT32_TINY, 0.0, ds)
             if cap is not None:
                 ds = ds * (1 - t * t)
             x = rnd(ds * ds_factor, ds_name) if ds_name in claimed else ds * ds_factor
@@ -465,6 +475,9 @@ def _mechanism(case: AttentionCase, tensor: str, design: Design, stats: dict[str
     sub = [(figures(n).below_normal_share, n) for n in reach if figures(n).below_normal]
     if sub:
         share, name = max(sub)
+        if name == "flush_to_zero":
+            return name, (f"float32 P below float32's smallest normal {_fmt(FLOAT32_TINY)} in {share:.2g} of its "
+                          "non-zero entries, flushed to zero"), False
         what = f"per-head {tensor}" if name == "gqa_grads_per_head" else PHRASES[name]
         return name, f"{what} below {case.dtype}'s smallest normal {_fmt(tiny)} in {share:.0%} of its non-zero entries", False
     if reach:
