@@ -12,6 +12,12 @@ from oracle.inputs import make_inputs
 from oracle.reference import ReferenceInputError, reference
 
 FLOAT64_CLOSE = dict(rtol=1e-10, atol=1e-12)
+# The error scales (a tolerance, not a verdict) compare looser: in float16 their underflow floor
+# max(|x|, 2**-14) keeps an entry that is exactly 0 at 0 (`oracle.reference.underflow_floor`), so
+# a dS that is 0 in one engine's float64 and 1e-17 in the other's (one visible key: dS = dP - D,
+# which cancels) moves a row's scale by the floor. Seen on the H200 on 2026-12-03 at 24321c7:
+# 3.6e-6 relative at one entry of fields3 and fields9, float16 with backward.
+SCALES_CLOSE = dict(rtol=1e-4, atol=1e-12)
 H100_MAX_DYNAMIC_SMEM_BYTES = 227 * 1024  # cudaDevAttrMaxSharedMemoryPerBlockOptin on sm_90
 
 CASES = [
@@ -104,7 +110,7 @@ def test_cuda_forward_matches_the_torch_path(fields, dtype, backward):
         torch.testing.assert_close(getattr(fast, name), getattr(plain, name), **FLOAT64_CLOSE)
     assert set(fast.error_scales) == set(plain.error_scales)
     for name, scale in plain.error_scales.items():
-        torch.testing.assert_close(fast.error_scales[name], scale, **FLOAT64_CLOSE)
+        torch.testing.assert_close(fast.error_scales[name], scale, **SCALES_CLOSE)
 
 
 @pytest.mark.gpu
