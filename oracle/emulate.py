@@ -56,6 +56,10 @@ from oracle.config import AttentionCase
 from oracle.design import DS_ROUNDINGS, PHRASES, REACHES, Design
 from oracle.masks import key_bounds
 
+SUBNORMAL_SHARE = 0.01
+"""The share of an intermediate's non-zero entries below the smallest normal from which the
+mechanism is named a precision loss in the subnormal range (else the rounding itself)."""
+
 FLOAT32_TINY = float(torch.finfo(torch.float32).tiny)
 """float32's smallest normal, 2**-126: below it a flush-to-zero design's P and dS are 0."""
 
@@ -446,13 +450,19 @@ def _fmt(x: float) -> str:
     return f"{x:.2g}".replace("e+0", "e").replace("e+", "e").replace("e-0", "e-")
 
 
-def _mechanism(case: AttentionCase, tensor: str, design: Design, stats: dict[str, IntermediateStats]) -> tuple[str | None, str, bool]:
+def _mechanism(
+    case: AttentionCase, tensor: str, design: Design, stats: dict[str, IntermediateStats], sufficient: list[str] | None = None
+) -> tuple[str | None, str, bool]:
     """``(intermediate, sentence, beyond first order)`` naming why ``tensor`` of a correct kernel
-    of ``design`` fails on this case, from the float64 magnitudes."""
+    of ``design`` fails on this case, from the float64 magnitudes; among ``sufficient`` (the
+    claims whose rounding alone makes the emulation fail the tensor, `explain_failure`) when
+    some are."""
     dtype = getattr(torch, case.dtype)
     info = torch.finfo(dtype)
     largest, tiny, u = float(info.max), float(info.tiny), float(info.eps) / 2
     reach = [n for n in REACHES.get(tensor, ()) if n in design.holds]
+    if sufficient:
+        reach = [n for n in reach if n in sufficient]
 
     def figures(name: str) -> IntermediateStats:
         if name == "gqa_grads_per_head" and tensor in ("dk", "dv"):
@@ -472,7 +482,7 @@ def _mechanism(case: AttentionCase, tensor: str, design: Design, stats: dict[str
         spacing = 2.0 ** math.floor(math.log2(scores.max_abs)) * 2 * u
         return "scores", (f"{case.dtype} scores up to {_fmt(scores.max_abs)}: spacing {_fmt(spacing)} nat there, "
                           "beyond any first-order error bound"), True
-    sub = [(figures(n).below_normal_share, n) for n in reach if figures(n).below_normal]
+    sub = [(figures(n).below_normal_share, n) for n in reach if figures(n).below_normal_share >= SUBNORMAL_SHARE]
     if sub:
         share, name = max(sub)
         if name == "flush_to_zero":
@@ -483,7 +493,8 @@ def _mechanism(case: AttentionCase, tensor: str, design: Design, stats: dict[str
     if reach:
         value, name = max((figures(n).max_abs * u, n) for n in reach)
         what = f"per-head {tensor}" if name == "gqa_grads_per_head" else PHRASES[name]
-        return name, f"rounding of {what} to {case.dtype} (up to {_fmt(figures(name).max_abs)}, spacing {_fmt(2 * value)})", False
+        unit = " nat" if name == "scores" else ""
+        return name, f"rounding of {what} to {case.dtype} (up to {_fmt(figures(name).max_abs)}, spacing {_fmt(2 * value)}{unit} there)", False
     return None, f"the {case.dtype} rounding of the design's outputs", False
 
 
@@ -498,6 +509,30 @@ def _emulation_json(verdict: Any) -> dict[str, Any]:
                         "nan_count": t.nan_count, "posinf_count": t.posinf_count, "neginf_count": t.neginf_count}
                     for n, t in verdict.tensors.items()},
     }
+
+
+def _sufficient_claims(case: AttentionCase, prepared_reference: Any, inputs: Any, design: Design, tensor: str, cache: dict) -> list[str]:
+    """The claims of ``design`` that reach ``tensor`` and whose rounding alone (every other step in
+    float32) makes the emulation fail ``tensor`` on this case: the mechanism's candidates. Each
+    single-claim emulation is run once per case (cached); none when one claim reaches the tensor."""
+    from oracle.compare import compare_outputs
+
+    reach = [c for c in design.claims if c.intermediate in REACHES.get(tensor, ())]
+    if len(reach) < 2:
+        return [c.intermediate for c in reach]
+    found = []
+    for claim in reach:
+        key = ("single", claim.intermediate, case.dtype)
+        if key not in cache:
+            single = Design(f"{design.name}/{claim.intermediate}", (claim,))
+            emu = emulate(case, inputs, single, backward=tensor in ("dq", "dk", "dv"))
+            names = ("out", "dq", "dk", "dv") if tensor != "lse" else ("out", "lse")
+            given = {n: t for n, t in emu.tensors().items() if n in names and t is not None}
+            cache[key] = compare_outputs(case, prepared_reference, **given)
+        verdict = cache[key].tensors.get(tensor)
+        if verdict is not None and not verdict.passed:
+            found.append(claim.intermediate)
+    return found
 
 
 def emulation_cache(prepared_reference: Any) -> dict:
@@ -574,7 +609,8 @@ def explain_failure(
         intermediates = {n: s.to_json() for n, s in stats.items()}
         sentences = []
         for name in explained:
-            mech, sentence, beyond = _mechanism(case, name, design, stats)
+            sufficient = _sufficient_claims(case, prepared_reference, inputs, design, name, cache)
+            mech, sentence, beyond = _mechanism(case, name, design, stats, sufficient)
             if beyond:
                 explained[name] = "unjudgeable"
             if mechanism is None:
