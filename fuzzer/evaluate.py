@@ -225,7 +225,7 @@ def judge_many(
             metrics: dict[str, Any] = {name: tv.to_json() for name, tv in verdict.tensors.items()}
             signatures = tuple(verdict.signatures)
             if not verdict.passed:
-                signatures, block = explain(case, reference, given[j], verdict, calls[i][1])
+                signatures, block = explain(case, reference, given[j], verdict, calls[i][1], ablate=phase != "fuzz")
                 if block is not None:
                     metrics[DESIGN_METRICS_KEY] = block
             results[i] = CaseResult(
@@ -246,7 +246,7 @@ DESIGN_METRICS_KEY = "design"
 
 
 def explain(
-    case: AttentionCase, reference: Any, given: dict[str, Any], verdict: Any, backend: Backend
+    case: AttentionCase, reference: Any, given: dict[str, Any], verdict: Any, backend: Backend, *, ablate: bool = True
 ) -> tuple[tuple[str, ...], dict[str, Any] | None]:
     """Tell a defect from the limit of ``backend``'s design for a failing verdict
     (`oracle.emulate.explain_failure`; `oracle.design.UNDECLARED` for a backend that declares
@@ -255,7 +255,10 @@ def explain(
     tensor a correct kernel of the design fails the same way as ``<tensor>:limit`` (or
     ``<tensor>:unjudgeable``) after the others. Never raises: a failure of the explanation (no
     inputs kept with the reference, a bug of ours, a design object that is not a
-    `oracle.design.Design`) keeps the verdict's signatures and records the error."""
+    `oracle.design.Design`) keeps the verdict's signatures and records the error. ``ablate``:
+    name the mechanism by single-claim emulations (`oracle.emulate.explain_failure`); the fuzz
+    phase leaves it to the confirmation of a minimised case (``judge_many`` passes ``phase !=
+    "fuzz"``), the verdict is the same either way."""
     if getattr(reference, "inputs", None) is None:
         return tuple(verdict.signatures), None
     from oracle.design import UNDECLARED, Design
@@ -267,7 +270,7 @@ def explain(
             design = UNDECLARED
         if not isinstance(design, Design):
             raise TypeError(f"design: {type(design).__name__} is not an oracle.design.Design")
-        explanation = explain_failure(case, reference, given, verdict, design)
+        explanation = explain_failure(case, reference, given, verdict, design, ablate=ablate)
         return explanation.signatures, explanation.to_json()
     except Exception as exc:  # the verdict stands; the evidence is kept
         return tuple(verdict.signatures), {"error": f"{type(exc).__name__}: {exc}"[:500]}

@@ -461,13 +461,18 @@ def _mechanism(
     info = torch.finfo(dtype)
     largest, tiny, u = float(info.max), float(info.tiny), float(info.eps) / 2
     reach = [n for n in REACHES.get(tensor, ()) if n in design.holds]
-    if sufficient:
-        reach = [n for n in reach if n in sufficient]
 
     def figures(name: str) -> IntermediateStats:
         if name == "gqa_grads_per_head" and tensor in ("dk", "dv"):
             return stats.get(f"{tensor}_per_head", IntermediateStats())
         return stats.get(name, IntermediateStats())
+
+    # beyond any first-order bound: decided on every claim that reaches the tensor, so that the
+    # signature (limit or unjudgeable) does not depend on whether the mechanism was ablated
+    scores = figures("scores")
+    beyond = "scores" in reach and 2 * u * scores.max_abs >= 1.0
+    if sufficient:
+        reach = [n for n in reach if n in sufficient] or reach
 
     over = sorted(((figures(n).max_abs, n) for n in reach if figures(n).max_abs > largest), reverse=True)
     if over:
@@ -476,9 +481,8 @@ def _mechanism(
             what = f"per-head {tensor}" if name == "gqa_grads_per_head" else PHRASES[name]
             where = " before the GQA sum" if name == "gqa_grads_per_head" else ""
             parts.append(f"{what} up to {_fmt(value)}{where}")
-        return over[0][1], f"{', '.join(parts)} > {case.dtype} max {_fmt(largest)}", False
-    scores = figures("scores")
-    if "scores" in reach and 2 * u * scores.max_abs >= 1.0:
+        return over[0][1], f"{', '.join(parts)} > {case.dtype} max {_fmt(largest)}", beyond
+    if beyond:
         spacing = 2.0 ** math.floor(math.log2(scores.max_abs)) * 2 * u
         return "scores", (f"{case.dtype} scores up to {_fmt(scores.max_abs)}: spacing {_fmt(spacing)} nat there, "
                           "beyond any first-order error bound"), True
@@ -487,7 +491,7 @@ def _mechanism(
         share, name = max(sub)
         if name == "flush_to_zero":
             return name, (f"float32 P below float32's smallest normal {_fmt(FLOAT32_TINY)} in {share:.2g} of its "
-                          "non-zero entries, flushed to zero"), False
+                          "non-zero entries, flushed to zero"), beyond
         what = f"per-head {tensor}" if name == "gqa_grads_per_head" else PHRASES[name]
         return name, f"{what} below {case.dtype}'s smallest normal {_fmt(tiny)} in {share:.0%} of its non-zero entries", False
     if reach:
@@ -552,6 +556,8 @@ def explain_failure(
     verdict: Any,
     design: Design,
     inputs: Any = None,
+    *,
+    ablate: bool = True,
 ) -> Explanation:
     """Tell a defect from the limit of ``design`` for a failing kernel result.
 
@@ -563,6 +569,9 @@ def explain_failure(
         verdict: the kernel's failing `oracle.compare.Verdict`.
         design: the backend's design.
         inputs: the case's `oracle.inputs.AttentionInputs` (default: the prepared reference's).
+        ablate: name the mechanism among the claims whose rounding alone makes the emulation
+            fail the tensor (one more emulation per claim that reaches it); else from the float64
+            magnitudes of every claim alone.
 
     Returns:
         `Explanation`. The emulation and its verdict are computed once per case and design
@@ -609,7 +618,7 @@ def explain_failure(
         intermediates = {n: s.to_json() for n, s in stats.items()}
         sentences = []
         for name in explained:
-            sufficient = _sufficient_claims(case, prepared_reference, inputs, design, name, cache)
+            sufficient = _sufficient_claims(case, prepared_reference, inputs, design, name, cache) if ablate else None
             mech, sentence, beyond = _mechanism(case, name, design, stats, sufficient)
             if beyond:
                 explained[name] = "unjudgeable"
