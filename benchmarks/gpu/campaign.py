@@ -34,7 +34,7 @@ call ends, goes back 30 s after a call ends and after 30 minutes held, runs one 
   background;
 * ``device start CAMPAIGN...`` copies the tree to a stable folder (``~/attnfuzz-run/tree``; the
   runs go to ``~/attnfuzz-run/<date>-<commit>-<name>/``) and starts the campaigns there one after
-  the other in a process of its own session (``setsid``), which waits for the install first;
+  the other in a process detached with ``setsid``, which waits for the install first;
 * ``device collect --wait S`` waits until they are done or S seconds pass.
 
 Every device command checkpoints into ``$OUT``: ``status.json``, ``results.tgz`` (every run's folder
@@ -851,7 +851,7 @@ def start(
 
 @device_app.command("run-queue", hidden=True)
 def run_queue() -> None:
-    """Run the queued campaigns (started by `device start` in a session of its own)."""
+    """Run the queued campaigns (started by `device start`, detached with setsid)."""
     root = run_root()
     tree = root / "tree"
     status = read_json(root / "status.json", {})
