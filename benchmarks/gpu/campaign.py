@@ -661,10 +661,15 @@ def print_status(root: Path) -> bool:
     if alive and current:
         typer.echo(f"now: {current.get('run', '')} {current['step']}, {now() - current['started_at']:.0f} s of "
                    f"about {current['expected_s']:.0f} s")
-    done = bool(status.get("queue")) and not alive
-    typer.echo("all campaigns done" if done else "still running: call device collect again" if alive
-               else "no campaign started (device start)")
-    return done or not status.get("queue")
+    if alive:
+        typer.echo("still running: call device collect again")
+    elif not status.get("queue"):
+        typer.echo("no campaign started (device start)")
+    elif not status.get("ended_at"):
+        typer.echo(f"the runner stopped before the end: {root / 'runner.log'}")
+    else:
+        typer.echo("all campaigns done")
+    return not alive
 
 
 # ----------------------------------------------------------------------------- commands: here
