@@ -186,3 +186,46 @@ def test_a_campaign_runs_in_the_background_is_collected_and_lands_here(tmp_path)
     assert manifest["host"]["versions"]["torch"] and "fuzz" in manifest["wall_s"]
     assert (tmp_path / "results" / run / "summary.md").read_text().startswith(f"# {run}")
     assert (tmp_path / "keep" / run / "report.txt").stat().st_size > 0
+
+
+FAKE_STAGE = '''"""A stand-in for gpu_stage.py: receive copies the part, install (2 s) puts a module into the site."""
+import os, shutil, sys, time
+if sys.argv[1] == "receive":
+    os.makedirs(os.environ["FAKE_STAGE_DIR"], exist_ok=True)
+    shutil.copy(os.path.join(sys.argv[2], "part001"), os.environ["FAKE_STAGE_DIR"])
+elif sys.argv[1] == "install":
+    time.sleep(2)
+    os.makedirs(os.environ["ATTNFUZZ_GPU_SITE"])
+    open(os.path.join(os.environ["ATTNFUZZ_GPU_SITE"], "staged_marker.py"), "w").write("OK = 'staged'\\n")
+'''
+
+
+def test_the_last_part_starts_the_install_and_a_staged_campaign_waits_for_it(tmp_path):
+    part = tmp_path / "wheels" / "p1"
+    part.mkdir(parents=True)
+    (part / "gpu_stage.py").write_text(FAKE_STAGE)
+    (part / "part001").write_bytes(b"x" * 1000)
+    toml = tmp_path / "staged-check.toml"
+    toml.write_text('stage = true\n[[steps]]\nname = "marker"\n'
+                    "run = \"python3 -c 'import staged_marker; print(staged_marker.OK)'\"\n"
+                    'expected_s = 5\nstdout = "marker.txt"\n')
+    env = {**os.environ, "ATTNFUZZ_RUN_ROOT": str(tmp_path / "host"), "ATTNFUZZ_GPU_SITE": str(tmp_path / "site"),
+           "ATTNFUZZ_GPU_SITE_LINK": str(tmp_path / "gpu" / "site-packages"), "FAKE_STAGE_DIR": str(tmp_path / "stage"),
+           "OUT": str(tmp_path / "out")}
+
+    def device(*args):
+        done = subprocess.run([sys.executable, str(SCRIPT), "device", *args], cwd=ROOT, capture_output=True,
+                              text=True, env=env, timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout
+
+    assert "install started in the background" in device("stage-part", "1", "--install", "--dest", str(tmp_path / "wheels"))
+    assert (tmp_path / "stage" / "part001").exists()
+    device("start", str(toml), "--commit", "abc1234")  # before the install has ended
+    assert "all campaigns done" in device("collect", "--wait", "120")
+    host = tmp_path / "host"
+    run = next(p for p in host.iterdir() if p.name.endswith("-abc1234-staged-check"))
+    assert (run / "marker.txt").read_text().strip() == "staged"  # the staged site was on PYTHONPATH, through the link
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["stage"]["install"]["rc"] == "0" and manifest["stage"]["parts"]["1"]["rc"] == 0
+    assert manifest["wall_s"]["install_wait"] >= 0 and "staging" in manifest["wall_s"]

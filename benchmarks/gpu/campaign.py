@@ -88,10 +88,11 @@ PART_MB = 52  # a part and the tree together stay under 64 MiB
 OUT_FILES = 8
 OUT_FILE_BYTES = 16 * 2**20
 LOG_TAIL_BYTES = 2 * 2**20  # a longer file travels back as its last 2 MiB
-STAGE_SITE = Path("/tmp/gpu-site")  # where gpu_stage.py install unpacks the stack
+# where gpu_stage.py install unpacks the stack (ATTNFUZZ_GPU_SITE: elsewhere, for tests)
+STAGE_SITE = Path(os.environ.get("ATTNFUZZ_GPU_SITE") or "/tmp/gpu-site")
 # imported through a path named site-packages, as pip's install puts them (Hypothesis then does not
 # read the staged libraries' sources for constants: 4% of a worker's samples on 2026-12-02)
-SITE_LINK = Path("/tmp/gpu/site-packages")
+SITE_LINK = Path(os.environ.get("ATTNFUZZ_GPU_SITE_LINK") or "/tmp/gpu/site-packages")
 FRESH_CACHES = ("~/.cache/attnfuzz/fa4-jit", "~/.cache/torch/inductor", "/tmp/torchinductor_*",
                 "/tmp/attnfuzz-children-*")
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
