@@ -29,7 +29,7 @@ wrote:
   ``first_seen`` minus the worker's ``started_at``, seconds).
 
 Timings are only compared with each other inside one invocation (ratios side by side), never with
-fixed numbers. ``--device cuda`` runs the same on a GPU host (the lead's H200 sessions).
+fixed numbers. ``--device cuda`` runs the same on a GPU host.
 """
 
 from __future__ import annotations

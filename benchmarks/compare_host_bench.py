@@ -17,7 +17,7 @@ preparation and judging (`oracle.compare.PreparedReference`, `compare_outputs_ba
 * on CUDA also ``device``: the reference left on the GPU (where the worker judges a GPU case), and
   ``to host``: `oracle.reference.ReferenceResult.to_host` then the host.
 
-On the H200 (2026-12-02, `benchmarks/gpu/results-2026-12-02-s14/compare_host_bench.txt`, beside TE's
+On the H200 (2026-12-02, `git show 68bfc04:benchmarks/gpu/results-2026-12-02-s14/compare_host_bench.txt`, beside TE's
 extension build; that run's ``host`` column timed the transfer too, as ``to host`` does) the host
 won only for references up to about 32K entries (6.5 against 8.5 ms a case of 20 outputs up to 8K) and lost above 128K (47.9 against 30.9 ms); a 600 s campaign that
 judged every case up to 128K entries on the host spent more on the comparison than the one before

@@ -1,7 +1,7 @@
 """Build the STAND-IN database the tests of the issue report use (CPU only, no GPU). docs/example-issue-report.md itself now comes from the H200 campaign database of 2026-12-01 (see its first line).
 
 The seed's bucket, FA4 ``te_style`` ``out:all_zero``, as the real store records it: the build
-fingerprint of the H200 sessions (labelled stand-in in ``device_name``), the first case and the
+fingerprint of the H200 runs (labelled stand-in in ``device_name``), the first case and the
 minimised case (b1 sq1 sk1 h1 d128 bf16 causal, forward, as minimised on the H200 in
 docs/gpu-campaigns.md), and on the minimised case the results of FA4's other variants and of TE
 and SDPA. Every figure is real: the kernels' outputs are stood in for on the CPU (FA4 after

@@ -7,7 +7,8 @@ and takes a screenshot of the overview. The screenshot is kept at ``docs/dashboa
 and rewritten only when it differs meaningfully from the one there (`is_meaningful_change`), so
 re-runs do not churn the binary.
 
-Skips only when chromium or chromedriver is missing (``.ci/run`` installs both).
+Skips when chromium or chromedriver is missing (``.ci/run`` installs both), or when the web stack does
+not import (an optional dependency missing).
 """
 
 from __future__ import annotations
@@ -23,19 +24,28 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
-import httpx
 import pytest
-import uvicorn
-from sqlalchemy import update
 
 from fuzzer.results import BuildFingerprint, CaseResult
 from oracle.config import AttentionCase
-from service.db import migrations
-from service.api.app import create_app
-from service.db.engine import make_engine
-from service.db.models import Result, Worker, utcnow
-from service.settings import Settings
-from service.db.store import SqlStore
+
+try:
+    import httpx
+    import uvicorn
+    from sqlalchemy import update
+
+    from service.db import migrations
+    from service.api.app import create_app
+    from service.db.engine import make_engine
+    from service.db.models import Result, Worker, utcnow
+    from service.settings import Settings
+    from service.db.store import SqlStore
+except ImportError as exc:
+    # an optional part of the web stack is missing (FastAPI 0.165's telemetry module imports
+    # opentelemetry, which a GPU host's staged packages may lack): skip, unless CI requires it
+    if os.environ.get("ATTNFUZZ_TEST_BROWSER_REQUIRED"):
+        raise
+    pytest.skip(f"the dashboard's web stack does not import here: {exc}", allow_module_level=True)
 
 ROOT = Path(__file__).resolve().parents[2]
 SCREENSHOT = ROOT / "docs" / "dashboard-overview.png"
