@@ -14,7 +14,7 @@ Intermediates (`INTERMEDIATES`; every design also accumulates in float32 and rou
 =======================  ======================================================================
 ``scores``               ``S = softmax_scale * q k^T`` written in the dtype before the softmax
                          (a GEMM with ``alpha = softmax_scale`` and a dtype output, e.g.
-                         ``torch.baddbmm``)
+                         ``torch.baddbmm``); with a softcap the capped scores too
 ``probs``                ``P`` rounded to the dtype before ``P @ V`` and ``P^T @ dO``
 ``probs_for_ds``         ``P`` rounded to the dtype before ``dS = P * (dP - D)``
 ``dp``                   ``dP = dO v^T`` written in the dtype
@@ -25,7 +25,7 @@ Intermediates (`INTERMEDIATES`; every design also accumulates in float32 and rou
 ``ds``                   ``dS`` rounded to the dtype before ``dS @ k`` and ``dS^T @ q``
 ``ds_scaled``            ``dS * softmax_scale`` rounded to the dtype instead
 ``ds_scaled_softcap``    ``dS * softmax_scale / softcap`` rounded to the dtype instead (softcap
-                         cases; ``ds_scaled`` otherwise)
+                         cases; the plain ``dS`` otherwise, as FlashAttention 2 does)
 ``pre_scale_grads``      the GEMM results ``dS @ k`` and ``dS^T @ q`` written in the dtype before
                          the multiplication by ``softmax_scale`` (so ``dq / softmax_scale`` and
                          ``dk / softmax_scale`` must fit)
@@ -50,14 +50,14 @@ from typing import Any
 from oracle.errors import AttnFuzzError
 
 INTERMEDIATES: dict[str, str] = {
-    "scores": "scores (softmax_scale * q k^T) written in the dtype before the softmax",
+    "scores": "scores (softmax_scale * q k^T, and the capped scores with a softcap) written in the dtype before the softmax",
     "probs": "P rounded to the dtype before P @ V and P^T @ dO",
     "probs_for_ds": "P rounded to the dtype before dS = P * (dP - D)",
     "dp": "dP = dO v^T written in the dtype",
     "delta_from_dp": "D = rowsum(P * dP) from the dP the backward holds (autograd's softmax backward), not rowsum(dO * out)",
     "ds": "dS rounded to the dtype before the dq and dk GEMMs",
     "ds_scaled": "dS * softmax_scale rounded to the dtype before the dq and dk GEMMs",
-    "ds_scaled_softcap": "dS * softmax_scale / softcap rounded to the dtype before the dq and dk GEMMs",
+    "ds_scaled_softcap": "dS * softmax_scale / softcap (softcap cases; dS otherwise) rounded to the dtype before the dq and dk GEMMs",
     "pre_scale_grads": "dq / softmax_scale and dk / softmax_scale written in the dtype before the scaling",
     "gqa_grads_per_head": "per-query-head dk and dv written in the dtype before the sum over the GQA group",
     "flush_to_zero": "float32 P and dS below float32's smallest normal flushed to zero (CUDA -ftz=true, x86 FTZ/DAZ, a vectorised exp)",

@@ -162,12 +162,12 @@ def emulate(
     design holds them there (none with ``record``), outputs rounded to the dtype.
 
     Formulas (`oracle.reference`'s): ``s = softmax_scale * q k^T``, with a softcap ``s = softcap *
-    tanh(s / softcap)``, masked after the softcap (`oracle.masks.key_bounds`); ``P =
-    softmax(s)``, ``out = P V``, ``lse = max + log(sum)`` (``-inf`` and ``out = 0`` on a row that
-    sees no key); ``dP = dO V^T``, ``D = rowsum(dO * out)`` (from the rounded out, as
-    FlashAttention-2 does), ``dS = P (dP - D)`` (times ``1 - tanh^2`` with a softcap), ``dq =
-    softmax_scale dS k``, ``dk = softmax_scale dS^T q``, ``dv = P^T dO`` (``D = rowsum(P dP)``
-    with the claim ``delta_from_dp``); dk and dv of the query
+    tanh(s / softcap)`` (rounded to the dtype again when the design holds ``scores``), masked after
+    the softcap (`oracle.masks.key_bounds`); ``P = softmax(s)``, ``out = P V``, ``lse = max +
+    log(sum)`` (``-inf`` and ``out = 0`` on a row that sees no key); ``dP = dO V^T``, ``D =
+    rowsum(dO * out)`` (from the rounded out, as FlashAttention-2 does), ``dS = P (dP - D)`` (times
+    ``1 - tanh^2`` with a softcap), ``dq = softmax_scale dS k``, ``dk = softmax_scale dS^T q``, ``dv
+    = P^T dO`` (``D = rowsum(P dP)`` with the claim ``delta_from_dp``); dk and dv of the query
     heads of one kv head summed (FlashAttention-2, arXiv:2307.08691, Algorithm 2).
 
     Args:
@@ -209,9 +209,8 @@ def emulate(
     scale = case.softmax_scale
     cap = case.softcap
     ds_name = next((n for n in DS_ROUNDINGS if n in claimed), "ds")
-    if ds_name == "ds_scaled_softcap" and cap is None:
-        ds_name = "ds_scaled"
-    ds_factor = {"ds": 1.0, "ds_scaled": scale, "ds_scaled_softcap": scale / cap if cap else scale}[ds_name]
+    # ds_scaled_softcap without a softcap rounds the plain dS, as FlashAttention 2 does (oracle.design)
+    ds_factor = {"ds": 1.0, "ds_scaled": scale, "ds_scaled_softcap": scale / cap if cap else 1.0}[ds_name]
     rest = scale / ds_factor  # what the GEMM results x @ k and x^T @ q are multiplied by
 
     out_all = torch.zeros(inputs.q.shape[:-1] + (case.head_dim_v,), dtype=work, device=device)
@@ -247,6 +246,8 @@ def emulate(
             if cap is not None:
                 t = torch.tanh(s / cap)
                 s = cap * t
+                if "scores" in holds:  # the capped scores are written in the dtype too
+                    s = s.to(dtype).to(work)
             s = s.masked_fill(~visible, -math.inf)
             m = s.amax(-1, keepdim=True)
             m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
@@ -462,6 +463,11 @@ def _mechanism(
     largest, tiny, u = float(info.max), float(info.tiny), float(info.eps) / 2
     reach = [n for n in REACHES.get(tensor, ()) if n in design.holds]
 
+    def phrase(name: str) -> str:
+        if name == "ds_scaled_softcap" and case.softcap is None:
+            return PHRASES["ds"]  # the plain dS without a softcap
+        return PHRASES[name]
+
     def figures(name: str) -> IntermediateStats:
         if name == "gqa_grads_per_head" and tensor in ("dk", "dv"):
             return stats.get(f"{tensor}_per_head", IntermediateStats())
@@ -478,7 +484,7 @@ def _mechanism(
     if over:
         parts = []
         for value, name in over:
-            what = f"per-head {tensor}" if name == "gqa_grads_per_head" else PHRASES[name]
+            what = f"per-head {tensor}" if name == "gqa_grads_per_head" else phrase(name)
             where = " before the GQA sum" if name == "gqa_grads_per_head" else ""
             parts.append(f"{what} up to {_fmt(value)}{where}")
         return over[0][1], f"{', '.join(parts)} > {case.dtype} max {_fmt(largest)}", beyond
@@ -492,11 +498,11 @@ def _mechanism(
         if name == "flush_to_zero":
             return name, (f"float32 P below float32's smallest normal {_fmt(FLOAT32_TINY)} in {share:.2g} of its "
                           "non-zero entries, flushed to zero"), beyond
-        what = f"per-head {tensor}" if name == "gqa_grads_per_head" else PHRASES[name]
+        what = f"per-head {tensor}" if name == "gqa_grads_per_head" else phrase(name)
         return name, f"{what} below {case.dtype}'s smallest normal {_fmt(tiny)} in {share:.0%} of its non-zero entries", False
     if reach:
         value, name = max((figures(n).max_abs * u, n) for n in reach)
-        what = f"per-head {tensor}" if name == "gqa_grads_per_head" else PHRASES[name]
+        what = f"per-head {tensor}" if name == "gqa_grads_per_head" else phrase(name)
         unit = " nat" if name == "scores" else ""
         return name, f"rounding of {what} to {case.dtype} (up to {_fmt(figures(name).max_abs)}, spacing {_fmt(2 * value)}{unit} there)", False
     return None, f"the {case.dtype} rounding of the design's outputs", False

@@ -12,6 +12,9 @@ Nothing here names a library's own sentinels: those stay in the adapter that own
 * `CompileTimer`: a kernel key's first call timed against its second (``compile_ms``).
 * `fa_repro_source`: the ``call_backend`` of an exported repro for a FlashAttention-style API
   (``flash_attn_func`` / ``flash_attn_varlen_func``), shared by FA4 and FA2.
+* `FA2_DESIGN`, `FA4_DESIGN`, `CUDNN_DESIGN`: the designs (`oracle.design.Design`) of the kernels
+  two adapters call each (fa2 and te-fa2, fa4 and te-fa4, torch-sdpa-cudnn and te-fused); the
+  reference table is ``docs/design-limits.md``.
 """
 
 from __future__ import annotations
@@ -24,6 +27,116 @@ from typing import Any, Callable
 
 from fuzzer.backends.base import UnsupportedCaseError
 from oracle.config import AttentionCase
+from oracle.design import Claim, Design
+
+# ---------------------------------------------------------------------------- designs
+_FA2 = "flash-attention v2.8.3 csrc/flash_attn"
+FA2_DESIGN = Design(
+    "flash-attn-2",
+    (
+        Claim(
+            "probs",
+            f"{_FA2}/src/flash_fwd_kernel.h:346-347 (forward), {_FA2}/src/flash_bwd_kernel.h:546-548 (backward)",
+            "P converted to the input dtype (convert_type<Element>(acc_s)) for the P @ V and P^T @ dO GEMMs; "
+            "dS = P (dP - D) takes P from the float32 scores (flash_bwd_kernel.h:589)",
+        ),
+        Claim(
+            "ds_scaled_softcap",
+            f"{_FA2}/src/flash_bwd_kernel.h:586-591 and 620-622; {_FA2}/flash_api.cpp:112-119 (set_params_fprop); "
+            f"{_FA2}/src/utils.h:404-409 (calculate_dtanh)",
+            "dS converted to the input dtype for the dq and dk GEMMs, with a softcap times dtanh = (1 - tanh^2) * "
+            "softmax_scale / softcap; the GEMM results are multiplied by scale_softmax_rp_dropout afterwards "
+            "(flash_bwd_kernel.h:680, 731): softmax_scale without a softcap, softcap with one",
+        ),
+        Claim(
+            "gqa_grads_per_head",
+            f"{_FA2}/flash_api.cpp:897-903 and 966-967 (mha_bwd), 1120-1126 and 1195-1196 (mha_varlen_bwd)",
+            "dk_expanded and dv_expanded hold every query head's dk and dv in the input dtype, then at::sum_out over "
+            "the GQA group",
+        ),
+        Claim(
+            "flush_to_zero",
+            "flash-attention v2.8.3 setup.py:208 (nvcc --use_fast_math, which implies -ftz=true); "
+            f"{_FA2}/src/softmax.h:86-88, 118 (exp2f of the scores)",
+            "the extension is compiled with flush-to-zero: float32 P and dS below 2**-126 are zero",
+        ),
+    ),
+    "FlashAttention 2: float32 scores and accumulators (flushing subnormals); P and dS (dS*scale/softcap with a "
+    "softcap) rounded for their GEMMs; GQA dk and dv written per query head in the dtype and summed",
+)
+"""FlashAttention 2's design (the ``flash_attn`` extension of flash-attn 2.x): fa2 and te-fa2 (TE
+passes k and v with their own heads to ``flash_attn_func``, transformer-engine 2.20.2
+``attention/dot_product_attention/backends.py:1286``)."""
+
+_FA4 = "flash-attn-4 4.0.0b36 flash_attn/cute"
+FA4_DESIGN = Design(
+    "flash-attn-4",
+    (
+        Claim(
+            "probs",
+            f"{_FA4}/flash_fwd_sm90.py:1400 (forward), {_FA4}/flash_bwd_sm90.py:1555 (backward; SM100 "
+            "flash_bwd_sm100.py:3666)",
+            "P converted with cvt_f16 for the P @ V and P^T @ dO GEMMs; dS = P (dP - dPsum) takes the float32 P "
+            "(flash_bwd_sm90.py:1563-1569)",
+        ),
+        Claim(
+            "ds",
+            f"{_FA4}/flash_bwd_sm90.py:1575 (SM100 flash_bwd_sm100.py:3778-3779)",
+            "dS (times 1 - tanh^2 with a softcap: score_mod_bwd, utils.py:200-209) converted with cvt_f16 for the "
+            "dq and dk GEMMs; softmax_scale multiplies the float32 dk (flash_bwd_sm90.py:1420) and dQaccum "
+            "(flash_bwd_postprocess.py:656)",
+        ),
+    ),
+    "FlashAttention 4 (CuTe DSL): float32 scores and accumulators; P and dS rounded for their GEMMs; GQA dk and dv "
+    "summed over the group in float32 (flash_bwd_sm90.py:1772-1795, cpasync_reduce_bulk_add_f32 into dKaccum and "
+    "dVaccum, then the postprocess)",
+)
+"""FlashAttention 4's design: fa4 and te-fa4 (TE passes k and v with their own heads to
+``flash_attn_func_v4``, transformer-engine 2.20.2 ``backends.py:1211, 1257``). It claims neither
+per-head GQA gradients nor scores in the dtype: FA4 sums a GQA group in float32, and its known
+defects (all-zero causal output, the key-64 tail, windowed backward garbage) stay defects. Not
+claimed, because not established: ``flush_to_zero`` (its exp2 is ``cute.math.exp2(...,
+fastmath=True)``, whose subnormal behaviour was not read or measured)."""
+
+_CUDNN = "cudnn-frontend v1.23.0 include/cudnn_frontend/node/scaled_dot_product_flash_attention.h"
+CUDNN_DESIGN = Design(
+    "cudnn-sdpa",
+    (
+        Claim(
+            "probs",
+            f"{_CUDNN}:918-920 (forward, bmm2 operand), 1737-1739 (backward, reshape_p)",
+            "P set to the input dtype for the P @ V and P^T @ dO matmuls; dS = (dP - sum) * exp(S) takes the "
+            "virtual exp_s_output of the graph's float32 intermediate type (1714-1716, 1809-1810)",
+        ),
+        Claim(
+            "ds_scaled",
+            f"{_CUDNN}:1836-1850 (mul_dS_attn_scale, then reshape_dS set to the dtype)",
+            "dS multiplied by attn_scale, then set to the input dtype for the dk and dq matmuls; the matmul results "
+            "are not scaled again",
+        ),
+        Claim(
+            "gqa_grads_per_head",
+            f"{_CUDNN}:1752-1782 (dV_fullhead, red_dV_head) and 1863-1894 (dK_fullhead, red_dK_head)",
+            "with h_q != h_k, dK and dV of every query head are matmul outputs in the input dtype, then a reduction "
+            "(red_dK_head, red_dV_head) over the GQA group",
+        ),
+        Claim(
+            "flush_to_zero",
+            f"{_CUDNN}:1714 (the graph's EXP pointwise; the fused kernel is not public); measured on the H200 "
+            "(torch 2.11 and its cuDNN)",
+            "P = exp(-88.5) (3.8e-39, below float32's smallest normal) gives dv and dk exactly 0 where "
+            "torch-sdpa-math, torch-sdpa-flash and torch-sdpa-efficient keep the subnormal values",
+        ),
+    ),
+    "cuDNN SDPA (the cudnn-frontend sdpa_backward graph): float32 intermediates (flushing subnormals); P and "
+    "dS*scale rounded for their matmuls; GQA dk and dv per query head in the dtype, then reduced",
+)
+"""cuDNN's SDPA design, as the cudnn-frontend graph states it (the fused kernel itself is not
+public): torch-sdpa-cudnn (PyTorch ``aten/src/ATen/native/cudnn/MHA.cpp``, ``mha_graph->
+sdpa_backward``) and te-fused (TransformerEngine main at d0067d0, 2.20.0.dev0: ``common/fused_attn/
+fused_attn_f16_arbitrary_seqlen.cu:982``, intermediate data type FLOAT at 790). Measured on the
+H200 (torch 2.11, ``docs/design-limits.md``): dq follows ``ds_scaled``, a GQA group whose per-head
+dk overflows gives NaN where the sum is 0, and float32 P below 2**-126 is 0."""
 
 
 def is_one_sided_window(case: AttentionCase) -> bool:
@@ -277,6 +390,9 @@ def call_backend(q, k, v, cu_seqlens_q, cu_seqlens_k):
 
 
 __all__ = [
+    "CUDNN_DESIGN",
+    "FA2_DESIGN",
+    "FA4_DESIGN",
     "FA_REPRO_HELPERS",
     "CompileTimer",
     "call_with_signature",

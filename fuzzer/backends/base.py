@@ -201,7 +201,8 @@ class Backend(abc.ABC):
             source of each claim (`oracle.design.Design`). A failure that a correct float32
             emulation of that design shares is reported as the design's limit
             (``<tensor>:limit``), not as ``wrong`` (`oracle.design.explain_failure`). None: the
-            backend declared nothing and is emulated as `oracle.design.UNDECLARED`.
+            backend declared nothing and is emulated as `oracle.design.UNDECLARED`. The built-in
+            backends' designs and their sources: ``docs/design-limits.md``.
     """
 
     name: ClassVar[str] = ""

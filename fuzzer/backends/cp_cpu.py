@@ -60,6 +60,7 @@ import torch
 from fuzzer.backends.base import Backend, BackendOutput, Capabilities, CPProcessGroups, CPShardInputs
 from fuzzer.backends.cp_layout import ShardLayout, cp_unsupported_reasons, hierarchical_ranks, shard_layout
 from oracle.config import AttentionCase, torch_dtype
+from oracle.design import Design
 from oracle.masks import key_bounds
 
 CAPABILITIES = Capabilities(
@@ -124,6 +125,19 @@ def _unbatched(case: AttentionCase, x: torch.Tensor) -> torch.Tensor:
     return x.squeeze(0) if case.is_varlen else x
 
 
+CP_CPU_DESIGN = Design(
+    "cp-cpu-float32",
+    (),
+    "attnfuzz's CPU blockwise reference: q, k, v and dout upcast to float32 (fuzzer/backends/cp_cpu.py:120, "
+    "_batched), scores, probabilities, dP, dS and the GQA sums of dk and dv in float32 (_block_forward, "
+    "_block_backward: 206-222), the merge and every CP collective on float32 tensors; only out and the "
+    "gradients are rounded to the dtype (_output: 258), delta from the rounded out (_delta: 239)",
+)
+"""The design of every backend here, the planted ones included: they are wrong through the mask
+(`PlantedWindowCPUBackend.key_bounds`) or the merge (`PlantedMergeCPUBackend.merge`), not through
+their numerics, so a correct float32 emulation does not share their failures."""
+
+
 class RingAttentionCPUBackend(Backend):
     """Blockwise attention on the CPU; under CP a real distributed implementation (module docstring)."""
 
@@ -132,6 +146,7 @@ class RingAttentionCPUBackend(Backend):
     device: ClassVar[str] = "cpu"
     environment: ClassVar[str] = "cp-cpu"
     capabilities: ClassVar[Capabilities] = CAPABILITIES
+    design: ClassVar[Design] = CP_CPU_DESIGN
 
     def unsupported_reasons(self, case: AttentionCase, variant: str) -> list[str]:
         """Base checks plus the CP layout limits (`fuzzer.backends.cp_layout.cp_unsupported_reasons`)."""
@@ -468,6 +483,7 @@ def builtin_backends() -> list[Backend]:
 
 __all__ = [
     "CAPABILITIES",
+    "CP_CPU_DESIGN",
     "PlantedMergeCPUBackend",
     "PlantedWindowCPUBackend",
     "RingAttentionCPUBackend",

@@ -40,6 +40,7 @@ import math
 from typing import Any, ClassVar
 
 from fuzzer.backends._common import (
+    FA2_DESIGN,
     call_with_signature,
     canonical_lse,
     cuda_arch_major,
@@ -51,6 +52,7 @@ from fuzzer.backends._common import (
 )
 from fuzzer.backends.base import Backend, BackendOutput, Capabilities, ReproCall, UnsupportedCaseError, run_with_grad
 from oracle.config import AttentionCase
+from oracle.design import Design
 
 FA2_DISTRIBUTION = "flash-attn"
 FA2_VARIANTS = ("native", "causal_as_window")
@@ -114,6 +116,7 @@ class FA2Backend(Backend):
     packages: ClassVar[tuple[str, ...]] = (FA2_DISTRIBUTION, "torch")
     # A row with no visible key gets lse = +inf (csrc/flash_attn/src/softmax.h, non-split path).
     masked_row_lse: ClassVar[float | None] = math.inf
+    design: ClassVar[Design] = FA2_DESIGN
     capabilities: ClassVar[Capabilities] = Capabilities(
         dtypes=("bfloat16", "float16"),
         qkv_formats=("bshd", "sbhd", "thd"),

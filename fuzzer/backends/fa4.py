@@ -77,6 +77,7 @@ import sys
 from typing import Any, ClassVar
 
 from fuzzer.backends._common import (
+    FA4_DESIGN,
     CompileTimer,
     call_with_signature,
     canonical_lse,
@@ -97,6 +98,7 @@ from fuzzer.backends.base import (
     run_with_grad,
 )
 from oracle.config import AttentionCase
+from oracle.design import Design
 
 FA4_DISTRIBUTION = "flash-attn-4"
 FA4_MODULE = "flash_attn.cute.interface"
@@ -312,6 +314,7 @@ class FA4Backend(Backend):
     environment: ClassVar[str] = "fa4"
     jit_compiled: ClassVar[bool] = True
     packages: ClassVar[tuple[str, ...]] = (FA4_DISTRIBUTION, "nvidia-cutlass-dsl", "torch")
+    design: ClassVar[Design] = FA4_DESIGN
     capabilities: ClassVar[Capabilities] = Capabilities(
         dtypes=("bfloat16", "float16"),
         qkv_formats=("bshd", "sbhd", "thd"),

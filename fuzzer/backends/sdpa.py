@@ -39,8 +39,10 @@ from __future__ import annotations
 import math
 from typing import Any, ClassVar
 
+from fuzzer.backends._common import CUDNN_DESIGN
 from fuzzer.backends.base import Backend, BackendOutput, Capabilities, ReproCall, run_with_grad
 from oracle.config import AttentionCase
+from oracle.design import Claim, Design
 
 _SDPA_KERNELS = {
     "math": "MATH",
@@ -48,6 +50,157 @@ _SDPA_KERNELS = {
     "efficient": "EFFICIENT_ATTENTION",
     "cudnn": "CUDNN_ATTENTION",
 }
+
+
+# ---------------------------------------------------------------------------- designs
+# (the reference table and the derivations: docs/design-limits.md)
+_ATEN = "PyTorch aten/src/ATen/native"
+_ADAPTER_GQA = (
+    "attnfuzz fuzzer/backends/sdpa.py:378-380 (SDPABackend._aten: the aten_lse variant expands k and v with "
+    "repeat_interleave in the dtype; autograd sums the per-head dk and dv over the group)"
+)
+
+TORCH_MATH_DESIGN = Design(
+    "torch-math",
+    (
+        Claim(
+            "delta_from_dp",
+            f"{_ATEN}/transformers/attention.cpp _scaled_dot_product_attention_math (attn = "
+            "at::_safe_softmax(attn, -1) on float32; autograd's SafeSoftmaxBackward0)",
+            "the softmax backward computes dS = P * (dP - rowsum(P * dP)) from the float32 dP, not from the "
+            "rounded out (measured: the emulation with this claim gives torch-cpu-math's bfloat16 dq to 2e-8 "
+            "relative, without it 1e-3 apart)",
+        ),
+    ),
+    "PyTorch's math SDPA (_scaled_dot_product_attention_math, aten/src/ATen/native/transformers/attention.cpp): "
+    "q, k and v upcast to float32 unless torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp is set (query_acc, "
+    "key_acc, value_acc); GQA by pre_process_group_query_attention_input, a repeat_interleave of the float32 k and "
+    "v, so the group's gradients are summed in float32; only out and the gradients are rounded to the dtype",
+)
+"""torch-cpu-math and torch-sdpa-math: nothing in the dtype, autograd's softmax backward (measured
+on CPU, torch 2.13, and the H200, torch 2.11: a GQA group whose per-head dk overflows float16 gives
+the exact 0)."""
+
+TORCH_CPU_FLASH_DESIGN = Design(
+    "torch-cpu-flash",
+    (
+        Claim(
+            "probs",
+            f"{_ATEN}/cpu/FlashAttentionKernel.cpp:704-707 and 757 (forward), 1018-1046 (backward) "
+            "(PyTorch 27a4844d7fb, cpu_flash_attention and cpu_flash_attention_backward)",
+            "exp(qk - max) written to the reduced-type buffer qk_reduced_data for the P @ V GEMM; attn converted "
+            "to attn_reduced_data for grad_v += attn^T @ grad_out; grad_attn = attn * (grad_attn - dsum) takes the "
+            "float32 attn (1064-1073)",
+        ),
+        Claim(
+            "ds",
+            f"{_ATEN}/cpu/FlashAttentionKernel.cpp:1074-1119 (PyTorch 27a4844d7fb)",
+            "grad_attn (dS) converted to grad_attn_reduced_data; grad_q and grad_k GEMMs with alpha = "
+            "scaling_factor",
+        ),
+        Claim(
+            "gqa_grads_per_head",
+            f"{_ATEN}/cpu/FlashAttentionKernel.cpp:903-905, 932-933, 1044, 1117 (PyTorch 27a4844d7fb); "
+            + _ADAPTER_GQA,
+            "with enable_gqa the kernel accumulates every query head's grad_k and grad_v into the dtype outputs "
+            "(GEMMs with beta = 1 on scalar_t buffers over r < repeat_factor); aten_lse sums the per-head outputs",
+        ),
+    ),
+    "PyTorch's CPU flash kernel: float32 scores; P and dS rounded for their GEMMs; GQA dk and dv summed in the "
+    "dtype (also dq over 512-key blocks and dk, dv over query blocks, which the emulation does not model)",
+)
+"""torch-cpu-flash (measured on CPU, torch 2.13: dq error with tiny dS as ``probs`` + ``ds``;
+per-head dk overflow: inf through enable_gqa, NaN through aten_lse)."""
+
+_TORCH_FA = f"{_ATEN}/transformers/cuda/flash_attn"
+TORCH_FLASH_DESIGN = Design(
+    "torch-flash",
+    (
+        Claim(
+            "probs",
+            f"{_TORCH_FA}/flash_bwd_kernel.h compute_dq_dk_dv_1colblock (rP = convert_type<Element>(acc_s); "
+            "upstream flash-attention v2.8.3 flash_bwd_kernel.h:546-548, flash_fwd_kernel.h:346-347)",
+            "PyTorch's copy of FlashAttention 2: P converted to the input dtype for P @ V and P^T @ dO",
+        ),
+        Claim(
+            "ds",
+            f"{_TORCH_FA}/flash_bwd_kernel.h compute_dq_dk_dv_1colblock (tdSrdS = convert_type<Element>(dS_reshaped); "
+            "upstream v2.8.3 flash_bwd_kernel.h:620-622)",
+            "dS converted to the input dtype; dq and dk scaled by scale_softmax_rp_dropout after the GEMMs "
+            "(SDPA passes no softcap)",
+        ),
+        Claim(
+            "gqa_grads_per_head",
+            f"{_TORCH_FA}/flash_api.cpp mha_bwd (dk_expanded, dv_expanded in opts' dtype; at::sum_out over the "
+            "group); " + _ADAPTER_GQA,
+            "every query head's dk and dv written in the dtype, then summed",
+        ),
+    ),
+    "PyTorch's FlashAttention 2 copy: float32 scores and accumulators; P and dS rounded for their GEMMs; GQA dk and "
+    "dv per query head in the dtype, then summed",
+)
+"""torch-sdpa-flash (measured on the H200, torch 2.11: dq with tiny dS as ``probs`` + ``ds``,
+per-head dk overflow NaN in both variants)."""
+
+_XF = "xformers v0.0.28 xformers/csrc/attention/cuda/fmha"
+TORCH_EFFICIENT_DESIGN = Design(
+    "torch-efficient",
+    (
+        Claim(
+            "probs",
+            f"{_XF}/kernel_forward.h:957 (forward), {_XF}/kernel_backward.h:344-349, 1682-1690 and 1805-1812 "
+            "(backward); vendored as aten/src/ATen/native/transformers/cuda/mem_eff_attention/",
+            "P = exp(S - lse) stored by B2bGemm in scalar_t shared memory (attn_shared_storage) for P @ V and "
+            "dV += P^T @ dO",
+        ),
+        Claim(
+            "probs_for_ds",
+            f"{_XF}/kernel_backward.h:1935-1954",
+            "dSij = (dPij - Di) * Pij reads Pij from that scalar_t shared memory (attn_T)",
+        ),
+        Claim(
+            "ds_scaled",
+            f"{_XF}/kernel_backward.h:1986 and 2007-2011",
+            "accum = accum * scale, then B2bGemm::accumToSmem writes dS * scale in scalar_t for grad_q += dS @ K "
+            "and grad_k += dS^T @ Q, which are not scaled again",
+        ),
+        Claim("gqa_grads_per_head", _ADAPTER_GQA, "the public variants refuse GQA; only aten_lse runs it"),
+    ),
+    "The memory-efficient (xformers CUTLASS) kernel: float32 accumulators; P rounded for P @ V, P^T @ dO and "
+    "dS = P (dP - D); dS * scale rounded for the dq and dk GEMMs",
+)
+"""torch-sdpa-efficient (measured on the H200, torch 2.11: dq with tiny dS as ``ds_scaled``, dk with
+subnormal P as ``probs_for_ds``, per-head dk overflow NaN through aten_lse)."""
+
+_FLEX = "PyTorch 2.13.0 torch/_inductor/kernel/flex"
+TORCH_FLEX_DESIGN = Design(
+    "torch-flex",
+    (
+        Claim(
+            "probs",
+            f"{_FLEX}/templates/common.py.jinja:137 (forward), templates/flex_backwards.py.jinja:768 (backward)",
+            "p.to(MATMUL_PRECISION) (the query dtype) for P @ V and dV += P^T @ dO; ds = p * (dp - Di) takes the "
+            "float32 p (flex_backwards.py.jinja:541, 775)",
+        ),
+        Claim(
+            "ds",
+            f"{_FLEX}/templates/flex_backwards.py.jinja:604 and 842",
+            "ds (after the score_mod backward, grad_scores) converted to MATMUL_PRECISION for dq and dk; dq *= "
+            "SM_SCALE and dk *= SM_SCALE afterwards (220, 371); PRESCALE_QK off by default (flex_attention.py:755)",
+        ),
+        Claim(
+            "flush_to_zero",
+            f"{_FLEX}/templates/common.py.jinja:119 and flex_backwards.py.jinja:528, 757 (tl.math.exp2); measured "
+            "on the H200 (torch 2.11, Triton 3.6)",
+            "P = exp(-88.5) (3.8e-39, below float32's smallest normal) gives dv and dk exactly 0 where "
+            "torch-sdpa-math keeps the subnormal values",
+        ),
+    ),
+    "flex_attention's Triton templates: float32 scores and accumulators; P and dS rounded for their GEMMs; GQA dk "
+    "and dv accumulated over the group in float32 in the kernel (flex_backwards.py.jinja:277)",
+)
+"""torch-flex (measured on the H200, torch 2.11: dq with tiny dS as ``probs`` + ``ds``; per-head dk
+overflow in a GQA group gives the exact 0; float32 P below 2**-126 is 0)."""
 
 
 class SDPABackend(Backend):
@@ -59,6 +212,9 @@ class SDPABackend(Backend):
         kernel: one of ``"math"``, ``"flash"``, ``"efficient"``, ``"cudnn"``.
         capabilities: what this (device, kernel) pair runs.
         variants: the encodings offered (subset of the module table).
+        masked_row_lse: see `Backend.masked_row_lse`.
+        design: the kernel's design (`oracle.design.Design`; the module's ``TORCH_*_DESIGN`` or
+            `fuzzer.backends._common.CUDNN_DESIGN`).
     """
 
     packages: ClassVar[tuple[str, ...]] = ("torch",)
@@ -71,6 +227,7 @@ class SDPABackend(Backend):
         capabilities: Capabilities,
         variants: tuple[str, ...],
         masked_row_lse: float | None = None,
+        design: Design | None = None,
     ):
         self.name = name  # type: ignore[misc]
         self.device = device  # type: ignore[misc]
@@ -83,6 +240,7 @@ class SDPABackend(Backend):
         self.capabilities = capabilities  # type: ignore[misc]
         self.variants = variants  # type: ignore[misc]
         self.masked_row_lse = masked_row_lse  # type: ignore[misc]
+        self.design = design  # type: ignore[misc]
 
     def availability(self) -> str | None:
         """Base checks; cuDNN SDPA also needs torch to accept the cuDNN this process loaded
@@ -375,6 +533,7 @@ class FlexBackend(Backend):
 
     name = "torch-flex"
     device = "cuda"
+    design = TORCH_FLEX_DESIGN
     environment = "torch-flex"  # its own child: torch.compile must not hold up the SDPA kernels
     variants = ("mask_mod",)
     capabilities = Capabilities(
@@ -544,11 +703,21 @@ def _cuda_caps(kernel: str) -> Capabilities:
     )
 
 
+_CUDA_DESIGNS = {
+    "math": TORCH_MATH_DESIGN,
+    "flash": TORCH_FLASH_DESIGN,
+    "efficient": TORCH_EFFICIENT_DESIGN,
+    "cudnn": CUDNN_DESIGN,
+}
+"""The design of each CUDA SDPA kernel."""
+
+
 def builtin_backends() -> list[Backend]:
     """The PyTorch backends: two on CPU, five on CUDA (their ``availability`` says why not here)."""
     cpu = [
         SDPABackend(
-            "torch-cpu-math", "cpu", "math", _CPU_CAPS, ("is_causal", "bool_mask", "float_mask", "causal_bias")
+            "torch-cpu-math", "cpu", "math", _CPU_CAPS, ("is_causal", "bool_mask", "float_mask", "causal_bias"),
+            design=TORCH_MATH_DESIGN,
         ),
         SDPABackend(
             "torch-cpu-flash",
@@ -557,6 +726,7 @@ def builtin_backends() -> list[Backend]:
             _CPU_FLASH_CAPS,
             ("is_causal", "bool_mask", "causal_bias", "aten_lse"),
             masked_row_lse=0.0,
+            design=TORCH_CPU_FLASH_DESIGN,
         ),
     ]
     cuda = []
@@ -566,5 +736,6 @@ def builtin_backends() -> list[Backend]:
         variants = ("is_causal", "causal_bias") if kernel == "flash" else ("is_causal", "bool_mask", "float_mask", "causal_bias")
         if kernel != "math":
             variants += ("aten_lse",)
-        cuda.append(SDPABackend(f"torch-sdpa-{kernel}", "cuda", kernel, _cuda_caps(kernel), variants))
+        design = _CUDA_DESIGNS[kernel]
+        cuda.append(SDPABackend(f"torch-sdpa-{kernel}", "cuda", kernel, _cuda_caps(kernel), variants, design=design))
     return cpu + cuda + [FlexBackend()]

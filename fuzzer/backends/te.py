@@ -117,6 +117,9 @@ from collections.abc import Iterator, Mapping, MutableMapping
 from typing import Any, ClassVar
 
 from fuzzer.backends._common import (
+    CUDNN_DESIGN,
+    FA2_DESIGN,
+    FA4_DESIGN,
     CompileTimer,
     cuda_arch_major,
     describe_call,
@@ -140,6 +143,7 @@ from fuzzer.backends.base import (
 from fuzzer.backends.fa4 import fa4_build_mismatch, fa4_imported_build, fa4_sm90_backward_reasons
 from fuzzer.backends.cp_layout import CPSeqlens, cp_unsupported_reasons
 from oracle.config import AttentionCase
+from oracle.design import Claim, Design
 
 TE_MODULE = "transformer_engine.pytorch"
 TE_DPA_MODULE = "transformer_engine.pytorch.attention.dot_product_attention.dot_product_attention"
@@ -857,11 +861,72 @@ TE_CAPABILITIES = Capabilities(
 sub-backend's block is this one with its own differences (`dataclasses.replace`)."""
 
 
+_TE = "transformer-engine 2.20.2 transformer_engine/pytorch/attention/dot_product_attention"
+_AUTOGRAD = "PyTorch tools/autograd/derivatives.yaml"
+TE_UNFUSED_DESIGN = Design(
+    "te-unfused",
+    (
+        Claim(
+            "scores",
+            f"{_TE}/backends.py:577-583 and 648-654 (UnfusedDotProductAttention.forward), 697-699 (softcap)",
+            "torch.baddbmm(matmul_result, q, k^T, beta=0.0, alpha=scale) into a buffer of the query dtype; a "
+            "softcap is cap * tanh(matmul_result / cap) on that dtype tensor",
+        ),
+        Claim(
+            "probs",
+            f"{_TE}/softmax.py:354-383 (forward_torch_softmax: softmax of inp.float(), then probs.half() or "
+            "probs.bfloat16()), 331-352 (the fused kernels write the dtype); backends.py:775",
+            "the probabilities in the dtype for torch.bmm(attention_probs, value) and its backward dV = P^T @ dO",
+        ),
+        Claim(
+            "dp",
+            f"{_TE}/backends.py:775; {_AUTOGRAD} (bmm: self: grad.bmm(mat2.transpose(1, 2)))",
+            "autograd's dP = dO @ V^T is a bmm of dtype tensors, written in the dtype",
+        ),
+        Claim(
+            "delta_from_dp",
+            f"{_TE}/softmax.py:375 (torch.nn.functional.softmax of the float32 scores); {_AUTOGRAD} (_softmax: "
+            "_softmax_backward_data); the fused kernels' backward likewise (softmax.py:108-113)",
+            "the softmax backward computes dS = P * (dP - rowsum(P * dP)) from the dtype dP, not from the rounded "
+            "out: an infinite dP makes the row's dS non-finite",
+        ),
+        Claim(
+            "ds",
+            f"{_TE}/softmax.py:358-359 (inp.float(): autograd casts the float32 softmax gradient back to the dtype); "
+            "the fused kernels' backward writes the dtype (softmax.py:108-113)",
+            "dS in the dtype before the baddbmm backward (times 1 - tanh^2 from the dtype softcap's autograd)",
+        ),
+        Claim(
+            "pre_scale_grads",
+            f"{_TE}/backends.py:648-654; {_AUTOGRAD} (baddbmm: batch1: "
+            "maybe_multiply(grad.bmm(batch2.transpose(1, 2)), alpha), batch2 likewise)",
+            "the gradient of baddbmm's batch1 and batch2 is a dtype bmm of dS, multiplied by alpha = softmax_scale "
+            "afterwards",
+        ),
+        Claim(
+            "gqa_grads_per_head",
+            f"{_TE}/backends.py:565-575",
+            "key_layer.repeat_interleave and value_layer.repeat_interleave in the dtype: every query head's dk and "
+            "dv is written in the dtype and autograd sums them over the group",
+        ),
+    ),
+    "TE's unfused attention (plain PyTorch ops in the input dtype): scores, probabilities, dP and dS in the dtype, "
+    "D = rowsum(P dP) (autograd's softmax backward), the score GEMM's gradients rounded before the scale, GQA "
+    "through repeat_interleave",
+)
+"""te-unfused. Not claimed: ``probs_for_ds``. TE's fused softmax kernels (taken only where
+``FusedScaleMaskSoftmax.is_kernel_available``, ``softmax.py:296-329``, holds: 16 < sk < 16384,
+sk % 8 == 0, sq % 4 == 0, batch * heads % 4 == 0, ...) compute dS from the dtype probabilities,
+but 246 of 247 fp16/bf16 cases the strategy draws for te-unfused take the framework softmax,
+whose backward uses the float32 probabilities (``docs/design-limits.md``)."""
+
+
 class TEFA4Backend(TEBackend):
     """TE forced onto its FlashAttention 4 path (``flash_attn_func_v4``)."""
 
     name: ClassVar[str] = "te-fa4"
     environment: ClassVar[str] = "te-fa4"
+    design: ClassVar[Design] = FA4_DESIGN  # TE passes k and v unexpanded (backends.py:1211, 1257)
     jit_compiled: ClassVar[bool] = True
     sub_backend: ClassVar[str] = "flash4"
     bottom_right_unless_square: ClassVar[bool] = True
@@ -892,6 +957,8 @@ class TEFA2Backend(TEBackend):
 
     name: ClassVar[str] = "te-fa2"
     environment: ClassVar[str] = "te-fa2"
+    # TE passes k, v and the softcap to flash_attn_func unchanged (backends.py:1276, 1286)
+    design: ClassVar[Design] = FA2_DESIGN
     sub_backend: ClassVar[str] = "flash2"
     bottom_right_unless_square: ClassVar[bool] = True
     requires: ClassVar[tuple[str, ...]] = ("flash-attn",)
@@ -912,6 +979,7 @@ class TEFusedBackend(TEBackend):
 
     name: ClassVar[str] = "te-fused"
     environment: ClassVar[str] = "te-fused"
+    design: ClassVar[Design] = CUDNN_DESIGN  # F16_arbitrary_seqlen: cudnn-frontend sdpa_backward
     sub_backend: ClassVar[str] = "fused"
     jit_compiled: ClassVar[bool] = True  # cuDNN graphs are built at first use
     env_vars: ClassVar[dict[str, str]] = {**_FLASH_OFF, "NVTE_FUSED_ATTN": "1", "NVTE_UNFUSED_ATTN": "0"}
@@ -949,6 +1017,7 @@ class TEUnfusedBackend(TEBackend):
 
     name: ClassVar[str] = "te-unfused"
     environment: ClassVar[str] = "te-unfused"
+    design: ClassVar[Design] = TE_UNFUSED_DESIGN
     sub_backend: ClassVar[str] = "unfused"
     env_vars: ClassVar[dict[str, str]] = {**_FLASH_OFF, "NVTE_FUSED_ATTN": "0", "NVTE_UNFUSED_ATTN": "1"}
     packages: ClassVar[tuple[str, ...]] = TE_PACKAGES
@@ -973,6 +1042,7 @@ __all__ = [
     "TEFA4Backend",
     "TEFusedBackend",
     "TEUnfusedBackend",
+    "TE_UNFUSED_DESIGN",
     "TE_VARIANTS",
     "builtin_backends",
     "from_te_output",
