@@ -22,7 +22,7 @@ Moving away (pure functions of the worker's counts, rebuilt per chunk):
   gets slots as the others' loads grow;
 * input families (`FAMILIES`): `family_weights` gives each family a weight in ``[MIN_WEIGHT,
   FULL_WEIGHT]`` from the share of its recent cases (`FAMILY_WINDOW`) that hit a spent bucket:
-  ``FULL_WEIGHT * (1 - share)``, never below `MIN_WEIGHT`; `fuzzer.strategies.input_specs` draws a
+  about ``FULL_WEIGHT * (1 - share)`` (a power of two), never below `MIN_WEIGHT`; `fuzzer.strategies.input_specs` draws a
   family with its default share times ``weight / FULL_WEIGHT``, so a family is drawn less, never
   not at all (at `MIN_WEIGHT` one draw in 16 of its default share).
 
@@ -35,6 +35,7 @@ Pure stdlib (no torch, no Hypothesis).
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -83,11 +84,12 @@ def family_weights(recent: Mapping[str, Sequence[bool]]) -> dict[str, int]:
             bucket; families not in it have no cases yet.
 
     Returns:
-        ``{family: weight}`` for every name of `FAMILIES`: ``round(FULL_WEIGHT * (1 - share))``
-        clamped to ``[MIN_WEIGHT, FULL_WEIGHT]``, ``share`` the fraction of the last
-        `FAMILY_WINDOW` cases that hit a spent bucket; `FULL_WEIGHT` with fewer than
-        `MIN_FAMILY_CASES` cases. A family none of whose cases hit a spent bucket keeps
-        `FULL_WEIGHT`.
+        ``{family: weight}`` for every name of `FAMILIES`: ``FULL_WEIGHT * (1 - share)`` rounded
+        to the nearest power of two (in log scale) and clamped to ``[MIN_WEIGHT, FULL_WEIGHT]``,
+        ``share`` the fraction of the last `FAMILY_WINDOW` cases that hit a spent bucket (a
+        quarter: 16, a half: 8, 0.8: 4, 0.9: 2, 15 in 16 or more: 1); `FULL_WEIGHT` with fewer than
+        `MIN_FAMILY_CASES` cases. Powers of two: few distinct weights, so the worker's per-chunk
+        strategies (cached by their arguments) change only when a share moves by a step.
     """
     weights = {}
     for name in FAMILIES:
@@ -96,7 +98,9 @@ def family_weights(recent: Mapping[str, Sequence[bool]]) -> dict[str, int]:
             weights[name] = FULL_WEIGHT
             continue
         share = sum(1 for hit in seen if hit) / len(seen)
-        weights[name] = max(MIN_WEIGHT, min(FULL_WEIGHT, round(FULL_WEIGHT * (1.0 - share))))
+        raw = FULL_WEIGHT * (1.0 - share)
+        weight = MIN_WEIGHT if raw < MIN_WEIGHT else 2 ** round(math.log2(raw))
+        weights[name] = max(MIN_WEIGHT, min(FULL_WEIGHT, weight))
     return weights
 
 

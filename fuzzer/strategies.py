@@ -20,6 +20,10 @@ target backend's capabilities (`fuzzer.coverage.target_plan`) or for their union
 Shrinking: every draw shrinks toward the first alternative / the lower bound, so a shrunk case
 tends to batch 1, one head, seqlen 1, bf16, bshd, normal inputs, seed 0, forward only.
 
+Input-family weights (the worker's known buckets, `fuzzer.known`): with ``family_weights`` a
+family whose cases keep hitting buckets past their hit budget is drawn with a smaller share,
+never none (`input_specs`); without, the draw is unchanged.
+
 Kernel templates (the worker's compile budget for JIT backends): with ``kernel_templates``, a
 share ``template_share`` of the draws takes the fields that select a compiled kernel
 (`KernelTemplate`: dtype, layout, head dims, GQA group, causal, which window bounds are set,

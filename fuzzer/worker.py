@@ -19,7 +19,14 @@ Minimisation is shared between workers: after each chunk (and once at start, to 
 dead worker left) the worker claims buckets of its backends that have no minimised case
 (`ResultSink.claim_minimisation`, a lease renewed with its heartbeats, so one worker at a time
 shrinks a bucket and a dead worker's bucket is taken up again), shrinks the bucket's first case
-with `fuzzer.minimise.minimise` and stores the minimised case with the bucket.
+with `fuzzer.minimise.minimise` and stores the minimised case with the bucket. The minimised case
+is confirmed on every variant of the backend and run on every other usable backend (the
+consensus: which of them pass it, fail it and how; phase ``confirm``). A design's limit
+(severity ``limit``) is not shrunk: its first case is kept.
+
+Known buckets (`fuzzer.known`): a minimised, confirmed bucket gets ``known_hit_budget`` further
+fuzz hits; past them its hits move the draws away (its cases' targets and input families are drawn
+less), and ``stats.known_share`` says how many evaluations went to buckets already known.
 
 Context parallelism: when a selected backend is a CP backend (`fuzzer.backends.base.is_cp_backend`),
 `open` puts a `fuzzer.cp.executor.CPExecutor` beside the usual executor (`RoutingExecutor`:
@@ -935,9 +942,8 @@ class Worker:
         if busy and free:  # a busy backend sits out the cases drawn meanwhile: draw for the free ones
             self.stats.untargeted_busy.update(n for n in names if n in busy)
             names = free
-        plan = target_plan(
-            names, self.stats.runnable, self.stats.targeted, max(c.chunk_size, len(names)), chunk, known_load=self.stats.known_load
-        )
+        slots = max(c.chunk_size, len(names))
+        plan = target_plan(names, self.stats.runnable, self.stats.targeted, slots, chunk, self.stats.known_load)
         states = self._compile_budget_states()
         state = "none" if states is None else ("over" if "over" in states.values() else "under")
         self.stats.template_chunks[state] += 1
@@ -1594,14 +1600,15 @@ class Worker:
         hit a spent bucket: the case's input families note it (`FamilyHistory`), its target gets
         `fuzzer.known.KNOWN_TARGET_LOAD` more load (once per case) and the bucket joins
         ``stats.spent`` the first time. Only parts with a judged result (``pass`` or ``fail``)
-        are noted for the families (one note per stored part of a case), and a part whose
-        hits on budgeted buckets are all within their budgets is not noted (it is no clean case
-        either: the families would otherwise start from the budget's hits counted as clean).
+        are noted for the families (one note per stored part of a case), and a part that hit
+        known buckets, none of them spent, is not noted: it is no clean case either (the
+        families would otherwise start from the budget's hits, and those before the shrink,
+        counted as clean).
 
         Every phase: the buckets are known from now; a ``limit`` bucket is budgeted from its
         first hit (it is never shrunk, `minimise_claimed`)."""
         known, fuzz = self.known, phase == "fuzz"
-        hit_spent, hit_budget, judged = False, False, False
+        hit_spent, hit_known, judged = False, False, False
         for r, update in zip(results, updates):
             if fuzz and r.status != "unsupported":
                 self.stats.evaluations += 1
@@ -1613,20 +1620,20 @@ class Worker:
             is_limit = severity(key[2]) == "limit"
             if fuzz and before:
                 self.stats.known_hits += 1
+                hit_known = True
             if fuzz and before and (known.is_budgeted(key) or is_limit or (update is not None and update.minimised)):
                 known.start_budget(key)  # a no-op when budgeted here already
                 spent = known.hit(key)
                 if spent and known.hits(key) == (known.budget or 0) + 1:
                     self.stats.spent.append(key)
                 hit_spent = hit_spent or spent
-                hit_budget = hit_budget or not spent
             elif is_limit:
                 known.start_budget(key)
             else:
                 known.add(key)
         if not fuzz:
             return
-        if judged and (hit_spent or not hit_budget):  # a case spending a budget is no clean case: not noted
+        if judged and (hit_spent or not hit_known):  # one that hit a known bucket within its budget: not noted
             self._families.add(case_families(case), hit_spent)
         if hit_spent:
             target_name = self._drawn_for.pop(case.case_id, None)
