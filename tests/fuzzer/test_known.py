@@ -252,3 +252,49 @@ def test_the_confirm_step_runs_the_minimised_case_on_every_other_backend_and_rec
     assert found.first_case_id == minimal.case_id and nan_key in stats.new_buckets
     assert not found.note.startswith("attached") and found.defect_id != sink.buckets[gate_key].defect_id
     assert (gate_key, sink.buckets[nan_key].bucket_id) not in stats.attached
+
+
+def test_the_known_share_is_stored_with_the_worker_and_summed_by_report(tmp_path):
+    """On the SQL store: each heartbeat stores the worker's evaluations and known hits (migration
+    0007), ``attnfuzz report`` sums them, and a hit on a minimised bucket says so
+    (`BucketUpdate.minimised`, which budgets it in a worker that did not shrink it)."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from service.cli.main import app
+    from service.db import migrations
+    from service.db.engine import make_engine
+    from service.db.store import SqlStore
+
+    url = f"sqlite:///{tmp_path / 'known.db'}"
+    migrations.upgrade(url)
+    engine = make_engine(url)
+    store = SqlStore(engine)
+    config = WorkerConfig(
+        backends=registry.select([], [f"{ME}:OffsetBackend"]), max_cases=40, time_budget_s=None, seed=1,
+        isolation="none", replay_known=False, allow_backward=False, shrink_share=1.0, shrink_deadline_s=20,
+        known_hit_budget=2,
+    )
+    stats = Worker(config, store).run()
+    assert stats.known_hits > 0 and stats.evaluations == 40
+    minimal = AttentionCase.from_json(store.known_failures(["planted-offset"])[0][1])
+    build_id = store.register_build(BuildFingerprint())
+    again = minimal.replace(seed=minimal.seed + 1)
+    store.record_case(again.to_json(), "fuzz")
+    update = store.record_result(CaseResult(again.case_id, *OFFSET_KEY[:2], "fail", signature=OFFSET_KEY[2]), build_id, None)
+    assert update.minimised and not update.is_new
+    with Worker(config, store) as second:  # another worker: the bucket is budgeted at its first hit there
+        (result,) = second.evaluate(again.replace(seed=again.seed + 1))
+        assert result.bucket_key == OFFSET_KEY
+        assert second.known.is_budgeted(OFFSET_KEY) and second.known.hits(OFFSET_KEY) == 1
+        assert (second.stats.evaluations, second.stats.known_hits) == (1, 1)  # stored by its heartbeat after the case
+    engine.dispose()
+
+    result = CliRunner().invoke(app, ["report", "--json", "--db", url], env={"COLUMNS": "250"})
+    assert result.exit_code == 0, result.output
+    known = json.loads(result.output)["known_buckets"]
+    hits = stats.known_hits + 1  # both workers' last heartbeats
+    assert known == {"evaluations": 41, "known_hits": hits, "known_share": pytest.approx(hits / 41)}
+    table = CliRunner().invoke(app, ["report", "--db", url], env={"COLUMNS": "250"})
+    assert f"spent on known buckets: {hits} of the workers' 41 fuzz evaluations" in table.output, table.output
