@@ -25,9 +25,11 @@ def target_plan(
     drawn: Mapping[str, int],
     slots: int,
     rotation: int = 0,
+    known_load: Mapping[str, float] | None = None,
 ) -> list[str]:
     """The targets of the next ``slots`` draws: each slot goes, in turn, to the backend with the
-    smallest ``max(runnable[b], drawn[b]) + (slots already given to b in this plan)``.
+    smallest ``max(runnable[b], drawn[b]) + known_load[b] + (slots already given to b in this
+    plan)``.
 
     ``runnable[b]`` counts the cases ``b`` ran so far (drawn for it or not), ``drawn[b]`` the cases
     drawn for it. Taking the larger of the two favours the backends that run the fewest cases
@@ -37,11 +39,17 @@ def target_plan(
     the chunk number, so equal backends take turns). The first slot is the most favoured backend
     (Hypothesis shrinks a ``sampled_from`` toward it).
 
+    ``known_load[b]`` is what the cases drawn for ``b`` spent on known buckets
+    (`fuzzer.known.KNOWN_TARGET_LOAD` per case that hit a spent bucket): a backend whose cases
+    keep finding what is known is drawn for less, and still drawn for once the others' counts
+    have grown by as much.
+
     Args:
         names: the candidate backends (available and selected), at least one.
         runnable, drawn: counts per backend name (missing = 0).
         slots: how many targets to plan, at least 1.
         rotation: tie-break offset.
+        known_load: extra load per backend name (missing = 0; None: none).
 
     Returns:
         ``slots`` names, each in ``names``; every name appears when ``slots >= len(names)`` and
@@ -55,7 +63,8 @@ def target_plan(
     if slots < 1:
         raise ValueError(f"slots: must be >= 1, got {slots}")
     order = list(names[rotation % len(names) :]) + list(names[: rotation % len(names)])
-    load = {n: max(runnable.get(n, 0), drawn.get(n, 0)) for n in order}
+    extra = known_load or {}
+    load = {n: max(runnable.get(n, 0), drawn.get(n, 0)) + extra.get(n, 0.0) for n in order}
     plan = []
     for _ in range(slots):
         best = min(order, key=lambda n: load[n])  # min keeps the first of equals

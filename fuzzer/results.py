@@ -404,10 +404,19 @@ class MinimiseClaim:
 
 @dataclass(frozen=True)
 class BucketUpdate:
-    """What storage says after recording a failing result."""
+    """What storage says after recording a failing result.
+
+    Attributes:
+        bucket_id: the result's bucket.
+        is_new: this result created the bucket.
+        minimised: the bucket has a minimised case (shrunk, kept or attached, by any worker):
+            a worker budgets its further hits (`fuzzer.known`). False also where the sink does
+            not say.
+    """
 
     bucket_id: int
     is_new: bool
+    minimised: bool = False
 
 
 class ResultSink(Protocol):
@@ -429,7 +438,14 @@ class ResultSink(Protocol):
 
     def register_worker(self, build_id: int, hostname: str, pid: int, device: str, slot: str | None = None) -> int: ...
 
-    def heartbeat(self, worker_id: int, cases_run: int, status: str = "running") -> None: ...
+    def heartbeat(
+        self, worker_id: int, cases_run: int, status: str = "running", *, evaluations: int | None = None,
+        known_hits: int | None = None,
+    ) -> None:
+        """The worker is alive: its case count and status, and (when given) its fuzz evaluations
+        and those spent on known buckets (`fuzzer.worker.WorkerStats` ``evaluations``,
+        ``known_hits``; None: kept as stored)."""
+        ...
 
     def record_case(self, case_json: dict[str, Any], origin: str) -> str: ...
 

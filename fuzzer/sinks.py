@@ -46,12 +46,19 @@ class MemorySink:
     def register_worker(self, build_id: int, hostname: str, pid: int, device: str, slot: str | None = None) -> int:
         worker_id = len(self.workers) + 1
         self.workers[worker_id] = {
-            "build_id": build_id, "hostname": hostname, "pid": pid, "cases_run": 0, "status": "running", "slot": slot
+            "build_id": build_id, "hostname": hostname, "pid": pid, "cases_run": 0, "status": "running", "slot": slot,
+            "evaluations": 0, "known_hits": 0,
         }
         return worker_id
 
-    def heartbeat(self, worker_id: int, cases_run: int, status: str = "running") -> None:
+    def heartbeat(
+        self, worker_id: int, cases_run: int, status: str = "running", *, evaluations: int | None = None,
+        known_hits: int | None = None,
+    ) -> None:
         self.workers[worker_id].update(cases_run=cases_run, status=status)
+        for name, value in (("evaluations", evaluations), ("known_hits", known_hits)):
+            if value is not None:
+                self.workers[worker_id][name] = value
         if status != "running":
             self._end_leases_of(worker_id)
 
@@ -136,7 +143,7 @@ class MemorySink:
         if ratio is not None and (bucket.max_error_ratio is None or bucket.max_error_ratio < ratio):
             bucket.max_error_ratio = ratio
         bucket.severity = severity(result.signature, bucket.max_error_ratio)
-        return BucketUpdate(bucket.bucket_id, False)
+        return BucketUpdate(bucket.bucket_id, False, bucket.minimised_case is not None)
 
     def record_case_results(
         self, case_json: dict[str, Any], origin: str, results: list[CaseResult], build_id: int, worker_id: int | None

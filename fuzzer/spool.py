@@ -70,6 +70,9 @@ DEFAULT_MAX_SLOTS = 256
 WRITE_OPS = (
     "record_case", "record_result", "record_case_results", "record_minimised", "release_minimisation", "heartbeat"
 )
+HEARTBEAT_FIGURES = ("evaluations", "known_hits")
+"""The optional counts of a spooled heartbeat (`fuzzer.results.ResultSink.heartbeat`); entries
+spooled before they existed have none."""
 
 
 class SpoolError(AttnFuzzError):
@@ -410,7 +413,8 @@ class SpoolingSink:
         if op == "release_minimisation":
             return self.inner.release_minimisation(payload["bucket_id"], payload["worker_id"], payload["outcome"])
         if op == "heartbeat":
-            return self.inner.heartbeat(payload["worker_id"], payload["cases_run"], payload["status"])
+            figures = {k: payload[k] for k in HEARTBEAT_FIGURES if payload.get(k) is not None}  # none in older entries
+            return self.inner.heartbeat(payload["worker_id"], payload["cases_run"], payload["status"], **figures)
         raise SpoolError(f"op: unknown value {op!r}")
 
     def flush(self) -> bool:
@@ -518,9 +522,14 @@ class SpoolingSink:
         self._next_try = 0.0
         raise SinkUnavailableError(f"{len(self.spool)} spooled writes not yet flushed")
 
-    def heartbeat(self, worker_id: int, cases_run: int, status: str = "running") -> None:
+    def heartbeat(
+        self, worker_id: int, cases_run: int, status: str = "running", *, evaluations: int | None = None,
+        known_hits: int | None = None,
+    ) -> None:
         """A ``running`` heartbeat while the database is away is dropped; a final one is spooled."""
         payload = {"worker_id": worker_id, "cases_run": cases_run, "status": status}
+        figures = {k: v for k, v in (("evaluations", evaluations), ("known_hits", known_hits)) if v is not None}
+        payload.update(figures)
         if status != "running":
             self._write("heartbeat", payload)
             if status == "stopped":  # a clean end: the next worker of this slot takes nothing over
@@ -529,7 +538,7 @@ class SpoolingSink:
         if not self._due() or (len(self.spool) and not self.flush()):
             return
         try:
-            self.inner.heartbeat(worker_id, cases_run, status)
+            self.inner.heartbeat(worker_id, cases_run, status, **figures)
         except SinkUnavailableError as exc:
             self._unavailable(exc)
 

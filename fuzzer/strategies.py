@@ -20,6 +20,10 @@ target backend's capabilities (`fuzzer.coverage.target_plan`) or for their union
 Shrinking: every draw shrinks toward the first alternative / the lower bound, so a shrunk case
 tends to batch 1, one head, seqlen 1, bf16, bshd, normal inputs, seed 0, forward only.
 
+Input-family weights (the worker's known buckets, `fuzzer.known`): with ``family_weights`` a
+family whose cases keep hitting buckets past their hit budget is drawn with a smaller share,
+never none (`input_specs`); without, the draw is unchanged.
+
 Kernel templates (the worker's compile budget for JIT backends): with ``kernel_templates``, a
 share ``template_share`` of the draws takes the fields that select a compiled kernel
 (`KernelTemplate`: dtype, layout, head dims, GQA group, causal, which window bounds are set,
@@ -54,6 +58,7 @@ from hypothesis import strategies as st
 
 from fuzzer.backends.base import Capabilities
 from fuzzer.cp.strategies import NO_CP, CPShape, cp_lengths, cp_shapes, cp_size_and_comm_types
+from fuzzer.known import FAMILIES, FULL_WEIGHT, MIN_WEIGHT
 from oracle.config import CAUSAL_ALIGNMENTS, DTYPES, INPUT_DISTRIBUTIONS, QKV_FORMATS, AttentionCase
 from oracle.config import DOUT_DISTRIBUTIONS, MAX_SCORE_OFFSET, MAX_SEQ_SCALE_LOG2, SCORE_OFFSET_MODES, max_oracle_bytes
 from oracle.errors import AttnFuzzError
@@ -488,9 +493,41 @@ object for every draw, as `SOFTCAPS`)."""
 INPUT_FAMILIES = ("plain", "score_offset", "llm_like")
 
 
+LLM_LIKE_FAMILIES = ("qk_rank", "massive_channels", "attention_sink", "seq_scale_log2", "peaked_rows")
+"""The families of `fuzzer.known.FAMILIES` drawn in the ``llm_like`` branch of `input_specs`."""
+
+
+def check_family_weights(family_weights: Any) -> tuple[tuple[str, int], ...]:
+    """``family_weights`` as `input_specs` takes it: ``(family, weight)`` pairs, each family one of
+    `fuzzer.known.FAMILIES` at most once, each weight an integer in ``[MIN_WEIGHT, FULL_WEIGHT]``
+    (`fuzzer.known`); returned in `FAMILIES` order without the entries at `FULL_WEIGHT`.
+
+    Raises:
+        StrategyArgumentError: an unknown family, a repeated one, or a weight out of range.
+    """
+    seen: dict[str, int] = {}
+    for entry in family_weights:
+        try:
+            name, weight = entry
+        except (TypeError, ValueError):
+            raise StrategyArgumentError(f"family_weights: entries must be (family, weight) pairs, got {entry!r}") from None
+        if name not in FAMILIES:
+            raise StrategyArgumentError(f"family_weights: unknown family {name!r} (allowed: {', '.join(FAMILIES)})")
+        if name in seen:
+            raise StrategyArgumentError(f"family_weights: {name!r} given twice")
+        if isinstance(weight, bool) or not isinstance(weight, int) or not MIN_WEIGHT <= weight <= FULL_WEIGHT:
+            raise StrategyArgumentError(
+                f"family_weights: the weight of {name!r} must be an integer in [{MIN_WEIGHT}, {FULL_WEIGHT}], got {weight!r}"
+            )
+        seen[name] = weight
+    return tuple((name, seen[name]) for name in FAMILIES if seen.get(name, FULL_WEIGHT) < FULL_WEIGHT)
+
+
 @functools.lru_cache(maxsize=STRATEGY_CACHE_SIZE)  # one strategy object per distinct arguments
 @st.composite
-def input_specs(draw, *, head_dim: int, backward: bool = True, dtype: str = "bfloat16") -> dict:
+def input_specs(
+    draw, *, head_dim: int, backward: bool = True, dtype: str = "bfloat16", family_weights: tuple[tuple[str, int], ...] = ()
+) -> dict:
     """The input fields of one case (`oracle.inputs` documents each), as keyword arguments of
     `AttentionCase`: ``input_distribution`` and one input family drawn with its parameters.
 
@@ -504,8 +541,32 @@ def input_specs(draw, *, head_dim: int, backward: bool = True, dtype: str = "bfl
     * with ``backward``: ``dout_distribution`` (normal, tiny, large, sparse).
 
     Everything shrinks toward the first option: ``normal`` inputs, no family, normal ``dout``.
+
+    ``family_weights`` (`check_family_weights`; the worker's `fuzzer.known.family_weights` of the
+    families whose recent cases hit spent buckets): a family of weight ``w`` is drawn with its
+    default share times ``w / FULL_WEIGHT`` (``score_offset`` and ``llm_like`` a third of the
+    cases each, each ``llm_like`` field on in half of those, a ``dout_distribution`` other than
+    normal in three backward cases of four), the rest going to its "off" option; the ``llm_like``
+    branch takes the largest weight of `LLM_LIKE_FAMILIES` and each field its own relative to it,
+    so a field's share is scaled once. A weighted choice is one ``integers`` choice that shrinks
+    to 0, the "off" option. Empty (the default): the draw as without weights, choice for choice.
     """
-    family = draw(_sampled_from(INPUT_FAMILIES))
+    weights = dict(family_weights)
+    full = FULL_WEIGHT
+    w_offset = weights.get("score_offset", full)
+    w_llm = max(weights.get(name, full) for name in LLM_LIKE_FAMILIES)
+    if w_offset < full or w_llm < full:
+        n = draw(_integers(0, 3 * full - 1))  # plain below 3 * full - w_offset - w_llm, then score_offset, then llm_like
+        family = "plain" if n < 3 * full - w_offset - w_llm else "score_offset" if n < 3 * full - w_llm else "llm_like"
+    else:
+        family = draw(_sampled_from(INPUT_FAMILIES))
+
+    def is_on(name: str) -> bool:
+        """An ``llm_like`` field on or off: half of the time at full weight (``st.booleans()``)."""
+        w = weights.get(name, full)
+        if w >= w_llm:
+            return draw(st.booleans())
+        return draw(_integers(0, 2 * w_llm - 1)) >= 2 * w_llm - w
     # LLM-like features replace the q/k statistics: they are drawn on normal inputs only (with
     # large_logits or near_constant keys they reach scores the error model under-covers in fp32,
     # see `oracle.inputs`).
@@ -515,17 +576,25 @@ def input_specs(draw, *, head_dim: int, backward: bool = True, dtype: str = "bfl
         spec["score_offset"] = draw(SCORE_OFFSET_VALUES)
         spec["score_offset_mode"] = draw(_sampled_from(tuple(SCORE_OFFSET_MODES)))
     elif family == "llm_like":
-        if draw(st.booleans()):
+        if is_on("qk_rank"):
             spec["qk_rank"] = draw(_integers(1, min(8, head_dim)))
-        if dtype != "float32" and draw(st.booleans()):
+        if dtype != "float32" and is_on("massive_channels"):
             spec["massive_channels"] = draw(_integers(1, min(4, head_dim)))
-        spec["attention_sink"] = draw(st.booleans())
-        if draw(st.booleans()):
+        spec["attention_sink"] = is_on("attention_sink")
+        if is_on("seq_scale_log2"):
             spec["seq_scale_log2"] = draw(_integers(1, MAX_SEQ_SCALE_LOG2))
-        if draw(st.booleans()):
+        if is_on("peaked_rows"):
             spec["peaked_rows"] = draw(_sampled_from((0.125, 0.5, 1.0)))
     if backward:
-        spec["dout_distribution"] = draw(_sampled_from(tuple(DOUT_DISTRIBUTIONS)))
+        w_dout = weights.get("dout_distribution", full)
+        if w_dout < full:  # normal below 4 * full - 3 * w_dout, then one of the other three
+            others = tuple(d for d in DOUT_DISTRIBUTIONS if d != DOUT_DISTRIBUTIONS[0])
+            if draw(_integers(0, 4 * full - 1)) < 4 * full - len(others) * w_dout:
+                spec["dout_distribution"] = DOUT_DISTRIBUTIONS[0]
+            else:
+                spec["dout_distribution"] = draw(_sampled_from(others))
+        else:
+            spec["dout_distribution"] = draw(_sampled_from(tuple(DOUT_DISTRIBUTIONS)))
     return spec
 
 
@@ -543,6 +612,7 @@ def attention_cases(
     kernel_templates: tuple[KernelTemplate, ...] = (),
     template_share: float = 0.0,
     seed_pool: int = 0,
+    family_weights: Sequence[tuple[str, int]] = (),
 ) -> st.SearchStrategy[AttentionCase]:
     """Cases that at least one backend with ``capabilities`` may run.
 
@@ -576,11 +646,16 @@ def attention_cases(
             is never a CP draw.
         seed_pool: seeds ``0 .. seed_pool - 1`` are drawn seven times in eight (`seeds`); 0 (the
             default): any 32-bit seed.
+        family_weights: ``(family, weight)`` pairs of input families drawn less than their
+            default share (`input_specs`, `check_family_weights`; the worker passes
+            `fuzzer.known.family_weights` of the families whose cases hit spent buckets). Empty
+            (the default) or every weight at `fuzzer.known.FULL_WEIGHT`: the draw as without.
 
     Raises:
         StrategyArgumentError: a bound is below 1, ``seed_pool`` is negative, ``template_share``
-            is outside ``[0, 1]`` or a template is not a `KernelTemplate` (checked here, before
-            anything is drawn).
+            is outside ``[0, 1]``, a template is not a `KernelTemplate` or ``family_weights``
+            names an unknown family or a weight out of range (checked here, before anything is
+            drawn).
     """
     bounds = (("max_batch_size", max_batch_size), ("max_heads_kv", max_heads_kv), ("max_work", max_work))
     if max_elements is not None:
@@ -600,6 +675,7 @@ def attention_cases(
     for t in kernel_templates:
         if not isinstance(t, KernelTemplate):
             raise StrategyArgumentError(f"kernel_templates: must be KernelTemplate instances, got {t!r}")
+    weights = check_family_weights(family_weights)
     templates = usable_templates(kernel_templates, capabilities, allow_backward)
     share_pct = round(100 * template_share)
     if not share_pct:
@@ -617,6 +693,7 @@ def attention_cases(
         templates=templates,
         share_pct=share_pct,
         seed_pool=seed_pool,
+        family_weights=weights,
     )
 
 
@@ -671,9 +748,10 @@ def _attention_cases(
     templates: tuple[KernelTemplate, ...] = (),
     share_pct: int = 0,
     seed_pool: int = 0,
+    family_weights: tuple[tuple[str, int], ...] = (),
 ) -> AttentionCase:
     """The draw behind `attention_cases` (arguments already checked, ``templates`` already the
-    usable ones)."""
+    usable ones, ``family_weights`` as `check_family_weights` returns them)."""
     caps = capabilities
     max_seqlen = max_seqlen or caps.max_seqlen
     t: KernelTemplate | None = None
@@ -739,7 +817,10 @@ def _attention_cases(
     if t.softcap if t else (caps.softcap and draw(_integers(0, 3)) == 3):
         softcap = draw(SOFTCAPS)
     backward = t.backward if t else bool(caps.backward and allow_backward and draw(st.booleans()))
-    input_spec = draw(input_specs(head_dim=head_dim, backward=backward, dtype=dtype))
+    if family_weights:
+        input_spec = draw(input_specs(head_dim=head_dim, backward=backward, dtype=dtype, family_weights=family_weights))
+    else:  # the strategy objects of the draw without weights
+        input_spec = draw(input_specs(head_dim=head_dim, backward=backward, dtype=dtype))
     seed = draw(seeds(seed_pool))
     return AttentionCase(
         batch_size=batch_size,

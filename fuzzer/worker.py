@@ -19,7 +19,14 @@ Minimisation is shared between workers: after each chunk (and once at start, to 
 dead worker left) the worker claims buckets of its backends that have no minimised case
 (`ResultSink.claim_minimisation`, a lease renewed with its heartbeats, so one worker at a time
 shrinks a bucket and a dead worker's bucket is taken up again), shrinks the bucket's first case
-with `fuzzer.minimise.minimise` and stores the minimised case with the bucket.
+with `fuzzer.minimise.minimise` and stores the minimised case with the bucket. The minimised case
+is confirmed on every variant of the backend and run on every other usable backend (the
+consensus: which of them pass it, fail it and how; phase ``confirm``). A design's limit
+(severity ``limit``) is not shrunk: its first case is kept.
+
+Known buckets (`fuzzer.known`): a minimised, confirmed bucket gets ``known_hit_budget`` further
+fuzz hits; past them its hits move the draws away (its cases' targets and input families are drawn
+less), and ``stats.known_share`` says how many evaluations went to buckets already known.
 
 Context parallelism: when a selected backend is a CP backend (`fuzzer.backends.base.is_cp_backend`),
 `open` puts a `fuzzer.cp.executor.CPExecutor` beside the usual executor (`RoutingExecutor`:
@@ -63,9 +70,10 @@ from fuzzer.cp.executor import make_executor_with_cp
 from fuzzer.evaluate import Evaluation, Evaluator, PendingJudgement, applicable_tasks, judge, with_phase
 from fuzzer.evaluate import normalise_masked_lse as _normalise_masked_lse
 from fuzzer.executor import COMPILE_ERROR_TYPES, TaskOutcome  # COMPILE_ERROR_TYPES: its kernel did not build (quarantined, not shrunk)
+from fuzzer.known import KNOWN_HIT_BUDGET, KNOWN_TARGET_LOAD, FamilyHistory, KnownBuckets, case_families, reduced_weights
 from fuzzer.minimise import MinimiseInterrupted, MinimiseOutcome, minimise
-from fuzzer.results import CaseResult, MinimiseClaim, ResultSink, keyboard_interrupt_handler
-from fuzzer.severity import is_ratio_based
+from fuzzer.results import BucketUpdate, CaseResult, MinimiseClaim, ResultSink, keyboard_interrupt_handler
+from fuzzer.severity import is_ratio_based, severity
 from fuzzer.coverage import DRAW_MODES, count_case, target_plan
 from fuzzer.strategies import KernelTemplate, attention_cases, default_bounds, merge_capabilities
 from oracle.config import AttentionCase
@@ -180,6 +188,13 @@ class WorkerConfig:
             first run once that is judged. Shrinking, replays, confirmations and CP cases are
             judged inline. Why: on the H200 the comparison took 18-25 ms a case on the worker's
             thread (2026-12-02), 13% of the wall time, mostly waiting for the GPU.
+        known_hit_budget: fuzz hits a minimised and confirmed bucket (or a ``limit`` one, from
+            its first hit) gets before it is spent (`fuzzer.known`); past it, its hits move the
+            draws away: the target a case was drawn for is drawn for less
+            (`fuzzer.known.KNOWN_TARGET_LOAD`) and the input families of the cases that keep
+            hitting spent buckets are drawn less, never not at all (`fuzzer.known.family_weights`),
+            and their error ratios reach no Hypothesis ``target()``. None: no budget (the draws
+            never move away; ``stats.known_hits`` is still counted).
     """
 
     backends: list[tuple[Backend, str]]
@@ -217,6 +232,7 @@ class WorkerConfig:
     lane_grace_s: float = 0.25
     late_drain_s: float = 15.0
     judge: str = "auto"
+    known_hit_budget: int | None = KNOWN_HIT_BUDGET
 
     def __post_init__(self) -> None:
         share = self.jit_share
@@ -260,6 +276,9 @@ class WorkerConfig:
             self.seed_pool = defaults.seed_pool
         if isinstance(self.seed_pool, bool) or not isinstance(self.seed_pool, int) or self.seed_pool < 0:
             raise WorkerError(f"seed_pool: must be an integer >= 0, got {self.seed_pool!r}")
+        budget = self.known_hit_budget
+        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 0):
+            raise WorkerError(f"known_hit_budget: must be an integer >= 0 or None (no budget), got {budget!r}")
         if not self.backends:
             raise WorkerError("backends: at least one backend is needed")
 
@@ -394,6 +413,13 @@ class WorkerStats:
     stopped_s: float = 0.0  # time.monotonic() when it ended (0: unknown)
     child_restarts: int = 0  # backend children started again after a crash, a timeout or a lost pipe (at close)
     spares_used: int = 0  # of those, restarts served by a spare child started ahead (`ChildProcessExecutor`)
+    # known buckets (`fuzzer.known`): fuzz results that ran (not unsupported), and of them those that
+    # failed in a bucket known before their evaluation (stored, or seen by this worker)
+    evaluations: int = 0
+    known_hits: int = 0
+    spent: list = field(default_factory=list)  # bucket keys past their hit budget in this run, in order
+    known_load: Counter = field(default_factory=Counter)  # target -> load added by its cases that hit a spent bucket
+    family_weights: dict = field(default_factory=dict)  # input family -> draw weight, where below full (the last chunk's)
 
     @property
     def split_wall_s(self) -> float:
@@ -432,6 +458,12 @@ class WorkerStats:
     @property
     def cases_per_s(self) -> float:
         return self.cases / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def known_share(self) -> float:
+        """``known_hits / evaluations``: the share of the fuzz evaluations spent on buckets already
+        known (0 before any evaluation)."""
+        return self.known_hits / self.evaluations if self.evaluations > 0 else 0.0
 
 
 def merge_stats(parts: list[WorkerStats]) -> WorkerStats:
@@ -474,7 +506,7 @@ def merge_stats(parts: list[WorkerStats]) -> WorkerStats:
             elif isinstance(mine, Counter):
                 mine.update(theirs)
             elif isinstance(mine, list):
-                mine.extend(x for x in theirs if name != "new_buckets" or x not in mine)
+                mine.extend(x for x in theirs if name not in ("new_buckets", "spent") or x not in mine)
             elif isinstance(mine, dict):
                 for key, value in theirs.items():
                     if isinstance(value, set):
@@ -592,6 +624,10 @@ class Worker:
         self._crashed_keys: set[tuple[str, tuple]] = set()  # (backend, kernel_key) that crashed or timed out in a fuzz case
         self._kernel_templates: dict[str, dict[KernelTemplate, None]] = {}  # JIT backend -> first-seen templates
         self._kernel_classes: dict[str, set[tuple[bool, ...]]] = {}  # JIT backend -> kernel_class of the cases it ran
+        # known buckets and their hit budgets (`fuzzer.known`); the stored ones are added by `open`
+        self.known = KnownBuckets(config.known_hit_budget)
+        self._families = FamilyHistory()  # recent fuzz cases per input family: did they hit a spent bucket
+        self._drawn_for: OrderedDict[str, str] = OrderedDict()  # case_id -> the target it was drawn for (recent cases)
         self._started = 0.0
         self._budget_s: float | None = config.time_budget_s  # set again at the start of run (`_time_budget`)
         self._fuzz_started: float | None = None
@@ -650,6 +686,8 @@ class Worker:
         # the versions the children loaded (cuDNN, the imported FA4 build), not this process's
         fingerprint = self._fingerprint or current_fingerprint(self.config.device, executor_runtime(self._executor))
         self.build_id = self.sink.register_build(fingerprint)
+        for key in self.sink.known_bucket_keys():  # known before this worker's first evaluation
+            self.known.add(key)
         where = (self.build_id, socket.gethostname(), os.getpid(), self.config.device)
         slot = getattr(self.journal, "slot", None)
         self.worker_id = self.sink.register_worker(*where, slot) if slot else self.sink.register_worker(*where)
@@ -725,7 +763,7 @@ class Worker:
                 self.stats.fuzz_s = self._clock() - self._fuzz_started
             if self.worker_id is not None:
                 try:
-                    self.sink.heartbeat(self.worker_id, self.stats.cases, status=status)
+                    self.sink.heartbeat(self.worker_id, self.stats.cases, status=status, **self._heartbeat_figures())
                 except AttnFuzzError:
                     if status == "stopped":
                         raise
@@ -852,7 +890,12 @@ class Worker:
         now = time.monotonic()
         if force or now - self._last_heartbeat >= self.config.heartbeat_s:
             self._last_heartbeat = now
-            self.sink.heartbeat(self.worker_id, self.stats.cases)
+            self.sink.heartbeat(self.worker_id, self.stats.cases, **self._heartbeat_figures())
+
+    def _heartbeat_figures(self) -> dict[str, int]:
+        """What a heartbeat stores besides the case count: ``evaluations`` and ``known_hits`` (the
+        known-bucket share's counts, `WorkerStats`)."""
+        return {"evaluations": self.stats.evaluations, "known_hits": self.stats.known_hits}
 
     # ------------------------------------------------------------------ generation
     def strategy(self, chunk: int = 0):
@@ -867,6 +910,12 @@ class Worker:
         first entry, the most favoured backend, is what it shrinks toward; under ``--seed`` the
         plan and the draws are reproducible. With lanes, a backend busy with an earlier case when
         the chunk starts is left out of the plan while another is free (`_busy_backends`).
+
+        Known buckets (`fuzzer.known`, with a ``known_hit_budget``): the plan counts each target's
+        cases that hit a spent bucket as extra load (``stats.known_load``), and the input families
+        whose recent cases keep hitting spent buckets are drawn less (``family_weights`` of
+        `fuzzer.strategies.attention_cases`; ``stats.family_weights``). With no spent bucket the
+        strategy is the one without them.
         """
         c = self.config
         common = dict(
@@ -880,6 +929,10 @@ class Worker:
             preferred_head_dims=tuple(self._head_dim_pool) if c.reuse_kernels else (),
             max_cp_size=getattr(self._executor, "max_cp_size", 1),
         )
+        weights = reduced_weights(self._families.weights()) if c.known_hit_budget is not None else ()
+        self.stats.family_weights = dict(weights)
+        if weights:  # only then: without, the strategy objects (and draws) of a run with no spent bucket
+            common["family_weights"] = weights
         if c.draw == "union":  # no kernel templates: a union draw has no one backend's kernels to reuse
             caps = merge_capabilities([b.capabilities for b in self.usable])
             return attention_cases(capabilities=caps, **common).map(lambda case: (None, case))
@@ -889,7 +942,8 @@ class Worker:
         if busy and free:  # a busy backend sits out the cases drawn meanwhile: draw for the free ones
             self.stats.untargeted_busy.update(n for n in names if n in busy)
             names = free
-        plan = target_plan(names, self.stats.runnable, self.stats.targeted, max(c.chunk_size, len(names)), chunk)
+        slots = max(c.chunk_size, len(names))
+        plan = target_plan(names, self.stats.runnable, self.stats.targeted, slots, chunk, self.stats.known_load)
         states = self._compile_budget_states()
         state = "none" if states is None else ("over" if "over" in states.values() else "under")
         self.stats.template_chunks[state] += 1
@@ -1141,6 +1195,11 @@ class Worker:
                 return  # finish the chunk quickly (reject() would make Hypothesis report it)
             target_name, case = drawn
             self._collect_late()  # background parts of earlier cases that are done: judged, stored
+            if target_name is not None:  # whose draw a hit on a spent bucket is charged to (`_note_known`)
+                self._drawn_for[case.case_id] = target_name
+                self._drawn_for.move_to_end(case.case_id)
+                while len(self._drawn_for) > MAX_REPEAT_MEMO:
+                    self._drawn_for.popitem(last=False)
             repeated = self.stats.repeated
             results = self.evaluate(case, phase="fuzz", tasks=self._compile_gated_tasks(case))
             self._note_crashes(case, results)
@@ -1151,8 +1210,11 @@ class Worker:
             if self.stats.repeated == repeated:  # the coverage counts are of cases run
                 count_case(results, self.stats.runnable, self.stats.unsupported)
             for result in results:
-                if result.error_ratio is not None and math.isfinite(result.error_ratio):
-                    target(min(result.error_ratio, 1e6), label=f"{result.backend}:{result.variant}")
+                if result.error_ratio is None or not math.isfinite(result.error_ratio):
+                    continue
+                if result.bucket_key is not None and self.known.is_spent(result.bucket_key):
+                    continue  # no hill-climbing toward a bucket past its hit budget
+                target(min(result.error_ratio, 1e6), label=f"{result.backend}:{result.variant}")
 
         test = given(self.strategy(chunk))(fuzz_case)
         # No example database for fuzz chunks: with one, Hypothesis keeps a Pareto front of the
@@ -1506,21 +1568,77 @@ class Worker:
                 if len(templates) < MAX_KERNEL_TEMPLATES:
                     templates.setdefault(KernelTemplate.of(case), None)
 
-    def _record(self, case: AttentionCase, results: list[CaseResult], phase: str) -> None:
+    def _record(self, case: AttentionCase, results: list[CaseResult], phase: str, origin: str | None = None) -> None:
         """Send ``case`` and its ``results`` to the sink in one write (`record_case_results`, one
         transaction on the SQL store; a sink without it gets `record_case` then `record_result`
-        per result); report each bucket the sink saw first."""
+        per result); report each bucket the sink saw first and count the known ones
+        (`_note_known`). ``origin``: the case's (default ``phase``)."""
         record_all = getattr(self.sink, "record_case_results", None)
+        origin = phase if origin is None else origin
         with self._storing(phase):
             if record_all is not None:
-                updates = record_all(case.to_json(), phase, results, self.build_id, self.worker_id)
+                updates = record_all(case.to_json(), origin, results, self.build_id, self.worker_id)
             else:
-                self.sink.record_case(case.to_json(), origin=phase)
+                self.sink.record_case(case.to_json(), origin=origin)
                 updates = [self.sink.record_result(r, self.build_id, self.worker_id) for r in results]
+        self._note_known(case, results, updates, phase)
         for r, update in zip(results, updates):
             key = r.bucket_key
             if update is not None and key is not None and update.is_new:
                 self._note_new_bucket(key, case)
+
+    def _note_known(
+        self, case: AttentionCase, results: list[CaseResult], updates: list[BucketUpdate | None], phase: str
+    ) -> None:
+        """Count the known buckets of ``results`` just stored (`fuzzer.known`).
+
+        Fuzz phase: each result that ran counts in ``stats.evaluations``, and in
+        ``stats.known_hits`` when its failure's bucket was known before (stored when the worker
+        started, seen since, or reported as not new by the sink). A hit on a budgeted bucket
+        (minimised and confirmed here, minimised according to the sink, or a ``limit``) counts
+        toward its budget (`KnownBuckets.hit`); when one of them is past it, the part of the case
+        hit a spent bucket: the case's input families note it (`FamilyHistory`), its target gets
+        `fuzzer.known.KNOWN_TARGET_LOAD` more load (once per case) and the bucket joins
+        ``stats.spent`` the first time. Only parts with a judged result (``pass`` or ``fail``)
+        are noted for the families (one note per stored part of a case), and a part that hit
+        known buckets, none of them spent, is not noted: it is no clean case either (the
+        families would otherwise start from the budget's hits, and those before the shrink,
+        counted as clean).
+
+        Every phase: the buckets are known from now; a ``limit`` bucket is budgeted from its
+        first hit (it is never shrunk, `minimise_claimed`)."""
+        known, fuzz = self.known, phase == "fuzz"
+        hit_spent, hit_known, judged = False, False, False
+        for r, update in zip(results, updates):
+            if fuzz and r.status != "unsupported":
+                self.stats.evaluations += 1
+            judged = judged or r.status in ("pass", "fail")
+            key = r.bucket_key
+            if key is None:
+                continue
+            before = known.is_known(key) or (update is not None and not update.is_new)
+            is_limit = severity(key[2]) == "limit"
+            if fuzz and before:
+                self.stats.known_hits += 1
+                hit_known = True
+            if fuzz and before and (known.is_budgeted(key) or is_limit or (update is not None and update.minimised)):
+                known.start_budget(key)  # a no-op when budgeted here already
+                spent = known.hit(key)
+                if spent and known.hits(key) == (known.budget or 0) + 1:
+                    self.stats.spent.append(key)
+                hit_spent = hit_spent or spent
+            elif is_limit:
+                known.start_budget(key)
+            else:
+                known.add(key)
+        if not fuzz:
+            return
+        if judged and (hit_spent or not hit_known):  # one that hit a known bucket within its budget: not noted
+            self._families.add(case_families(case), hit_spent)
+        if hit_spent:
+            target_name = self._drawn_for.pop(case.case_id, None)
+            if target_name is not None:
+                self.stats.known_load[target_name] += KNOWN_TARGET_LOAD
 
     @contextlib.contextmanager
     def _storing(self, phase: str) -> Iterator[None]:
@@ -1671,8 +1789,16 @@ class Worker:
         ends the lease). Returns None when the minimisation was given up (the lease lost to
         another worker, or a stored case that no longer validates).
 
+        A ``limit`` bucket (`fuzzer.severity`: a correct kernel of the backend's design fails the
+        same way) is not shrunk: it is no claim against the kernel, and its first case is kept as
+        the example (`_keep_limit`).
+
+        A minimised (or ``unchanged``: confirmed, nothing smaller) bucket's further fuzz hits are
+        budgeted from now (`fuzzer.known`), and so are those of the buckets attached to it.
+
         One minimisation per root cause: a minimised case is re-checked on every variant of the
-        backend (phase ``confirm``, recorded). Each failure there other than the bucket's own
+        backend (phase ``confirm``, recorded), and run on every other usable backend too
+        (consensus, `_consensus_tasks`; recorded, never attached). Each failure there other than the bucket's own
         (a sibling claimed with it, the same failure through another API variant, or another
         signature of the same defect) is attached to it (``record_minimised(attach=...)``): that
         bucket gets this minimised case and root-cause group and is not shrunk on its own.
@@ -1691,6 +1817,8 @@ class Worker:
         t0 = self._clock()
         if self._compile_failure(key):
             return self._keep_compile_failure(claim, case, t0)
+        if severity(key[2]) == "limit":
+            return self._keep_limit(claim, case, t0)
         try:
             db_key = ("attnfuzz-minimise:" + "|".join(key)).encode()
             predicate = self.still_fails(key, claim.bucket_id, original=case)
@@ -1727,6 +1855,10 @@ class Worker:
                 worker_id=self.worker_id,
                 attach=attach,
             )
+            if outcome.status in ("minimised", "unchanged"):  # confirmed: its further hits are budgeted
+                self.known.start_budget(key)
+                for variant, signature in attach:
+                    self.known.start_budget((key[0], variant, signature))
             if attached:
                 self.stats.attached.extend((key, bucket_id) for bucket_id in attached)
                 for variant, signature in attach:  # what the summary says of this run's buckets
@@ -1757,35 +1889,83 @@ class Worker:
         session) one torch-flex ``error:InductorError`` bucket took 7 predicate calls in its
         slice (a flex build fails after 15-100 s), and the campaign's shrinking ended at 26.0% of
         the wall time against a bound of 25%."""
-        outcome = MinimiseOutcome(
-            status="unchanged", case=case, original=case, attempts=0, elapsed_s=0.0,
-            note="not shrunk: a JIT backend's compile failure (every run builds the failing kernel again; "
-            "its kernel key, kept by any shrink, decides it)",
+        note = (
+            "not shrunk: a JIT backend's compile failure (every run builds the failing kernel again; "
+            "its kernel key, kept by any shrink, decides it)"
         )
+        return self._keep_unshrunk(claim, case, t0, note)
+
+    def _keep_limit(self, claim: MinimiseClaim, case: AttentionCase, t0: float) -> MinimiseOutcome:
+        """Store a ``limit`` bucket's first case as its minimised case, unshrunk (status
+        ``unchanged``, with a note saying why), with its siblings (the same signature through
+        other variants of the first case) attached, and end the lease; no backend runs.
+
+        Why: a ``<tensor>:limit`` or ``<tensor>:unjudgeable`` failure is shared by a correct
+        kernel of the backend's design (`oracle.emulate`): no claim against the kernel, so a
+        smaller case would show nothing more, and each predicate call would cost a run and an
+        emulation. Its further hits are budgeted from its first one (`_note_known`)."""
+        note = "not shrunk: a limit of the backend's design (no claim against the kernel; its first case is the example)"
+        attach = [(sibling[1], sibling[2]) for _, sibling in claim.siblings if severity(sibling[2]) == "limit"]
+        return self._keep_unshrunk(claim, case, t0, note, attach)
+
+    def _keep_unshrunk(
+        self, claim: MinimiseClaim, case: AttentionCase, t0: float, note: str, attach: list[tuple[str, str]] | None = None
+    ) -> MinimiseOutcome:
+        """Store ``case`` (the claimed bucket's first case) as its minimised case with status
+        ``unchanged`` and ``note``, attaching the ``(variant, signature)`` buckets of ``attach``;
+        the time counts in ``stats.shrink_s``."""
+        outcome = MinimiseOutcome(status="unchanged", case=case, original=case, attempts=0, elapsed_s=0.0, note=note)
+        extra = {"attach": attach} if attach else {}
         try:
             self.stats.minimised.append((claim.key, outcome))
-            self.sink.record_minimised(
-                claim.bucket_id, case.to_json(), case.case_id, f"{outcome.status}: {outcome.note}", worker_id=self.worker_id
+            attached = self.sink.record_minimised(
+                claim.bucket_id, case.to_json(), case.case_id, f"{outcome.status}: {outcome.note}", worker_id=self.worker_id,
+                **extra,
             )
+            if attached:
+                self.stats.attached.extend((claim.key, bucket_id) for bucket_id in attached)
         finally:
             self.stats.shrink_s += self._clock() - t0
         self.reporter.on_minimised(claim.key, outcome)
         return outcome
 
+    def _consensus_tasks(self, minimal: AttentionCase, own: str) -> list[tuple[str, str]]:
+        """The tasks of ``minimal``'s consensus: every applicable variant
+        (`fuzzer.backends.base.Backend.applicable_variants`) of every usable backend but ``own``,
+        less those at a kernel key that crashed or timed out in a fuzz case (`_note_crashes`:
+        each would cost a child restart)."""
+        tasks = []
+        for backend in self.usable:
+            if backend.name == own:
+                continue
+            for variant in backend.applicable_variants(minimal):
+                if minimal.cp_size == 1 and self._crashed_keys:
+                    try:
+                        kernel = backend.kernel_key(minimal, variant)
+                    except Exception:  # a plugin's key function must not stop the confirmation
+                        kernel = None
+                    if kernel is not None and (backend.name, kernel) in self._crashed_keys:
+                        continue
+                tasks.append((backend.name, variant))
+        return tasks
+
     def _recheck_symptoms(self, minimal: AttentionCase, key: tuple[str, str, str]) -> list[tuple[str, str]]:
-        """Run ``minimal`` on every variant of ``key``'s backend (phase ``confirm``), record it and
-        the results (new buckets are reported), and return the ``(variant, signature)`` of the
-        failures to attach: all but ``key``'s own, ratio-based ones only with ``error_ratio >=
-        shrink_error_margin``."""
+        """Run ``minimal`` on every variant of ``key``'s backend and on every other usable backend
+        (`_consensus_tasks`), in one evaluation (phase ``confirm``), record it (origin
+        ``minimised``) and the results in one write (new buckets are reported: a new bucket of
+        another backend has ``minimal`` as its first case and is shrunk as any other), and return
+        the ``(variant, signature)`` of ``key``'s backend's failures to attach: all but ``key``'s
+        own, ratio-based ones only with ``error_ratio >= shrink_error_margin``. The other
+        backends' results are the minimised case's consensus: which of them pass it, fail it and
+        how (a service reads them as the case's ``confirm`` results); nothing of them is
+        attached or shrunk here."""
         backend = self.backends[key[0]]
-        self.sink.record_case(minimal.to_json(), origin="minimised")
-        tasks = [(backend.name, variant) for variant in backend.variants]
+        tasks = [(backend.name, variant) for variant in backend.variants] + self._consensus_tasks(minimal, backend.name)
+        results = self.evaluate(minimal, phase="confirm", tasks=tasks, record=False)
+        self._record(minimal, results, "confirm", origin="minimised")
         attach = []
-        for r in self.evaluate(minimal, phase="confirm", tasks=tasks, record=False):
-            update = self.sink.record_result(r, self.build_id, self.worker_id)
-            if update is not None and update.is_new and r.bucket_key is not None:
-                self._note_new_bucket(r.bucket_key, minimal)
-            if not r.is_failure or r.bucket_key == key:
+        for r in results:
+            if r.backend != backend.name or not r.is_failure or r.bucket_key == key:
                 continue
             ratio = r.error_ratio if r.error_ratio is not None else math.inf
             if is_ratio_based(r.signature) and ratio < self.config.shrink_error_margin:

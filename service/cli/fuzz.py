@@ -20,6 +20,7 @@ from typing import Annotated, Optional
 import typer
 from rich.markup import escape
 
+from fuzzer.known import KNOWN_HIT_BUDGET
 from oracle.errors import AttnFuzzError, CaseValidationError
 from service.cli.common import (
     DbOption,
@@ -95,6 +96,16 @@ def fuzz(
             "(1 = no budget). See docs/build-matrix.md, compile budget.",
         ),
     ] = 0.2,
+    known_hit_budget: Annotated[
+        int,
+        typer.Option(
+            "--known-hit-budget",
+            min=0,
+            help="Fuzz hits a minimised bucket (or a design-limit one, from its first hit) gets before it is spent; "
+            "past it, the targets and input families of the cases that keep hitting it are drawn less (never "
+            "not at all). The summary shows the share of evaluations spent on known buckets.",
+        ),
+    ] = KNOWN_HIT_BUDGET,
     case_timeout: Annotated[
         float, typer.Option(callback=_positive, help="Seconds per backend call before its child is killed, > 0.")
     ] = 120.0,
@@ -265,6 +276,7 @@ def fuzz(
             shrink_deadline_s=shrink_deadline,
             shrink_share=shrink_share,
             jit_share=jit_share,
+            known_hit_budget=known_hit_budget,
             case_timeout_s=case_timeout,
             isolation=isolation,
             max_seqlen=max_seqlen,

@@ -104,7 +104,7 @@ class RichReporter:
             self.task,
             completed=elapsed if self.by_time else cases,
             description=f"{cases} cases{workers}, {rate:.2f} cases/s, {len(self.buckets) + other_buckets} new bucket(s), "
-            f"JIT {_share(stats.compile_s, getattr(stats, 'fuzz_s', 0.0))} of wall",
+            f"{_known_cell(stats)}, JIT {_share(stats.compile_s, getattr(stats, 'fuzz_s', 0.0))} of wall",
         )
         if self.live is not None:
             self.live.update(self._render(stats))
@@ -129,6 +129,27 @@ COUNTS_NOTE = (
     "database keeps each case once (by case_id) and one result per case, backend, variant and build, so "
     "its counts (attnfuzz report) can be lower."
 )
+
+
+def _known_cell(stats: WorkerStats) -> str:
+    """``"known 4%"``: the share of this process's fuzz evaluations that failed in a bucket
+    already known (`fuzzer.worker.WorkerStats.known_share`)."""
+    evaluations = getattr(stats, "evaluations", 0)
+    return f"known {_share(getattr(stats, 'known_hits', 0), evaluations)}"
+
+
+def _known_data(stats: WorkerStats) -> dict:
+    """The known-bucket figures of ``fuzz --json`` (`fuzzer.known`): evaluations, known hits and
+    their share, the buckets past their hit budget, the targets' extra load and the input
+    families drawn below their default share (their weights out of `fuzzer.known.FULL_WEIGHT`)."""
+    return {
+        "evaluations": getattr(stats, "evaluations", 0),
+        "known_hits": getattr(stats, "known_hits", 0),
+        "known_share": getattr(stats, "known_share", 0.0),
+        "spent_buckets": [" / ".join(key) for key in getattr(stats, "spent", [])],
+        "target_load": dict(sorted(getattr(stats, "known_load", {}).items())),
+        "family_weights": dict(getattr(stats, "family_weights", {})),
+    }
 
 
 def _jit_cell(stats: WorkerStats, name: str) -> str:
@@ -278,6 +299,11 @@ def summary_data(stats: WorkerStats, url: str, *, interrupted: bool = False, spo
         "spare_children_used": getattr(stats, "spares_used", 0),
         "children": _children_data(stats),
         "new_buckets": buckets,
+        # fuzz evaluations (results that ran) and those that failed in a bucket known before them
+        "evaluations": getattr(stats, "evaluations", 0),
+        "known_hits": getattr(stats, "known_hits", 0),
+        "known_share": getattr(stats, "known_share", 0.0),
+        "known_buckets": _known_data(stats),
         "spool": spool or {},
     }
 
@@ -340,6 +366,20 @@ def print_summary(stats: WorkerStats, url: str, *, interrupted: bool = False, st
             f"Judged on the judge thread, beside the worker's (--judge background): {stats.judged_background} results, "
             f"{stats.judge_background_s:.1f} s of comparison not in the split above."
         )
+    if getattr(stats, "evaluations", 0):
+        known = _known_data(stats)
+        line = (
+            f"Spent on known buckets: {known['known_hits']} of {known['evaluations']} fuzz evaluations "
+            f"({_share(known['known_hits'], known['evaluations'])}) failed in a bucket already known"
+        )
+        if known["spent_buckets"]:
+            line += f"; past their hit budget, drawn away from: {', '.join(known['spent_buckets'])}"
+        if known["family_weights"]:
+            from fuzzer.known import FULL_WEIGHT
+
+            weights = ", ".join(f"{name} {w}/{FULL_WEIGHT}" for name, w in known["family_weights"].items())
+            line += f" (input families drawn less: {weights} of their share)"
+        out.print(escape(line), soft_wrap=True)
     if getattr(stats, "repeated", 0):
         out.print(
             f"Drawn again by Hypothesis and answered from their first run in this run (not run, not counted as cases): "

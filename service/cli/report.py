@@ -57,9 +57,10 @@ def report_data(session, url: str) -> dict:
     status and backend, times in seconds, coverage per backend, buckets (most severe first, each
     with its minimised or first case) and root-cause groups (`_defects`)."""
     from oracle.config import AttentionCase
-    from service.db.stats import backend_coverage, campaign_report
+    from service.db.stats import backend_coverage, campaign_report, known_hits
 
     rep = campaign_report(session)
+    known = known_hits(session)
     buckets = []
     for b in rep.buckets:
         case = b.minimised_case or b.first_case
@@ -102,6 +103,8 @@ def report_data(session, url: str) -> dict:
             }
             for c in backend_coverage(session)
         ],
+        # the workers' fuzz evaluations and those that failed in a bucket already known (fuzzer.known)
+        "known_buckets": {"evaluations": known.evaluations, "known_hits": known.known_hits, "known_share": known.known_share},
         "buckets": buckets,  # most severe first (fuzzer.severity)
         "defects": _defects(buckets),
     }
@@ -137,6 +140,12 @@ def print_report(data: dict) -> None:
         coverage.add_row(c["backend"], str(c["cases"]), str(c["cases_run"]), reasons)
     out.print(coverage)
     out.print(f"oracle (the float64 reference) time in all: {data['oracle_s']:.1f} s")
+    known = data["known_buckets"]
+    if known["evaluations"]:
+        out.print(
+            f"spent on known buckets: {known['known_hits']} of the workers' {known['evaluations']} fuzz evaluations "
+            f"({100.0 * known['known_share']:.1f}%) failed in a bucket already known"
+        )
     if not data["buckets"]:
         out.print("no buckets: no failing result is stored")
     else:

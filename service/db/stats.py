@@ -1,7 +1,8 @@
 """Aggregate figures of the stored campaign: the overview page's counts and hourly series
 (`overview`), the campaign report and per-backend coverage (`campaign_report`,
 `backend_coverage`), and the Prometheus snapshot (`metrics_snapshot`). Functions take a
-`Session` and return small frozen records; none writes."""
+`Session` and return small frozen records; none writes. `known_hits`: the share of the workers'
+evaluations spent on known buckets."""
 
 from __future__ import annotations
 
@@ -191,6 +192,31 @@ def campaign_report(session: Session) -> CampaignReport:
         .order_by(SEVERITY_ORDER.desc(), Bucket.backend, Bucket.variant, Bucket.signature)
     ).all()
     return CampaignReport(overview(session), timings, oracle_ms, list(buckets))
+
+
+@dataclass(frozen=True)
+class KnownHits:
+    """How much of the fuzzing went to buckets already known, summed over the stored workers
+    (their last heartbeats: `fuzzer.worker.WorkerStats` ``evaluations`` and ``known_hits``).
+
+    Attributes:
+        evaluations: fuzz evaluations (results that ran, not ``unsupported``).
+        known_hits: those that failed in a bucket known before their evaluation.
+    """
+
+    evaluations: int
+    known_hits: int
+
+    @property
+    def known_share(self) -> float:
+        """``known_hits / evaluations`` (0 without evaluations)."""
+        return self.known_hits / self.evaluations if self.evaluations > 0 else 0.0
+
+
+def known_hits(session: Session) -> KnownHits:
+    """`KnownHits` of every ``workers`` row (workers of a revision before 0007 count 0)."""
+    evaluations, hits = session.execute(select(func.sum(Worker.evaluations), func.sum(Worker.known_hits))).one()
+    return KnownHits(int(evaluations or 0), int(hits or 0))
 
 
 @dataclass(frozen=True)

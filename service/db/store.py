@@ -188,8 +188,12 @@ class SqlStore:
 
         return self._tx.write(run)
 
-    def heartbeat(self, worker_id: int, cases_run: int, status: str = "running") -> None:
-        """Set the worker's ``last_heartbeat`` to now with its ``cases_run`` and ``status``.
+    def heartbeat(
+        self, worker_id: int, cases_run: int, status: str = "running", *, evaluations: int | None = None,
+        known_hits: int | None = None,
+    ) -> None:
+        """Set the worker's ``last_heartbeat`` to now with its ``cases_run`` and ``status``, and its
+        ``evaluations`` and ``known_hits`` where given (None: kept as stored).
 
         A status other than ``"running"`` also ends the worker's minimisation leases.
 
@@ -200,11 +204,13 @@ class SqlStore:
         if status not in WORKER_STATUSES:
             raise FieldValidationError("status", f"unknown value {status!r} (allowed: {', '.join(WORKER_STATUSES)})")
 
+        figures = {k: v for k, v in (("evaluations", evaluations), ("known_hits", known_hits)) if v is not None}
+
         def run(connection: Connection) -> None:
             statement = (
                 update(Worker)
                 .where(Worker.id == worker_id)
-                .values(last_heartbeat=utcnow(), cases_run=cases_run, status=status)
+                .values(last_heartbeat=utcnow(), cases_run=cases_run, status=status, **figures)
             )
             if connection.execute(statement).rowcount == 0:
                 raise NotFoundError("worker", worker_id)
@@ -387,7 +393,8 @@ class SqlStore:
         first sight. Writing the same key again changes nothing and reports the stored row.
 
         Returns:
-            For a failure: the bucket and whether this call created it. None for a non-failure.
+            For a failure: the bucket, whether this call created it and whether it has a
+            minimised case. None for a non-failure.
 
         Raises:
             NotFoundError: ``result.case_id`` was never recorded (call `record_case` first), or
@@ -434,9 +441,10 @@ class SqlStore:
                     last_build_id=build_id,
                     **_bucket_severity_bump(result),
                 )
-                .returning(Bucket.id)
+                .returning(Bucket.id, Bucket.minimised_case_id)
             )
-            return BucketUpdate(bucket_id=connection.execute(bump).scalar_one(), is_new=False)
+            bumped = connection.execute(bump).one()
+            return BucketUpdate(bucket_id=bumped.id, is_new=False, minimised=bumped.minimised_case_id is not None)
 
         return run
 
@@ -475,10 +483,12 @@ class SqlStore:
         ).one()
         if stored.signature is None:
             return None
-        bucket_id = connection.scalar(
-            select(Bucket.id).where(_bucket_key(result.backend, result.variant, stored.signature))
-        )
-        return BucketUpdate(bucket_id=bucket_id, is_new=False)
+        bucket = connection.execute(
+            select(Bucket.id, Bucket.minimised_case_id).where(_bucket_key(result.backend, result.variant, stored.signature))
+        ).one_or_none()
+        if bucket is None:  # as before the minimised flag: no bucket row, no id
+            return BucketUpdate(bucket_id=None, is_new=False)  # type: ignore[arg-type]
+        return BucketUpdate(bucket_id=bucket.id, is_new=False, minimised=bucket.minimised_case_id is not None)
 
     def record_minimised(
         self,

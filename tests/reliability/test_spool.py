@@ -48,9 +48,9 @@ class FlakySink(MemorySink):
         self.accepted.append(("result", result.case_id, result.variant))
         return super().record_result(result, build_id, worker_id)
 
-    def heartbeat(self, worker_id, cases_run, status="running"):
+    def heartbeat(self, worker_id, cases_run, status="running", **figures):
         self._check()
-        super().heartbeat(worker_id, cases_run, status)
+        super().heartbeat(worker_id, cases_run, status, **figures)
 
     def register_build(self, fingerprint):
         self._check()
