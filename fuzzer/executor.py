@@ -70,6 +70,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fuzzer.backends.base import Backend, BackendOutput, DeclarationGapError, UnsupportedCaseError, environment_set
+from fuzzer.guard import GUARD, PluginCallError, str_or_none
 from oracle.config import AttentionCase
 from oracle.errors import AttnFuzzError
 
@@ -605,6 +606,29 @@ def _failed(backend: Backend, variant: str, exc: BaseException) -> TaskOutcome:
     return TaskOutcome(backend.name, variant, status, detail=detail, exception_type=type(exc).__name__)
 
 
+def availability_of(backend: Backend) -> str | None:
+    """``backend.availability()``, or the reason it is unavailable when that raised or returned
+    something other than a str or None (a plugin's: the backend is then unavailable, with the
+    reason, and the others of its child go on)."""
+    try:
+        reason = backend.availability()
+    except Exception as exc:  # noqa: BLE001 - a plugin's check: its failure is the reason
+        return f"availability() raised {type(exc).__name__}: {exc}"[:1000]
+    if reason is not None and not isinstance(reason, str):
+        return f"availability() returned {type(reason).__name__}, expected a str or None"
+    return reason
+
+
+def quick_availability_of(backend: Backend) -> str | None:
+    """``backend.quick_availability()`` asked in this process through `fuzzer.guard.GUARD` (a
+    plugin's under its deadline), or the reason it is unavailable when that raised, hung or
+    returned something other than a str or None."""
+    try:
+        return GUARD.call(backend, "quick_availability", check=str_or_none)
+    except PluginCallError as exc:
+        return f"{exc.method}() {exc.reason}"
+
+
 def _device_of(inputs: Any) -> str:
     return inputs.q.device.type
 
@@ -661,7 +685,13 @@ class InProcessExecutor:
         self.backends = {b.name: b for b, _ in backends}
 
     def availability(self) -> dict[str, str | None]:
-        return {name: b.availability() for name, b in self.backends.items()}
+        answers: dict[str, str | None] = {}
+        for name, backend in self.backends.items():
+            try:
+                answers[name] = GUARD.call(backend, "availability", check=str_or_none)
+            except PluginCallError as exc:
+                answers[name] = f"{exc.method}() {exc.reason}"
+        return answers
 
     def run(
         self, case: AttentionCase, inputs: Any, tasks: list[tuple[str, str]], timeout_s: float
@@ -942,7 +972,7 @@ def _child_main(conn, specs: list[tuple[str, str]], env_vars: dict[str, str], lo
     from oracle.config import AttentionCase as Case
 
     backends = load_task_backends(specs)
-    availability = {name: b.availability() for name, b in backends.items()}
+    availability = {name: availability_of(b) for name, b in backends.items()}
     runtime, seen = child_runtime(backends), _mapped_runtime_files()
     # CUDA backends load runtime libraries lazily; a CPU backend may say it does too
     watch_runtime = any(getattr(b, "watch_runtime_libraries", b.device != "cpu") for b in backends.values())
@@ -1060,7 +1090,7 @@ def probe_backends(
     availability: dict[str, str | None] = {}
     in_children: list[tuple[Backend, str]] = []
     for backend, spec in backends:
-        reason = backend.quick_availability()
+        reason = quick_availability_of(backend)
         if reason is not None or backend.device != "cuda":
             availability[backend.name] = reason
         else:

@@ -15,11 +15,29 @@
   ``zeros`` get ``error:OutputReused``.
 * `BrokenOutputBackend` ("hostile-broken-output"): one variant per way to return a broken output
   (`BROKEN_OUTPUTS`); each must get ``error:InvalidOutput`` naming the field, never ``pass``.
+* Broken metadata methods, asked in the worker's own process (`BROKEN_METHODS`: backend name ->
+  the method and what its result must name): ``unsupported_reasons`` that raises or returns an
+  int, ``inapplicable_reasons`` that raises, ``applicable_variants`` that returns a str,
+  ``version_string`` that raises. Each costs its backend only (``error:PluginError``, or a
+  version ``unknown (...)``); the others' verdicts stand.
+* `HangingChecksBackend` ("hostile-hangs-checks"): ``unsupported_reasons`` sleeps for an hour:
+  it must be quarantined at the guard's deadline (``error:PluginTimeout``) and the run go on.
+* `RaisingAvailabilityBackend` ("hostile-raises-availability", environment ``standin``):
+  ``availability`` raises in its child; it is unavailable with that reason, and its child's other
+  backends are not.
+* `NanCompileBackend` ("hostile-nan-compile"): variants ``nan``, ``negative`` and ``text``
+  report such a ``compile_ms``; stored as 0 (the NaN hit a NOT NULL column and ended the worker).
+* Declarations no worker can use: `StrVariantsBackend` (``variants = "default"``),
+  `DictCapabilitiesBackend` (``capabilities`` a dict), `BadDeviceBackend` (``device = "gpu"``);
+  and `tests.reliability.hostile_import`, a plugin module that raises at import. Each must be one
+  line naming the spec, with no traceback.
 """
 
 from __future__ import annotations
 
+import math
 import os
+import time
 
 import torch
 
@@ -73,18 +91,18 @@ class ReusedBufferBackend(CorrectBackend):
         return output
 
 
-#: variant -> the field the error must name (`BrokenOutputBackend`)
+#: variant -> what its error must say (`BrokenOutputBackend`)
 BROKEN_OUTPUTS = {
-    "no_output": "BackendOutput",
-    "out_none": "out",
-    "lse_none": "lse",
-    "grads_none": "dq",
-    "float64_out": "out",
-    "complex_out": "out",
-    "float64_grad": "dk",
-    "wrong_shape": "out",
-    "not_a_tensor": "lse",
-    "wrong_device": "out",
+    "no_output": "expected a fuzzer.backends.base.BackendOutput, got dict",
+    "out_none": "out: missing (every case asks for it)",
+    "lse_none": "lse: missing (the backend declares lse for this variant)",
+    "grads_none": "dq: missing (a backward case, and the backend declares backward)",
+    "float64_out": "out: dtype float64, expected float32 (the case's dtype)",
+    "complex_out": "out: dtype complex64, expected float32 (the case's dtype)",
+    "float64_grad": "dk: dtype float64, expected float32 (the case's dtype)",
+    "wrong_shape": "out: shape (1, 5, 2, 16), expected (1, 6, 2, 16)",
+    "not_a_tensor": "lse: expected a torch.Tensor or None, got list",
+    "wrong_device": "out: on meta, expected cpu (the backend's device)",
 }
 
 
@@ -117,3 +135,89 @@ class BrokenOutputBackend(CorrectBackend):
         elif variant == "wrong_device":
             output.out = output.out.to("meta")
         return output
+
+
+class RaisingReasonsBackend(CorrectBackend):
+    name = "hostile-raises-reasons"
+
+    def unsupported_reasons(self, case, variant):
+        raise ValueError("planted: the check itself is broken")
+
+
+class IntReasonsBackend(CorrectBackend):
+    name = "hostile-int-reasons"
+
+    def unsupported_reasons(self, case, variant):
+        return 7
+
+
+class RaisingInapplicableBackend(CorrectBackend):
+    name = "hostile-raises-inapplicable"
+
+    def inapplicable_reasons(self, case, variant):
+        raise KeyError("planted")
+
+
+class StrApplicableBackend(CorrectBackend):
+    name = "hostile-str-applicable"
+
+    def applicable_variants(self, case):
+        return "native"
+
+
+class RaisingVersionBackend(CorrectBackend):
+    name = "hostile-raises-version"
+
+    def version_string(self):
+        raise OSError("planted: no metadata")
+
+
+#: backend name -> (the method its failure names, the class)
+BROKEN_METHODS = {
+    RaisingReasonsBackend.name: ("unsupported_reasons() raised ValueError: planted", RaisingReasonsBackend),
+    IntReasonsBackend.name: ("unsupported_reasons() returned int, expected a list of str", IntReasonsBackend),
+    RaisingInapplicableBackend.name: ("inapplicable_reasons(case, 'native') raised KeyError", RaisingInapplicableBackend),
+    StrApplicableBackend.name: ("applicable_variants() returned str, expected a list of str", StrApplicableBackend),
+}
+
+
+class HangingChecksBackend(CorrectBackend):
+    name = "hostile-hangs-checks"
+    environment = "hostile-hangs"
+
+    def unsupported_reasons(self, case, variant):
+        time.sleep(3600)  # the injected fault: a check that never returns
+        return []
+
+
+class RaisingAvailabilityBackend(CorrectBackend):
+    name = "hostile-raises-availability"
+
+    def availability(self):
+        raise RuntimeError("planted: probing the device failed")
+
+
+class NanCompileBackend(CorrectBackend):
+    name = "hostile-nan-compile"
+    environment = "hostile-nan"
+    variants = ("nan", "negative", "text")
+
+    def run(self, case, inputs, variant):
+        output = super().run(case, inputs, variant)
+        output.compile_ms = {"nan": math.nan, "negative": -5.0, "text": "12 ms"}[variant]
+        return output
+
+
+class StrVariantsBackend(CorrectBackend):
+    name = "hostile-str-variants"
+    variants = "default"
+
+
+class DictCapabilitiesBackend(CorrectBackend):
+    name = "hostile-dict-capabilities"
+    capabilities = {"dtypes": ("float32",)}
+
+
+class BadDeviceBackend(CorrectBackend):
+    name = "hostile-bad-device"
+    device = "gpu"
