@@ -62,9 +62,22 @@ from typing import Any
 
 from fuzzer.backends.base import Backend, is_cp_backend
 from fuzzer.backends.cp_layout import cp_twin
-from fuzzer.executor import BUSY, SKIPPED, ChildProcessExecutor, InProcessExecutor, TaskOutcome, configure_torch_threads, submit_run
+from fuzzer.executor import (
+    BUSY,
+    INVALID_OUTPUT,
+    OUTPUT_TENSORS,
+    SKIPPED,
+    ChildProcessExecutor,
+    InProcessExecutor,
+    TaskOutcome,
+    configure_torch_threads,
+    output_structure_problems,
+    sane_ms,
+    submit_run,
+)
+from fuzzer.guard import GUARD, PluginCallError, PluginGuard, a_str, ask, list_of_str
 from fuzzer.results import CaseResult
-from oracle.config import AttentionCase
+from oracle.config import AttentionCase, torch_dtype
 
 ISOLATIONS = ("process", "none")
 
@@ -111,6 +124,16 @@ def normalise_masked_lse(lse: Any, ref_lse: Any, sentinel: float, *, empty_rows:
     return lse.masked_fill(masked, -math.inf)
 
 
+def backend_version(backend: Backend, guard: PluginGuard | None = None) -> str:
+    """``backend.version_string()`` through ``guard`` (default `fuzzer.guard.GUARD`): a plugin's
+    that raises, hangs or returns no str gives ``"unknown (<why>)"`` instead, and the result is
+    stored all the same."""
+    try:
+        return (guard or GUARD).call(backend, "version_string", check=a_str)
+    except PluginCallError as exc:
+        return f"unknown ({exc.method}() {exc.reason})"[:500]
+
+
 def unsupported_result(case: AttentionCase, backend: Backend, variant: str, reasons: Iterable[str], phase: str) -> CaseResult:
     """The ``unsupported`` `CaseResult` of ``backend``/``variant`` on ``case`` (never a failure)."""
     return CaseResult(
@@ -119,9 +142,77 @@ def unsupported_result(case: AttentionCase, backend: Backend, variant: str, reas
         variant=variant,
         status="unsupported",
         detail="; ".join(reasons),
-        backend_version=backend.version_string(),
+        backend_version=backend_version(backend),
         phase=phase,
     )
+
+
+def plugin_error_result(case: AttentionCase, backend: Backend, variant: str, error: PluginCallError, phase: str) -> CaseResult:
+    """The ``error`` `CaseResult` of ``backend``/``variant`` on ``case`` when one of the
+    backend's own methods, asked in this process, failed (`fuzzer.guard`): signature
+    ``error:PluginError`` (raised, or returned a value of the wrong type) or ``error:PluginTimeout``
+    (ran past the deadline: the backend is quarantined), the detail naming the method."""
+    signature = f"error:{error.exception_type}"
+    return CaseResult(
+        case_id=case.case_id,
+        backend=backend.name,
+        variant=variant,
+        status="error",
+        signature=signature,
+        signatures=(signature,),
+        detail=str(error)[:2000],
+        backend_version=backend_version(backend),
+        phase=phase,
+    )
+
+
+def output_problems(case: AttentionCase, reference: Any, output: Any, backend: Backend, variant: str) -> list[str]:
+    """What makes ``output`` unfit to judge for ``case`` (empty: nothing), each naming the field
+    and what was expected: `fuzzer.executor.output_structure_problems` (no `BackendOutput`, a field
+    that is no tensor); ``out`` missing; ``lse`` missing where the variant returns one
+    (`fuzzer.backends.base.Backend.returns_lse`); a gradient missing in a backward case of a
+    backend that declares backward; ``out`` or a gradient not in the case's dtype (a float64 or
+    complex output judged against the float64 oracle would pass where the kernel computed nothing
+    in the case's dtype), ``lse`` not float32 or float64; a shape other than the reference's.
+
+    Args:
+        case: the case.
+        reference: its `oracle.reference.ReferenceResult` or `oracle.compare.PreparedReference`.
+        output: the outcome's output (tensors on any device).
+        backend: the backend that returned it.
+        variant: the variant that ran.
+    """
+    import torch
+
+    problems = output_structure_problems(output, None)
+    if problems:
+        return problems
+    ref = getattr(reference, "reference", reference)
+    dtype = torch_dtype(case.dtype)
+    caps = getattr(backend, "capabilities", None)
+    wanted = {"out": "every case asks for it"}
+    try:
+        if backend.returns_lse(variant):
+            wanted["lse"] = "the backend declares lse for this variant"
+    except Exception:  # noqa: BLE001 - a plugin's override: judged by what it returned
+        pass
+    if case.backward and getattr(caps, "backward", False):
+        wanted.update(dict.fromkeys(("dq", "dk", "dv"), "a backward case, and the backend declares backward"))
+    for name in OUTPUT_TENSORS:
+        tensor = getattr(output, name)
+        if tensor is None:
+            if name in wanted:
+                problems.append(f"{name}: missing ({wanted[name]})")
+            continue
+        if name == "lse":
+            if tensor.dtype not in (torch.float32, torch.float64):
+                problems.append(f"lse: dtype {str(tensor.dtype).removeprefix('torch.')}, expected float32 or float64")
+        elif tensor.dtype != dtype:
+            problems.append(f"{name}: dtype {str(tensor.dtype).removeprefix('torch.')}, expected {case.dtype} (the case's dtype)")
+        expected = getattr(ref, name, None)
+        if isinstance(expected, torch.Tensor) and tuple(tensor.shape) != tuple(expected.shape):
+            problems.append(f"{name}: shape {tuple(tensor.shape)}, expected {tuple(expected.shape)}")
+    return problems
 
 
 def judge(
@@ -132,12 +223,15 @@ def judge(
     *,
     oracle_ms: float = 0.0,
     phase: str = "fuzz",
+    guard: PluginGuard | None = None,
 ) -> CaseResult:
     """The verdict on one backend call: pure (no I/O, no state). `judge_many` of one outcome.
 
     Rules: ``unsupported`` stays unsupported; a call that did not return (``error``, ``crash``,
     ``timeout``, ``oom``) is that status with signature ``error:<ExceptionType>`` or the status
-    itself; an ``ok`` output is compared with the float64 oracle (`oracle.compare.compare_outputs`;
+    itself; an ``ok`` output that is unfit to judge (`output_problems`: a tensor missing, of the
+    wrong dtype or shape, no tensor at all) is ``error`` with signature ``error:InvalidOutput``,
+    the detail naming each field and what was expected; any other ``ok`` output is compared with the float64 oracle (`oracle.compare.compare_outputs`;
     the backend's documented lse of rows without a visible key, `Backend.masked_row_lse`, is
     read as ``-inf`` first): ``pass`` or ``fail`` with the comparison's primary signature.
 
@@ -149,6 +243,7 @@ def judge(
         backend: the backend that ran it (for its version and lse convention).
         oracle_ms: the oracle's time for this case, milliseconds (recorded with the result).
         phase: one of `fuzzer.results.PHASES`.
+        guard: as `judge_many`.
 
     Returns:
         The `CaseResult`.
@@ -156,7 +251,7 @@ def judge(
     Raises:
         oracle.compare.CompareInputError: the output holds a gradient the reference lacks.
     """
-    return judge_many(case, reference, [(outcome, backend)], oracle_ms=oracle_ms, phase=phase)[0]
+    return judge_many(case, reference, [(outcome, backend)], oracle_ms=oracle_ms, phase=phase, guard=guard)[0]
 
 
 def judge_many(
@@ -166,6 +261,7 @@ def judge_many(
     *,
     oracle_ms: float = 0.0,
     phase: str = "fuzz",
+    guard: PluginGuard | None = None,
 ) -> list[CaseResult]:
     """`judge` of several outcomes of one case, pure: the ``ok`` outputs are compared with the
     reference together (`oracle.compare.compare_outputs_batch`: on a GPU each tensor name in one
@@ -175,6 +271,7 @@ def judge_many(
     Args:
         case, reference, oracle_ms, phase: as `judge`.
         calls: ``(outcome, backend that ran it)`` pairs.
+        guard: what a plugin's ``version_string`` is called through (`backend_version`).
 
     Returns:
         One `CaseResult` per call, in order.
@@ -197,10 +294,10 @@ def judge_many(
             case_id=case.case_id,
             backend=outcome.backend,
             variant=outcome.variant,
-            run_ms=outcome.run_ms,
-            compile_ms=outcome.compile_ms,
+            run_ms=sane_ms(outcome.run_ms),
+            compile_ms=sane_ms(outcome.compile_ms),
             oracle_ms=oracle_ms,
-            backend_version=backend.version_string(),
+            backend_version=backend_version(backend, guard),
             phase=phase,
         )
         commons.append(common)
@@ -210,6 +307,12 @@ def judge_many(
         if outcome.status != "ok":
             signature = outcome.status if outcome.status != "error" else f"error:{outcome.exception_type}"
             results[i] = CaseResult(status=outcome.status, signature=signature, signatures=(signature,), detail=outcome.detail, **common)
+            continue
+        problems = output_problems(case, reference, outcome.output, backend, outcome.variant)
+        if problems:
+            signature = f"error:{INVALID_OUTPUT}"
+            detail = f"{outcome.backend}/{outcome.variant} returned an output unfit to judge: " + "; ".join(problems)
+            results[i] = CaseResult(status="error", signature=signature, signatures=(signature,), detail=detail[:2000], **common)
             continue
         out = outcome.output
         lse = out.lse
@@ -420,17 +523,59 @@ class PendingJudgement:
         return self.future.result(timeout)
 
 
-def applicable_tasks(backends: Iterable[Backend], case: AttentionCase) -> tuple[list[tuple[str, str]], Counter]:
+def applicable_tasks(
+    backends: Iterable[Backend], case: AttentionCase, guard: PluginGuard | None = None
+) -> tuple[list[tuple[str, str]], Counter]:
     """The default tasks of ``case``: each backend's `fuzzer.backends.base.Backend.applicable_variants`
     as ``(backend, variant)`` in order, and by backend how many variants were left out (no
-    distinct call for the case; backends with none left out are not in the counter)."""
+    distinct call for the case; backends with none left out are not in the counter). A backend
+    whose ``applicable_variants`` fails (`fuzzer.guard`, through ``guard``) contributes every
+    variant: the split then records what its checks do."""
     tasks: list[tuple[str, str]] = []
     left_out: Counter = Counter()
     for backend in backends:
-        applicable = backend.applicable_variants(case)
+        try:
+            applicable = _applicable_variants(backend, case, guard or GUARD)
+        except PluginCallError:
+            applicable = tuple(backend.variants)
         tasks.extend((backend.name, v) for v in applicable)
         left_out[backend.name] += len(backend.variants) - len(applicable)
     return tasks, +left_out
+
+
+def _applicable_variants(backend: Backend, case: AttentionCase, guard: PluginGuard | None) -> tuple[str, ...]:
+    """``backend.applicable_variants(case)`` through ``guard`` (None: in this thread, already
+    under a guard), checked: a list of its own variants."""
+
+    def check(value: Any) -> str | None:
+        problem = list_of_str(value)
+        if problem is None and any(v not in backend.variants for v in value):
+            problem = f"returned {list(value)!r}: not all of them variants of the backend {tuple(backend.variants)!r}"
+        return problem
+
+    if guard is None:
+        return tuple(ask(backend, "applicable_variants", case, check=check))
+    return tuple(guard.call(backend, "applicable_variants", case, check=check))
+
+
+def declared_reasons(
+    backend: Backend, case: AttentionCase, variants: Iterable[str] | None, guard: PluginGuard | None = None
+) -> dict[str, list[str]]:
+    """``backend.unsupported_reasons(case, variant)`` of each of ``variants`` (None: its
+    `fuzzer.backends.base.Backend.applicable_variants`), in order, asked in one call through
+    ``guard`` (a plugin's: one thread hop for all, under one deadline).
+
+    Raises:
+        fuzzer.guard.PluginCallError: a method raised, returned something other than a list of
+            str, or ran past the deadline (the backend is then quarantined).
+    """
+    guard = guard or GUARD
+
+    def answers() -> dict[str, list[str]]:
+        considered = _applicable_variants(backend, case, None) if variants is None else variants
+        return {v: list(ask(backend, "unsupported_reasons", case, v, check=list_of_str)) for v in considered}
+
+    return guard.run(backend, "unsupported_reasons" if variants is not None else "applicable_variants", answers)
 
 
 def set_skip_after_crash(executor: Any, on: bool) -> None:
@@ -473,6 +618,11 @@ class Evaluator:
         case_timeout_s: per backend call, seconds, before its child is killed.
         isolation: ``"process"`` or ``"none"`` (used when ``executor`` is None).
         memory_limit_bytes: child resident-memory limit (used when ``executor`` is None).
+        guard: what the backends' own methods are called through in this process
+            (`fuzzer.guard.PluginGuard`; default `fuzzer.guard.GUARD`). A backend whose method
+            raises or returns garbage gets ``error`` results for the case
+            (`plugin_error_result`); one whose method runs past the deadline is quarantined:
+            ``quarantined`` names it with the reason, and it leaves ``usable``.
 
     Use `open` (availability, starts the children) before `evaluate`, `close` after; or a
     ``with`` block.
@@ -487,7 +637,11 @@ class Evaluator:
         case_timeout_s: float = 120.0,
         isolation: str = "process",
         memory_limit_bytes: int | None = None,
+        guard: PluginGuard | None = None,
     ):
+        self.guard = guard if guard is not None else GUARD
+        #: backend name -> why it was quarantined (a method of it ran past the guard's deadline)
+        self.quarantined: dict[str, str] = {}
         self.specs = list(backends)
         self.backends: dict[str, Backend] = {b.name: b for b, _ in backends}
         self.device = device
@@ -553,16 +707,57 @@ class Evaluator:
         runnable: list[tuple[str, str]] = []
         unsupported: list[CaseResult] = []
         left_out: Counter = Counter()
+        self._drop_quarantined()
+        asked: dict[str, Any] = {}  # backend -> {variant: reasons} or the PluginCallError
+        considered_backends = list(self.usable)
         if tasks is None:
-            tasks, left_out = applicable_tasks(self.usable, case)
-        for name, variant in tasks:
+            order = [(b.name, None) for b in considered_backends]
+        else:
+            order = [(name, variant) for name, variant in tasks]
+        for name in dict.fromkeys(name for name, _ in order):
             backend = self.backends[name]
-            reasons = backend.unsupported_reasons(case, variant)
+            variants = None if tasks is None else [v for n, v in order if n == name]
+            try:
+                asked[name] = declared_reasons(backend, case, variants, self.guard)
+            except PluginCallError as exc:
+                asked[name] = exc
+                if exc.timed_out:
+                    self._quarantine(name, exc)
+        if tasks is None:
+            order = []
+            for backend in considered_backends:
+                answer = asked.get(backend.name)
+                considered = list(answer) if isinstance(answer, dict) else list(backend.variants)
+                order.extend((backend.name, v) for v in considered)
+                left_out[backend.name] += len(backend.variants) - len(considered)
+            left_out = +left_out
+        for name, variant in order:
+            backend = self.backends[name]
+            answer = asked[name]
+            if isinstance(answer, PluginCallError):
+                unsupported.append(plugin_error_result(case, backend, variant, answer, phase))
+                continue
+            reasons = answer[variant]
             if reasons:
                 unsupported.append(unsupported_result(case, backend, variant, reasons, phase))
             else:
                 runnable.append((name, variant))
         return runnable, unsupported, left_out
+
+    def _quarantine(self, name: str, error: PluginCallError) -> None:
+        """Take backend ``name`` out of ``usable`` for good: a method of it ran past the deadline."""
+        if name in self.quarantined:
+            return
+        self.quarantined[name] = self.guard.quarantined.get(name) or error.reason
+        self.usable = [b for b in self.usable if b.name != name]
+
+    def _drop_quarantined(self) -> None:
+        """Quarantine the usable backends the guard has quarantined since (a ``version_string``
+        that hung while a result was judged)."""
+        for backend in list(self.usable):
+            reason = self.guard.quarantined.get(backend.name)
+            if reason is not None:
+                self._quarantine(backend.name, PluginCallError(backend.name, "?", reason, timed_out=True))
 
     def evaluate(
         self,
@@ -691,7 +886,7 @@ class Evaluator:
         if len(plain) > 1:
             try:
                 calls = [(o, self.backends[o.backend]) for o in plain]
-                batched = dict(zip(map(id, plain), judge_many(case, prepared, calls, oracle_ms=oracle_ms, phase=phase)))
+                batched = dict(zip(map(id, plain), judge_many(case, prepared, calls, oracle_ms=oracle_ms, phase=phase, guard=self.guard)))
             except Exception:  # judged one by one below: the failure is then reported with its outcome
                 batched = {}
         for outcome in ran:
@@ -802,7 +997,7 @@ class Evaluator:
         ``(result, twin_result or None)``."""
         backend = self.backends[outcome.backend]
         return outcome.judged(
-            case, prepared.reference, lambda c, o: judge(c, prepared, o, backend, oracle_ms=oracle_ms, phase=phase)
+            case, prepared.reference, lambda c, o: judge(c, prepared, o, backend, oracle_ms=oracle_ms, phase=phase, guard=self.guard)
         )
 
     def _own_step_failed(

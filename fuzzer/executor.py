@@ -10,8 +10,18 @@ per case and sends the inputs to the children; children return outputs on the CP
 ``BYTES_TRANSPORT_MAX`` bytes travel as plain bytes in the pipe message (`PackedTensor`: one copy,
 no shared-memory segment or CUDA IPC handle to create, pass and release per tensor, which cost
 more than the copy for the small tensors of most cases); larger ones go through
-``torch.multiprocessing`` (shared memory for CPU tensors, CUDA IPC for CUDA tensors). A
-forward-only case sends no ``dout`` (the child gets zeros of its shape).
+``torch.multiprocessing``: a CPU tensor as a copy in shared memory made before sending
+(`shared_copy`: never the sender's own tensor, which the oracle reads meanwhile), a CUDA tensor
+as a CUDA IPC handle. A forward-only case sends no ``dout`` (the child gets zeros of its shape).
+
+Isolation of a call (`run_task`): a backend gets its own copy of the inputs (`own_inputs`) and,
+after the call, that copy is compared with the originals (`mutated_inputs`); one that wrote into
+its inputs gets an ``error`` outcome (`INPUT_MUTATED`), and the other backends, in the same child
+or not, and the oracle see the inputs unchanged. An output that reuses a buffer of the previous
+call's output (`OutputReuse`) is an ``error`` too (`OUTPUT_REUSED`); every output leaves the
+child as a copy (bytes, or `shared_copy`), so the earlier call's verdict stands. An output that
+is no `BackendOutput`, holds a field that is no tensor or a tensor off the backend's device is
+``error`` (`INVALID_OUTPUT`); a ``compile_ms`` that is no finite number >= 0 is taken as 0.
 
 Threads: each child and the worker itself run torch with `configure_torch_threads` (default one
 intra-op thread, ``$ATTNFUZZ_TORCH_THREADS`` to change it): the worker and its children take turns
@@ -44,6 +54,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import contextlib
+import math
 import multiprocessing
 import os
 import re
@@ -59,6 +70,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fuzzer.backends.base import Backend, BackendOutput, DeclarationGapError, UnsupportedCaseError, environment_set
+from fuzzer.guard import GUARD, PluginCallError, str_or_none
 from oracle.config import AttentionCase
 from oracle.errors import AttnFuzzError
 
@@ -81,13 +93,14 @@ DECLARATION_GAP = "declaration_gap"
 #: library call (``run_ms``/``compile_ms``). Child side: ``unpack`` (the message's inputs rebuilt,
 #: on the first task of a message), ``to_device`` (inputs moved to the backend's device),
 #: ``pack`` (the output to the host and packed), ``runtime`` (the check for newly loaded runtime
-#: libraries). Parent side: ``send_wait`` (waiting for the send lock), ``send`` (pickling and
+#: libraries), ``guard`` (the call's own copy of its inputs made, and checked against the
+#: originals after it: `own_inputs`, `mutated_inputs`). Parent side: ``send_wait`` (waiting for the send lock), ``send`` (pickling and
 #: writing the message), ``deliver`` (from the send to the child's first "start": its read and
 #: ``unpack``), ``transfer`` (a task's round trip less the child's own parts: pipes, pickling,
 #: scheduling), ``collect`` (the output unpacked and moved to the worker's device),
 #: ``env_wall`` (on an environment's first outcome of a run: its whole wall time).
 TASK_TIMING_PARTS = (
-    "unpack", "to_device", "pack", "runtime", "send_wait", "send", "deliver", "transfer", "collect", "env_wall",
+    "unpack", "to_device", "guard", "pack", "runtime", "send_wait", "send", "deliver", "transfer", "collect", "env_wall",
 )
 #: `TaskOutcome.status` of a task not run because another variant of its backend crashed or timed
 #: out on the same case (`ChildProcessExecutor.skip_after_crash`); the evaluator records no result.
@@ -100,6 +113,15 @@ BUSY = "busy"
 #: ``child-<backends>-<pid>.prof`` there when it stops (diagnostics; `benchmarks/gpu/`).
 PROFILE_DIR_ENV = "ATTNFUZZ_PROFILE_DIR"
 BYTES_TRANSPORT_MAX = 8 * 2**20  # bytes: tensors up to this size travel as bytes, larger ones as handles
+#: ``exception_type`` (signature ``error:InputMutated``) of a call that wrote into its inputs.
+INPUT_MUTATED = "InputMutated"
+#: ``exception_type`` (signature ``error:OutputReused``) of a call whose output reuses a buffer of
+#: the previous call's output (that output would change under its verdict).
+OUTPUT_REUSED = "OutputReused"
+#: ``exception_type`` (signature ``error:InvalidOutput``) of a call that returned no
+#: `BackendOutput`, a field that is no tensor, or a tensor off the backend's device (the
+#: evaluator adds what the case asks: `fuzzer.evaluate.output_problems`).
+INVALID_OUTPUT = "InvalidOutput"
 THREADS_ENV = "ATTNFUZZ_TORCH_THREADS"
 PARALLEL_ENV = "ATTNFUZZ_PARALLEL_CHILDREN"
 _PARALLEL_VALUES = {"1": True, "0": False}
@@ -169,13 +191,15 @@ class PackedTensor:
     @classmethod
     def pack(cls, tensor: Any) -> Any:
         """``tensor`` as a `PackedTensor` if it holds at most ``BYTES_TRANSPORT_MAX`` bytes (a
-        copy to the host for a CUDA tensor), else the tensor itself; None stays None."""
+        copy to the host for a CUDA tensor); a larger CPU tensor as a copy in shared memory, made
+        here (`shared_copy`); a larger CUDA tensor itself (a CUDA IPC handle when pickled); None
+        stays None."""
         import torch
 
         if tensor is None or not isinstance(tensor, torch.Tensor):
             return tensor
         if tensor.numel() * tensor.element_size() > BYTES_TRANSPORT_MAX:
-            return tensor
+            return shared_copy(tensor) if tensor.device.type == "cpu" else tensor
         host = tensor.detach().to("cpu").contiguous()
         data = host.view(-1).view(torch.uint8).numpy().tobytes() if host.numel() else b""
         return cls(str(host.dtype).removeprefix("torch."), tuple(host.shape), str(tensor.device), data)
@@ -187,6 +211,22 @@ class PackedTensor:
         if not self.data:
             return torch.empty(self.shape, dtype=dtype)
         return torch.frombuffer(bytearray(self.data), dtype=torch.uint8).view(dtype).reshape(self.shape)
+
+
+def shared_copy(tensor: Any) -> Any:
+    """A copy of the CPU tensor ``tensor`` in shared memory (same dtype, shape and values), made
+    in the calling thread: what a larger tensor travels as (`PackedTensor.pack`).
+
+    Why a copy: pickling a CPU tensor for the pipe (torch's reducer) moves *its own* storage into
+    shared memory, in place, in the thread that sends. The inputs were sent from an environment
+    thread while the worker's main thread read the same tensors for the oracle: the storage
+    changed under the oracle and the worker died with SIGSEGV (``--backend torch-cpu-math``, a
+    corpus case just over ``BYTES_TRANSPORT_MAX``, 2 runs in 3); and the child then shared the
+    worker's own inputs, so a backend that wrote into them changed the oracle's (an innocent
+    backend failed with an error ratio of 714,848 while the culprit passed). An output was the
+    backend's own buffer moved into shared memory, so a plugin that reused it for its next call
+    changed the output already sent."""
+    return tensor.detach().clone().share_memory_()
 
 
 def _unpack(value: Any) -> Any:
@@ -334,16 +374,23 @@ COMPILE_ERROR_TYPES = ("MLIRError", "CUDADialectError", "InductorError", "Backen
 
 
 def run_task(backend: Backend, case: AttentionCase, inputs: Any, variant: str) -> TaskOutcome:
-    """Call one backend in this process and classify the outcome (no isolation).
+    """Call one backend in this process and classify the outcome (no process isolation).
 
-    ``ok`` outcomes carry the output on the backend's device; a fatal CUDA error is reported as
-    ``crash`` with ``detail`` starting with ``"fatal CUDA error"``.
+    The backend gets its own copy of ``inputs`` (`own_inputs`), compared with ``inputs`` after
+    the call (`mutated_inputs`): a call that wrote into it is an ``error`` outcome
+    (`INPUT_MUTATED`) naming the tensors, and ``inputs`` stay as they were for the next call and
+    the oracle. ``ok`` outcomes carry the output on the backend's device; an output of the wrong
+    kind or off the device is ``error`` (`INVALID_OUTPUT`, `output_structure_problems`); a fatal
+    CUDA error is reported as ``crash`` with ``detail`` starting with ``"fatal CUDA error"``.
     """
     moved = time.perf_counter()
     inputs = inputs_on(inputs, backend.device)
+    copied = time.perf_counter()
+    to_device_ms = (copied - moved) * 1000.0
+    handed = own_inputs(inputs)
     start = time.perf_counter()
-    to_device_ms = (start - moved) * 1000.0
-    outcome = _run_task_call(backend, case, inputs, variant, start)
+    guard_ms = (start - copied) * 1000.0
+    outcome = _run_task_call(backend, case, handed, variant, start)
     if outcome.status != "ok":  # a call that raised took its time too (a compile that failed: a minute of flex)
         elapsed_ms = (time.perf_counter() - start) * 1000.0
         if getattr(backend, "jit_compiled", False) and outcome.exception_type in COMPILE_ERROR_TYPES:  # a CP rank passes a wrapper
@@ -352,7 +399,12 @@ def run_task(backend: Backend, case: AttentionCase, inputs: Any, variant: str) -
             outcome.compile_ms = elapsed_ms
         else:
             outcome.run_ms = elapsed_ms
+    t_check = time.perf_counter()
+    mutated = mutated_inputs(inputs, handed)
+    if mutated and outcome.status != "crash":  # a crash ends the child: its inputs die with it
+        outcome = _mutated_outcome(backend, variant, mutated, outcome)
     outcome.timing["to_device"] = to_device_ms
+    outcome.timing["guard"] = guard_ms + (time.perf_counter() - t_check) * 1000.0
     return outcome
 
 
@@ -382,10 +434,167 @@ def _run_task_call(backend: Backend, case: AttentionCase, inputs: Any, variant: 
     except Exception as exc:  # a backend bug or an undeclared limitation: recorded, never raised
         return _failed(backend, variant, exc)
     elapsed_ms = (time.perf_counter() - start) * 1000.0
-    run_ms = max(elapsed_ms - output.compile_ms, 0.0)
-    return TaskOutcome(
-        backend.name, variant, "ok", output=output, run_ms=run_ms, compile_ms=output.compile_ms
+    problems = output_structure_problems(output, getattr(backend, "device", "cpu"))
+    if problems:
+        detail = f"{backend.name}/{variant} returned an invalid output: " + "; ".join(problems)
+        return TaskOutcome(backend.name, variant, "error", run_ms=elapsed_ms, detail=detail[:2000], exception_type=INVALID_OUTPUT)
+    output.extra = {  # strings and numbers only (the docstring's rule): anything else would not pickle or store
+        str(k)[:100]: v if isinstance(v, (str, int, float, bool)) or v is None else repr(v)[:200] for k, v in output.extra.items()
+    }
+    compile_ms = sane_ms(output.compile_ms)
+    if compile_ms != output.compile_ms:  # NaN, inf, negative or no number: taken as no compile time, noted
+        output.extra["compile_ms_reported"] = repr(output.compile_ms)[:80]
+        output.compile_ms = compile_ms
+    run_ms = max(elapsed_ms - compile_ms, 0.0)
+    return TaskOutcome(backend.name, variant, "ok", output=output, run_ms=run_ms, compile_ms=compile_ms)
+
+
+OUTPUT_TENSORS = ("out", "lse", "dq", "dk", "dv")
+
+
+def sane_ms(value: Any) -> float:
+    """``value`` as milliseconds for a result: a finite number >= 0 as a float, anything else
+    (NaN, inf, a negative number, a string, None) 0.0. A plugin's NaN ``compile_ms`` reached the
+    store's NOT NULL column as NULL and ended the worker with exit 1."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return 0.0
+    value = float(value)
+    return value if math.isfinite(value) and value >= 0.0 else 0.0
+
+
+def output_structure_problems(output: Any, device: str | None) -> list[str]:
+    """What is wrong with ``output`` as a backend's return value, before any of it is moved or
+    judged (empty: nothing): no `BackendOutput`; a tensor field (`OUTPUT_TENSORS`) that is
+    neither None nor a ``torch.Tensor``; a tensor not on ``device`` (the backend's: a CUDA
+    backend that computed on the host is not the kernel under test); ``extra`` no dict;
+    ``selected_kernel`` neither None nor a string.
+
+    Args:
+        output: what ``Backend.run`` returned.
+        device: ``"cpu"`` or ``"cuda"``, the backend's declared device; None: not checked (the
+            executor moved the output since).
+    """
+    import torch
+
+    if not isinstance(output, BackendOutput):
+        return [f"expected a fuzzer.backends.base.BackendOutput, got {type(output).__name__}"]
+    problems = []
+    for name in OUTPUT_TENSORS:
+        value = getattr(output, name)
+        if value is None:
+            continue
+        if not isinstance(value, torch.Tensor):
+            problems.append(f"{name}: expected a torch.Tensor or None, got {type(value).__name__}")
+        elif device is not None and value.device.type != device:
+            problems.append(f"{name}: on {value.device.type}, expected {device} (the backend's device)")
+    if not isinstance(output.extra, dict):
+        problems.append(f"extra: expected a dict, got {type(output.extra).__name__}")
+    if output.selected_kernel is not None and not isinstance(output.selected_kernel, str):
+        problems.append(f"selected_kernel: expected a str or None, got {type(output.selected_kernel).__name__}")
+    return problems
+
+
+def own_inputs(inputs: Any) -> Any:
+    """A copy of ``inputs`` (`oracle.inputs.AttentionInputs`, `fuzzer.backends.base.CPShardInputs`,
+    a stand-in) whose tensors are clones: what a backend call gets, so that a backend that writes
+    into its inputs changes neither the next backend's nor the oracle's. Other attributes are
+    shared; a lazy ``dout`` not built yet stays lazy (it builds a tensor of its own). An object
+    without attributes is returned as it is."""
+    import torch
+
+    state = getattr(inputs, "__dict__", None)
+    if state is None:
+        return inputs
+    copy = object.__new__(type(inputs))
+    copy.__dict__.update({k: (v.detach().clone() if isinstance(v, torch.Tensor) else v) for k, v in state.items()})
+    return copy
+
+
+def mutated_inputs(originals: Any, handed: Any) -> list[str]:
+    """The names of the tensors of ``originals`` that ``handed`` (`own_inputs` of them, after a
+    call) no longer holds bit for bit (NaN where NaN was counts as kept), in field order; an
+    attribute replaced by another object counts as written."""
+    import torch
+
+    state = getattr(originals, "__dict__", None)
+    if state is None or handed is originals:
+        return []
+    after = vars(handed)
+    names = []
+    for name, before in state.items():
+        if not isinstance(before, torch.Tensor) or name not in after:
+            continue
+        now = after[name]
+        if not isinstance(now, torch.Tensor) or not _same_values(before, now):
+            names.append(name)
+    return names
+
+
+def _same_values(a: Any, b: Any) -> bool:
+    """Whether two tensors hold the same dtype, shape and values (NaN equal to NaN)."""
+    import torch
+
+    if a.dtype != b.dtype or a.shape != b.shape or a.device != b.device:
+        return False
+    if torch.equal(a, b):
+        return True
+    if not (a.is_floating_point() or a.is_complex()):
+        return False
+    return bool(((a == b) | (torch.isnan(a) & torch.isnan(b))).all())
+
+
+def _mutated_outcome(backend: Backend, variant: str, names: list[str], outcome: TaskOutcome) -> TaskOutcome:
+    """The ``error`` outcome (`INPUT_MUTATED`) of a call that wrote into its inputs ``names``."""
+    was = f" (the call itself ended {outcome.status}{': ' + outcome.detail[:300] if outcome.detail else ''})" if outcome.status != "ok" else ""
+    detail = (
+        f"{backend.name}/{variant} wrote into its inputs {', '.join(names)}: a backend must not modify them in place "
+        f"(it ran on a copy of its own; the other backends and the oracle saw them unchanged; its output is not judged){was}"
     )
+    return TaskOutcome(
+        backend.name, variant, "error", run_ms=outcome.run_ms, compile_ms=outcome.compile_ms,
+        detail=detail[:2000], exception_type=INPUT_MUTATED, runtime=outcome.runtime, timing=outcome.timing,
+    )
+
+
+class OutputReuse:
+    """Tells a call whose output reuses a buffer of the previous call's output (in one process:
+    a child's consecutive tasks, or the in-process executor's). It holds no tensor: only weak
+    references to the previous output's storages (`torch.multiprocessing.reductions.StorageWeakRef`),
+    so a buffer freed since (its address free for the allocator) is no reuse, and one the backend
+    kept and filled again is."""
+
+    def __init__(self) -> None:
+        self._previous: tuple[str, list[tuple[str, Any]]] | None = None
+
+    def check(self, outcome: TaskOutcome) -> TaskOutcome:
+        """``outcome``, or its ``error`` (`OUTPUT_REUSED`) when an ``ok`` output shares storage
+        with the previous ``ok`` output; remembers this output for the next call."""
+        import torch
+        from torch.multiprocessing.reductions import StorageWeakRef
+
+        output = outcome.output
+        if outcome.status != "ok" or not isinstance(output, BackendOutput):
+            return outcome
+        tensors = [(n, getattr(output, n)) for n in OUTPUT_TENSORS if isinstance(getattr(output, n), torch.Tensor)]
+        refs = [(n, StorageWeakRef(t.untyped_storage())) for n, t in tensors if t.untyped_storage().nbytes()]
+        reused = []
+        if self._previous is not None:
+            who, held = self._previous
+            live = {ref.cdata: name for name, ref in held if not ref.expired()}
+            reused = [(n, live[ref.cdata], who) for n, ref in refs if ref.cdata in live]
+        self._previous = (f"{outcome.backend}/{outcome.variant}", refs)
+        if not reused:
+            return outcome
+        what = ", ".join(f"{n} (the {m} of {who})" for n, m, who in reused)
+        detail = (
+            f"{outcome.backend}/{outcome.variant} returned an output that reuses the buffer of the previous call's output: {what}; "
+            "a backend's output must stay valid after its next call (the earlier output was copied when it was returned, "
+            "so its verdict stands; this one is not judged)"
+        )
+        return TaskOutcome(
+            outcome.backend, outcome.variant, "error", run_ms=outcome.run_ms, compile_ms=outcome.compile_ms,
+            detail=detail[:2000], exception_type=OUTPUT_REUSED, runtime=outcome.runtime, timing=outcome.timing,
+        )
 
 
 def _failed(backend: Backend, variant: str, exc: BaseException) -> TaskOutcome:
@@ -395,6 +604,29 @@ def _failed(backend: Backend, variant: str, exc: BaseException) -> TaskOutcome:
         traceback.format_exception_only(type(exc), exc)
     ).strip()[-2000:]
     return TaskOutcome(backend.name, variant, status, detail=detail, exception_type=type(exc).__name__)
+
+
+def availability_of(backend: Backend) -> str | None:
+    """``backend.availability()``, or the reason it is unavailable when that raised or returned
+    something other than a str or None (a plugin's: the backend is then unavailable, with the
+    reason, and the others of its child go on)."""
+    try:
+        reason = backend.availability()
+    except Exception as exc:  # noqa: BLE001 - a plugin's check: its failure is the reason
+        return f"availability() raised {type(exc).__name__}: {exc}"[:1000]
+    if reason is not None and not isinstance(reason, str):
+        return f"availability() returned {type(reason).__name__}, expected a str or None"
+    return reason
+
+
+def quick_availability_of(backend: Backend) -> str | None:
+    """``backend.quick_availability()`` asked in this process through `fuzzer.guard.GUARD` (a
+    plugin's under its deadline), or the reason it is unavailable when that raised, hung or
+    returned something other than a str or None."""
+    try:
+        return GUARD.call(backend, "quick_availability", check=str_or_none)
+    except PluginCallError as exc:
+        return f"{exc.method}() {exc.reason}"
 
 
 def _device_of(inputs: Any) -> str:
@@ -427,9 +659,12 @@ def inputs_on(inputs: Any, device: str) -> Any:
     return dataclasses.replace(inputs, **{name: present[name].to(device) for name in elsewhere})
 
 
-def _output_to(output: BackendOutput, device: str) -> BackendOutput:
+def _output_to(output: BackendOutput, device: str, *, copy: bool = False) -> BackendOutput:
+    """``output`` with its tensors on ``device`` (``copy``: always new tensors, never the
+    backend's own buffers)."""
+
     def move(t):
-        return None if t is None else t.detach().to(device)
+        return None if t is None else t.detach().to(device, copy=copy)
 
     return BackendOutput(
         out=move(output.out),
@@ -450,16 +685,23 @@ class InProcessExecutor:
         self.backends = {b.name: b for b, _ in backends}
 
     def availability(self) -> dict[str, str | None]:
-        return {name: b.availability() for name, b in self.backends.items()}
+        answers: dict[str, str | None] = {}
+        for name, backend in self.backends.items():
+            try:
+                answers[name] = GUARD.call(backend, "availability", check=str_or_none)
+            except PluginCallError as exc:
+                answers[name] = f"{exc.method}() {exc.reason}"
+        return answers
 
     def run(
         self, case: AttentionCase, inputs: Any, tasks: list[tuple[str, str]], timeout_s: float
     ) -> list[TaskOutcome]:
         outcomes = []
+        reuse = OutputReuse()
         for name, variant in tasks:
-            outcome = run_task(self.backends[name], case, inputs, variant)
-            if outcome.output is not None:
-                outcome.output = _output_to(outcome.output, _device_of(inputs))
+            outcome = reuse.check(run_task(self.backends[name], case, inputs, variant))
+            if outcome.output is not None:  # copied: a backend that reuses its buffer cannot change it
+                outcome.output = _output_to(outcome.output, _device_of(inputs), copy=True)
             outcomes.append(outcome)
         return outcomes
 
@@ -730,7 +972,7 @@ def _child_main(conn, specs: list[tuple[str, str]], env_vars: dict[str, str], lo
     from oracle.config import AttentionCase as Case
 
     backends = load_task_backends(specs)
-    availability = {name: b.availability() for name, b in backends.items()}
+    availability = {name: availability_of(b) for name, b in backends.items()}
     runtime, seen = child_runtime(backends), _mapped_runtime_files()
     # CUDA backends load runtime libraries lazily; a CPU backend may say it does too
     watch_runtime = any(getattr(b, "watch_runtime_libraries", b.device != "cpu") for b in backends.values())
@@ -757,6 +999,7 @@ def _child_main(conn, specs: list[tuple[str, str]], env_vars: dict[str, str], lo
 
 def _serve(conn, backends: dict[str, Backend], Case: type, seen: frozenset[str], watch_runtime: bool) -> None:
     """A child's loop: serve ``run`` messages until ``stop`` or the pipe closes."""
+    reuse = OutputReuse()
     while True:
         try:
             message = conn.recv()
@@ -771,7 +1014,7 @@ def _serve(conn, backends: dict[str, Backend], Case: type, seen: frozenset[str],
         unpack_ms = (time.perf_counter() - t_unpack) * 1000.0
         for i, (name, variant) in enumerate(tasks):
             conn.send(("start", i))
-            outcome = run_task(backends[name], case, inputs, variant)
+            outcome = reuse.check(run_task(backends[name], case, inputs, variant))
             t_pack = time.perf_counter()
             if outcome.output is not None:
                 outcome.output = pack_output(_output_to(outcome.output, "cpu"))
@@ -847,7 +1090,7 @@ def probe_backends(
     availability: dict[str, str | None] = {}
     in_children: list[tuple[Backend, str]] = []
     for backend, spec in backends:
-        reason = backend.quick_availability()
+        reason = quick_availability_of(backend)
         if reason is not None or backend.device != "cuda":
             availability[backend.name] = reason
         else:
@@ -903,7 +1146,7 @@ def _note_parent_timing(outcome: Any, parent_ms: dict[str, float] | None, t_star
     if parent_ms:
         timing.update(parent_ms)
     if t_start is not None:
-        own = outcome.run_ms + outcome.compile_ms + sum(timing.get(k, 0.0) for k in ("to_device", "pack", "runtime"))
+        own = outcome.run_ms + outcome.compile_ms + sum(timing.get(k, 0.0) for k in ("to_device", "guard", "pack", "runtime"))
         timing["transfer"] = max((time.perf_counter() - t_start) * 1000.0 - own, 0.0)
 
 

@@ -13,7 +13,7 @@ import importlib
 import importlib.metadata
 from collections.abc import Iterable
 
-from fuzzer.backends.base import Backend, BackendError, UnknownBackendError
+from fuzzer.backends.base import Backend, BackendError, Capabilities, UnknownBackendError
 from fuzzer.text import MAX_NAME, is_storable, storable_text
 
 ENTRY_POINT_GROUP = "attnfuzz.backends"
@@ -54,7 +54,57 @@ def _as_backends(obj: object, origin: str) -> list[Backend]:
             # a plugin's name goes into every result and bucket: cut and escape it here, once,
             # so the worker, its children and the store all use the same storable name
             item.name = storable_text(item.name, MAX_NAME)
+        problem = declaration_problem(item)
+        if problem is not None:
+            raise BackendError(f"{origin}: backend {item.name!r} ({type(item).__name__}): {problem}")
     return items
+
+
+def declaration_problem(backend: Backend) -> str | None:
+    """What is wrong with ``backend``'s declarations (the class attributes the worker reads as
+    data, `fuzzer.backends.base.Backend`), one line, or None: ``variants`` a non-empty tuple of
+    distinct names, ``device`` ``"cpu"`` or ``"cuda"``, ``environment`` a name, ``env_vars`` str
+    to str, ``packages`` names, ``capabilities`` a `Capabilities` of known dtypes, layouts and
+    alignments with positive sizes, ``masked_row_lse`` None or a number, ``jit_compiled`` a bool.
+    A plugin that declared ``variants = "default"`` (a str: seven one-letter variants) or
+    ``capabilities = dict(...)`` ran into errors deep in the worker."""
+    from oracle.config import CAUSAL_ALIGNMENTS, DTYPES, QKV_FORMATS
+
+    def names(value: object) -> bool:
+        return isinstance(value, (tuple, list)) and all(isinstance(v, str) and v for v in value)
+
+    variants = backend.variants
+    if not names(variants) or not variants or len(set(variants)) != len(variants):
+        return f"variants: expected a non-empty tuple of distinct non-empty str, got {variants!r:.80}"
+    if backend.device not in ("cpu", "cuda"):
+        return f"device: expected 'cpu' or 'cuda', got {backend.device!r:.80}"
+    if not isinstance(backend.environment, str) or not backend.environment:
+        return f"environment: expected a non-empty str, got {backend.environment!r:.80}"
+    env_vars = backend.env_vars
+    if not isinstance(env_vars, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env_vars.items()):
+        return f"env_vars: expected a dict of str to str, got {env_vars!r:.80}"
+    if not names(backend.packages):
+        return f"packages: expected a tuple of str, got {backend.packages!r:.80}"
+    masked = backend.masked_row_lse
+    if masked is not None and (isinstance(masked, bool) or not isinstance(masked, (int, float))):
+        return f"masked_row_lse: expected None or a number, got {masked!r:.80}"
+    if not isinstance(backend.jit_compiled, bool):
+        return f"jit_compiled: expected a bool, got {backend.jit_compiled!r:.80}"
+    caps = backend.capabilities
+    if not isinstance(caps, Capabilities):
+        return f"capabilities: expected a fuzzer.backends.base.Capabilities, got {type(caps).__name__}"
+    for field, allowed in (("dtypes", DTYPES), ("qkv_formats", QKV_FORMATS), ("causal_alignments", CAUSAL_ALIGNMENTS)):
+        value = getattr(caps, field)
+        if not names(value) or any(v not in allowed for v in value):
+            return f"capabilities.{field}: expected a tuple of {', '.join(allowed)}, got {value!r:.80}"
+    for field in ("max_head_dim", "head_dim_multiple", "max_seqlen"):
+        value = getattr(caps, field)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            return f"capabilities.{field}: expected a positive int, got {value!r:.80}"
+    for field in ("head_dim_v_differs", "gqa", "windows", "softcap", "backward", "lse", "cp"):
+        if not isinstance(getattr(caps, field), bool):
+            return f"capabilities.{field}: expected a bool, got {getattr(caps, field)!r:.80}"
+    return None
 
 
 def load_spec(spec: str) -> list[Backend]:
@@ -71,6 +121,8 @@ def load_spec(spec: str) -> list[Backend]:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise BackendError(f"backend spec {spec!r}: cannot import {module_name}: {exc}") from exc
+    except Exception as exc:  # the plugin module itself fails (a SyntaxError, its own error at import): one line
+        raise BackendError(f"backend spec {spec!r}: importing {module_name} failed: {type(exc).__name__}: {exc}") from exc
     try:
         obj = getattr(module, attr)
     except AttributeError as exc:

@@ -357,6 +357,12 @@ class SinkUnavailableError(AttnFuzzError):
     call may succeed later (`fuzzer.spool.SpoolingSink` keeps it and retries with backoff)."""
 
 
+class LeaseLostError(AttnFuzzError):
+    """A minimisation result offered under a lease the worker no longer holds (`ResultSink.record_minimised`
+    with ``lease``: another worker claimed the bucket, or it has its minimised case): nothing of
+    the call was written, and retrying cannot help."""
+
+
 class SinkFatalError(AttnFuzzError):
     """The sink refuses writes and retrying will not help (disk full, read-only database).
     Nothing of the failed call was written; the worker must stop."""
@@ -468,10 +474,14 @@ class ResultSink(Protocol):
         *,
         worker_id: int | None = None,
         attach: Any = (),
+        lease: int | None = None,
     ) -> Any:
         """Point the bucket at its minimised case, in the root-cause group of ``(backend, that
         case)``; attach the ``(variant, signature)`` buckets of ``attach`` that fail on it; end
-        ``worker_id``'s sibling leases (see `service.db.store.SqlStore.record_minimised`)."""
+        ``worker_id``'s sibling leases (see `service.db.store.SqlStore.record_minimised`).
+        ``lease``: the claim's attempt (`MinimiseClaim.attempt`): the call is refused with
+        `LeaseLostError` unless the bucket still has no minimised case, that attempt and
+        ``worker_id`` (or no one) as its owner."""
         ...
 
     def known_bucket_keys(self) -> set[tuple[str, str, str]]: ...

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from fuzzer.results import BucketUpdate, BuildFingerprint, CaseResult, MinimiseClaim
+from fuzzer.results import BucketUpdate, BuildFingerprint, CaseResult, LeaseLostError, MinimiseClaim
 from fuzzer.severity import severity
 
 
@@ -169,14 +169,20 @@ class MemorySink:
         *,
         worker_id: int | None = None,
         attach: Any = (),
+        lease: int | None = None,
     ) -> list[int]:
         """As `service.db.store.SqlStore.record_minimised`: the bucket, its defect, the attached
-        buckets (ids returned) and the end of ``worker_id``'s sibling leases."""
+        buckets (ids returned) and the end of ``worker_id``'s sibling leases; fenced by ``lease``
+        (`fuzzer.results.LeaseLostError`)."""
         from oracle.config import AttentionCase
 
         primary = next((b for b in self.buckets.values() if b.bucket_id == bucket_id), None)
         if primary is None:
             raise KeyError(f"bucket_id: no bucket {bucket_id}")
+        if lease is not None and (
+            primary.minimised_case is not None or primary.attempts != lease or primary.owner not in (None, worker_id)
+        ):
+            raise LeaseLostError(f"bucket {bucket_id}: the lease of claim {lease} is no longer held by worker {worker_id}")
         case_id = AttentionCase.from_json(minimised_case_json).case_id
         self.cases.setdefault(case_id, {"config": minimised_case_json, "origin": "minimised"})
         defect_id = self.defects.setdefault((primary.key[0], case_id), len(self.defects) + 1)

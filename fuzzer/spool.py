@@ -404,9 +404,11 @@ class SpoolingSink:
                 payload["case_json"], payload["origin"], results, payload["build_id"], payload["worker_id"]
             )
         if op == "record_minimised":
-            extra = {}  # entries spooled before attach/worker_id existed have neither
+            extra = {}  # entries spooled before attach/worker_id/lease existed have none of them
             if payload.get("worker_id") is not None or payload.get("attach"):
                 extra = {"worker_id": payload.get("worker_id"), "attach": [tuple(a) for a in payload.get("attach", [])]}
+            if payload.get("lease") is not None:  # fenced: refused (set aside, LeaseLostError) once another worker took it
+                extra["lease"] = payload["lease"]
             return self.inner.record_minimised(
                 payload["bucket_id"], payload["minimised_case_json"], payload["original_case_id"], payload["note"], **extra
             )
@@ -639,19 +641,24 @@ class SpoolingSink:
         *,
         worker_id: int | None = None,
         attach: Any = (),
+        lease: int | None = None,
     ) -> Any:
-        """Store or spool it; the attached bucket ids when stored now, None when spooled."""
-        written, value = self._write(
-            "record_minimised",
-            {
-                "bucket_id": bucket_id,
-                "minimised_case_json": minimised_case_json,
-                "original_case_id": original_case_id,
-                "note": note,
-                "worker_id": worker_id,
-                "attach": [list(a) for a in attach],
-            },
-        )
+        """Store or spool it; the attached bucket ids when stored now, None when spooled.
+
+        Raises:
+            LeaseLostError: stored now and refused by its fence (``lease``); nothing is spooled.
+        """
+        payload = {
+            "bucket_id": bucket_id,
+            "minimised_case_json": minimised_case_json,
+            "original_case_id": original_case_id,
+            "note": note,
+            "worker_id": worker_id,
+            "attach": [list(a) for a in attach],
+        }
+        if lease is not None:
+            payload["lease"] = lease
+        written, value = self._write("record_minimised", payload)
         if self.ledger is not None:
             self.ledger.write("minimised", bucket_id=bucket_id, case_id=original_case_id)
         return value

@@ -67,12 +67,13 @@ from hypothesis.errors import Unsatisfiable
 from fuzzer.backends.base import Backend
 from fuzzer.backends.cp_layout import cp_unsupported_reasons
 from fuzzer.cp.executor import make_executor_with_cp
-from fuzzer.evaluate import Evaluation, Evaluator, PendingJudgement, applicable_tasks, judge, with_phase
+from fuzzer.evaluate import Evaluation, Evaluator, PendingJudgement, applicable_tasks, declared_reasons, judge, with_phase
 from fuzzer.evaluate import normalise_masked_lse as _normalise_masked_lse
 from fuzzer.executor import COMPILE_ERROR_TYPES, TaskOutcome  # COMPILE_ERROR_TYPES: its kernel did not build (quarantined, not shrunk)
+from fuzzer.guard import PluginCallError, PluginGuard
 from fuzzer.known import KNOWN_HIT_BUDGET, KNOWN_TARGET_LOAD, FamilyHistory, KnownBuckets, case_families, reduced_weights
 from fuzzer.minimise import MinimiseInterrupted, MinimiseOutcome, minimise
-from fuzzer.results import BucketUpdate, CaseResult, MinimiseClaim, ResultSink, keyboard_interrupt_handler
+from fuzzer.results import BucketUpdate, CaseResult, LeaseLostError, MinimiseClaim, ResultSink, keyboard_interrupt_handler
 from fuzzer.severity import is_ratio_based, severity
 from fuzzer.coverage import DRAW_MODES, count_case, target_plan
 from fuzzer.strategies import KernelTemplate, attention_cases, default_bounds, merge_capabilities
@@ -145,6 +146,9 @@ class WorkerConfig:
             left alone.
         child_memory_limit_bytes: a backend child whose resident memory passes this many bytes
             is killed and the call recorded as ``oom`` (None: no limit).
+        plugin_deadline_s: seconds a plugin's method may take when the worker asks it in its own
+            process (`fuzzer.guard`: past it the backend is quarantined and the worker goes on
+            without it). None: ``$ATTNFUZZ_PLUGIN_DEADLINE_S``, else `fuzzer.guard.DEFAULT_DEADLINE_S`.
         corpus_dir: the corpus replayed the first time this worker's build is seen (with a
             ``build_history``; see `fuzzer.builds.replay.replay_on_new_build`). None: no corpus replay.
         jit_share: the compile budget of JIT backends (``Backend.jit_compiled``): the share of
@@ -226,6 +230,7 @@ class WorkerConfig:
     minimise_lease_s: float | None = None
     minimise_max_attempts: int = 3
     child_memory_limit_bytes: int | None = None
+    plugin_deadline_s: float | None = None
     corpus_dir: str | None = None
     jit_share: float | None = 0.2
     lanes: str = "auto"
@@ -368,6 +373,7 @@ class WorkerStats:
     replayed: list = field(default_factory=list)  # (bucket key, signature now or None)
     redone: list = field(default_factory=list)  # case_ids of evaluations a killed worker left
     quarantined: int = 0  # journaled evaluations set aside instead of redone (Worker.redo_interrupted)
+    backends_quarantined: dict = field(default_factory=dict)  # backend -> why it was dropped mid-run (fuzzer.guard: a method hung)
     leases_lost: int = 0  # minimisations abandoned because another worker took the bucket
     attached: list = field(default_factory=list)  # (bucket key shrunk, bucket id attached to its minimised case)
     first_cases: dict = field(default_factory=dict)  # new bucket key -> id of the case it was first seen on
@@ -545,19 +551,20 @@ def kernel_class(case: AttentionCase) -> tuple[bool, bool, bool, bool, bool]:
     )
 
 
-def _target_runs(backend: Backend, case: AttentionCase) -> bool:
+def _target_runs(backend: Backend, case: AttentionCase, guard: PluginGuard | None = None) -> bool:
     """Whether ``backend`` runs ``case`` in at least one variant (no `unsupported_reasons`): the
     filter of a draw for it. `Capabilities` are coarse (a range and a multiple of head_dim, a
     set of alignments); the adapters' own rules are finer (cuDNN SDPA: head_dim >= 16 and
     seqlen_k > 1; TE on FlashAttention: no top-left causal mask with seqlen_q != seqlen_k), and
     a draw for a backend that the backend then refuses was wasted: on the H200 (2026-12-01) 64
     draws for torch-sdpa-cudnn gave it 53 cases in all. Hypothesis draws again (three tries,
-    then the example is discarded, not run). A plugin whose check raises counts as running it
-    (the evaluation then records what happens)."""
+    then the example is discarded, not run). A plugin whose check raises or returns garbage counts
+    as running it (the evaluation then records its ``error:PluginError``); a quarantined one, or
+    one whose check runs past the deadline (`fuzzer.guard`: then quarantined), as not running it."""
     try:
-        return any(not backend.unsupported_reasons(case, v) for v in backend.applicable_variants(case))
-    except Exception:  # noqa: BLE001 - a plugin's check must not stop the fuzz loop
-        return True
+        return any(not reasons for reasons in declared_reasons(backend, case, None, guard).values())
+    except PluginCallError as exc:  # a plugin's check must not stop the fuzz loop
+        return not exc.timed_out
 
 
 class Reporter:
@@ -670,6 +677,7 @@ class Worker:
             make_executor_with_cp(self.config.backends, self.config.isolation, self.config.child_memory_limit_bytes),
             device=self.config.device,
             case_timeout_s=self.config.case_timeout_s,
+            guard=PluginGuard(self.config.plugin_deadline_s),
         )
         if self.lanes_on:  # lanes need the children side by side (the CPU default may run them in turn)
             for executor in (self._executor, getattr(self._executor, "default", None)):
@@ -1024,6 +1032,19 @@ class Worker:
         started = self._fuzz_started if self._fuzz_started is not None else self._started
         return c.jit_share * (self._clock() - started)
 
+    @property
+    def _guard(self) -> PluginGuard | None:
+        """What the backends' own methods are called through here (the evaluator's; None before `open`)."""
+        return None if self._evaluator is None else self._evaluator.guard
+
+    def _runs(self, backend: Backend, case: AttentionCase, variant: str) -> bool:
+        """Whether ``backend`` declares ``variant`` runnable for ``case`` (False when its check
+        fails: the evaluation records that)."""
+        try:
+            return not declared_reasons(backend, case, [variant], self._guard)[variant]
+        except PluginCallError:
+            return False
+
     def _compile_gated_tasks(self, case: AttentionCase) -> list[tuple[str, str]] | None:
         """The fuzz tasks of ``case`` under the compile gate and the crash quarantine: None
         (every applicable variant of every usable backend) unless some JIT backend is held back
@@ -1049,10 +1070,10 @@ class Worker:
         tasks: list[tuple[str, str]] = []
         gated = 0
         held = over | {name for name, _ in crashed}  # backends some of whose tasks may be left out
-        applicable, left_out = applicable_tasks(self.usable, case)  # as Evaluator.split_applicable
+        applicable, left_out = applicable_tasks(self.usable, case, self._guard)  # as Evaluator.split_applicable
         for name, variant in applicable:
             backend = self.backends[name]
-            if name in held and case.cp_size == 1 and not backend.unsupported_reasons(case, variant):
+            if name in held and case.cp_size == 1 and self._runs(backend, case, variant):
                 try:
                     key = backend.kernel_key(case, variant)
                 except Exception:  # a plugin's key function must not stop the fuzz loop
@@ -1169,7 +1190,7 @@ class Worker:
             backend = self.backends[name]
             cache[key] = (
                 attention_cases(capabilities=backend.capabilities, **common)
-                .filter(lambda case, backend=backend: _target_runs(backend, case))
+                .filter(lambda case, backend=backend: _target_runs(backend, case, self._guard))
                 .map(lambda case, name=name: (name, case))
             )
         return cache[key]
@@ -1290,6 +1311,7 @@ class Worker:
             measured = evaluation.inputs_s + evaluation.oracle_s + evaluation.wait_s + evaluation.judge_s
             self.stats.own_parts["running"] += max(time.perf_counter() - t_run - measured, 0.0)
         results = evaluation.results
+        self._note_quarantined()
         # lanes: every backend able to run the case was busy with an earlier one; the case ran
         # nowhere: not counted as a case and not stored (a new-user trial found such cases stored
         # without a result)
@@ -1335,6 +1357,23 @@ class Worker:
         elif repeat_key is not None and self._repeatable(evaluation, ran_nowhere):
             self._remember(repeat_key, results)
         return results
+
+    def _note_quarantined(self) -> None:
+        """Drop the backends the evaluator quarantined (a method of theirs ran past the guard's
+        deadline, `fuzzer.guard`) from ``usable``, once each, with a warning naming the reason:
+        the worker goes on with the others."""
+        import logging
+
+        for name, reason in self._evaluator.quarantined.items():
+            if name in self.stats.backends_quarantined:
+                continue
+            self.stats.backends_quarantined[name] = reason
+            self.usable = [b for b in self.usable if b.name != name]
+            logging.getLogger("attnfuzz.worker").warning(
+                "backend %s quarantined: %s; the worker goes on without it (%d backend(s) left)", name, reason, len(self.usable)
+            )
+            if not self.usable:
+                raise WorkerError(f"no usable backend left: {name} was quarantined ({reason})")
 
     def _remember(self, key: tuple, results: list[CaseResult]) -> None:
         """Keep a fuzz case's results for the same case drawn again (`_repeat_memo_hit`)."""
@@ -1835,10 +1874,11 @@ class Worker:
             except MinimiseInterrupted as interrupted:  # Ctrl-C: keep the best case so far, then stop
                 outcome = interrupted.outcome
                 self.stats.minimised.append((key, outcome))
-                self.sink.record_minimised(
-                    claim.bucket_id, outcome.case.to_json(), case.case_id, f"{outcome.status}: {outcome.note}",
-                    worker_id=self.worker_id,
-                )
+                with contextlib.suppress(LeaseLostError):  # another worker's result stands
+                    self.sink.record_minimised(
+                        claim.bucket_id, outcome.case.to_json(), case.case_id, f"{outcome.status}: {outcome.note}",
+                        worker_id=self.worker_id, lease=claim.attempt,
+                    )
                 raise KeyboardInterrupt(outcome.note) from None
             if predicate.lease_lost:  # the other worker's result will be the one stored
                 self.stats.leases_lost += 1
@@ -1847,14 +1887,19 @@ class Worker:
             attach: list[tuple[str, str]] = []
             if outcome.status == "minimised":
                 attach = self._recheck_symptoms(outcome.case, key)
-            attached = self.sink.record_minimised(
-                claim.bucket_id,
-                outcome.case.to_json(),
-                case.case_id,
-                f"{outcome.status}: {outcome.note}",
-                worker_id=self.worker_id,
-                attach=attach,
-            )
+            try:
+                attached = self.sink.record_minimised(
+                    claim.bucket_id,
+                    outcome.case.to_json(),
+                    case.case_id,
+                    f"{outcome.status}: {outcome.note}",
+                    worker_id=self.worker_id,
+                    attach=attach,
+                    lease=claim.attempt,
+                )
+            except LeaseLostError:  # stopped past the lease, and another worker claimed it meanwhile
+                self.stats.leases_lost += 1
+                return None
             if outcome.status in ("minimised", "unchanged"):  # confirmed: its further hits are budgeted
                 self.known.start_budget(key)
                 for variant, signature in attach:
@@ -1918,10 +1963,14 @@ class Worker:
         extra = {"attach": attach} if attach else {}
         try:
             self.stats.minimised.append((claim.key, outcome))
-            attached = self.sink.record_minimised(
-                claim.bucket_id, case.to_json(), case.case_id, f"{outcome.status}: {outcome.note}", worker_id=self.worker_id,
-                **extra,
-            )
+            try:
+                attached = self.sink.record_minimised(
+                    claim.bucket_id, case.to_json(), case.case_id, f"{outcome.status}: {outcome.note}",
+                    worker_id=self.worker_id, lease=claim.attempt, **extra,
+                )
+            except LeaseLostError:
+                self.stats.leases_lost += 1
+                return None
             if attached:
                 self.stats.attached.extend((claim.key, bucket_id) for bucket_id in attached)
         finally:

@@ -331,16 +331,31 @@ class Backend(abc.ABC):
     def applicable_variants(self, case: AttentionCase) -> tuple[str, ...]:
         """The variants with no `inapplicable_reasons` for ``case``, in order; all of them when
         none applies (the backend cannot encode the case at all: each variant then gets its
-        ``unsupported`` result). A plugin's exception counts as "applies"."""
+        ``unsupported`` result).
+
+        Raises:
+            BackendError: ``inapplicable_reasons`` raised or returned something other than a list
+                (or tuple) of str, naming the variant: the worker records it as the backend's
+                ``error:PluginError`` (`fuzzer.guard`) instead of dropping or running the variant
+                on a check that did not answer.
+        """
         applicable = []
         for variant in self.variants:
             try:
-                if self.inapplicable_reasons(case, variant):
-                    continue
-            except Exception:  # noqa: BLE001 - a plugin's check must not drop a variant silently
-                pass
-            applicable.append(variant)
+                reasons = self.inapplicable_reasons(case, variant)
+            except Exception as exc:
+                raise BackendError(f"inapplicable_reasons(case, {variant!r}) raised {type(exc).__name__}: {exc}") from exc
+            if not isinstance(reasons, (list, tuple)) or not all(isinstance(r, str) for r in reasons):
+                raise BackendError(f"inapplicable_reasons(case, {variant!r}) returned {reasons!r:.80}, expected a list of str")
+            if not reasons:
+                applicable.append(variant)
         return tuple(applicable) or tuple(self.variants)
+
+    def returns_lse(self, variant: str) -> bool:
+        """Whether ``variant``'s call returns the logsumexp: an output without one is then invalid
+        (`fuzzer.evaluate.output_problems`). Default: ``capabilities.lse``; an adapter whose
+        variants differ (SDPA: only its private op gives one) says so per variant."""
+        return bool(self.capabilities.lse)
 
     def supports(self, case: AttentionCase, variant: str | None = None) -> str | None:
         """None when ``case`` runs with ``variant`` (default: the first), else the reasons joined."""

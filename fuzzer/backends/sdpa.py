@@ -319,6 +319,10 @@ class SDPABackend(Backend):
             reasons.append(f"{variant}: the case has no mask (covered by is_causal)")
         return reasons
 
+    def returns_lse(self, variant: str) -> bool:
+        """Only ``aten_lse`` (the private op) returns the logsumexp; the public function gives none."""
+        return bool(self.capabilities.lse) and variant == "aten_lse"
+
     # ------------------------------------------------------------------ execution
     def run(self, case: AttentionCase, inputs: Any, variant: str) -> BackendOutput:
         import torch

@@ -70,6 +70,7 @@ from fuzzer.cp.sharding import gather_outputs, shard_inputs
 from fuzzer.executor import (
     ExecutorError,
     TaskOutcome,
+    availability_of,
     exit_if_crashed,
     load_task_backends,
     log_stderr_to,
@@ -223,7 +224,7 @@ def _rank_main(
     dist.init_process_group(pg_backend, store=store, rank=rank, world_size=cp_size, timeout=timedelta(seconds=pg_timeout_s))
     groups = _make_groups(rank, cp_size, device)
     backends = load_task_backends(specs)
-    conn.send(("ready", os.getpid(), {name: b.availability() for name, b in backends.items()}))
+    conn.send(("ready", os.getpid(), {name: availability_of(b) for name, b in backends.items()}))
     while True:
         try:
             message = conn.recv()

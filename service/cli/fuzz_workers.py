@@ -193,6 +193,7 @@ def select_backends(backend: list[str], device: str) -> tuple[list, str]:
         BackendError: a name is unknown or a plugin spec cannot be loaded (exit 3).
     """
     from fuzzer import registry
+    from fuzzer.executor import quick_availability_of
     from service.cli.common import cwd_importable
 
     names = [b for b in backend if ":" not in b]
@@ -209,10 +210,10 @@ def select_backends(backend: list[str], device: str) -> tuple[list, str]:
 
         # quick_availability imports no backend library: TE imported here could load a second
         # cuDNN into the worker (fuzzer.environment); the children give the full answer
-        wants_cuda = any(b.device == "cuda" and not b.quick_availability() for b, _ in selected)
+        wants_cuda = any(b.device == "cuda" and not quick_availability_of(b) for b, _ in selected)
         resolved_device = "cuda" if wants_cuda and torch.cuda.is_available() else "cpu"
     if not names and not specs:  # default: what can run here
-        selected = [(b, s) for b, s in selected if b.device == resolved_device and not b.quick_availability()]
+        selected = [(b, s) for b, s in selected if b.device == resolved_device and not quick_availability_of(b)]
     return selected, resolved_device
 
 

@@ -206,8 +206,9 @@ def insert_ignore_statement(connection: Connection, table: Table, conflict: list
 # transaction, so after either error nothing of the call is stored.
 
 TRANSIENT_SQLSTATES = frozenset({"40001", "40P01"})  # serialization_failure, deadlock_detected
-# admin_shutdown, crash_shutdown, cannot_connect_now, too_many_connections
-UNAVAILABLE_SQLSTATES = frozenset({"57P01", "57P02", "57P03", "53300"})
+# admin_shutdown, crash_shutdown, cannot_connect_now, too_many_connections; lock_not_available: a
+# row lock held past the write's lock_timeout (by a stopped worker: retrying now cannot help)
+UNAVAILABLE_SQLSTATES = frozenset({"57P01", "57P02", "57P03", "53300", "55P03"})
 # disk_full, read_only_sql_transaction, insufficient_resources' out_of_memory is left out (transient)
 REFUSED_SQLSTATES = {"53100": "disk full", "25006": "read-only database"}
 SQLITE_REFUSED_MESSAGES = {
@@ -319,13 +320,21 @@ class Transactor:
     """Runs a function in a short write transaction (or a savepoint), retrying transient errors.
 
     A Ctrl-C during a write takes effect when the write's transaction has ended (`ctrl_c_deferred`).
+
+    Args:
+        bind: an Engine (a transaction per write) or a Connection (a savepoint per write).
+        retries: how many times a transient conflict is retried.
+        lock_timeout_ms: PostgreSQL: how long a write waits for a lock (``SET LOCAL
+            lock_timeout`` at its start), milliseconds; past it the write fails as unavailable
+            (`StoreUnavailableError`, no retry). None: the server's setting (no limit by default).
     """
 
-    def __init__(self, bind: Engine | Connection, retries: int = DEFAULT_RETRIES):
+    def __init__(self, bind: Engine | Connection, retries: int = DEFAULT_RETRIES, *, lock_timeout_ms: int | None = None):
         if not isinstance(bind, (Engine, Connection)):
             raise TypeError(f"bind must be an Engine or a Connection, got {type(bind).__name__}")
         self.bind = bind
         self.retries = retries
+        self.lock_timeout_ms = lock_timeout_ms
         self.dialect = bind.dialect.name
         if self.dialect not in ("sqlite", "postgresql"):
             raise NotImplementedError(f"unsupported database {self.dialect!r} (SQLite and PostgreSQL are)")
@@ -379,6 +388,9 @@ class Transactor:
             try:
                 self._check_file()
                 with ctrl_c_deferred(), self._begin() as connection:
+                    if self.lock_timeout_ms is not None and self.dialect == "postgresql":
+                        # SET LOCAL lasts to the end of the transaction: the caller's, for a savepoint
+                        connection.exec_driver_sql(f"SET LOCAL lock_timeout = {int(self.lock_timeout_ms)}")
                     value = fn(connection)
                 self._check_file()  # removed while this write ran: it went to the unlinked file
                 return value

@@ -17,17 +17,32 @@ call is stored.
 Minimisation leases (`claim_minimisation`): a bucket without a minimised case is claimed by one
 worker at a time with a compare-and-set UPDATE (``... WHERE minimise_owner_id IS NULL OR
 minimise_lease_expires_at < now``), which PostgreSQL re-checks after taking the row lock and
-SQLite runs under ``BEGIN IMMEDIATE``, so two workers never both win.
+SQLite runs under ``BEGIN IMMEDIATE``, so two workers never both win. A lease is fenced: the claim
+returns its attempt number (``minimise_attempts``, raised by every claim), and `record_minimised`
+with ``lease=`` stores only while the bucket still has no minimised case, that attempt number and
+this worker (or no one) as its owner; a holder stopped past its lease and resumed after another
+worker claimed the bucket gets `LeaseLostError` and stores nothing.
+
+No transaction waits on a stopped process (PostgreSQL; a worker stopped with SIGSTOP inside its
+write keeps its row locks until it is continued, and the others waited on them and stored no
+result for 90 s): counting a result in its bucket (``hit_count``, ``last_seen``, the severity)
+takes the row with ``FOR UPDATE SKIP LOCKED``; when another transaction holds it the counts are
+kept in this store (`SqlStore.deferred_hits`) and added by the next write that gets the row, and
+the results are stored at once. Claims skip locked buckets the same way. Any other wait for a
+lock ends after `LOCK_TIMEOUT_MS` (``SET LOCAL lock_timeout``): the write fails as unavailable
+and the worker's spool keeps it (`fuzzer.spool`). Counts kept here when the process ends are lost
+(the results are not): `hit_count` may then count fewer results than stored.
 
 Create a store in the process that uses it (an Engine must not cross a fork).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Engine, bindparam, case, func, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
@@ -37,6 +52,7 @@ from fuzzer.results import (
     BucketUpdate,
     BuildFingerprint,
     CaseResult,
+    LeaseLostError,
     MinimiseClaim,
 )
 from fuzzer.severity import severity
@@ -64,24 +80,86 @@ RESULT_KEY = ["case_id", "build_id", "backend", "variant", "phase"]  # a result 
 WORKER_STATUSES = ("running", "stopping", "stopped", "failed", "lost")
 
 
+T = TypeVar("T")
+LOCK_TIMEOUT_MS = 2000
+"""How long a write of this store waits for a row lock on PostgreSQL (``SET LOCAL lock_timeout``),
+milliseconds: far above a live worker's write (milliseconds), far below a stopped one's."""
+
+
 def _bucket_severity_values(result: CaseResult) -> dict[str, Any]:
     """``severity`` and ``max_error_ratio`` of a new bucket whose first result is ``result``."""
     return {"severity": severity(result.signature, result.error_ratio), "max_error_ratio": result.error_ratio}
 
 
-def _bucket_severity_bump(result: CaseResult) -> dict[str, Any]:
-    """The UPDATE values that count ``result`` in its existing bucket's ``max_error_ratio`` and
-    severity. For one signature the severity only moves from ``imprecise`` to ``wrong`` as the
-    ratio grows (`fuzzer.severity`), so a result that is ``wrong`` on its own makes the bucket so."""
-    values: dict[str, Any] = {}
-    if result.error_ratio is not None:
-        ratio = result.error_ratio
-        values["max_error_ratio"] = case(
-            (Bucket.max_error_ratio.is_(None) | (Bucket.max_error_ratio < ratio), ratio), else_=Bucket.max_error_ratio
+@dataclasses.dataclass(frozen=True)
+class BucketHits:
+    """Results counted in one bucket and not yet written to its row (`SqlStore.deferred_hits`).
+
+    Attributes:
+        count: how many.
+        last_seen: the latest result's time.
+        build_id: the build of the latest result.
+        max_error_ratio: the largest error ratio among them (None: none has one).
+        wrong: one of them is ``wrong`` on its own (`fuzzer.severity`).
+    """
+
+    count: int
+    last_seen: datetime
+    build_id: int
+    max_error_ratio: float | None
+    wrong: bool
+
+    @classmethod
+    def of(cls, result: CaseResult, build_id: int, now: datetime) -> BucketHits:
+        """One hit: ``result`` of ``build_id`` stored at ``now``."""
+        return cls(1, now, build_id, result.error_ratio, severity(result.signature, result.error_ratio) == "wrong")
+
+    def plus(self, other: BucketHits | None) -> BucketHits:
+        """Both counted together (the later one's build)."""
+        if other is None:
+            return self
+        later = self if self.last_seen >= other.last_seen else other
+        ratios = [r for r in (self.max_error_ratio, other.max_error_ratio) if r is not None]
+        return BucketHits(
+            self.count + other.count, later.last_seen, later.build_id, max(ratios) if ratios else None, self.wrong or other.wrong
         )
-    if severity(result.signature, result.error_ratio) == "wrong":
-        values["severity"] = "wrong"
-    return values
+
+    def values(self) -> dict[str, Any]:
+        """The UPDATE values that count these hits in their bucket: ``hit_count``, ``last_seen``,
+        ``last_build_id``, ``max_error_ratio`` and the severity. For one signature the severity
+        only moves from ``imprecise`` to ``wrong`` as the ratio grows (`fuzzer.severity`), so a
+        result that is ``wrong`` on its own makes the bucket so."""
+        values: dict[str, Any] = {
+            "hit_count": Bucket.hit_count + self.count,
+            "last_seen": case((Bucket.last_seen < self.last_seen, self.last_seen), else_=Bucket.last_seen),
+            "last_build_id": self.build_id,
+        }
+        if self.max_error_ratio is not None:
+            ratio = self.max_error_ratio
+            values["max_error_ratio"] = case(
+                (Bucket.max_error_ratio.is_(None) | (Bucket.max_error_ratio < ratio), ratio), else_=Bucket.max_error_ratio
+            )
+        if self.wrong:
+            values["severity"] = "wrong"
+        return values
+
+
+class _Counts:
+    """The bucket counts of one write attempt: which deferred counts it wrote (``folded``) and
+    which it could not (``deferred``, the bucket's row locked by another transaction). Applied
+    to the store's `SqlStore.deferred_hits` only once the write commits (a retried attempt
+    starts afresh)."""
+
+    def __init__(self, pending: dict[tuple[str, str, str], BucketHits]):
+        self.pending = pending
+        self.folded: set[tuple[str, str, str]] = set()
+        self.deferred: dict[tuple[str, str, str], BucketHits] = {}
+
+    def commit(self) -> None:
+        for key in self.folded:
+            self.pending.pop(key, None)
+        for key, hits in self.deferred.items():
+            self.pending[key] = hits.plus(self.pending.get(key))
 
 
 def _bucket_key(backend: str, variant: str, signature: str) -> Any:
@@ -120,8 +198,66 @@ class SqlStore:
     """
 
     def __init__(self, bind: Engine | Connection, *, retries: int = DEFAULT_RETRIES):
-        self._tx = Transactor(bind, retries)
+        self._tx = Transactor(bind, retries, lock_timeout_ms=LOCK_TIMEOUT_MS)
         self._registering: dict[tuple, datetime] = {}  # register_worker's first attempt per key
+        #: counts of results stored while their bucket's row was locked by another transaction
+        #: (PostgreSQL), by ``(backend, variant, signature)``: added to the row by a later write
+        self.deferred_hits: dict[tuple[str, str, str], BucketHits] = {}
+
+    def _write_counting(self, fn: Callable[[Connection, _Counts], T]) -> T:
+        """``fn(connection, counts)`` in one write transaction, where every bucket count goes
+        through ``counts`` (`_count_hits`); the deferred counts change only when it commits."""
+        attempts: list[_Counts] = []
+
+        def run(connection: Connection) -> T:
+            counts = _Counts(self.deferred_hits)
+            attempts.append(counts)
+            value = fn(connection, counts)
+            self._fold_deferred(connection, counts)
+            return value
+
+        value = self._tx.write(run)
+        attempts[-1].commit()
+        return value
+
+    def _count_hits(self, connection: Connection, key: tuple[str, str, str], hits: BucketHits | None, counts: _Counts) -> int | None:
+        """Add ``hits`` (and the counts deferred for ``key`` before) to bucket ``key``'s row; its
+        id, None when there is no such bucket. On PostgreSQL the row is taken with ``FOR UPDATE
+        SKIP LOCKED``: when another transaction holds it (a worker stopped inside its write),
+        ``hits`` are deferred in ``counts`` and the id read without a lock."""
+        earlier = self.deferred_hits.get(key) if key not in counts.folded else None
+        total = hits.plus(earlier) if hits is not None else earlier
+        if total is None:
+            return None
+        where = _bucket_key(*key)
+        if connection.dialect.name == "postgresql":
+            target = select(Bucket.id).where(where).with_for_update(skip_locked=True).scalar_subquery()
+            bucket_id = connection.execute(
+                update(Bucket).where(Bucket.id == target).values(**total.values()).returning(Bucket.id)
+            ).scalar_one_or_none()
+            if bucket_id is None:  # locked by another transaction (or gone): counted later
+                bucket_id = connection.scalar(select(Bucket.id).where(where))
+                if bucket_id is not None and hits is not None:
+                    counts.deferred[key] = hits.plus(counts.deferred.get(key))
+                return bucket_id
+        else:
+            bucket_id = connection.execute(update(Bucket).where(where).values(**total.values()).returning(Bucket.id)).scalar_one_or_none()
+        if earlier is not None:
+            counts.folded.add(key)
+        return bucket_id
+
+    def _counted(self, connection: Connection, key: tuple[str, str, str], result: CaseResult, build_id: int, now: datetime, counts: _Counts) -> int:
+        """`_count_hits` of one result in its existing bucket ``key``; the bucket's id."""
+        bucket_id = self._count_hits(connection, key, BucketHits.of(result, build_id, now), counts)
+        if bucket_id is None:  # seen in this transaction: it cannot be gone
+            raise NotFoundError("bucket", "/".join(key))
+        return bucket_id
+
+    def _fold_deferred(self, connection: Connection, counts: _Counts, limit: int = 16) -> None:
+        """Write up to ``limit`` deferred counts whose bucket row is free now (each skipped
+        again while it is locked)."""
+        for key in [k for k in self.deferred_hits if k not in counts.folded][:limit]:
+            self._count_hits(connection, key, None, counts)
 
     def register_build(self, fingerprint: BuildFingerprint, versions: Mapping[str, str] | None = None) -> int:
         """The id of the build of ``fingerprint`` (plus package ``versions``), created on first
@@ -217,7 +353,7 @@ class SqlStore:
             if status != "running":
                 self._end_leases_of(connection, worker_id)
 
-        self._tx.write(run)
+        self._write_counting(lambda connection, counts: run(connection))  # also writes deferred bucket counts
 
     @staticmethod
     def _end_leases_of(connection: Connection, worker_id: int) -> None:
@@ -303,7 +439,7 @@ class SqlStore:
             NotFoundError: ``result.case_id`` was never recorded (call `record_case` first), or
                 ``build_id`` or ``worker_id`` is unknown.
         """
-        return self._tx.write(self._result_writer(result, build_id, worker_id))
+        return self._write_counting(self._result_writer(result, build_id, worker_id))
 
     def record_case_results(
         self, case_json: dict[str, Any], origin: str, results: list[CaseResult], build_id: int, worker_id: int | None
@@ -329,7 +465,7 @@ class SqlStore:
                     "case_id", f"result of {r.backend}/{r.variant} has case_id {r.case_id!r}, not {attention_case.case_id!r}"
                 )
 
-        def run(connection: Connection) -> list[BucketUpdate | None]:
+        def run(connection: Connection, counts: _Counts) -> list[BucketUpdate | None]:
             self._insert_case(connection, attention_case, origin)
             self._check_build_worker(connection, build_id, worker_id)
             # every result row in one INSERT ... ON CONFLICT DO NOTHING RETURNING (the
@@ -352,10 +488,10 @@ class SqlStore:
                 if fresh and not r.is_failure:
                     updates.append(None)
                 else:
-                    updates.append(self._result_writer(r, build_id, worker_id, check=False, inserted=fresh)(connection))
+                    updates.append(self._result_writer(r, build_id, worker_id, check=False, inserted=fresh)(connection, counts))
             return updates
 
-        return self._tx.write(run)
+        return self._write_counting(run)
 
     @staticmethod
     def _result_values(result: CaseResult, build_id: int, worker_id: int | None, now: datetime) -> dict[str, Any]:
@@ -383,14 +519,16 @@ class SqlStore:
 
     def _result_writer(
         self, result: CaseResult, build_id: int, worker_id: int | None, check: bool = True, inserted: bool | None = None
-    ) -> Callable[[Connection], BucketUpdate | None]:
-        """The write of `record_result` as a function of a connection (``check``: verify that the
+    ) -> Callable[[Connection, _Counts], BucketUpdate | None]:
+        """The write of `record_result` as a function of a connection and the write's bucket
+        counts (`_write_counting`; ``check``: verify that the
         case, build and worker exist first; ``inserted``: the result row was already written by
         the caller, True, or was there before, False). Stores ``result`` once per
         ``(case_id, build_id, backend, variant, phase)``.
 
         A failing result is counted in its bucket ``(backend, variant, signature)``, created on
-        first sight. Writing the same key again changes nothing and reports the stored row.
+        first sight (`_count_hits`: never waiting for a row another transaction holds). Writing
+        the same key again changes nothing and reports the stored row.
 
         Returns:
             For a failure: the bucket, whether this call created it and whether it has a
@@ -401,7 +539,7 @@ class SqlStore:
                 ``build_id`` or ``worker_id`` is unknown.
         """
 
-        def run(connection: Connection) -> BucketUpdate | None:
+        def run(connection: Connection, counts: _Counts) -> BucketUpdate | None:
             now = utcnow()
             if check:
                 self._check_references(connection, result.case_id, build_id, worker_id)
@@ -414,6 +552,11 @@ class SqlStore:
                 return self._stored_bucket(connection, result, build_id)
             if not result.is_failure:
                 return None
+            key = (result.backend, result.variant, result.signature)
+            # an existing bucket is read, not inserted over: PostgreSQL's INSERT ... ON CONFLICT
+            # waits for a transaction that holds the conflicting row (a stopped worker's UPDATE)
+            if connection.scalar(select(Bucket.id).where(_bucket_key(*key))) is not None:
+                return BucketUpdate(bucket_id=self._counted(connection, key, result, build_id, now, counts), is_new=False)
             bucket_values = {
                 "backend": result.backend,
                 "variant": result.variant,
@@ -432,19 +575,10 @@ class SqlStore:
             bucket_id = insert_ignore(connection, Bucket.__table__, bucket_values, ["backend", "variant", "signature"])
             if bucket_id is not None:
                 return BucketUpdate(bucket_id=bucket_id, is_new=True)
-            bump = (
-                update(Bucket)
-                .where(_bucket_key(result.backend, result.variant, result.signature))
-                .values(
-                    hit_count=Bucket.hit_count + 1,
-                    last_seen=case((Bucket.last_seen < now, now), else_=Bucket.last_seen),
-                    last_build_id=build_id,
-                    **_bucket_severity_bump(result),
-                )
-                .returning(Bucket.id, Bucket.minimised_case_id)
-            )
-            bumped = connection.execute(bump).one()
-            return BucketUpdate(bucket_id=bumped.id, is_new=False, minimised=bumped.minimised_case_id is not None)
+            bucket_id = self._counted(connection, key, result, build_id, now, counts)
+            # a plain read (no row lock: it never waits on a transaction holding the bucket)
+            minimised = connection.scalar(select(Bucket.minimised_case_id).where(Bucket.id == bucket_id)) is not None
+            return BucketUpdate(bucket_id=bucket_id, is_new=False, minimised=minimised)
 
         return run
 
@@ -499,6 +633,7 @@ class SqlStore:
         *,
         worker_id: int | None = None,
         attach: Iterable[tuple[str, str]] = (),
+        lease: int | None = None,
         now: datetime | None = None,
     ) -> list[int]:
         """Store the minimised case (origin ``"minimised"``), point the bucket at it, put it in
@@ -520,6 +655,10 @@ class SqlStore:
             note: how minimisation ended (kept verbatim in ``buckets.minimise_note``).
             worker_id: the worker that shrank it (ends its sibling leases).
             attach: ``(variant, signature)`` of the buckets to attach (see above).
+            lease: the fence (`MinimiseClaim.attempt` of the claim this result comes from): the
+                bucket is written only while it has no minimised case, that ``minimise_attempts``
+                and ``worker_id`` or no one as its owner. None: not fenced (a result posted to
+                the API, entries spooled before fencing).
             now: the current time (tests).
 
         Returns:
@@ -528,6 +667,8 @@ class SqlStore:
         Raises:
             oracle.errors.CaseValidationError: the minimised case is invalid.
             NotFoundError: the bucket or the original case does not exist.
+            LeaseLostError: ``lease`` no longer holds (another worker claimed the bucket since, or
+                recorded its minimised case); nothing is written.
         """
         attention_case = AttentionCase.from_json(minimised_case_json)
         attach = [(str(variant), str(signature)) for variant, signature in attach]
@@ -544,9 +685,15 @@ class SqlStore:
             self._insert_case(connection, attention_case, "minimised")
             defect_id = self._defect_id(connection, primary.backend, attention_case.case_id, at)
             siblings = self._siblings(connection, bucket_id) if worker_id is not None else None
-            connection.execute(
+            fence = []
+            if lease is not None:
+                holder = Bucket.minimise_owner_id.is_(None)
+                if worker_id is not None:
+                    holder = or_(holder, Bucket.minimise_owner_id == worker_id)
+                fence = [Bucket.minimised_case_id.is_(None), Bucket.minimise_attempts == lease, holder]
+            written = connection.execute(
                 update(Bucket)
-                .where(Bucket.id == bucket_id)
+                .where(Bucket.id == bucket_id, *fence)
                 .values(
                     minimised_case_id=attention_case.case_id,
                     minimise_note=storable_text(note, MAX_DETAIL),
@@ -554,7 +701,12 @@ class SqlStore:
                     minimise_lease_expires_at=None,
                     defect_id=defect_id,
                 )
-            )
+            ).rowcount
+            if not written:  # fenced out: the transaction (the case, the defect) is rolled back
+                raise LeaseLostError(
+                    f"bucket {bucket_id}: the lease of claim {lease} is no longer held by worker {worker_id} "
+                    "(another worker claimed the bucket since, or it has its minimised case); the result is not stored"
+                )
             attached = []
             free = or_(
                 Bucket.minimise_owner_id.is_(None),
@@ -653,14 +805,19 @@ class SqlStore:
                 raise NotFoundError("worker", worker_id)
             # a bucket left alone after its last claim (each shrink died with its worker or ran
             # out of lease) says so in its note instead of keeping an empty one
-            connection.execute(
-                update(Bucket)
+            abandoned = (
+                select(Bucket.id)
                 .where(
                     Bucket.minimised_case_id.is_(None),
                     Bucket.minimise_attempts >= max_attempts,
                     or_(Bucket.minimise_owner_id.is_(None), Bucket.minimise_lease_expires_at < at),
                     Bucket.minimise_note == "",
                 )
+                .with_for_update(skip_locked=True)  # a row another transaction holds is noted next time
+            )
+            connection.execute(
+                update(Bucket)
+                .where(Bucket.id.in_(abandoned))
                 .values(
                     minimise_note=f"abandoned: not minimised after {max_attempts} claims (each shrink ended "
                     "without a result: its worker died or its lease ran out)",
@@ -673,8 +830,12 @@ class SqlStore:
                 & (Bucket.minimise_attempts < max_attempts)
                 & or_(Bucket.minimise_owner_id.is_(None), Bucket.minimise_lease_expires_at < at)
             )
-            candidates = connection.scalars(
-                select(Bucket.id).where(claimable, Bucket.backend.in_(list(backends))).order_by(Bucket.id).limit(8)
+            candidates = connection.scalars(  # rows another transaction holds are skipped, not waited for
+                select(Bucket.id)
+                .where(claimable, Bucket.backend.in_(list(backends)))
+                .order_by(Bucket.id)
+                .limit(8)
+                .with_for_update(skip_locked=True)
             ).all()
             for bucket_id in candidates:
                 won = connection.execute(
@@ -697,9 +858,10 @@ class SqlStore:
                 # "abandoned ... its worker died or its lease ran out" after its group's other
                 # buckets had been claimed three times, though no worker died (a new user's short
                 # runs on the CPU, 2026-12-01).
+                free_siblings = select(Bucket.id).where(self._siblings(connection, bucket_id), claimable).with_for_update(skip_locked=True)
                 siblings = connection.execute(
                     update(Bucket)
-                    .where(self._siblings(connection, bucket_id), claimable)
+                    .where(Bucket.id.in_(free_siblings))
                     .values(
                         minimise_owner_id=worker_id,
                         minimise_lease_expires_at=at + timedelta(seconds=lease_s),
