@@ -32,7 +32,7 @@ import json
 import signal
 import threading
 from dataclasses import dataclass, field
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from packaging.utils import canonicalize_name
@@ -362,21 +362,122 @@ class SinkFatalError(AttnFuzzError):
     Nothing of the failed call was written; the worker must stop."""
 
 
-def keyboard_interrupt_handler() -> Any:
-    """The SIGINT handler in place when one may be swapped for a Ctrl-C-aware one, else None.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+"""The signals that stop a worker as Ctrl-C does: SIGINT (a terminal's Ctrl-C, ``kill -INT``) and
+SIGTERM (what Slurm, Kubernetes and systemd send to stop a job). A process handles SIGTERM so only
+where `stop_on_signals` was called (the ``attnfuzz fuzz`` command and its worker processes);
+elsewhere it keeps its own disposition."""
+
+_stops: list[int] = []  # the stop signals this process raised a KeyboardInterrupt for, or held
+_stop_listeners: list[Callable[[int], None]] = []
+_stop_once = [False]  # after the first stop signal, hold the next ones (`stop_on_signals`)
+
+
+def keyboard_interrupt_handler(signum: int = signal.SIGINT) -> Any:
+    """The handler of ``signum`` (a `STOP_SIGNALS` member) in place when one may be swapped for a
+    Ctrl-C-aware one, else None.
 
     That is, only on the main thread (Python runs signal handlers there only), and only when the
-    handler (`signal.getsignal`) is Python's default or a handler marked as raising
+    handler (`signal.getsignal`) is Python's default SIGINT handler or a handler marked as raising
     `KeyboardInterrupt` as it does: an attribute ``raises_keyboard_interrupt`` set to True, as on
-    the fuzz worker's (`fuzzer.worker.Worker.run`). A caller's other handler, SIG_IGN or SIG_DFL
-    gives None: it is left as it is. A sink may hold such a Ctrl-C until its write has ended
+    the fuzz worker's (`fuzzer.worker.Worker.run`) and `raise_stop`. A caller's other handler,
+    SIG_IGN or SIG_DFL gives None: it is left as it is (so SIGTERM only where `stop_on_signals`
+    made it a stop). A sink may hold such a stop until its write has ended
     (`service.db.engine.ctrl_c_deferred`)."""
     if threading.current_thread() is not threading.main_thread():
         return None
-    handler = signal.getsignal(signal.SIGINT)
+    handler = signal.getsignal(signum)
     if handler is signal.default_int_handler or getattr(handler, "raises_keyboard_interrupt", False) is True:
         return handler
     return None
+
+
+def note_stop_signal(signum: int) -> bool:
+    """Record that stop signal ``signum`` came and tell the listeners (`on_stop_signal`), at once,
+    from the signal handler; whether the handler should raise `KeyboardInterrupt` for it: always,
+    except for a stop after the first in a process that asked to stop once (`stop_on_signals`).
+
+    Every handler of ours that raises for a stop signal calls it first (`raise_stop`, the fuzz
+    worker's); Python's own `signal.default_int_handler` does not."""
+    repeat = bool(_stops)
+    _stops.append(signum)
+    for listener in list(_stop_listeners):
+        try:
+            listener(signum)
+        except Exception:  # noqa: BLE001 - a listener must not turn the stop into another error
+            pass
+    return not (repeat and _stop_once[0])
+
+
+def raise_stop(signum: int, frame: Any) -> None:
+    """A stop signal's handler: `note_stop_signal`, then `KeyboardInterrupt` (as Ctrl-C)."""
+    if note_stop_signal(signum):
+        raise KeyboardInterrupt
+
+
+raise_stop.raises_keyboard_interrupt = True  # type: ignore[attr-defined]
+
+
+def stop_on_signals(*, once: bool = False) -> Callable[[], None]:
+    """Make SIGINT and SIGTERM stop this process as Ctrl-C does: `raise_stop` becomes the handler
+    of each `STOP_SIGNALS` member whose handler is still Python's default (SIGINT:
+    `signal.default_int_handler`; SIGTERM: SIG_DFL, which would end the process at once, leaving
+    its worker's row ``running``, its worker processes orphaned and its last results unstored). A
+    signal ignored (SIG_IGN: a background job's SIGINT) or handled by someone else is left as it
+    is. Main thread only (elsewhere nothing changes).
+
+    Args:
+        once: a stop signal after the first raises nothing (it is noted and held): for a worker
+            process, whose stop is under way when the command forwards the signal it got itself
+            (a terminal's Ctrl-C or a scheduler's SIGTERM to every process reaches the worker
+            twice), so that the second cannot cut its last writes short. The command stops a
+            worker that does not end in time by SIGKILL (`service.cli.fuzz_workers.ExtraWorkers`).
+
+    Returns:
+        The function that puts the previous handlers back (and ends ``once``). The stop signals
+        noted so far are forgotten at the call (`stop_signal` tells of this run's).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    _stops.clear()
+    _stop_once[0] = once
+    swapped = []
+    for signum, default in ((signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, signal.SIG_DFL)):
+        if signal.getsignal(signum) is default:
+            signal.signal(signum, raise_stop)
+            swapped.append((signum, default))
+
+    def restore() -> None:
+        _stop_once[0] = False
+        for signum, default in swapped:
+            if signal.getsignal(signum) is raise_stop:
+                signal.signal(signum, default)
+
+    return restore
+
+
+def on_stop_signal(listener: Callable[[int], None]) -> Callable[[], None]:
+    """Call ``listener(signum)`` in the signal handler of every stop signal of ours (see
+    `note_stop_signal`; in the main thread, between two bytecodes). Returns the function that
+    removes it."""
+    _stop_listeners.append(listener)
+
+    def remove() -> None:
+        if listener in _stop_listeners:
+            _stop_listeners.remove(listener)
+
+    return remove
+
+
+def stop_signal() -> int | None:
+    """The first stop signal this process noted (`note_stop_signal`), or None."""
+    return _stops[0] if _stops else None
+
+
+def stop_exit_code() -> int:
+    """The exit code of a run stopped by a signal: 128 + its number, the shell's convention (130
+    for SIGINT, also when Python's own handler raised; 143 for SIGTERM)."""
+    return 128 + int(stop_signal() or signal.SIGINT)
 
 
 @dataclass(frozen=True)

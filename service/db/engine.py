@@ -39,7 +39,7 @@ from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 
-from fuzzer.results import SinkFatalError, SinkUnavailableError, keyboard_interrupt_handler
+from fuzzer.results import STOP_SIGNALS, SinkFatalError, SinkUnavailableError, keyboard_interrupt_handler
 from service.errors import ServiceError
 
 DEFAULT_DATABASE_URL = "sqlite:///attnfuzz.db"
@@ -282,9 +282,10 @@ def _identity(path: str) -> tuple[int, int] | None:
 
 @contextmanager
 def ctrl_c_deferred() -> Iterator[None]:
-    """Hold a Ctrl-C (SIGINT) that arrives inside the block and hand it to the SIGINT handler when
-    the block ends (which raises its `KeyboardInterrupt` there), so a write transaction is committed
-    or rolled back whole, never cut in two.
+    """Hold a Ctrl-C (SIGINT, or a SIGTERM made a stop by `fuzzer.results.stop_on_signals`) that
+    arrives inside the block and hand it to its handler when the block ends (which raises its
+    `KeyboardInterrupt` there), so a write transaction is committed or rolled back whole, never
+    cut in two.
 
     Why: a `KeyboardInterrupt` raised inside SQLAlchemy's begin, commit or connection check-in
     (Python raises it at any bytecode of the main thread) can leave a SQLite connection holding the
@@ -295,24 +296,27 @@ def ctrl_c_deferred() -> Iterator[None]:
     2-core machine).
 
     Only in the main thread (Python runs signal handlers there only; elsewhere nothing is changed)
-    and only while SIGINT's handler raises `KeyboardInterrupt` (`keyboard_interrupt_handler`; a
-    caller's other handler, SIG_IGN or SIG_DFL is left as it is). The handler is swapped for the
-    block's length: a write is a few milliseconds; a busy wait for another writer's lock (at most
-    the busy timeout) is inside the SQLite call, where Python could not raise either.
+    and only for a signal whose handler raises `KeyboardInterrupt`
+    (`fuzzer.results.keyboard_interrupt_handler`; a caller's other handler, SIG_IGN or SIG_DFL is
+    left as it is). The handlers are swapped for the block's length: a write is a few
+    milliseconds; a busy wait for another writer's lock (at most the busy timeout) is inside the
+    SQLite call, where Python could not raise either.
     """
-    previous = keyboard_interrupt_handler()
-    if previous is None:
+    previous = {signum: handler for signum in STOP_SIGNALS if (handler := keyboard_interrupt_handler(signum)) is not None}
+    if not previous:
         yield
         return
     caught: list[int] = []
-    signal.signal(signal.SIGINT, lambda signum, _frame: caught.append(signum))
+    for signum in previous:
+        signal.signal(signum, lambda signum, _frame: caught.append(signum))
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
         if caught:
-            previous(caught[0], None)  # raises KeyboardInterrupt
-            raise KeyboardInterrupt  # pragma: no cover - a marked handler that did not raise
+            # raises KeyboardInterrupt (a handler of `fuzzer.results.stop_on_signals`'s ``once`` holds a repeated stop)
+            previous[caught[0]](caught[0], None)
 
 
 class Transactor:
