@@ -32,7 +32,8 @@ import json
 import signal
 import threading
 from dataclasses import dataclass, field
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any, Protocol
 
 from packaging.utils import canonicalize_name
@@ -478,6 +479,48 @@ def stop_exit_code() -> int:
     """The exit code of a run stopped by a signal: 128 + its number, the shell's convention (130
     for SIGINT, also when Python's own handler raised; 143 for SIGTERM)."""
     return 128 + int(stop_signal() or signal.SIGINT)
+
+
+@contextmanager
+def stops_deferred() -> Iterator[None]:
+    """Hold a Ctrl-C (SIGINT, or a SIGTERM made a stop by `stop_on_signals`) that
+    arrives inside the block and hand it to its handler when the block ends (which raises its
+    `KeyboardInterrupt` there), so a write transaction is committed or rolled back whole, never
+    cut in two.
+
+    Why: a `KeyboardInterrupt` raised inside SQLAlchemy's begin, commit or connection check-in
+    (Python raises it at any bytecode of the main thread) can leave a SQLite connection holding the
+    write lock, referenced by the traceback, while the worker's ``finally`` writes its last
+    heartbeat on another connection: that write waits on its own process's lock (busy timeout times
+    the retries), and every other worker of the database waits with it. Seen as a ``fuzz --workers
+    2`` run that did not end for minutes after Ctrl-C (2026-12-03, about 1 run in 10 on a loaded
+    2-core machine).
+
+    The spooling sink holds a stop over a whole write and its ledger line the same way
+    (`fuzzer.spool.SpoolingSink`): a result committed is a result reported.
+
+    Only in the main thread (Python runs signal handlers there only; elsewhere nothing is changed)
+    and only for a signal whose handler raises `KeyboardInterrupt` (`keyboard_interrupt_handler`;
+    a caller's other handler, SIG_IGN or SIG_DFL is left as it is). Nested, the inner block
+    changes nothing (the outer one holds the signal). The handlers are swapped for the block's
+    length: a write is a few milliseconds; a busy wait for another writer's lock (at most the
+    busy timeout) is inside the SQLite call, where Python could not raise either.
+    """
+    previous = {signum: handler for signum in STOP_SIGNALS if (handler := keyboard_interrupt_handler(signum)) is not None}
+    if not previous:
+        yield
+        return
+    caught: list[int] = []
+    for signum in previous:
+        signal.signal(signum, lambda signum, _frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        if caught:
+            # raises KeyboardInterrupt (a handler of `stop_on_signals`'s ``once`` holds a repeated stop)
+            previous[caught[0]](caught[0], None)
 
 
 @dataclass(frozen=True)
