@@ -286,17 +286,41 @@ def unpack_output(output: Any) -> Any:
     return output
 
 
-def _die_with_parent() -> None:
-    """Linux: have the kernel SIGKILL this process when its parent dies (best effort elsewhere)."""
-    if not sys.platform.startswith("linux"):
-        return
-    import ctypes
+def die_with_parent(signum: int = signal.SIGKILL) -> bool:
+    """Linux: have the kernel send ``signum`` to this process when the thread that started it
+    ends (``prctl(PR_SET_PDEATHSIG)``; for a process started by a main thread, when its parent
+    process ends, however it ends: SIGKILL included). Elsewhere nothing is done.
 
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):
-        return
+    Returns:
+        False when the parent is already gone (this process was reparented: the signal will never
+        come; the caller should stop), else True. The parent is the `multiprocessing` one of a
+        process started so, else the parent pid before the call.
+    """
+    started_by = multiprocessing.parent_process()
+    parent = started_by.pid if started_by is not None and started_by.pid else os.getppid()
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, int(signum), 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+    return os.getppid() == parent
+
+
+def become_child(log: Any) -> None:
+    """What every child process of a worker does first (a backend child, a CP rank): die with its
+    parent (`die_with_parent`, SIGKILL: the parent restarts children, a child keeps no state
+    worth saving), exiting at once if the parent is already gone; ignore SIGINT and SIGTERM (the
+    parent stops its children: a terminal's Ctrl-C or a scheduler's SIGTERM to the whole process
+    group must not end one in the middle of a task, which would read as a crash of its backend);
+    send its output to ``log`` (`log_output_to`)."""
+    if not die_with_parent(signal.SIGKILL):  # the parent died before the death signal was armed
+        os._exit(0)
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_IGN)
+    log_output_to(log)
 
 
 def resident_bytes(pid: int) -> int | None:
@@ -906,15 +930,157 @@ def _futures_of(futures: Any) -> list[Any]:
 
 # ---------------------------------------------------------------------------------------- child
 # ------------------------------------------------------- what every child process does (both executors)
-def log_stderr_to(log_path: str) -> None:
+LOG_MAX_BYTES = 4 * 2**20
+"""A child's log (its stderr and stdout, `ChildLog`) is kept under about this many bytes (plus
+`LOG_KEEP_BYTES`): a plugin's child printing in a loop wrote 3.7 GB in 60 s (2026-12-03)."""
+LOG_KEEP_BYTES = 64 * 2**10
+"""When a child's log passes `LOG_MAX_BYTES` it starts again from its last this many bytes (the
+tail is what a crash or a hang reports)."""
+_LOG_CHUNK_BYTES = 65536
+
+
+class ChildLog:
+    """A child process's stderr and stdout, kept in the file ``path`` by this process, bounded.
+
+    The child writes into a pipe (`child_end`, handed to the child with its other arguments and
+    given to `log_output_to` there) and a thread of this process copies what comes to the file.
+    Past ``max_bytes`` the file starts again with its last ``keep_bytes`` (from a line start),
+    after a line saying how many bytes were dropped in all (`dropped_bytes`): a child printing
+    without end costs at most about ``max_bytes + keep_bytes`` of disk, and its last lines are
+    always there. What a child wrote before it died is still in the pipe and reaches the file
+    (`tail` waits for it). Why not the file itself as the child's stderr, as before: nothing could
+    bound a file a child appends to without losing its tail or racing its writes.
+
+    Args:
+        path: the log file (created when missing, appended to).
+        max_bytes: the bound, bytes (> ``keep_bytes``).
+        keep_bytes: what is kept when the bound is passed, bytes (>= 0).
+
+    Raises:
+        ValueError: ``keep_bytes`` is negative or not below ``max_bytes``.
+    """
+
+    def __init__(self, path: str, *, max_bytes: int = LOG_MAX_BYTES, keep_bytes: int = LOG_KEEP_BYTES):
+        from multiprocessing.connection import Connection
+
+        if not 0 <= keep_bytes < max_bytes:
+            raise ValueError(f"keep_bytes must be >= 0 and below max_bytes ({max_bytes}), got {keep_bytes}")
+        self.path = path
+        self.max_bytes = max_bytes
+        self.keep_bytes = keep_bytes
+        self.dropped_bytes = 0
+        self._file = open(path, "ab")
+        self._size = self._file.tell()
+        self._read_fd, write_fd = os.pipe()
+        #: the pipe's write end, for the child (a `multiprocessing` connection: it can be passed
+        #: to a ``spawn`` child among the process's arguments)
+        self.child_end = Connection(write_fd, readable=False)
+        self._read_bytes = 0  # taken from the pipe so far
+        self._written_bytes = 0  # of those, in the file (or dropped)
+        self._thread = threading.Thread(target=self._pump, name="attnfuzz-child-log", daemon=True)
+        self._thread.start()
+
+    def started(self) -> None:
+        """Close this process's copy of the pipe's write end, once the child was started with it:
+        the copying then ends when the child (and whatever it started that keeps its stderr)
+        has ended."""
+        self.child_end.close()
+
+    def _pump(self) -> None:
+        try:
+            while True:
+                try:
+                    chunk = os.read(self._read_fd, _LOG_CHUNK_BYTES)
+                except OSError:
+                    break
+                self._read_bytes += len(chunk)
+                if not chunk:
+                    break
+                self._write(chunk)
+                self._written_bytes += len(chunk)
+        finally:
+            os.close(self._read_fd)
+            self._file.close()
+
+    def _write(self, chunk: bytes) -> None:
+        try:
+            self._file.write(chunk)
+            self._file.flush()
+            self._size += len(chunk)
+            if self._size > self.max_bytes:
+                self._restart()
+        except OSError:  # a full disk, the directory removed: the log is best effort
+            pass
+
+    def _restart(self) -> None:
+        """Start the file again from its last ``keep_bytes`` (from a line start), after a line
+        saying how much was dropped."""
+        with open(self.path, "rb") as fh:
+            fh.seek(max(self._size - self.keep_bytes, 0))
+            kept = fh.read()
+        newline = kept.find(b"\n")
+        if 0 <= newline < len(kept) - 1:
+            kept = kept[newline + 1 :]
+        self.dropped_bytes += self._size - len(kept)
+        note = (
+            f"[attnfuzz: {self.dropped_bytes} bytes of this log dropped in all, to keep it under "
+            f"{self.max_bytes} bytes; its last part follows]\n"
+        ).encode()
+        self._file.seek(0)
+        self._file.truncate()
+        self._file.write(note + kept)
+        self._file.flush()
+        self._size = len(note) + len(kept)
+
+    def _pending(self) -> int:
+        """Bytes in the pipe not read yet (0 when the pipe is closed)."""
+        import fcntl
+        import struct
+        import termios
+
+        try:
+            return struct.unpack("i", fcntl.ioctl(self._read_fd, termios.FIONREAD, b"\0\0\0\0"))[0]
+        except OSError:
+            return 0
+
+    def settle(self, timeout_s: float = 2.0, *, ended: bool = False) -> None:
+        """Wait (at most ``timeout_s`` seconds) until what the child wrote so far is in the file.
+
+        Args:
+            timeout_s: the bound, seconds.
+            ended: the child has ended: wait for the pipe's end (exact); else for the bytes
+                in the pipe now (to within one chunk being copied as this is called).
+        """
+        if ended:
+            self._thread.join(timeout_s)
+            return
+        if not self._thread.is_alive():
+            return
+        target = self._read_bytes + self._pending()
+        if self._written_bytes >= target:
+            return
+        deadline = time.monotonic() + timeout_s
+        while self._written_bytes < target and self._thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.005)  # the copying thread is one write away
+
+    def tail(self, lines: int = _STDERR_TAIL_LINES, *, ended: bool = False) -> str:
+        """The last ``lines`` lines of the log, once `settle` d (``ended``: as there)."""
+        self.settle(ended=ended)
+        return _tail(self.path, lines)
+
+
+def log_output_to(log: Any) -> None:
     """Send this process's stderr (fd 2 and ``sys.stderr``, line-buffered) and its stdout (fd 1
-    and ``sys.stdout``) to ``log_path``, appended: what the parent reads back as the stderr tail
-    of a crash or a hang. Stdout too: a library that prints (FA4's CuTe DSL prints launch errors
-    to fd 1) must not write into the worker's own stdout, which ``attnfuzz fuzz --json`` keeps
-    for its JSON (on the H200, 2026-12-01, FA4's messages came before the JSON document)."""
-    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    and ``sys.stdout``) into ``log``, the write end of its parent's `ChildLog`
+    (`ChildLog.child_end`, a connection), which is closed here: what the parent reads back as the
+    stderr tail of a crash or a hang. Stdout too: a library that prints (FA4's CuTe DSL prints
+    launch errors to fd 1) must not write into the worker's own stdout, which ``attnfuzz fuzz
+    --json`` keeps for its JSON (on the H200, 2026-12-01, FA4's messages came before the JSON
+    document)."""
+    fd = log.fileno()
     os.dup2(fd, 2)
     os.dup2(fd, 1)
+    log.close()
     sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
     sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
 
@@ -957,13 +1123,10 @@ def release_after_oom(outcome: TaskOutcome, cuda: bool | None = None) -> None:
         torch.cuda.empty_cache()
 
 
-def _child_main(conn, specs: list[tuple[str, str]], env_vars: dict[str, str], log_path: str) -> None:
-    """Entry point of a child process: load the backends, then serve ``run`` requests."""
-    parent = os.getppid()
-    _die_with_parent()
-    if os.getppid() != parent:  # the parent died before the death signal was armed
-        os._exit(0)
-    log_stderr_to(log_path)
+def _child_main(conn, specs: list[tuple[str, str]], env_vars: dict[str, str], log: Any) -> None:
+    """Entry point of a child process (`become_child`, ``log``: its `ChildLog`'s write end): load
+    the backends, then serve ``run`` requests."""
+    become_child(log)
     os.environ.update(env_vars)
     import torch.multiprocessing  # noqa: F401  (registers tensor reductions for the pipe)
 
@@ -1154,8 +1317,16 @@ def _note_parent_timing(outcome: Any, parent_ms: dict[str, float] | None, t_star
 class _Child:
     process: Any
     conn: Any
-    log_path: str
+    log: ChildLog
     availability: dict[str, str | None] = field(default_factory=dict)
+
+    @property
+    def log_path(self) -> str:
+        return self.log.path
+
+    def tail(self) -> str:
+        """The last lines of its log (`ChildLog.tail`; exact once it has ended)."""
+        return self.log.tail(ended=not self.process.is_alive())
 
 
 class ChildProcessExecutor:
@@ -1280,21 +1451,26 @@ class ChildProcessExecutor:
                 env_vars.update(b.env_vars)
         parent_conn, child_conn = self._ctx.Pipe(duplex=True)
         with self._lock:  # one start at a time; the children then load their libraries concurrently
-            log_path = self._new_log_path(environment)
+            log = ChildLog(self._new_log_path(environment))
             process = self._ctx.Process(
-                target=_child_main, args=(child_conn, members, env_vars, log_path), daemon=True, name=f"attnfuzz-{environment}"
+                target=_child_main, args=(child_conn, members, env_vars, log.child_end), daemon=True, name=f"attnfuzz-{environment}"
             )
-            with environment_set(self._library_env):  # the loader reads LD_LIBRARY_PATH at exec
-                process.start()
+            try:
+                with environment_set(self._library_env):  # the loader reads LD_LIBRARY_PATH at exec
+                    process.start()
+            finally:
+                log.started()
         child_conn.close()
         if not parent_conn.poll(self.start_timeout_s):
             process.kill()
-            raise ExecutorError(f"child for environment {environment!r} did not start: {_tail(log_path)}")
+            process.join(10)
+            raise ExecutorError(f"child for environment {environment!r} did not start: {log.tail(ended=True)}")
         try:
             message = parent_conn.recv()
         except EOFError as exc:
-            raise ExecutorError(f"child for environment {environment!r} died at start: {_tail(log_path)}") from exc
-        child = _Child(process, parent_conn, log_path, message[1])
+            process.join(10)
+            raise ExecutorError(f"child for environment {environment!r} died at start: {log.tail(ended=True)}") from exc
+        child = _Child(process, parent_conn, log, message[1])
         with self._lock:
             self._note_runtime(message[2] if len(message) > 2 else None)
             if register:
@@ -1638,7 +1814,7 @@ class ChildProcessExecutor:
                 name, variant = batch[current]
                 detail = (
                     f"child resident memory {rss} bytes passed memory_limit_bytes {self.memory_limit_bytes}; "
-                    f"child killed\n{_tail(child.log_path)}"
+                    f"child killed\n{child.tail()}"
                 )
                 outcomes[pending[current]] = TaskOutcome(name, variant, "oom", detail=detail)
                 self._kill(environment)
@@ -1647,7 +1823,7 @@ class ChildProcessExecutor:
                 if current is None:  # stuck before starting the next task
                     current = next(k for k, p in enumerate(pending) if p not in outcomes)
                 name, variant = batch[current]
-                detail = f"no result after {timeout_s:g} s; child killed\n{_tail(child.log_path)}"
+                detail = f"no result after {timeout_s:g} s; child killed\n{child.tail()}"
                 outcomes[pending[current]] = TaskOutcome(name, variant, "timeout", detail=detail)
                 self._kill(environment)
                 return [p for p in pending if p not in outcomes]
@@ -1674,6 +1850,7 @@ class ChildProcessExecutor:
                 self._note_runtime(getattr(message[2], "runtime", None))
                 current = None
                 if message[1] == len(batch) - 1:
+                    child.log.settle(0.5)  # what the tasks printed is in their log when their outcomes are
                     return []
 
     def _wait(self, child: _Child, timeout_s: float) -> tuple[bool, int | None]:
@@ -1695,7 +1872,7 @@ class ChildProcessExecutor:
     @staticmethod
     def _death_outcome(child: _Child, name: str, variant: str) -> TaskOutcome:
         code = child.process.exitcode
-        tail = _tail(child.log_path)
+        tail = child.tail()
         if code is not None and code < 0:
             sig = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
             if code == -signal.SIGKILL:

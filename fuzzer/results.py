@@ -32,7 +32,8 @@ import json
 import signal
 import threading
 from dataclasses import dataclass, field
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any, Protocol
 
 from packaging.utils import canonicalize_name
@@ -368,21 +369,164 @@ class SinkFatalError(AttnFuzzError):
     Nothing of the failed call was written; the worker must stop."""
 
 
-def keyboard_interrupt_handler() -> Any:
-    """The SIGINT handler in place when one may be swapped for a Ctrl-C-aware one, else None.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+"""The signals that stop a worker as Ctrl-C does: SIGINT (a terminal's Ctrl-C, ``kill -INT``) and
+SIGTERM (what Slurm, Kubernetes and systemd send to stop a job). A process handles SIGTERM so only
+where `stop_on_signals` was called (the ``attnfuzz fuzz`` command and its worker processes);
+elsewhere it keeps its own disposition."""
+
+_stops: list[int] = []  # the stop signals this process raised a KeyboardInterrupt for, or held
+_stop_listeners: list[Callable[[int], None]] = []
+_stop_once = [False]  # after the first stop signal, hold the next ones (`stop_on_signals`)
+
+
+def keyboard_interrupt_handler(signum: int = signal.SIGINT) -> Any:
+    """The handler of ``signum`` (a `STOP_SIGNALS` member) in place when one may be swapped for a
+    Ctrl-C-aware one, else None.
 
     That is, only on the main thread (Python runs signal handlers there only), and only when the
-    handler (`signal.getsignal`) is Python's default or a handler marked as raising
+    handler (`signal.getsignal`) is Python's default SIGINT handler or a handler marked as raising
     `KeyboardInterrupt` as it does: an attribute ``raises_keyboard_interrupt`` set to True, as on
-    the fuzz worker's (`fuzzer.worker.Worker.run`). A caller's other handler, SIG_IGN or SIG_DFL
-    gives None: it is left as it is. A sink may hold such a Ctrl-C until its write has ended
+    the fuzz worker's (`fuzzer.worker.Worker.run`) and `raise_stop`. A caller's other handler,
+    SIG_IGN or SIG_DFL gives None: it is left as it is (so SIGTERM only where `stop_on_signals`
+    made it a stop). A sink may hold such a stop until its write has ended
     (`service.db.engine.ctrl_c_deferred`)."""
     if threading.current_thread() is not threading.main_thread():
         return None
-    handler = signal.getsignal(signal.SIGINT)
+    handler = signal.getsignal(signum)
     if handler is signal.default_int_handler or getattr(handler, "raises_keyboard_interrupt", False) is True:
         return handler
     return None
+
+
+def note_stop_signal(signum: int) -> bool:
+    """Record that stop signal ``signum`` came and tell the listeners (`on_stop_signal`), at once,
+    from the signal handler; whether the handler should raise `KeyboardInterrupt` for it: always,
+    except for a stop after the first in a process that asked to stop once (`stop_on_signals`).
+
+    Every handler of ours that raises for a stop signal calls it first (`raise_stop`, the fuzz
+    worker's); Python's own `signal.default_int_handler` does not."""
+    repeat = bool(_stops)
+    _stops.append(signum)
+    for listener in list(_stop_listeners):
+        try:
+            listener(signum)
+        except Exception:  # noqa: BLE001 - a listener must not turn the stop into another error
+            pass
+    return not (repeat and _stop_once[0])
+
+
+def raise_stop(signum: int, frame: Any) -> None:
+    """A stop signal's handler: `note_stop_signal`, then `KeyboardInterrupt` (as Ctrl-C)."""
+    if note_stop_signal(signum):
+        raise KeyboardInterrupt
+
+
+raise_stop.raises_keyboard_interrupt = True  # type: ignore[attr-defined]
+
+
+def stop_on_signals(*, once: bool = False) -> Callable[[], None]:
+    """Make SIGINT and SIGTERM stop this process as Ctrl-C does: `raise_stop` becomes the handler
+    of each `STOP_SIGNALS` member whose handler is still Python's default (SIGINT:
+    `signal.default_int_handler`; SIGTERM: SIG_DFL, which would end the process at once, leaving
+    its worker's row ``running``, its worker processes orphaned and its last results unstored). A
+    signal ignored (SIG_IGN: a background job's SIGINT) or handled by someone else is left as it
+    is. Main thread only (elsewhere nothing changes).
+
+    Args:
+        once: a stop signal after the first raises nothing (it is noted and held): for a worker
+            process, whose stop is under way when the command forwards the signal it got itself
+            (a terminal's Ctrl-C or a scheduler's SIGTERM to every process reaches the worker
+            twice), so that the second cannot cut its last writes short. The command stops a
+            worker that does not end in time by SIGKILL (`service.cli.fuzz_workers.ExtraWorkers`).
+
+    Returns:
+        The function that puts the previous handlers back (and ends ``once``). The stop signals
+        noted so far are forgotten at the call (`stop_signal` tells of this run's).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    _stops.clear()
+    _stop_once[0] = once
+    swapped = []
+    for signum, default in ((signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, signal.SIG_DFL)):
+        if signal.getsignal(signum) is default:
+            signal.signal(signum, raise_stop)
+            swapped.append((signum, default))
+
+    def restore() -> None:
+        _stop_once[0] = False
+        for signum, default in swapped:
+            if signal.getsignal(signum) is raise_stop:
+                signal.signal(signum, default)
+
+    return restore
+
+
+def on_stop_signal(listener: Callable[[int], None]) -> Callable[[], None]:
+    """Call ``listener(signum)`` in the signal handler of every stop signal of ours (see
+    `note_stop_signal`; in the main thread, between two bytecodes). Returns the function that
+    removes it."""
+    _stop_listeners.append(listener)
+
+    def remove() -> None:
+        if listener in _stop_listeners:
+            _stop_listeners.remove(listener)
+
+    return remove
+
+
+def stop_signal() -> int | None:
+    """The first stop signal this process noted (`note_stop_signal`), or None."""
+    return _stops[0] if _stops else None
+
+
+def stop_exit_code() -> int:
+    """The exit code of a run stopped by a signal: 128 + its number, the shell's convention (130
+    for SIGINT, also when Python's own handler raised; 143 for SIGTERM)."""
+    return 128 + int(stop_signal() or signal.SIGINT)
+
+
+@contextmanager
+def stops_deferred() -> Iterator[None]:
+    """Hold a Ctrl-C (SIGINT, or a SIGTERM made a stop by `stop_on_signals`) that
+    arrives inside the block and hand it to its handler when the block ends (which raises its
+    `KeyboardInterrupt` there), so a write transaction is committed or rolled back whole, never
+    cut in two.
+
+    Why: a `KeyboardInterrupt` raised inside SQLAlchemy's begin, commit or connection check-in
+    (Python raises it at any bytecode of the main thread) can leave a SQLite connection holding the
+    write lock, referenced by the traceback, while the worker's ``finally`` writes its last
+    heartbeat on another connection: that write waits on its own process's lock (busy timeout times
+    the retries), and every other worker of the database waits with it. Seen as a ``fuzz --workers
+    2`` run that did not end for minutes after Ctrl-C (2026-12-03, about 1 run in 10 on a loaded
+    2-core machine).
+
+    The spooling sink holds a stop over a whole write and its ledger line the same way
+    (`fuzzer.spool.SpoolingSink`): a result committed is a result reported.
+
+    Only in the main thread (Python runs signal handlers there only; elsewhere nothing is changed)
+    and only for a signal whose handler raises `KeyboardInterrupt` (`keyboard_interrupt_handler`;
+    a caller's other handler, SIG_IGN or SIG_DFL is left as it is). Nested, the inner block
+    changes nothing (the outer one holds the signal). The handlers are swapped for the block's
+    length: a write is a few milliseconds; a busy wait for another writer's lock (at most the
+    busy timeout) is inside the SQLite call, where Python could not raise either.
+    """
+    previous = {signum: handler for signum in STOP_SIGNALS if (handler := keyboard_interrupt_handler(signum)) is not None}
+    if not previous:
+        yield
+        return
+    caught: list[int] = []
+    for signum in previous:
+        signal.signal(signum, lambda signum, _frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        if caught:
+            # raises KeyboardInterrupt (a handler of `stop_on_signals`'s ``once`` holds a repeated stop)
+            previous[caught[0]](caught[0], None)
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ every minimisation claim: the soak test's record of what must end up in the data
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -59,6 +60,7 @@ from fuzzer.results import (
     ResultSink,
     SinkFatalError,
     SinkUnavailableError,
+    stops_deferred,
 )
 from oracle.errors import AttnFuzzError
 
@@ -553,15 +555,22 @@ class SpoolingSink:
 
     def record_result(self, result: CaseResult, build_id: int, worker_id: int | None) -> BucketUpdate | None:
         """Store or spool ``result``; the `BucketUpdate` when stored now, None when spooled."""
-        try:
-            written, value = self._write(
-                "record_result", {"result": result.to_json(), "build_id": build_id, "worker_id": worker_id}
-            )
-        except SinkFatalError:  # kept in the spool for a later run: reported as spooled, then the stop
-            self._ledger_results([result], build_id, worker_id, written=False)
-            raise
-        self._ledger_results([result], build_id, worker_id, written=written)
+        with self._reported():
+            try:
+                written, value = self._write(
+                    "record_result", {"result": result.to_json(), "build_id": build_id, "worker_id": worker_id}
+                )
+            except SinkFatalError:  # kept in the spool for a later run: reported as spooled, then the stop
+                self._ledger_results([result], build_id, worker_id, written=False)
+                raise
+            self._ledger_results([result], build_id, worker_id, written=written)
         return value
+
+    def _reported(self) -> Any:
+        """With a ledger, hold a stop signal over a write and its ledger lines
+        (`fuzzer.results.stops_deferred`): a Ctrl-C or SIGTERM raised between the commit and the
+        line would leave a result stored and never reported; without one, nothing."""
+        return stops_deferred() if self.ledger is not None else contextlib.nullcontext()
 
     def _ledger_results(self, results: list[CaseResult], build_id: int, worker_id: int | None, *, written: bool) -> None:
         """One ``result`` line per result in the ledger (if any): ``written`` False for a result
@@ -601,26 +610,27 @@ class SpoolingSink:
                 "worker_id": worker_id,
             }
 
-        try:
-            if not len(self.spool) and self._due():  # the usual case: straight to the database
-                try:
-                    value = self._record_case_results(case_json, origin, results, build_id, worker_id)
-                except SinkUnavailableError as exc:
-                    self._unavailable(exc)
-                    written, value = self._write("record_case_results", payload())  # spooled: not due now
-                except SinkFatalError:
-                    self.spool.append("record_case_results", payload())  # kept for a later run; the worker stops
-                    self.spooled += 1
-                    raise
+        with self._reported():
+            try:
+                if not len(self.spool) and self._due():  # the usual case: straight to the database
+                    try:
+                        value = self._record_case_results(case_json, origin, results, build_id, worker_id)
+                    except SinkUnavailableError as exc:
+                        self._unavailable(exc)
+                        written, value = self._write("record_case_results", payload())  # spooled: not due now
+                    except SinkFatalError:
+                        self.spool.append("record_case_results", payload())  # kept for a later run; the worker stops
+                        self.spooled += 1
+                        raise
+                    else:
+                        self._available()
+                        written = True
                 else:
-                    self._available()
-                    written = True
-            else:
-                written, value = self._write("record_case_results", payload())
-        except SinkFatalError:  # spooled for a later run: reported as such before the worker stops
-            self._ledger_results(results, build_id, worker_id, written=False)
-            raise
-        self._ledger_results(results, build_id, worker_id, written=written)
+                    written, value = self._write("record_case_results", payload())
+            except SinkFatalError:  # spooled for a later run: reported as such before the worker stops
+                self._ledger_results(results, build_id, worker_id, written=False)
+                raise
+            self._ledger_results(results, build_id, worker_id, written=written)
         return list(value) if written else [None] * len(results)
 
     def _record_case_results(

@@ -73,7 +73,16 @@ from fuzzer.executor import COMPILE_ERROR_TYPES, TaskOutcome  # COMPILE_ERROR_TY
 from fuzzer.guard import PluginCallError, PluginGuard
 from fuzzer.known import KNOWN_HIT_BUDGET, KNOWN_TARGET_LOAD, FamilyHistory, KnownBuckets, case_families, reduced_weights
 from fuzzer.minimise import MinimiseInterrupted, MinimiseOutcome, minimise
-from fuzzer.results import BucketUpdate, CaseResult, LeaseLostError, MinimiseClaim, ResultSink, keyboard_interrupt_handler
+from fuzzer.results import (
+    STOP_SIGNALS,
+    BucketUpdate,
+    CaseResult,
+    LeaseLostError,
+    MinimiseClaim,
+    ResultSink,
+    keyboard_interrupt_handler,
+    note_stop_signal,
+)
 from fuzzer.severity import is_ratio_based, severity
 from fuzzer.coverage import DRAW_MODES, count_case, target_plan
 from fuzzer.strategies import KernelTemplate, attention_cases, default_bounds, merge_capabilities
@@ -728,14 +737,21 @@ class Worker:
             WorkerError: no selected backend is available on this machine.
             KeyboardInterrupt: Ctrl-C.
         """
-        self.open()
+        try:
+            self.open()
+        except KeyboardInterrupt:  # a stop while the children started: the row (if any) says so
+            if self.worker_id is not None:
+                with contextlib.suppress(AttnFuzzError):
+                    self.sink.heartbeat(self.worker_id, self.stats.cases, status="stopped")
+            self.close()
+            raise
         self._started = self._clock()
         self.stats.started_s = self._started
         self._budget_s = self._time_budget()
-        self.reporter.on_start(self)
         status = "failed"
         restore_sigint = self._catch_ctrl_c()
         try:
+            self.reporter.on_start(self)
             self.redo_interrupted()
             if self.build_history is not None and self.config.corpus_dir is not None:
                 from fuzzer.builds.replay import replay_on_new_build
@@ -850,7 +866,8 @@ class Worker:
     def _catch_ctrl_c(self) -> Callable[[], None]:
         """Remember a Ctrl-C as well as raise it, so a `KeyboardInterrupt` that something swallowed
         still stops the worker: `_check_ctrl_c` raises it again at the next case (or shrink check,
-        or chunk). Returns the function that puts the previous SIGINT handler back.
+        or chunk). Returns the function that puts the previous handlers back. The same for a
+        SIGTERM that `fuzzer.results.stop_on_signals` made a stop (the ``fuzz`` command does).
 
         Why: Python cannot raise out of a garbage-collector callback; a `KeyboardInterrupt` raised
         in Hypothesis's (``gc_cumulative_time``) is printed as "Exception ignored" and lost. A
@@ -858,21 +875,29 @@ class Worker:
 
         Only in the main thread and only over a handler that raises `KeyboardInterrupt`
         (`fuzzer.results.keyboard_interrupt_handler`: Python's default, or another such); else
-        nothing changes (a run started with SIGINT ignored stays so)."""
+        nothing changes (a run started with SIGINT ignored stays so). The signal is noted first
+        (`fuzzer.results.note_stop_signal`: the command forwards it to its other workers)."""
         import signal
 
         self._ctrl_c = False
-        previous = keyboard_interrupt_handler()
-        if previous is None:
+        previous = {signum: handler for signum in STOP_SIGNALS if (handler := keyboard_interrupt_handler(signum)) is not None}
+        if not previous:
             return lambda: None
 
         def on_ctrl_c(signum: int, frame: Any) -> None:
             self._ctrl_c = True
-            raise KeyboardInterrupt
+            if note_stop_signal(signum):
+                raise KeyboardInterrupt
 
         on_ctrl_c.raises_keyboard_interrupt = True  # type: ignore[attr-defined]
-        signal.signal(signal.SIGINT, on_ctrl_c)
-        return lambda: signal.signal(signal.SIGINT, previous)
+        for signum in previous:
+            signal.signal(signum, on_ctrl_c)
+
+        def restore() -> None:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+        return restore
 
     def _check_ctrl_c(self) -> None:
         """Raise `KeyboardInterrupt` if a Ctrl-C came and was swallowed (see `_catch_ctrl_c`)."""

@@ -59,7 +59,7 @@ import signal
 import sys
 import tempfile
 import time
-from collections import defaultdict, deque
+from collections import defaultdict
 from dataclasses import dataclass, field
 from multiprocessing import connection as mp_connection
 from typing import Any
@@ -69,11 +69,12 @@ from fuzzer.backends.cp_layout import CPShardError, cp_twin
 from fuzzer.cp.sharding import gather_outputs, shard_inputs
 from fuzzer.executor import (
     ExecutorError,
+    ChildLog,
     TaskOutcome,
     availability_of,
+    become_child,
     exit_if_crashed,
     load_task_backends,
-    log_stderr_to,
     release_after_oom,
     run_task,
     submit_run,
@@ -83,7 +84,6 @@ from oracle.config import AttentionCase
 #: Environment of every CP rank: NVLink SHARP / multicast stay off (see docs/cp.md).
 CP_RANK_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
-_STDERR_TAIL_LINES = 30
 _SEVERITY = ("crash", "oom", "error", "timeout", "unsupported", "ok")
 _START_ATTEMPTS = 2
 
@@ -111,18 +111,6 @@ class CPTaskOutcome(TaskOutcome):
         from fuzzer.cp.judge import judge_cp
 
         return judge_cp(case, reference, self, judge)
-
-
-def _tail(path: str, lines: int = _STDERR_TAIL_LINES) -> str:
-    """The last ``lines`` lines of a log file ("" when unreadable)."""
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            fh.seek(max(0, fh.tell() - 16384))
-            text = fh.read().decode(errors="replace")
-    except OSError:
-        return ""
-    return "\n".join(deque(text.splitlines(), maxlen=lines))
 
 
 def _to_cpu(output: BackendOutput | None) -> BackendOutput | None:
@@ -196,14 +184,16 @@ def _rank_main(
     store_port: int,
     specs: list[tuple[str, str]],
     env_vars: dict[str, str],
-    log_path: str,
+    log: Any,
     device_type: str,
     gpu_id: int,
     start_timeout_s: float,
     pg_timeout_s: float,
 ) -> None:
-    """Entry point of one rank: join the group, load the backends, serve ``run`` requests."""
-    log_stderr_to(log_path)
+    """Entry point of one rank (`fuzzer.executor.become_child`, ``log``: its
+    `fuzzer.executor.ChildLog`'s write end): join the group, load the backends, serve ``run``
+    requests."""
+    become_child(log)
     faulthandler.enable(sys.stderr)  # a segfault leaves its Python stack in the log
     os.environ.update(CP_RANK_ENV)
     os.environ.update(env_vars)
@@ -258,7 +248,7 @@ class _Group:
     cp_size: int
     processes: list[Any]
     conns: list[Any]
-    log_paths: list[str]
+    logs: list[ChildLog]
     store: Any
     pids: list[int] = field(default_factory=list)
     availability: dict[str, str | None] = field(default_factory=dict)
@@ -404,12 +394,12 @@ class CPExecutor:
         processes, conns, logs = [], [], []
         self._log_count += 1
         for rank in range(cp_size):
-            log_path = os.path.join(self.log_dir, f"{environment}.cp{cp_size}.{self._log_count}.rank{rank}.log")
+            log = ChildLog(os.path.join(self.log_dir, f"{environment}.cp{cp_size}.{self._log_count}.rank{rank}.log"))
             parent_conn, child_conn = self._ctx.Pipe(duplex=True)
             process = self._ctx.Process(
                 target=_rank_main,
                 args=(
-                    child_conn, rank, cp_size, store.port, members, env_vars, log_path, device,
+                    child_conn, rank, cp_size, store.port, members, env_vars, log.child_end, device,
                     gpu_ids[rank] if device == "cuda" else -1, self.start_timeout_s, self.pg_timeout_s,
                 ),
                 daemon=True,
@@ -417,12 +407,15 @@ class CPExecutor:
             )
             from fuzzer.environment import child_library_env, resolve_cudnn_choice
             # the same cuDNN as every other backend child (fuzzer.environment), set before exec
-            with environment_set(child_library_env(resolve_cudnn_choice())):
-                process.start()
+            try:
+                with environment_set(child_library_env(resolve_cudnn_choice())):
+                    process.start()
+            finally:
+                log.started()
             child_conn.close()
             processes.append(process)
             conns.append(parent_conn)
-            logs.append(log_path)
+            logs.append(log)
         group = _Group(environment, cp_size, processes, conns, logs, store)
         pids: dict[int, int] = {}
         deadline = time.monotonic() + self.start_timeout_s
@@ -505,7 +498,9 @@ class CPExecutor:
         self._kill_group(group)
 
     def _tails(self, group: _Group, ranks: list[int]) -> str:
-        return "\n".join(f"--- rank {r} stderr (tail) ---\n{_tail(group.log_paths[r])}" for r in ranks)
+        return "\n".join(
+            f"--- rank {r} stderr (tail) ---\n{group.logs[r].tail(ended=not group.processes[r].is_alive())}" for r in ranks
+        )
 
     # ------------------------------------------------------------------ running
     def run(

@@ -15,6 +15,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, Optional
 
 import typer
@@ -53,6 +54,7 @@ EXIT_CODES = {
     8: "a build environment cannot be prepared (builds, bisect)",
     9: "a replay contradicts the corpus (--check), or a bisection's endpoints do not bracket the failure",
     130: "interrupted (Ctrl-C); what was stored is printed first",
+    143: "stopped by SIGTERM (a scheduler's stop), as by Ctrl-C",
 }
 EXIT_BUILD = 8
 EXIT_MISMATCH = 9
@@ -406,6 +408,46 @@ def open_database(db: str | None, *, write: bool = False) -> tuple[str, Engine]:
     else:
         check_schema(url)
     return url, make_engine(url)
+
+
+def stray_output_to_stderr() -> Callable[[], None]:
+    """Send what this process, and every process it starts from now on, would print on stdout to
+    stderr instead, until the returned function is called: a ``--json`` command keeps stdout for
+    its JSON, which a plugin's ``print`` (at import, in ``unsupported_reasons``, in ``run`` with
+    ``--isolation none``) or a library writing to fd 1 would break.
+
+    Python's ``sys.stdout`` is swapped for ``sys.stderr``; when it is this process's fd 1, that
+    fd is pointed at fd 2 too (``dup2``: C libraries and child processes write there).
+
+    Returns:
+        The function that puts both back (calling it again does nothing).
+    """
+    previous = sys.stdout
+    saved_fd = None
+    try:
+        previous.flush()
+        if previous.fileno() == 1:
+            saved_fd = os.dup(1)
+            os.dup2(2, 1)
+    except (AttributeError, OSError, ValueError):  # not a file (a test's capture): Python's level only
+        saved_fd = None
+    sys.stdout = sys.stderr
+    restored: list[bool] = []
+
+    def restore() -> None:
+        if restored:
+            return
+        restored.append(True)
+        try:
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            pass
+        sys.stdout = previous
+        if saved_fd is not None:
+            os.dup2(saved_fd, 1)
+            os.close(saved_fd)
+
+    return restore
 
 
 def print_json(data: Any) -> None:

@@ -3,7 +3,8 @@ SQL store through the local spool (`fuzzer.spool.SpoolingSink`), and print what 
 (`service.cli.fuzz_display`); ``--gpus`` starts one such process per GPU instead.
 
 Exit codes (`service.cli.common.EXIT_CODES`): 0 done, 2 bad option, 3 a backend cannot be
-loaded, 4 no usable backend, 5 database, 6 the database refuses writes, 7 spool, 130 Ctrl-C.
+loaded, 4 no usable backend, 5 database, 6 the database refuses writes, 7 spool, 130 Ctrl-C,
+143 SIGTERM.
 """
 
 from __future__ import annotations
@@ -11,11 +12,12 @@ from __future__ import annotations
 import math
 
 import os
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 from rich.markup import escape
@@ -36,6 +38,7 @@ from service.cli.common import (
     migrate,
     out,
     print_json,
+    stray_output_to_stderr,
 )
 from service.cli.fuzz_display import RichReporter, print_summary, summary_data
 from service.cli.fuzz_workers import select_backends
@@ -221,7 +224,10 @@ def fuzz(
     takes over its spool slot, stores what it left and redoes its interrupted case.
 
     Ctrl-C stops the run: what was stored so far is summarised (and where), unsaved results stay
-    in the spool for the next run, and the exit code is 130.
+    in the spool for the next run, and the exit code is 130. SIGTERM (what Slurm, Kubernetes and
+    systemd send) stops it the same way, exit code 143. Either signal sent to the command alone
+    stops every worker process of the run (within about 30 s); a worker process sent one stops
+    alone; none outlives the command.
 
     A plugin given as '--backend module:attr' is imported with the current directory at the end
     of sys.path (so '--backend localk:LocalBackend' finds ./localk.py, as 'python -m' would),
@@ -250,13 +256,17 @@ def fuzz(
                         max_cases=max_cases, ledger=ledger, url=url)
     except AttnFuzzError as exc:
         fail(exc, code=2)
+    from fuzzer.results import stop_exit_code, stop_on_signals
+
+    restore_signals = stop_on_signals()  # SIGTERM (a scheduler's stop) stops the run as Ctrl-C does
+    restore_stdout = stray_output_to_stderr() if as_json else _nothing
     try:
         if gpus is not None:
             _fuzz_on_gpus(gpus, url)
             return
         selected, resolved_device = select_backends(backend or [], device)
         migrate(url, wait_s=db_wait)
-        from service.cli.fuzz_workers import ExtraWorkers, StoreOptions, join_timeout_s, run_worker
+        from service.cli.fuzz_workers import STOP_GRACE_S, ExtraWorkers, StoreOptions, join_timeout_s, run_worker
 
         n_workers = resolve_workers(
             workers, device=resolved_device, isolation=isolation, time_budget_s=budget, seed=seed,
@@ -299,14 +309,18 @@ def fuzz(
             spool_dir=spool_dir, spool_max_bytes=spool_max_bytes, ledger=ledger, db_timeout_s=db_timeout, db_wait_s=db_wait
         )
         extra = None
-        if n_workers > 1:
-            import dataclasses
-
-            extra_config = config if max_cases is None else dataclasses.replace(config, max_cases=max_cases // n_workers)
-            extra = ExtraWorkers(n_workers - 1, backend=backend or [], device=device, config=extra_config, url=url, options=options)
-        reporter = Reporter() if quiet or as_json else RichReporter(budget, max_cases, others=extra.progress if extra else None)
         try:
+            if n_workers > 1:
+                import dataclasses
+
+                extra_config = config if max_cases is None else dataclasses.replace(config, max_cases=max_cases // n_workers)
+                extra = ExtraWorkers(n_workers - 1, backend=backend or [], device=device, config=extra_config, url=url, options=options)
+            reporter = Reporter() if quiet or as_json else RichReporter(budget, max_cases, others=extra.progress if extra else None)
             run = run_worker(config, url, reporter=reporter, options=options, metrics_port=metrics_port)
+        except KeyboardInterrupt:  # a stop signal before this worker ran: the others stop too
+            if extra is not None:
+                extra.join(STOP_GRACE_S)
+            raise typer.Exit(stop_exit_code()) from None
         except BaseException:
             if extra is not None:
                 extra.stop()
@@ -316,14 +330,16 @@ def fuzz(
         if extra is not None:
             from fuzzer.worker import merge_stats
 
-            reports = extra.join(join_timeout_s(budget, shrink_deadline))
+            # after a stop signal (forwarded to them at once) they have STOP_GRACE_S from it
+            reports = extra.join(STOP_GRACE_S if interrupted else join_timeout_s(budget, shrink_deadline))
             stats = merge_stats([stats, *(r.stats for r in reports if r.stats is not None)])
-            interrupted = interrupted or any(r.interrupted for r in reports)
+            interrupted = interrupted or extra.interrupted or any(r.interrupted for r in reports)
             failed = [r for r in reports if r.error is not None and r.exit_code != 130]
             for r in reports:
                 if r.spooled:
                     for key in ("outages", "spooled", "flushed", "left"):
                         spooled[key] = spooled.get(key, 0) + (r.spooled.get(key) or 0)
+        restore_stdout()
         if as_json:
             print_json(summary_data(stats, url, interrupted=interrupted, spool=spooled))
         else:
@@ -337,11 +353,19 @@ def fuzz(
         for r in failed:
             console.print(f"[bold red]error:[/] {escape(f'worker process {r.index} of {n_workers}: {r.error}')}")
         if interrupted:
-            raise typer.Exit(130)
+            raise typer.Exit(stop_exit_code())
         if failed:
             raise typer.Exit(failed[0].exit_code or 1)
     except AttnFuzzError as exc:
+        restore_stdout()
         fail(exc)
+    finally:
+        restore_stdout()
+        restore_signals()
+
+
+def _nothing() -> None:
+    """What `stray_output_to_stderr`'s restore is without ``--json``."""
 
 
 def _bucket_states(url: str, keys: list) -> dict:
@@ -407,24 +431,66 @@ def _fuzz_on_gpus(gpus: str, url: str) -> None:
         cleaned.append(a)
     if "--db" not in cleaned:
         cleaned += ["--db", url]
-    processes = []
-    for index in indices:
-        env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(index)}
-        log_file = open(f"attnfuzz-gpu{index}.log", "w")
-        cmd = [sys.executable, "-m", "attnfuzz", *cleaned, "--quiet", "--device", "cuda"]
-        processes.append((index, subprocess.Popen(cmd, env=env, stdout=log_file, stderr=subprocess.STDOUT), log_file))
-        log.warning("worker on GPU %s: pid %s, log attnfuzz-gpu%s.log", index, processes[-1][1].pid, index)
-    failed = []
-    for index, process, log_file in processes:
-        code = process.wait()
-        log_file.close()
-        if code:
-            failed.append(f"GPU {index} (exit {code}): {_last_error_line(f'attnfuzz-gpu{index}.log')}")
-            log.error("worker on GPU %s exited with %s", index, code)
+    from fuzzer.results import on_stop_signal, stop_exit_code
+    from service.cli.fuzz_workers import STOP_GRACE_S
+
+    processes: list[tuple[int, subprocess.Popen, Any]] = []
+
+    def forward(signum: int) -> None:  # a stop signal of this command: every GPU's process stops too
+        for _, process, _ in processes:
+            if process.poll() is None:
+                process.send_signal(signum)
+
+    remove_listener = on_stop_signal(forward)
+    with_parent = _terminated_with_parent()
+    try:
+        for index in indices:
+            env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(index)}
+            log_file = open(f"attnfuzz-gpu{index}.log", "w")
+            cmd = [sys.executable, "-m", "attnfuzz", *cleaned, "--quiet", "--device", "cuda"]
+            process = subprocess.Popen(cmd, env=env, stdout=log_file, stderr=subprocess.STDOUT, preexec_fn=with_parent)
+            processes.append((index, process, log_file))
+            log.warning("worker on GPU %s: pid %s, log attnfuzz-gpu%s.log", index, process.pid, index)
+        failed = []
+        for index, process, log_file in processes:
+            code = process.wait()
+            log_file.close()
+            if code:
+                failed.append(f"GPU {index} (exit {code}): {_last_error_line(f'attnfuzz-gpu{index}.log')}")
+                log.error("worker on GPU %s exited with %s", index, code)
+    except KeyboardInterrupt:  # a stop signal: forwarded; each process stops as this one would
+        stop_by = time.monotonic() + STOP_GRACE_S
+        for _, process, log_file in processes:
+            try:
+                process.wait(max(stop_by - time.monotonic(), 0.1))
+            except (subprocess.TimeoutExpired, KeyboardInterrupt):
+                process.kill()
+                process.wait()
+            log_file.close()
+        raise typer.Exit(stop_exit_code()) from None
+    finally:
+        remove_listener()
     if failed:
         raise WorkerError(
             f"{len(failed)} of {len(processes)} GPU workers failed (logs: attnfuzz-gpu*.log): " + "; ".join(failed)
         )
+
+
+def _terminated_with_parent() -> Any:
+    """A ``preexec_fn`` for a GPU's ``attnfuzz fuzz`` process: SIGTERM to it when this command
+    dies, however it dies (Linux ``prctl(PR_SET_PDEATHSIG)``; that process then stops as on a
+    scheduler's SIGTERM), or None elsewhere. The C function is looked up here, not in the forked
+    child, where only async-signal-safe work belongs."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+    import functools
+
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    return functools.partial(prctl, 1, int(signal.SIGTERM), 0, 0, 0)  # 1: PR_SET_PDEATHSIG
 
 
 def _last_error_line(path: str) -> str:

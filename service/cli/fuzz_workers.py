@@ -23,7 +23,10 @@ import dataclasses
 import logging
 import math
 import multiprocessing
+import os
 import pickle
+import signal
+import threading
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -43,6 +46,12 @@ process with its own; about 0.5 GB resident each on the CPU)."""
 JOIN_GRACE_S = 120.0
 """Seconds the command waits for the extra workers past its own worker's end (plus a minimisation
 deadline) before it stops them; what they stored stays stored, their spool slots keep the rest."""
+STOP_GRACE_S = 20.0
+"""Seconds an extra worker has to stop after a stop signal (the command's, forwarded, or its
+parent's death) before it is killed (SIGKILL; its spool slot and journal keep what it had not
+stored, the next run stores it): the run ends within about this long plus the command's own stop,
+under the 30 s a scheduler commonly waits between its SIGTERM and its SIGKILL."""
+_END_WAIT_S = 3.0  # seconds between the SIGTERM and the SIGKILL of a worker stopped by `_end`
 
 
 @dataclass(frozen=True)
@@ -331,9 +340,35 @@ class _CountingReporter:
         self.counter[0] = stats.cases
 
 
+def _watch_parent(parent: int, grace_s: float) -> None:
+    """In an extra worker: once its parent (the command) is gone, give the worker ``grace_s``
+    seconds to stop (`fuzzer.executor.die_with_parent` sent it SIGTERM), then SIGKILL it (its
+    children die with it). A daemon thread's loop."""
+    while os.getppid() == parent:
+        time.sleep(0.5)  # polling the parent pid: a second's delay at most, no wake-ups to speak of
+    time.sleep(grace_s)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 def _extra_worker_main(index: int, conn: Any, counter: Any, job: dict) -> None:
     """Entry of an extra worker process: select the backends as the command did, run
-    `run_worker`, send ``("ok", WorkerRun)`` or ``("error", message, exit code)``."""
+    `run_worker`, send ``("ok", WorkerRun)`` or ``("error", message, exit code)``.
+
+    Stopping: SIGINT and SIGTERM stop it as Ctrl-C does (`fuzzer.results.stop_on_signals`, once:
+    the command forwards the signal it got, so a signal sent to every process of the run comes
+    twice); when the command dies, however it dies, the kernel sends it SIGTERM
+    (`fuzzer.executor.die_with_parent`) and a watchdog thread kills it `STOP_GRACE_S` later if it
+    has not stopped by then."""
+    from fuzzer.executor import die_with_parent
+    from fuzzer.results import stop_on_signals
+
+    stop_on_signals(once=True)
+    parent = multiprocessing.parent_process()
+    parent_pid = parent.pid if parent is not None and parent.pid else os.getppid()
+    if not die_with_parent(signal.SIGTERM):  # the command died before the death signal was armed
+        conn.close()
+        return
+    threading.Thread(target=_watch_parent, args=(parent_pid, STOP_GRACE_S), name="attnfuzz-parent-watch", daemon=True).start()
     logging.getLogger("attnfuzz").setLevel(logging.ERROR)  # the command's own worker says what they would
     try:
         from fuzzer.worker import WorkerConfig
@@ -363,6 +398,10 @@ def _extra_worker_main(index: int, conn: Any, counter: Any, job: dict) -> None:
 class ExtraWorkers:
     """The ``--workers N`` processes beside the command's own worker (see the module docstring).
 
+    A stop signal the command gets (SIGINT, SIGTERM: `fuzzer.results.stop_on_signals`) is passed
+    on to every extra worker at once, from the signal handler (`forward`), so all stop side by
+    side; `join` then waits for them only `STOP_GRACE_S` seconds from that signal.
+
     Args:
         count: how many to start (N - 1), >= 1.
         backend: the ``--backend`` values as given (each process selects them again, plugins
@@ -374,24 +413,45 @@ class ExtraWorkers:
     """
 
     def __init__(self, count: int, *, backend: list[str], device: str, config: WorkerConfig, url: str, options: StoreOptions):
+        from fuzzer.results import on_stop_signal
+
         context = multiprocessing.get_context("spawn")
         fields = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.name not in ("backends", "device")}
         fields.update(replay_known=False, corpus_dir=None)
         self.processes: list[tuple[int, Any, Any, Any]] = []  # (index, process, parent end of the pipe, case counter)
-        for index in range(1, count + 1):
-            job = {
-                "backend": list(backend),
-                "device": device,
-                "config": {**fields, "seed": None if config.seed is None else config.seed + index},
-                "url": url,
-                "options": options,
-            }
-            parent, child = context.Pipe(duplex=False)
-            counter = context.Array("q", 2, lock=False)  # [cases, new buckets]
-            process = context.Process(target=_extra_worker_main, args=(index, child, counter, job), name=f"attnfuzz-worker-{index}", daemon=False)
-            process.start()
-            child.close()
-            self.processes.append((index, process, parent, counter))
+        self.stop_at: float | None = None  # time.monotonic() of the first stop signal forwarded
+        self.interrupted = False  # a stop signal came while `join` waited
+        self._remove_listener = on_stop_signal(self.forward)
+        try:
+            for index in range(1, count + 1):
+                job = {
+                    "backend": list(backend),
+                    "device": device,
+                    "config": {**fields, "seed": None if config.seed is None else config.seed + index},
+                    "url": url,
+                    "options": options,
+                }
+                parent, child = context.Pipe(duplex=False)
+                counter = context.Array("q", 2, lock=False)  # [cases, new buckets]
+                process = context.Process(target=_extra_worker_main, args=(index, child, counter, job), name=f"attnfuzz-worker-{index}", daemon=False)
+                process.start()
+                child.close()
+                self.processes.append((index, process, parent, counter))
+        except BaseException:  # a stop signal (or a failure) while they started: none is left behind
+            self.stop()
+            raise
+
+    def forward(self, signum: int) -> None:
+        """Send ``signum`` to every extra worker still running (called from the command's signal
+        handler: `fuzzer.results.on_stop_signal`), and start the `STOP_GRACE_S` countdown."""
+        if self.stop_at is None:
+            self.stop_at = time.monotonic()
+        for _, process, _, _ in self.processes:
+            if process.pid is not None and process.exitcode is None:
+                try:
+                    os.kill(process.pid, signum)
+                except (ProcessLookupError, PermissionError):
+                    pass
 
     def progress(self) -> tuple[int, int, int]:
         """``(processes, cases, new buckets)``: how many extra workers there are, the cases they ran
@@ -399,35 +459,60 @@ class ExtraWorkers:
         counts = [(int(c[0]), int(c[1])) for _, _, _, c in self.processes]
         return len(self.processes), sum(n for n, _ in counts), sum(b for _, b in counts)
 
+    def _deadline(self, deadline: float | None) -> float | None:
+        """``deadline`` (monotonic seconds, None: none), or sooner once a stop was forwarded."""
+        if self.stop_at is None:
+            return deadline
+        stop_deadline = self.stop_at + STOP_GRACE_S
+        return stop_deadline if deadline is None else min(deadline, stop_deadline)
+
     def join(self, timeout_s: float | None) -> list[WorkerReport]:
-        """Wait for every extra worker (at most ``timeout_s`` seconds in all; None: no bound), then
-        stop those still running (SIGTERM, then SIGKILL); one `WorkerReport` each, in order."""
+        """Wait for every extra worker (at most ``timeout_s`` seconds in all, None: no bound; at
+        most `STOP_GRACE_S` from a stop signal, also one that comes while this waits), then stop
+        those still running (SIGTERM, then SIGKILL); one `WorkerReport` each, in order.
+
+        Returns:
+            The reports; `interrupted` says whether a stop signal came while this waited.
+        """
         deadline = None if timeout_s is None else time.monotonic() + max(timeout_s, 0.0)
+        self.interrupted = False
         reports = []
         for index, process, conn, _ in self.processes:
-            left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
             report = WorkerReport(index=index)
-            try:
-                if conn.poll(left):
-                    message = conn.recv()
-                    if message[0] == "ok":
-                        run = message[1]
-                        report.stats, report.interrupted, report.spooled = run.stats, run.interrupted, run.spooled
+            while True:
+                end = self._deadline(deadline)
+                left = None if end is None else max(end - time.monotonic(), 0.0)
+                try:
+                    if conn.poll(left):
+                        message = conn.recv()
+                        if message[0] == "ok":
+                            run = message[1]
+                            report.stats, report.interrupted, report.spooled = run.stats, run.interrupted, run.spooled
+                        else:
+                            report.error, report.exit_code = message[1], int(message[2])
+                    elif self.stop_at is not None:
+                        report.error, report.exit_code = f"had not stopped {STOP_GRACE_S:g} s after the stop signal: killed", 1
                     else:
-                        report.error, report.exit_code = message[1], int(message[2])
-                else:
-                    report.error, report.exit_code = f"still running after {timeout_s:g} s: stopped", 1
-            except (EOFError, OSError, pickle.UnpicklingError) as exc:  # it died without a word
-                process.join(5.0)
-                report.error, report.exit_code = f"ended without a report (exit code {process.exitcode}): {type(exc).__name__}", 1
-            process.join(5.0 if report.error is None else 0.1)
-            _end(process)
+                        report.error, report.exit_code = f"still running after {timeout_s:g} s: stopped", 1
+                except KeyboardInterrupt:  # a stop signal while waiting: forwarded already; wait less
+                    self.interrupted = True
+                    if self.stop_at is None:  # raised by a handler not of ours: pass it on now
+                        self.forward(signal.SIGINT)
+                    continue
+                except (EOFError, OSError, pickle.UnpicklingError) as exc:  # it died without a word
+                    process.join(5)
+                    report.error, report.exit_code = f"ended without a report (exit code {process.exitcode}): {type(exc).__name__}", 1
+                break
+            _join_quietly(process, 5.0 if report.error is None else 0.1)
+            _end(process, _END_WAIT_S if self.stop_at is not None else 5.0)
             conn.close()
             reports.append(report)
+        self._remove_listener()
         return reports
 
     def stop(self) -> None:
         """Stop every extra worker now (the command failed); what they stored stays stored."""
+        self._remove_listener()
         for _, process, conn, _ in self.processes:
             if process.is_alive():
                 process.terminate()
@@ -436,11 +521,20 @@ class ExtraWorkers:
             conn.close()
 
 
+def _join_quietly(process: Any, wait_s: float) -> None:
+    """``process.join(wait_s)``, going on if a stop signal interrupts it."""
+    try:
+        process.join(wait_s)
+    except KeyboardInterrupt:
+        pass
+
+
 def _end(process: Any, wait_s: float = 5.0) -> None:
-    """Stop ``process`` if it still runs: SIGTERM, at most ``wait_s`` seconds, then SIGKILL."""
+    """Stop ``process`` if it still runs: SIGTERM, at most ``wait_s`` seconds, then SIGKILL (a
+    stop signal meanwhile shortens nothing: the SIGKILL follows)."""
     if process.is_alive():
         process.terminate()
-        process.join(wait_s)
+        _join_quietly(process, wait_s)
         if process.is_alive():
             process.kill()
             process.join()

@@ -27,7 +27,6 @@ import functools
 import json
 import math
 import os
-import signal
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -39,7 +38,7 @@ from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 
-from fuzzer.results import SinkFatalError, SinkUnavailableError, keyboard_interrupt_handler
+from fuzzer.results import SinkFatalError, SinkUnavailableError, stops_deferred
 from service.errors import ServiceError
 
 DEFAULT_DATABASE_URL = "sqlite:///attnfuzz.db"
@@ -281,39 +280,9 @@ def _identity(path: str) -> tuple[int, int] | None:
     return (info.st_dev, info.st_ino)
 
 
-@contextmanager
-def ctrl_c_deferred() -> Iterator[None]:
-    """Hold a Ctrl-C (SIGINT) that arrives inside the block and hand it to the SIGINT handler when
-    the block ends (which raises its `KeyboardInterrupt` there), so a write transaction is committed
-    or rolled back whole, never cut in two.
-
-    Why: a `KeyboardInterrupt` raised inside SQLAlchemy's begin, commit or connection check-in
-    (Python raises it at any bytecode of the main thread) can leave a SQLite connection holding the
-    write lock, referenced by the traceback, while the worker's ``finally`` writes its last
-    heartbeat on another connection: that write waits on its own process's lock (busy timeout times
-    the retries), and every other worker of the database waits with it. Seen as a ``fuzz --workers
-    2`` run that did not end for minutes after Ctrl-C (2026-12-03, about 1 run in 10 on a loaded
-    2-core machine).
-
-    Only in the main thread (Python runs signal handlers there only; elsewhere nothing is changed)
-    and only while SIGINT's handler raises `KeyboardInterrupt` (`keyboard_interrupt_handler`; a
-    caller's other handler, SIG_IGN or SIG_DFL is left as it is). The handler is swapped for the
-    block's length: a write is a few milliseconds; a busy wait for another writer's lock (at most
-    the busy timeout) is inside the SQLite call, where Python could not raise either.
-    """
-    previous = keyboard_interrupt_handler()
-    if previous is None:
-        yield
-        return
-    caught: list[int] = []
-    signal.signal(signal.SIGINT, lambda signum, _frame: caught.append(signum))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-        if caught:
-            previous(caught[0], None)  # raises KeyboardInterrupt
-            raise KeyboardInterrupt  # pragma: no cover - a marked handler that did not raise
+ctrl_c_deferred = stops_deferred
+"""`fuzzer.results.stops_deferred`: every write transaction of `Transactor` runs inside it, so a
+Ctrl-C (or a SIGTERM made a stop) never cuts one in two."""
 
 
 class Transactor:

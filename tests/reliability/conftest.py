@@ -4,6 +4,11 @@
   stand-in backends come from ``tests.fuzzer.standins``.
 * `wait_until`: poll a condition (a row appears, a marker file exists) until it holds or a
   deadline passes; the tests never sleep for a fixed time to synchronise.
+* `wait_for_work`: the same with a deadline in work, not time: the CPU seconds the run's
+  processes use while the test waits (`run_cpu_s`), so that a loaded machine, which gives them
+  less of a core, gets a longer wait in proportion; a wall-clock cap catches a run that uses no
+  CPU at all. `process_tree` and `tagged_processes` (every process started with a run's
+  `RUN_TAG_ENV`, wherever it was reparented) find a run's processes in ``/proc``.
 * `counts`: exact row counts of every table, for "before and after" assertions.
 * ``private_postgres``: a PostgreSQL server of the test's own (`pgcluster.PrivatePostgres`) that a
   test may stop and restart; skipped (with the reason) when the server binaries are missing,
@@ -12,12 +17,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +54,107 @@ def wait_until(condition: Callable[[], object], timeout_s: float, what: str, pol
         time.sleep(poll_s)  # polling interval of a condition wait
 
 
+RUN_TAG_ENV = "ATTNFUZZ_TEST_RUN_TAG"
+"""Set in a CLI's environment by `Cli` (a fresh value per run): every process the run starts
+inherits it, so `tagged_processes` finds them all, orphans included."""
+WORK_CAP_S = 900.0
+"""The wall-clock cap of a `wait_for_work`: a run that has not got there in 15 minutes is stuck,
+however loaded the machine (each such test keeps below the suite's 600 s timeout per phase only
+on a machine that gives it some CPU)."""
+
+
+def _proc_stat(pid: int) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command name (state first), or None."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rsplit(b")", 1)[1].decode().split()
+    except (OSError, IndexError):
+        return None
+
+
+def is_running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie, dead but not yet reaped, is not)."""
+    fields = _proc_stat(pid)
+    return fields is not None and fields[0] not in ("Z", "X")
+
+
+def process_tree(root: int) -> set[int]:
+    """``root`` and its descendants now (by parent pid, from ``/proc``)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (fields := _proc_stat(int(entry))) is not None:
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    tree, todo = set(), [root]
+    while todo:
+        pid = todo.pop()
+        if pid not in tree:
+            tree.add(pid)
+            todo.extend(children.get(pid, ()))
+    return tree
+
+
+def tagged_processes(tag: str) -> set[int]:
+    """The live processes whose environment holds ``RUN_TAG_ENV=tag``."""
+    needle = f"{RUN_TAG_ENV}={tag}".encode()
+    found = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as fh:
+                environment = fh.read().split(b"\0")
+        except OSError:
+            continue
+        if needle in environment and is_running(int(entry)):
+            found.add(int(entry))
+    return found
+
+
+def run_cpu_s(root: int) -> float:
+    """CPU seconds used so far by the process tree of ``root``: each process's own time plus
+    that of its reaped children (so a process that ended still counts, in its parent)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in process_tree(root):
+        fields = _proc_stat(pid)
+        if fields is not None:  # utime, stime, cutime, cstime: fields 14-17 of stat(5)
+            total += sum(int(v) for v in fields[11:15])
+    return total / ticks
+
+
+def wait_for_work(condition: Callable[[], object], what: str, *, root: int, work_s: float,
+                  cap_s: float = WORK_CAP_S, poll_s: float = 0.2) -> object:
+    """Return ``condition()``'s first truthy value; fail the test once the run under ``root`` has
+    used ``work_s`` CPU seconds since the wait began without it (`run_cpu_s`: on a loaded
+    machine the run gets less CPU per second and the wait lasts longer, in proportion), after
+    ``cap_s`` wall seconds, or when ``root`` has ended."""
+    started, base = time.monotonic(), run_cpu_s(root)
+    used = 0.0
+    while True:
+        value = condition()
+        if value:
+            return value
+        used = max(used, run_cpu_s(root) - base)
+        waited = time.monotonic() - started
+        if used > work_s or waited > cap_s or not is_running(root):
+            why = "the run ended" if not is_running(root) else f"the run used {used:.1f} CPU s (bound {work_s:g})"
+            pytest.fail(f"gave up waiting for {what} after {waited:.0f} s: {why}")
+        time.sleep(poll_s)  # polling interval of a condition wait
+
+
+def spooled_writes(spool_root: Path, url: str) -> int:
+    """Writes waiting in the spool slots of ``url`` under ``spool_root``."""
+    import sqlite3
+
+    from fuzzer.spool import SPOOL_FILE, database_key
+
+    total = 0
+    for path in (spool_root / database_key(url)).glob(f"slot-*/{SPOOL_FILE}"):
+        with sqlite3.connect(path, timeout=5) as db:
+            total += db.execute("SELECT COUNT(*) FROM entries").fetchone()[0]
+    return total
+
+
 def counts(url: str) -> dict[str, int]:
     """Rows per table."""
     engine = make_engine(url)
@@ -68,13 +176,23 @@ def query(url: str, sql: str, **params: object) -> list[tuple]:
 
 @dataclass
 class Cli:
-    """A running ``attnfuzz`` process and its combined output file."""
+    """A running ``attnfuzz`` process and its combined output file; ``tag``: its `RUN_TAG_ENV`."""
 
     process: subprocess.Popen
     log: Path
+    tag: str = ""
 
     def output(self) -> str:
         return self.log.read_text(errors="replace")
+
+    def wait_for_work(self, condition: Callable[[], object], what: str, work_s: float) -> object:
+        """`wait_for_work` on this run."""
+        return wait_for_work(condition, what, root=self.process.pid, work_s=work_s)
+
+    def stop(self, signum: int = signal.SIGINT) -> None:
+        """Send ``signum`` to the CLI process alone (a stop: the tests' runs have long budgets
+        and end when the test has seen what it waits for)."""
+        self.process.send_signal(signum)
 
     def kill9(self) -> None:
         self.process.send_signal(signal.SIGKILL)
@@ -96,16 +214,19 @@ def cli(tmp_path: Path) -> Iterator[Callable[..., Cli]]:
 
     def start(*args: str, env: dict[str, str] | None = None) -> Cli:
         log = tmp_path / f"cli-{len(started)}.log"
+        tag = uuid.uuid4().hex
         handle = open(log, "w")
         process = subprocess.Popen(
             [sys.executable, "-m", "service.cli.main", *args],
             cwd=REPO,
             stdout=handle,
             stderr=subprocess.STDOUT,
-            env={**os.environ, "COLUMNS": "200", **(env or {})},
+            env={**os.environ, "COLUMNS": "200", RUN_TAG_ENV: tag, **(env or {})},
+            # SIGINT as a terminal's would be (pytest may run with it ignored, in the background)
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
         handle.close()
-        started.append(Cli(process, log))
+        started.append(Cli(process, log, tag))
         return started[-1]
 
     yield start
@@ -113,6 +234,9 @@ def cli(tmp_path: Path) -> Iterator[Callable[..., Cli]]:
         if handle.process.poll() is None:
             handle.process.kill()
             handle.process.wait(timeout=30)
+        for pid in tagged_processes(handle.tag):  # what a failed test left running
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def fuzz_args(url: str, spool: Path, *extra: str, backends: tuple[str, ...] = (GATE,)) -> list[str]:
