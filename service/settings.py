@@ -29,7 +29,7 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="ATTNFUZZ_", extra="ignore")
 
-    database_url: str = DEFAULT_DATABASE_URL
+    database_url: str = Field(default=DEFAULT_DATABASE_URL, repr=False)  # may hold a password
     api_token: str | None = Field(default=None, repr=False, min_length=1)
     read_requires_token: bool = False
     trusted_hosts: str = "127.0.0.1,localhost,testserver"

@@ -23,6 +23,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from fuzzer.text import masked_url
 from oracle.errors import AttnFuzzError
 from service.cli.common import (
     DbOption,
@@ -110,15 +111,16 @@ def buckets_list(
     if as_json:
         print_json({"total": page.total, "limit": limit, "offset": offset, "items": rows})
         return
+    shown = masked_url(url)
     if not rows:  # not an empty table (a new-user trial): say why there is nothing
         if page.total:
-            out.print(f"no buckets in {url} after --offset {offset}: {page.total} match", soft_wrap=True)
+            out.print(f"no buckets in {shown} after --offset {offset}: {page.total} match", soft_wrap=True)
         elif any(v is not None for v in (backend, variant, signature, state)):
-            out.print(f"no buckets in {url} match these filters", soft_wrap=True)
+            out.print(f"no buckets in {shown} match these filters", soft_wrap=True)
         else:
-            out.print(f"no buckets in {url}: no failing result is stored", soft_wrap=True)
+            out.print(f"no buckets in {shown}: no failing result is stored", soft_wrap=True)
         return
-    table = Table(title=f"{len(rows)} of {page.total} buckets in {url}")
+    table = Table(title=f"{len(rows)} of {page.total} buckets in {shown}")
     id_column(table, "id", [r["id"] for r in rows], justify="right")
     id_column(table, "backend", [r["backend"] for r in rows])
     id_column(table, "variant", [r["variant"] for r in rows])

@@ -11,6 +11,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from fuzzer.text import masked_url
 from oracle.errors import AttnFuzzError, CaseValidationError
 from service.cli.common import (
     DbOption,
@@ -64,7 +65,7 @@ def cases_list(
         return
     if not rows:  # an empty table says less than a sentence (new-user trial)
         what = ("no failing stored case" if failing else "no stored case") + (f" with results of {backend}" if backend else "")
-        out.print(f"{what} in {db_url(db)}")
+        out.print(f"{what} in {masked_url(db_url(db))}")
         return
     table = Table(title=f"{len(rows)} of {page.total} cases")
     id_column(table, "case_id", [r["case_id"] for r in rows])
@@ -100,7 +101,7 @@ def cases_show(
             fail(exc)
         detail = get_case(session, case_id)
         if detail is None:
-            console.print(f"[red]error:[/] {escape(f'case_id: no case {case_id!r} in {url}')}")
+            console.print(f"[red]error:[/] {escape(f'case_id: no case {case_id!r} in {masked_url(url)}')}")
             raise typer.Exit(2)
         try:
             case = AttentionCase.from_json(detail.case.config)

@@ -17,6 +17,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from fuzzer.text import masked_url
 from service.cli.common import console, id_column, log, out
 
 if TYPE_CHECKING:
@@ -224,7 +225,7 @@ def summary_data(stats: WorkerStats, url: str, *, interrupted: bool = False, spo
             }
         )
     return {
-        "database": url,
+        "database": masked_url(url),
         "interrupted": interrupted,
         "cases": stats.cases,
         "wall_s": stats.wall_s,
@@ -282,16 +283,23 @@ def summary_data(stats: WorkerStats, url: str, *, interrupted: bool = False, spo
     }
 
 
-def print_summary(stats: WorkerStats, url: str, *, interrupted: bool = False, stored: dict | None = None) -> None:
+def print_summary(
+    stats: WorkerStats, url: str, *, interrupted: bool = False, stored: dict | None = None, specs: dict[str, str] | None = None
+) -> None:
     """Print the fuzz summary (tables, the time split, new buckets, hints).
 
     Args:
         stats: the run's figures (several workers' merged, `fuzzer.worker.merge_stats`).
-        url: the database URL (named in the hints).
+        url: the database URL (named in the hints, its password masked: `fuzzer.text.masked_url`).
         interrupted: the run stopped on Ctrl-C.
         stored: with several workers, `service.db.repository.bucket_states` of the new buckets: what
             the database says of a bucket another worker shrunk or attached after this one found it.
+        specs: the ``module:attr`` of each plugin backend given so (``fuzz --backend localk:LocalBackend``),
+            by backend name: the hints name a plugin's backend by its spec, so they run as printed
+            (by name, ``export`` and ``fuzz`` know only the built-in and entry-point backends).
     """
+    shown = masked_url(url)  # the hints show user:***@: type the password where the run had it
+    specs = specs or {}
     if interrupted:
         out.print("[bold yellow]interrupted (Ctrl-C):[/] what this run stored before it stopped:")
     table = Table(title="evaluations this run, by status")
@@ -399,7 +407,7 @@ def print_summary(stats: WorkerStats, url: str, *, interrupted: bool = False, st
             elif stats.minimised or stats.shrink_s:
                 line += (
                     f"\n      not minimised in this run: a later fuzz run shrinks it (only shrinking: "
-                    f"{command_name()} fuzz --max-cases 0 --db {url} --backend {key[0]}, with this run's --device)"
+                    f"{command_name()} fuzz --max-cases 0 --db {shown} --backend {specs.get(key[0], key[0])}, with this run's --device)"
                 )
             out.print(escape(line), soft_wrap=True)  # plain text: rich would take "[case ...]" for markup and drop it
     elif stats.results.get("fail", 0) or stats.results.get("error", 0):
@@ -416,22 +424,32 @@ def print_summary(stats: WorkerStats, url: str, *, interrupted: bool = False, st
         for key, outcome in earlier:
             out.print(escape(f"  {' / '.join(key)}\n      {outcome.status}: {outcome.case.describe()}  [case {outcome.case.case_id}]"), soft_wrap=True)
     prog = command_name()
-    out.print(f"stored in {url}; see them with: {prog} report --db {url}  (dashboard: {prog} serve --db {url})", soft_wrap=True)
+    out.print(f"stored in {shown}; see them with: {prog} report --db {shown}  (dashboard: {prog} serve --db {shown})", soft_wrap=True)
     if stats.new_buckets:
         # a new-user trial did not know which of a bucket's two case ids to export: name the
         # minimised one of the first bucket that has one (the smaller case), else a first case
         # (shrunk and first_cases: the bucket list's above, under the same condition)
-        minimised = next((shrunk[key].case.case_id for key in stats.new_buckets if key in shrunk), None)
-        first = next((first_cases[key] for key in stats.new_buckets if key in first_cases), None)
+        minimised = next((key for key in stats.new_buckets if key in shrunk), None)
+        first = next((key for key in stats.new_buckets if key in first_cases), None)
         if minimised is not None:
             out.print(escape(
                 f"a standalone pytest repro of a bucket's minimised case (the [case ...] on its second line), "
-                f"the first one's: {prog} export {minimised} --db {url}"
+                f"the first one's: {prog} export {shrunk[minimised].case.case_id}{_plugin(specs, minimised)} --db {shown}"
             ), soft_wrap=True)
         elif first is not None:
-            out.print(f"a standalone pytest repro of the first bucket's case: {prog} export {first} --db {url}", soft_wrap=True)
+            out.print(
+                f"a standalone pytest repro of the first bucket's case: {prog} export {first_cases[first]}"
+                f"{_plugin(specs, first)} --db {shown}", soft_wrap=True,
+            )
         else:
-            out.print(f"a standalone pytest repro of a case: {prog} export CASE_ID --db {url}", soft_wrap=True)
+            out.print(f"a standalone pytest repro of a case: {prog} export CASE_ID --db {shown}", soft_wrap=True)
+
+
+def _plugin(specs: dict[str, str], key: tuple[str, str, str]) -> str:
+    """`` --backend module:attr --variant V`` for the bucket ``key`` of a plugin backend (its spec in
+    ``specs``), else ``""``: ``export`` finds a plugin only by its spec."""
+    spec = specs.get(key[0])
+    return f" --backend {spec} --variant {key[1]}" if spec else ""
 
 
 def command_name() -> str:

@@ -12,6 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from fuzzer.severity import WRONG_RATIO
+from fuzzer.text import masked_url
 from oracle.errors import AttnFuzzError
 from service.cli.common import DbOption, fail, id_column, open_database, out, print_json
 
@@ -81,7 +82,7 @@ def report_data(session, url: str) -> dict:
             }
         )
     return {
-        "database": url,
+        "database": masked_url(url),
         "cases": rep.overview.case_count,
         "results": rep.overview.result_count,
         "results_by_status": rep.overview.results_by_status,
@@ -203,7 +204,7 @@ def print_issue_report(db: str | None, bucket_id: int) -> None:
     except AttnFuzzError as exc:
         fail(exc)
     except SQLAlchemyError as exc:
-        fail(ServiceError(f"database {url!r}: {type(exc).__name__}: {exc}"))
+        fail(ServiceError(f"database {masked_url(url)!r}: {type(exc).__name__}: {exc}"))
     finally:
         engine.dispose()
     typer.echo(issue.markdown, nl=False)
