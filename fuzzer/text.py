@@ -39,7 +39,7 @@ MAX_DETAIL = 64 * 1024
 
 MASK = "***"
 """What a password is shown as (SQLAlchemy's ``render_as_string(hide_password=True)``)."""
-_URL_PASSWORD = re.compile(r"(?P<head>\b[A-Za-z][\w+.-]*://[^:/?#@\s]*:)[^@\s]*@")
+_URL_PASSWORD = re.compile(r"(?P<head>\b[A-Za-z][\w+.-]*:/{0,3}[^:/?#@\s]*:)[^@\s]*@")  # scheme:/user: too (a typo)
 _QUERY_PASSWORD = re.compile(r"(?P<head>[?&]password=)[^&\s]*", re.IGNORECASE)
 
 
@@ -119,8 +119,8 @@ def masked_url(url: str) -> str:
 
 def masked_text(text: str) -> str:
     """``text`` (an exception's message, a log line) with the password of every URL in it shown
-    as `MASK` (``scheme://user:secret@`` becomes ``scheme://user:***@``, and ``?password=secret``
-    ``?password=***``): for text that may quote a database URL attnfuzz did not build itself."""
+    as `MASK` (``scheme://user:secret@`` becomes ``scheme://user:***@``, a mistyped
+    ``scheme:/user:secret@`` too, and ``?password=secret`` ``?password=***``): for text that may quote a database URL attnfuzz did not build itself."""
     text = _URL_PASSWORD.sub(lambda m: m.group("head") + MASK + "@", text)
     return _QUERY_PASSWORD.sub(lambda m: m.group("head") + MASK, text)
 
