@@ -13,6 +13,7 @@ import enum
 import json
 import logging
 import os
+import re
 import sys
 import time
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, Optional
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn, Optional
 import typer
 from rich.console import Console
 from rich.markup import escape
+from rich.segment import Segment
 
 from fuzzer.text import masked_text, masked_url
 from oracle.errors import AttnFuzzError, CaseValidationError
@@ -38,8 +40,46 @@ def _width_off_terminal(stream: Any) -> int | None:
     return None if is_tty or os.environ.get("COLUMNS") else 160
 
 
-console = Console(stderr=True, width=_width_off_terminal(sys.stderr))
-out = Console(width=_width_off_terminal(sys.stdout))
+_TERMINAL_CONTROL = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2066-\u2069]")
+"""Characters a terminal acts on or that hide or reorder text: C0 and C1 controls (``ESC`` starts
+every terminal escape sequence; the newline too, in a stored one-line value), zero-width
+characters and bidirectional overrides."""
+_RENDERED_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def visible_text(value: Any) -> str:
+    """``value`` as text with every character of `_TERMINAL_CONTROL` shown as its escape
+    (``\\x1b``, ``\\n``, ``\\u202e``): what `terminal_text` prints, before the markup escape
+    (for widths, and for lines escaped as a whole)."""
+    text = value if isinstance(value, str) else str(value)
+    if _TERMINAL_CONTROL.search(text):
+        text = _TERMINAL_CONTROL.sub(lambda found: found.group().encode("unicode_escape").decode("ascii"), text)
+    return text
+
+
+def terminal_text(value: Any) -> str:
+    """A stored value (a plugin's backend, variant or exception name, a signature, a detail, a
+    note) to print: `visible_text` with rich markup escaped (``[bold]`` and ``[link=...]`` stay
+    text), so it can neither style nor move, clear or retitle the terminal."""
+    return escape(visible_text(value))
+
+
+class SafeConsole(Console):
+    """A rich `Console` that writes no control character it did not make itself: in the text of
+    what is printed (not in rich's own styles and cursor moves), each C0 or C1 control but tab and
+    newline, and each bidirectional override, is written as U+FFFD. The last guard for text
+    printed without `terminal_text` (an exception's message, a log line)."""
+
+    def _render_buffer(self, buffer: Any) -> str:
+        return super()._render_buffer(
+            Segment(_RENDERED_CONTROL.sub("\ufffd", text), style, control)
+            if not control and _RENDERED_CONTROL.search(text) else Segment(text, style, control)
+            for text, style, control in buffer
+        )
+
+
+console = SafeConsole(stderr=True, width=_width_off_terminal(sys.stderr))
+out = SafeConsole(width=_width_off_terminal(sys.stdout))
 log = logging.getLogger("attnfuzz.cli")
 
 EXIT_CODES = {

@@ -21,7 +21,16 @@ from rich.markup import escape
 
 from fuzzer.text import masked_url
 from oracle.errors import AttnFuzzError
-from service.cli.common import DbOption, console, cwd_importable, fail, open_database, print_json, resolve_case_id
+from service.cli.common import (
+    DbOption,
+    console,
+    cwd_importable,
+    fail,
+    open_database,
+    print_json,
+    resolve_case_id,
+    terminal_text,
+)
 
 
 def export_case(
@@ -119,15 +128,16 @@ def export_case(
     # only skips (a new-user trial saw "1 skipped" and no reason); -rs prints a skip's reason
     python = shlex.quote(sys.executable)
     console.print(
-        f"wrote {path}: {target.backend} / {target.variant} / {target.signature or '(no recorded failure)'}; "
+        f"wrote {escape(str(path))}: {terminal_text(target.backend)} / {terminal_text(target.variant)} / "
+        f"{terminal_text(target.signature or '(no recorded failure)')}; "
         f"run it with: {python} -m pytest -rs -c /dev/null {path} (-c /dev/null: without the pytest settings of the "
         f"project you are in, which may add options this file does not need; needs pytest: {python} -m pip install pytest)"
     )
     if target.also_failing:
-        others = ", ".join(f"{b}/{v}" for b, v in target.also_failing)
+        others = terminal_text(", ".join(f"{b}/{v}" for b, v in target.also_failing))
         console.print(
             f"the case also failed on {others}: export one of them with --backend and --variant "
-            f"(e.g. --backend {target.also_failing[0][0]} --variant {target.also_failing[0][1]})"
+            f"(e.g. --backend {terminal_text(target.also_failing[0][0])} --variant {terminal_text(target.also_failing[0][1])})"
         )
 
 

@@ -18,7 +18,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from fuzzer.text import masked_url
-from service.cli.common import console, id_column, log, out
+from service.cli.common import console, id_column, log, out, terminal_text, visible_text
 
 if TYPE_CHECKING:
     from fuzzer.results import CaseResult
@@ -66,7 +66,7 @@ class RichReporter:
             names = sorted({b for b, _ in stats.per_backend})
             for name in names:
                 table.add_row(
-                    name,
+                    terminal_text(name),
                     *[
                         str(stats.per_backend.get((name, s), 0))
                         for s in ("pass", "fail", "unsupported", "error", "crash", "timeout", "oom")
@@ -74,7 +74,7 @@ class RichReporter:
                     str(stats.runnable.get(name, 0)),
                     str(stats.targeted.get(name, 0)),
                     _jit_cell(stats, name),
-                    format_reasons(top_reasons(stats.unsupported, name, 2)),
+                    terminal_text(format_reasons(top_reasons(stats.unsupported, name, 2))),
                 )
         lines = [self.progress, table]
         if self.buckets:
@@ -111,7 +111,7 @@ class RichReporter:
             self.live.update(self._render(stats))
 
     def on_new_bucket(self, key, case) -> None:
-        self.buckets.append(" / ".join(key) + f"  (case {case.case_id})")
+        self.buckets.append(terminal_text(" / ".join(key) + f"  (case {case.case_id})"))
 
     def on_minimised(self, key, outcome) -> None:
         console.print(f"[cyan]shrunk[/] {escape(' / '.join(key))}: {outcome.status}: {escape(outcome.case.describe())}")
@@ -316,7 +316,8 @@ def print_summary(
         coverage.add_column(column, justify="right" if column in numeric else "left")
     for name, row in _coverage_data(stats).items():
         reasons = "; ".join(f"{r['reason']} ({r['results']})" for r in row["top_unsupported"])
-        coverage.add_row(name, str(row["cases_run"]), str(row["drawn_for"]), _jit_cell(stats, name), reasons)
+        coverage.add_row(terminal_text(name), str(row["cases_run"]), str(row["drawn_for"]), _jit_cell(stats, name),
+                         terminal_text(reasons))
     out.print(coverage)
     out.print(COUNTS_NOTE, style="dim")
     from fuzzer.environment import jit_cache_description
@@ -393,7 +394,7 @@ def print_summary(
         for key in stats.new_buckets:
             outcome = shrunk.get(key)
             stored_case, stored_note = (stored or {}).get(key, (None, ""))  # what another worker did with it
-            line = f"  {' / '.join(key)}"
+            line = f"  {visible_text(' / '.join(key))}"
             if key in first_cases:
                 line += f"  [first seen on case {first_cases[key]}]"
             if outcome is not None:
@@ -422,7 +423,7 @@ def print_summary(
     if earlier:  # a shrink-only run (--max-cases 0), or buckets queued by earlier runs or other workers
         out.print(f"{len(earlier)} bucket(s) found earlier, shrunk in this run:")
         for key, outcome in earlier:
-            out.print(escape(f"  {' / '.join(key)}\n      {outcome.status}: {outcome.case.describe()}  [case {outcome.case.case_id}]"), soft_wrap=True)
+            out.print(escape(f"  {visible_text(' / '.join(key))}\n      {outcome.status}: {outcome.case.describe()}  [case {outcome.case.case_id}]"), soft_wrap=True)
     prog = command_name()
     out.print(f"stored in {shown}; see them with: {prog} report --db {shown}  (dashboard: {prog} serve --db {shown})", soft_wrap=True)
     if stats.new_buckets:
