@@ -57,7 +57,7 @@ def export_case(
     ] = False,
     db: DbOption = None,
     as_json: Annotated[
-        bool, typer.Option("--json", help="Print {path, case_id, backend, variant, signature} as JSON on stdout.")
+        bool, typer.Option("--json", help="Print {path, case_id, backend, variant, signature} (and bucket_id) as JSON on stdout.")
     ] = False,
 ) -> None:
     """Write CASE_ID (or the case of --bucket ID) as a pytest file that needs only torch, pytest and the backend's package.
@@ -120,8 +120,8 @@ def export_case(
         console.print(f"[red]error:[/] {escape(f'output: cannot write {path}: {exc.strerror or exc}')}")
         raise typer.Exit(2) from None
     if as_json:
-        print_json({"path": str(path), "case_id": case_id, "bucket_id": bucket, "backend": target.backend,
-                    "variant": target.variant, "signature": target.signature,
+        print_json({"path": str(path), "case_id": case_id, **({} if bucket is None else {"bucket_id": bucket}),
+                    "backend": target.backend, "variant": target.variant, "signature": target.signature,
                     "also_failing": [f"{b}/{v}" for b, v in target.also_failing]})
         return
     # this interpreter's pytest: a bare "pytest" may be another Python's, without torch, and the file then
