@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 from sqlalchemy import inspect, text
 from sqlalchemy.engine import make_url
@@ -97,30 +98,33 @@ def test_no_command_prints_stores_or_logs_the_database_password(secret_url: str,
 
 @pytest.mark.slow
 @pytest.mark.postgres
-def test_serve_names_the_database_without_its_password(secret_url: str, tmp_path: Path) -> None:
+def test_serve_and_its_pages_name_the_database_without_its_password(secret_url: str, tmp_path: Path) -> None:
     assert _attnfuzz("db", "upgrade", "--db", secret_url, cwd=tmp_path).returncode == 0
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
-    server = subprocess.Popen([sys.executable, "-m", "attnfuzz", "serve", "--port", str(port), "--db", secret_url,
-                               "--log-level", "debug"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True)
+    log = tmp_path / "serve.log"
+    with log.open("w") as sink:
+        server = subprocess.Popen([sys.executable, "-m", "attnfuzz", "serve", "--port", str(port), "--db", secret_url,
+                                   "--log-level", "debug"], cwd=tmp_path, env=env, stdout=sink, stderr=subprocess.STDOUT)
     try:
-        lines = []
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            line = server.stdout.readline()
-            if not line:
-                break
-            lines.append(line)
-            if "serving" in line:
-                break
-        assert any("serving postgresql+psycopg://postgres:***@" in line for line in lines), lines
-        assert not any(PASSWORD in line for line in lines), lines
+        while "serving" not in log.read_text() and server.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert "serving postgresql+psycopg://postgres:***@" in log.read_text(), log.read_text()
+        for path in ("/", "/buckets", "/builds", "/matrix", "/api/workers", "/api/overview", "/metrics", "/openapi.json"):
+            for _ in range(100):  # the start line comes just before uvicorn listens
+                try:
+                    page = httpx.get(f"http://127.0.0.1:{port}{path}", timeout=60)
+                    break
+                except httpx.ConnectError:
+                    time.sleep(0.2)
+            assert page.status_code == 200 and PASSWORD not in page.text, (path, page.status_code)
     finally:
         server.terminate()
         server.wait(30)
+    assert PASSWORD not in log.read_text(), log.read_text()  # the start line and every debug line
 
 
 @pytest.mark.parametrize(
