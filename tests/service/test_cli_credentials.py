@@ -143,13 +143,17 @@ def test_errors_name_the_database_without_its_password(url: str) -> None:
 
 
 @pytest.mark.parametrize("value", ["", " "])
-def test_an_empty_db_is_a_usage_error_naming_the_option_and_what_it_takes(value: str, tmp_path: Path) -> None:
+def test_an_empty_db_is_a_usage_error_naming_the_option_and_what_it_takes(
+    value: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("ATTNFUZZ_DATABASE_URL", raising=False)
     for args in (("report",), ("db", "upgrade"), ("fuzz", "--time-budget", "5"), ("export", "0123456789abcdef")):
         result = CliRunner().invoke(app, [*args, "--db", value], env={"COLUMNS": "250"})
         said = " ".join(result.output.split())
         assert result.exit_code == 2, (args, result.output)
         assert "--db" in said and "is empty" in said and "sqlite:///attnfuzz.db" in said, said
-    assert not (Path.cwd() / "attnfuzz.db").exists() or (Path.cwd() / "attnfuzz.db").stat().st_mtime < time.time() - 60
+    assert list(tmp_path.iterdir()) == []  # the default database was not made instead
 
 
 @pytest.mark.postgres
