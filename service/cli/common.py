@@ -375,9 +375,9 @@ def migrate(url: str, wait_s: float = 0.0) -> None:
 
     deadline = time.monotonic() + wait_s
     delay = 0.5
+    log.info("database %s: migrating to the newest schema revision", masked_url(url))
     while True:
         try:
-            log.info("database %s: migrating to the newest schema revision", masked_url(url))
             upgrade(url)
             return
         except OperationalError as exc:

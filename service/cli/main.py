@@ -35,6 +35,7 @@ from service.cli import builds as builds_cli
 from service.cli import backends, buckets, cases, db, export, fuzz, report, serve
 from service.cli.common import EXIT_CODES_HELP, LogLevel, configure_logging, out
 
+
 class _LogLevelEverywhere(TyperGroup):
     """The ``attnfuzz`` group: its ``--log-level`` is an option of every command too, so
     ``attnfuzz fuzz --log-level info`` works as ``attnfuzz --log-level info fuzz`` does (after the
