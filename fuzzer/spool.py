@@ -62,6 +62,7 @@ from fuzzer.results import (
     SinkUnavailableError,
     stops_deferred,
 )
+from fuzzer.text import masked_url
 from oracle.errors import AttnFuzzError
 
 SPOOL_FORMAT_VERSION = 1
@@ -190,7 +191,7 @@ class Spool:
                 spool = cls(group / f"slot-{index}", max_bytes)
             except BlockingIOError:
                 continue
-            spool.set_meta("database", canonical_database_url(database_url))
+            spool.set_meta("database", masked_url(canonical_database_url(database_url)))  # no password on disk
             return spool
         raise SpoolError(f"{group}: all {max_slots} spool slots are held by running workers")
 

@@ -1,4 +1,5 @@
-"""Text that any database of ours can store: `storable_text`.
+"""Text that any database of ours can store (`storable_text`), and database URLs fit to print,
+log or store (`masked_url`, `masked_text`).
 
 A backend's exception message, a plugin's backend or variant name, a package name or a path
 decoded with ``os.fsdecode`` may hold characters no database can take: NUL (PostgreSQL refuses it
@@ -10,6 +11,12 @@ third with a visible marker, so no value a kernel or plugin produces can fail a 
 
 The mapping is deterministic: the same input always gives the same stored text (bucket keys
 stay stable across workers and restarts).
+
+A database URL may carry a password (``postgresql+psycopg://user:secret@host/db``): every URL
+attnfuzz prints, logs, answers in JSON or writes down (the fuzz summary's hints, ``serve``'s start
+line, error messages, a spool slot's metadata, a worker's metrics) goes through `masked_url`, which
+shows it as ``user:***@``; connecting uses the URL as given. ``tests/test_credentials.py`` reads
+the code for URLs printed past it.
 """
 
 from __future__ import annotations
@@ -28,6 +35,12 @@ MAX_VERSIONS = 4096  # a result's backend_version line (every package the backen
 # runtime part, which says which cuDNN ran the result, was cut off (H200, 2026-12-01)
 MAX_SIGNATURE = 512
 MAX_DETAIL = 64 * 1024
+
+
+MASK = "***"
+"""What a password is shown as (SQLAlchemy's ``render_as_string(hide_password=True)``)."""
+_URL_PASSWORD = re.compile(r"(?P<head>\b[A-Za-z][\w+.-]*:/{0,3}[^:/?#@\s]*:)[^@\s]*@")  # scheme:/user: too (a typo)
+_QUERY_PASSWORD = re.compile(r"(?P<head>[?&]password=)[^&\s]*", re.IGNORECASE)
 
 
 def _escape(found: re.Match[str]) -> str:
@@ -76,7 +89,43 @@ def is_storable(value: str, max_chars: int | None = None) -> bool:
     return storable_text(value, max_chars) == value  # (raises as it does for a too small max_chars)
 
 
+def masked_url(url: str) -> str:
+    """``url`` fit to print, log or store: its password, if it has one, shown as `MASK`, as
+    ``sqlalchemy.engine.make_url(url).render_as_string(hide_password=True)`` renders it, and a
+    ``password=`` query parameter masked too; a URL without a password, and a value that is no URL
+    (a SQLite file path), unchanged. The one way attnfuzz shows a database URL.
+
+    ``masked_url("postgresql+psycopg://user:secret@127.0.0.1:5432/test")`` is
+    ``"postgresql+psycopg://user:***@127.0.0.1:5432/test"``.
+
+    Args:
+        url: a SQLAlchemy URL (or anything the ``--db`` option was given).
+
+    Returns:
+        The URL without its credentials; a value SQLAlchemy cannot read goes through
+        `masked_text`.
+    """
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        parsed = make_url(url)
+    except (ArgumentError, ValueError, TypeError):  # not a URL SQLAlchemy reads: mask what looks like one
+        return masked_text(str(url))
+    if parsed.password is None:
+        return _QUERY_PASSWORD.sub(lambda m: m.group("head") + MASK, url)
+    return _QUERY_PASSWORD.sub(lambda m: m.group("head") + MASK, parsed.render_as_string(hide_password=True))
+
+
+def masked_text(text: str) -> str:
+    """``text`` (an exception's message, a log line) with the password of every URL in it shown
+    as `MASK` (``scheme://user:secret@`` becomes ``scheme://user:***@``, a mistyped
+    ``scheme:/user:secret@`` too, and ``?password=secret`` ``?password=***``): for text that may quote a database URL attnfuzz did not build itself."""
+    text = _URL_PASSWORD.sub(lambda m: m.group("head") + MASK + "@", text)
+    return _QUERY_PASSWORD.sub(lambda m: m.group("head") + MASK, text)
+
+
 __all__ = [
-    "CUT_MARKER", "MAX_DETAIL", "MAX_NAME", "MAX_PACKAGE", "MAX_SIGNATURE", "MAX_VERSIONS", "has_unstorable", "is_storable",
-    "storable_text",
+    "CUT_MARKER", "MASK", "MAX_DETAIL", "MAX_NAME", "MAX_PACKAGE", "MAX_SIGNATURE", "MAX_VERSIONS", "has_unstorable", "is_storable",
+    "masked_text", "masked_url", "storable_text",
 ]

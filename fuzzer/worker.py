@@ -50,6 +50,7 @@ example database for generation, which only the minimiser uses in that mode.
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import os
 import socket
@@ -88,6 +89,11 @@ from fuzzer.coverage import DRAW_MODES, count_case, target_plan
 from fuzzer.strategies import KernelTemplate, attention_cases, default_bounds, merge_capabilities
 from oracle.config import AttentionCase
 from oracle.errors import AttnFuzzError
+
+
+log = logging.getLogger(__name__)
+"""What the worker does, at info (``attnfuzz --log-level info``): start, backends, build, new
+buckets, shrinking, stop."""
 
 
 class WorkerError(AttnFuzzError):
@@ -698,6 +704,9 @@ class Worker:
             reasons = "; ".join(f"{n}: {r}" for n, r in self.unavailable.items())
             raise WorkerError(f"no selected backend is available here ({reasons})")
         self.usable = usable
+        log.info("backends usable on %s: %s", self.config.device, ", ".join(b.name for b in usable))
+        for name, reason in self.unavailable.items():
+            log.info("backend %s not available here: %s", name, reason)
         from fuzzer.executor import executor_runtime
 
         # the versions the children loaded (cuDNN, the imported FA4 build), not this process's
@@ -708,6 +717,8 @@ class Worker:
         where = (self.build_id, socket.gethostname(), os.getpid(), self.config.device)
         slot = getattr(self.journal, "slot", None)
         self.worker_id = self.sink.register_worker(*where, slot) if slot else self.sink.register_worker(*where)
+        log.info("build %s (torch %s), worker %s (pid %s)", self.build_id, getattr(fingerprint, "torch", "?"),
+                 self.worker_id, os.getpid())
 
     def close(self) -> None:
         """Stop the executor's child processes (their restart counts go to `stats` first)."""
@@ -748,6 +759,9 @@ class Worker:
         self._started = self._clock()
         self.stats.started_s = self._started
         self._budget_s = self._time_budget()
+        log.info("worker %s started: device %s, isolation %s, time budget %s, max cases %s", self.worker_id,
+                 self.config.device, self.config.isolation,
+                 "none" if self._budget_s is None else f"{self._budget_s:.0f} s", self.config.max_cases)
         status = "failed"
         restore_sigint = self._catch_ctrl_c()
         try:
@@ -793,6 +807,8 @@ class Worker:
                         raise
                     # already failing: the original error is the one to report
             self.close()
+            log.info("worker %s %s: %d cases in %.1f s, %d new bucket(s)", self.worker_id, status, self.stats.cases,
+                     self.stats.wall_s, len(self.stats.new_buckets))
             self.reporter.on_stop(self.stats)
         return self.stats
 
@@ -1721,6 +1737,7 @@ class Worker:
         """Count the bucket ``key`` new in this run, first seen on ``case``, and report it."""
         self.stats.new_buckets.append(key)
         self.stats.first_cases.setdefault(key, case.case_id)
+        log.info("new bucket %s, first seen on case %s", " / ".join(key), case.case_id)
         self.reporter.on_new_bucket(key, case)
 
     def _judge(self, case: AttentionCase, ref: Any, outcome: TaskOutcome, oracle_ms: float, phase: str) -> CaseResult:
@@ -1879,6 +1896,7 @@ class Worker:
             self.sink.release_minimisation(claim.bucket_id, self.worker_id, f"not minimised: stored case invalid: {exc}")
             return None
         t0 = self._clock()
+        log.info("shrinking bucket %s (%s) from case %s", claim.bucket_id, " / ".join(key), case.case_id)
         if self._compile_failure(key):
             return self._keep_compile_failure(claim, case, t0)
         if severity(key[2]) == "limit":
@@ -1936,6 +1954,7 @@ class Worker:
                         self.stats.attached_to.setdefault((key[0], variant, signature), key)
         finally:
             self.stats.shrink_s += self._clock() - t0
+        log.info("bucket %s %s: case %s (%s)", claim.bucket_id, outcome.status, outcome.case.case_id, outcome.note)
         self.reporter.on_minimised(key, outcome)
         return outcome
 

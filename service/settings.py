@@ -25,15 +25,19 @@ class Settings(BaseSettings):
             name of Starlette's test client), ``*`` for any; others get 400 (DNS rebinding).
         max_body_bytes: largest request body, bytes (``ATTNFUZZ_MAX_BODY_BYTES``); larger is 413
             before it is parsed or any token is checked.
+        allowed_origins: comma-separated origins (``https://dash.example``) whose pages may write
+            besides this site's own (``ATTNFUZZ_ALLOWED_ORIGINS``; a proxy that rewrites ``Host``);
+            a browser's write from any other site is 403 (`service.api.hardening`).
     """
 
     model_config = SettingsConfigDict(env_prefix="ATTNFUZZ_", extra="ignore")
 
-    database_url: str = DEFAULT_DATABASE_URL
+    database_url: str = Field(default=DEFAULT_DATABASE_URL, repr=False)  # may hold a password
     api_token: str | None = Field(default=None, repr=False, min_length=1)
     read_requires_token: bool = False
     trusted_hosts: str = "127.0.0.1,localhost,testserver"
     max_body_bytes: int = Field(default=4 * 2**20, ge=1)
+    allowed_origins: str = ""
 
     @model_validator(mode="after")
     def _read_token_needs_token(self) -> Settings:

@@ -36,6 +36,8 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from fuzzer.text import masked_url
+
 
 class WorkerCollector(Collector):
     """The families above for one worker run; ``worker`` may be None until it exists."""
@@ -107,7 +109,7 @@ def serve_worker_metrics(port: int, sink: Any, *, device: str, database: str, ad
     collector = WorkerCollector(
         sink,
         {"version": __version__, "device": device, "torch": torch.__version__, "hostname": socket.gethostname(),
-         "database": database.split("@")[-1]},  # no credentials
+         "database": masked_url(database)},
     )
     registry.register(collector)
     server, _thread = start_http_server(port, addr=addr, registry=registry)

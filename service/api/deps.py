@@ -22,7 +22,7 @@ import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Annotated, Any
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl
 
 from fastapi import Depends, HTTPException, Path, Request, status
 from fastapi.exceptions import RequestValidationError
@@ -207,13 +207,10 @@ def require_read_token(request: Request, settings: SettingsDep, credentials: Cre
 
 
 def require_form_token(request: Request, settings: SettingsDep, credentials: Credentials) -> None:
-    """HTML form writes: the token as header or login cookie, and, when the browser says where
-    the form came from (``Origin``), a form of this site only.
+    """HTML form writes: the token as header or login cookie (a form of another site never gets
+    here: `service.api.hardening.CrossSiteWriteMiddleware` answers it 403 first, token or not).
 
     Raises:
-        HTTPException: 403 for a cross-site form, 401 without a valid token.
+        HTTPException: 401 without a valid token.
     """
-    origin = request.headers.get("origin")
-    if origin and origin != "null" and urlsplit(origin).netloc != request.headers.get("host"):
-        raise HTTPException(status.HTTP_403_FORBIDDEN, "cross-site form submissions are refused")
     _check_token(settings, credentials, request.cookies.get(TOKEN_COOKIE))

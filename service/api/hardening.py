@@ -3,7 +3,16 @@ session cookies. `install` adds the ASGI middleware to an app (`service.api.app.
 
 * **Security headers** on every response: ``Content-Security-Policy`` (scripts and styles from
   this site only; inline ``style`` attributes allowed, inline scripts only on the API docs page),
-  ``X-Frame-Options: DENY``, ``X-Content-Type-Options: nosniff``, ``Referrer-Policy: no-referrer``.
+  ``X-Frame-Options: DENY``, ``X-Content-Type-Options: nosniff``, ``Referrer-Policy: same-origin``
+  (other sites get no referrer; this site's own forms keep their ``Origin``, which under
+  ``no-referrer`` browsers send as ``null``, the value a cross-site sandboxed form sends too).
+* **Cross-site writes refused**: a ``POST``/``PUT``/``PATCH``/``DELETE`` whose browser says it
+  comes from another site (``Origin`` of another host or port, or ``null``; without ``Origin``, a
+  ``Referer`` of another site or ``Sec-Fetch-Site: cross-site``/``same-site``) is answered 403
+  before it is routed, with or without an API token configured (`CrossSiteWriteMiddleware`): a
+  page elsewhere cannot triage through the browser of someone who can reach the dashboard.
+  Clients that send none of those headers (curl, httpx, the workers) are not browsers and go on
+  to the token checks; ``Settings.allowed_origins`` adds origins (a proxy that rewrites ``Host``).
 * **Trusted hosts**: Starlette's ``TrustedHostMiddleware`` with ``Settings.trusted_hosts``
   (loopback names by default), so a DNS-rebinding page cannot reach a loopback dashboard.
 * **Body size limit**: ``Settings.max_body_bytes``; a larger ``Content-Length`` is answered 413
@@ -20,10 +29,12 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import threading
 import time
 from collections import defaultdict, deque
 from typing import Any
+from urllib.parse import urlsplit
 
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -37,7 +48,7 @@ DOCS_PATHS = ("/docs", "/redoc")
 SECURITY_HEADERS = {
     b"x-frame-options": b"DENY",
     b"x-content-type-options": b"nosniff",
-    b"referrer-policy": b"no-referrer",
+    b"referrer-policy": b"same-origin",
 }
 LOGIN_ATTEMPTS = 10
 LOGIN_WINDOW_S = 60.0
@@ -65,6 +76,84 @@ class SecurityHeadersMiddleware:
             await send(message)
 
         await self.app(scope, receive, with_headers)
+
+
+WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+DEFAULT_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443}
+
+
+def _site(scheme: str, netloc: str) -> tuple[str, int | None] | None:
+    """``(host, port)`` of ``netloc`` in lower case, the scheme's default port as None; None when
+    it holds no host."""
+    try:
+        parts = urlsplit(f"{scheme}://{netloc}")
+        host, port = parts.hostname, parts.port
+    except ValueError:  # a port that is no number, a malformed IPv6 address
+        return None
+    if not host:
+        return None
+    return host.lower(), None if port == DEFAULT_PORTS.get(scheme) else port
+
+
+def cross_site_reason(method: str, headers: dict[str, str], scheme: str, allowed_origins: frozenset[str] = frozenset()) -> str | None:
+    """Why the request is a cross-site write to refuse, or None (see the module docstring).
+
+    Args:
+        method: the HTTP method; only `WRITE_METHODS` are checked.
+        headers: the request headers, names in lower case.
+        scheme: the request's scheme (``http``; the default port of ``Host`` is its).
+        allowed_origins: origins accepted besides this site's (``https://dash.example``).
+    """
+    if method.upper() not in WRITE_METHODS:
+        return None
+    here = _site(scheme, headers.get("host", ""))
+    origin = headers.get("origin")
+    if origin is not None:
+        origin = origin.strip()
+        if origin.rstrip("/").lower() in allowed_origins:
+            return None
+        if origin == "null":
+            return "Origin: null (a sandboxed frame, a redirect or a page of another site)"
+        parts = urlsplit(origin)
+        there = _site(parts.scheme.lower(), parts.netloc) if parts.scheme else None
+        return None if there is not None and there == here else f"Origin {origin[:200]!r} is not this site"
+    fetch_site = headers.get("sec-fetch-site", "").strip().lower()
+    if fetch_site in ("cross-site", "same-site"):
+        return f"Sec-Fetch-Site: {fetch_site}"
+    referer = headers.get("referer")
+    if referer:
+        parts = urlsplit(referer.strip())
+        there = _site(parts.scheme.lower(), parts.netloc) if parts.scheme else None
+        if f"{parts.scheme}://{parts.netloc}".lower() in allowed_origins:
+            return None
+        if there is None or there != here:
+            return f"Referer of another site ({parts.scheme}://{parts.netloc[:200]})"
+    return None
+
+
+class CrossSiteWriteMiddleware:
+    """Answers 403 for a cross-site write (`cross_site_reason`), before routing: nothing is read,
+    checked or stored."""
+
+    def __init__(self, app: ASGIApp, allowed_origins: frozenset[str] = frozenset()):
+        self.app = app
+        self.allowed_origins = allowed_origins
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope.get("method", "GET").upper() in WRITE_METHODS:
+            headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+            reason = cross_site_reason(scope["method"], headers, scope.get("scheme", "http"), self.allowed_origins)
+            if reason is not None:
+                body = json.dumps({"detail": [{
+                    "loc": ["header", "origin"], "type": "forbidden",
+                    "msg": f"cross-site request refused: {reason}; nothing was changed (send it from this site's "
+                           "pages, or from a client that is not a browser)",
+                }]}).encode()
+                await send({"type": "http.response.start", "status": 403,
+                            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+                await send({"type": "http.response.body", "body": body})
+                return
+        await self.app(scope, receive, send)
 
 
 class BodyTooLarge(Exception):
@@ -184,17 +273,26 @@ def trusted_hosts(setting: str) -> list[str]:
     return [h.strip() for h in setting.split(",") if h.strip()] or ["*"]
 
 
+def allowed_origins(setting: str) -> frozenset[str]:
+    """``Settings.allowed_origins`` (comma-separated ``scheme://host[:port]``) as a set, lower case."""
+    return frozenset(o.strip().rstrip("/").lower() for o in setting.split(",") if o.strip())
+
+
 def install(app: Any, settings: Any) -> None:
-    """Add the middleware to ``app`` (outermost first: hosts, headers, body limit) and the
-    login rate limiter to ``app.state.login_limiter``."""
+    """Add the middleware to ``app`` (outermost first: hosts, headers, cross-site writes, body
+    limit) and the login rate limiter to ``app.state.login_limiter``."""
     app.state.login_limiter = LoginRateLimiter()
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(CrossSiteWriteMiddleware, allowed_origins=allowed_origins(getattr(settings, "allowed_origins", "")))
     app.add_middleware(SecurityHeadersMiddleware)
     app.add_middleware(TrustedHostMiddleware, allowed_hosts=trusted_hosts(settings.trusted_hosts))
 
 
 __all__ = [
     "BodySizeLimitMiddleware",
+    "CrossSiteWriteMiddleware",
+    "allowed_origins",
+    "cross_site_reason",
     "LoginRateLimiter",
     "SecurityHeadersMiddleware",
     "install",

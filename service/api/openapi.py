@@ -201,6 +201,6 @@ def paginate(request: Request, response: Any, items: list, limit: int, offset: i
     total = len(items)
     response.headers["X-Total-Count"] = str(total)
     if offset + limit < total:
-        url = request.url.include_query_params(limit=limit, offset=offset + limit)
-        response.headers["Link"] = f'<{url}>; rel="next"'
+        next_page = request.url.include_query_params(limit=limit, offset=offset + limit)
+        response.headers["Link"] = f'<{next_page}>; rel="next"'
     return items[offset:offset + limit]

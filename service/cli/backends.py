@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 
 from oracle.errors import AttnFuzzError
-from service.cli.common import cwd_importable, fail, id_column, print_json, print_table
+from service.cli.common import cwd_importable, fail, id_column, print_json, print_table, terminal_text, visible_text
 
 
 def backends(
@@ -57,18 +57,19 @@ def backends(
         print_json(rows)
         return
     table = Table(title="attnfuzz backends")
-    id_column(table, "backend", [row["name"] for row in rows])  # names are never cut (README)
+    id_column(table, "backend", [visible_text(row["name"]) for row in rows])  # names are never cut (README)
     id_column(table, "device", [row["device"] for row in rows])
     id_column(table, "variants", [v for row in rows for v in row["variants"]])  # one per line, whole
     table.add_column("versions", overflow="fold")
     table.add_column("status", overflow="fold")
     for row in rows:
-        status = "[green]available[/]" if row["available"] else f"[yellow]unavailable:[/] {row['reason']}"
+        status = "[green]available[/]" if row["available"] else f"[yellow]unavailable:[/] {terminal_text(row['reason'])}"
         if row["opt_in"]:
-            status += f"\nopt-in: fuzzed only with --backend {row['name']}"
+            status += f"\nopt-in: fuzzed only with --backend {terminal_text(row['name'])}"
         versions = "\n".join(f"{k}={v}" for k, v in row["versions"].items())
         versions += _runtime_text(row["runtime"])
-        table.add_row(row["name"], row["device"], "\n".join(row["variants"]), versions, status)
+        table.add_row(terminal_text(row["name"]), terminal_text(row["device"]), "\n".join(terminal_text(v) for v in row["variants"]),
+                      "\n".join(terminal_text(line) for line in versions.split("\n")), status)
     print_table(table)
 
 

@@ -23,6 +23,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from fuzzer.text import masked_url
 from oracle.errors import AttnFuzzError
 from service.cli.common import (
     DbOption,
@@ -35,6 +36,8 @@ from service.cli.common import (
     out,
     print_json,
     print_table,
+    terminal_text,
+    visible_text,
 )
 
 buckets_app = typer.Typer(help="Failure buckets: list, filter, show, triage.", no_args_is_help=True)
@@ -110,19 +113,20 @@ def buckets_list(
     if as_json:
         print_json({"total": page.total, "limit": limit, "offset": offset, "items": rows})
         return
+    shown = masked_url(url)
     if not rows:  # not an empty table (a new-user trial): say why there is nothing
         if page.total:
-            out.print(f"no buckets in {url} after --offset {offset}: {page.total} match", soft_wrap=True)
+            out.print(f"no buckets in {shown} after --offset {offset}: {page.total} match", soft_wrap=True)
         elif any(v is not None for v in (backend, variant, signature, state)):
-            out.print(f"no buckets in {url} match these filters", soft_wrap=True)
+            out.print(f"no buckets in {shown} match these filters", soft_wrap=True)
         else:
-            out.print(f"no buckets in {url}: no failing result is stored", soft_wrap=True)
+            out.print(f"no buckets in {shown}: no failing result is stored", soft_wrap=True)
         return
-    table = Table(title=f"{len(rows)} of {page.total} buckets in {url}")
+    table = Table(title=f"{len(rows)} of {page.total} buckets in {shown}")
     id_column(table, "id", [r["id"] for r in rows], justify="right")
-    id_column(table, "backend", [r["backend"] for r in rows])
-    id_column(table, "variant", [r["variant"] for r in rows])
-    id_column(table, "signature", [r["signature"] for r in rows])
+    id_column(table, "backend", [visible_text(r["backend"]) for r in rows])
+    id_column(table, "variant", [visible_text(r["variant"]) for r in rows])
+    id_column(table, "signature", [visible_text(r["signature"]) for r in rows])
     id_column(table, "hits", [r["hit_count"] for r in rows], justify="right")
     id_column(table, "state", [r["triage_state"] for r in rows])
     extra = [c for c in ("severity", "defect_id") if rows and c in rows[0]]
@@ -130,9 +134,10 @@ def buckets_list(
         id_column(table, "group" if column == "defect_id" else column, ["" if r[column] is None else r[column] for r in rows])
     id_column(table, "case", [r["minimised_case_id"] or r["first_case_id"] for r in rows])
     for r in rows:
-        # stored names are plain text, never rich markup (a cut name ends in "...[cut N chars]")
+        # stored names are plain text, never rich markup (a cut name ends in "...[cut N chars]") nor
+        # terminal escapes (a plugin's exception class name is in the signature)
         table.add_row(
-            str(r["id"]), escape(r["backend"]), escape(r["variant"]), escape(r["signature"]), str(r["hit_count"]),
+            str(r["id"]), terminal_text(r["backend"]), terminal_text(r["variant"]), terminal_text(r["signature"]), str(r["hit_count"]),
             r["triage_state"], *["" if r[c] is None else str(r[c]) for c in extra],
             r["minimised_case_id"] or r["first_case_id"],
         )
@@ -189,7 +194,7 @@ def buckets_show(
     if as_json:
         print_json(data)
         return
-    out.print(f"[bold]bucket {data['id']}[/]  " + escape(f"{data['backend']} / {data['variant']} / {data['signature']}"), soft_wrap=True)
+    out.print(f"[bold]bucket {data['id']}[/]  " + terminal_text(f"{data['backend']} / {data['variant']} / {data['signature']}"), soft_wrap=True)
     facts = [f"hits {data['hit_count']} ({data['result_count']} stored results)", f"state {data['triage_state']}"]
     facts += [f"{k} {data[k]}" for k in ("severity", "defect_id") if data.get(k) is not None]
     facts += [f"builds {data['first_build']} .. {data['last_build']}"]
@@ -198,9 +203,9 @@ def buckets_show(
         if data[key] is not None:
             out.print(escape(f"  {key.replace('_', ' ')}: {data[key]['case_id']}  {data[key]['description']}"), soft_wrap=True)
     if data["minimise_note"]:
-        out.print(escape(f"  shrink: {data['minimise_note']}"), soft_wrap=True)
+        out.print(terminal_text(f"  shrink: {data['minimise_note']}"), soft_wrap=True)
     if data["upstream_url"] or data["notes"] or data["duplicate_of_id"]:
-        out.print(escape(f"  upstream {data['upstream_url'] or '-'}; duplicate of {data['duplicate_of_id'] or '-'}; notes: {data['notes']}"), soft_wrap=True)
+        out.print(terminal_text(f"  upstream {data['upstream_url'] or '-'}; duplicate of {data['duplicate_of_id'] or '-'}; notes: {data['notes']}"), soft_wrap=True)
     table = Table(title="latest results")
     id_column(table, "case_id", [r["case_id"] for r in data["results"]])
     for column in ("status", "error_ratio", "phase"):

@@ -11,6 +11,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from fuzzer.text import masked_url
 from oracle.errors import AttnFuzzError, CaseValidationError
 from service.cli.common import (
     DbOption,
@@ -25,6 +26,8 @@ from service.cli.common import (
     print_json,
     print_table,
     resolve_case_id,
+    terminal_text,
+    visible_text,
 )
 
 cases_app = typer.Typer(help="Inspect stored cases.", no_args_is_help=True)
@@ -64,7 +67,7 @@ def cases_list(
         return
     if not rows:  # an empty table says less than a sentence (new-user trial)
         what = ("no failing stored case" if failing else "no stored case") + (f" with results of {backend}" if backend else "")
-        out.print(f"{what} in {db_url(db)}")
+        out.print(f"{what} in {masked_url(db_url(db))}")
         return
     table = Table(title=f"{len(rows)} of {page.total} cases")
     id_column(table, "case_id", [r["case_id"] for r in rows])
@@ -73,7 +76,7 @@ def cases_list(
     table.add_column("case")
     for row in rows:
         results = ", ".join(f"{n} {status}" for status, n in sorted(row["statuses"].items()))
-        table.add_row(row["case_id"], row["origin"], results, row["description"])
+        table.add_row(row["case_id"], row["origin"], terminal_text(results), terminal_text(row["description"]))
     print_table(table)
 
 
@@ -100,7 +103,7 @@ def cases_show(
             fail(exc)
         detail = get_case(session, case_id)
         if detail is None:
-            console.print(f"[red]error:[/] {escape(f'case_id: no case {case_id!r} in {url}')}")
+            console.print(f"[red]error:[/] {escape(f'case_id: no case {case_id!r} in {masked_url(url)}')}")
             raise typer.Exit(2)
         try:
             case = AttentionCase.from_json(detail.case.config)
@@ -126,15 +129,16 @@ def cases_show(
     out.print(f"[bold]{case.case_id}[/]  {escape(case.describe())}")
     print_json(case.to_json())
     table = Table()
-    id_column(table, "backend", [r["backend"] for r in results])
-    id_column(table, "variant", [r["variant"] for r in results])
+    id_column(table, "backend", [visible_text(r["backend"]) for r in results])
+    id_column(table, "variant", [visible_text(r["variant"]) for r in results])
     for column in ("status", "signature", "error_ratio", "phase"):
         table.add_column(column)
     counts = Counter()
     for r in results:
         counts[r["status"]] += 1
         ratio = "" if r["error_ratio"] is None else f"{r['error_ratio']:.3g}"
-        table.add_row(r["backend"], r["variant"], r["status"], r["signature"] or "", ratio, r["phase"])
+        table.add_row(terminal_text(r["backend"]), terminal_text(r["variant"]), r["status"], terminal_text(r["signature"] or ""),
+                      ratio, r["phase"])
     print_table(table)
 
 

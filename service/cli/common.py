@@ -13,6 +13,7 @@ import enum
 import json
 import logging
 import os
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -21,7 +22,9 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn, Optional
 import typer
 from rich.console import Console
 from rich.markup import escape
+from rich.segment import Segment
 
+from fuzzer.text import masked_text, masked_url
 from oracle.errors import AttnFuzzError, CaseValidationError
 
 if TYPE_CHECKING:
@@ -38,8 +41,46 @@ def _width_off_terminal(stream: Any) -> int | None:
     return None if is_tty or os.environ.get("COLUMNS") else 160
 
 
-console = Console(stderr=True, width=_width_off_terminal(sys.stderr))
-out = Console(width=_width_off_terminal(sys.stdout))
+_TERMINAL_CONTROL = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2066-\u2069]")
+"""Characters a terminal acts on or that hide or reorder text: C0 and C1 controls (``ESC`` starts
+every terminal escape sequence; the newline too, in a stored one-line value), zero-width
+characters and bidirectional overrides."""
+_RENDERED_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def visible_text(value: Any) -> str:
+    """``value`` as text with every character of `_TERMINAL_CONTROL` shown as its escape
+    (``\\x1b``, ``\\n``, ``\\u202e``): what `terminal_text` prints, before the markup escape
+    (for widths, and for lines escaped as a whole)."""
+    text = value if isinstance(value, str) else str(value)
+    if _TERMINAL_CONTROL.search(text):
+        text = _TERMINAL_CONTROL.sub(lambda found: found.group().encode("unicode_escape").decode("ascii"), text)
+    return text
+
+
+def terminal_text(value: Any) -> str:
+    """A stored value (a plugin's backend, variant or exception name, a signature, a detail, a
+    note) to print: `visible_text` with rich markup escaped (``[bold]`` and ``[link=...]`` stay
+    text), so it can neither style nor move, clear or retitle the terminal."""
+    return escape(visible_text(value))
+
+
+class SafeConsole(Console):
+    """A rich `Console` that writes no control character it did not make itself: in the text of
+    what is printed (not in rich's own styles and cursor moves), each C0 or C1 control but tab and
+    newline, and each bidirectional override, is written as U+FFFD. The last guard for text
+    printed without `terminal_text` (an exception's message, a log line)."""
+
+    def _render_buffer(self, buffer: Any) -> str:
+        return super()._render_buffer(
+            Segment(_RENDERED_CONTROL.sub("\ufffd", text), style, control)
+            if not control and _RENDERED_CONTROL.search(text) else Segment(text, style, control)
+            for text, style, control in buffer
+        )
+
+
+console = SafeConsole(stderr=True, width=_width_off_terminal(sys.stderr))
+out = SafeConsole(width=_width_off_terminal(sys.stdout))
 log = logging.getLogger("attnfuzz.cli")
 
 EXIT_CODES = {
@@ -127,10 +168,31 @@ DbOption = Annotated[
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
 
 
+LIBRARY_LOGGERS = (
+    "sqlalchemy", "alembic", "uvicorn", "fastapi", "starlette", "httpx", "httpcore", "urllib3", "hypothesis",
+    "multipart", "asyncio", "prometheus_client", "torch", "triton", "numba", "filelock", "PIL", "selenium",
+)
+"""Loggers of the libraries attnfuzz runs: held at ``warning`` unless ``--log-level debug`` (at
+``info`` SQLAlchemy alone printed 600-1,500 lines a run, with no line of attnfuzz's own)."""
+OWN_LOGGERS = ("attnfuzz", "fuzzer", "service", "oracle")
+"""attnfuzz's own loggers (``attnfuzz.*`` and each module's ``logging.getLogger(__name__)``)."""
+
+
+class _MaskingFormatter(logging.Formatter):
+    """``name: message``, with any database password in it masked (`fuzzer.text.masked_text`):
+    a library's log line may quote the URL it was given."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return masked_text(super().format(record))
+
+
 def configure_logging(level: str = "warning") -> None:
-    """Send stdlib `logging` to stderr through rich's handler, at ``level`` for attnfuzz's loggers
-    (``attnfuzz.*``) and one level stricter for the libraries it runs (SQLAlchemy, Alembic,
-    uvicorn, Hypothesis), so one ``--log-level``/``$ATTNFUZZ_LOG_LEVEL`` merges all of them.
+    """Send stdlib `logging` to stderr through rich's handler: attnfuzz's own loggers
+    (`OWN_LOGGERS`) at ``level``, the libraries it runs (`LIBRARY_LOGGERS`: SQLAlchemy, Alembic,
+    uvicorn, httpx, Hypothesis, ... and any other) at ``warning``, or at ``debug`` too with
+    ``level="debug"``; every line with its database passwords masked. ``--log-level`` (before
+    the command or after it) and ``$ATTNFUZZ_LOG_LEVEL`` call it; called again, it changes the
+    levels only.
 
     Raises:
         CaseValidationError: ``level`` is not one of `LOG_LEVELS`.
@@ -144,32 +206,58 @@ def configure_logging(level: str = "warning") -> None:
     if not any(getattr(h, "_attnfuzz", False) for h in root.handlers):
         handler = RichHandler(console=console, show_path=False, rich_tracebacks=False, markup=False)
         handler._attnfuzz = True  # type: ignore[attr-defined]
-        handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+        handler.setFormatter(_MaskingFormatter("%(name)s: %(message)s"))
         root.addHandler(handler)
-    root.setLevel(min(value, logging.WARNING))
-    logging.getLogger("attnfuzz").setLevel(value)
-    for name in ("sqlalchemy", "alembic", "uvicorn", "hypothesis"):
-        logging.getLogger(name).setLevel(max(value, logging.INFO))
+    libraries = logging.DEBUG if value == logging.DEBUG else max(value, logging.WARNING)
+    root.setLevel(value)
+    for name in OWN_LOGGERS:
+        logging.getLogger(name).setLevel(value)
+    for name in LIBRARY_LOGGERS:  # named, for those that set a level of their own (SQLAlchemy's echo)
+        logging.getLogger(name).setLevel(libraries)
+    handler = next(h for h in root.handlers if getattr(h, "_attnfuzz", False))
+    handler.filters = [f for f in handler.filters if not isinstance(f, _OwnBelowWarning)]
+    if libraries > value:  # --log-level info: a library logging under a name not listed stays at warning too
+        handler.addFilter(_OwnBelowWarning())
     logging.captureWarnings(True)
+
+
+class _OwnBelowWarning(logging.Filter):
+    """Let through records below ``warning`` only from attnfuzz's own loggers (`OWN_LOGGERS`):
+    the root logger is at the own level, so an unnamed library's ``info`` would otherwise pass."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.WARNING or record.name.split(".", 1)[0] in OWN_LOGGERS
 
 
 def db_url(db: str | None) -> str:
     """The database URL for ``--db`` (None: ``$ATTNFUZZ_DATABASE_URL``, else the default).
 
     A value without ``://`` is a SQLite file path (``--db attnfuzz2.db`` = ``sqlite:///attnfuzz2.db``,
-    ``--db /tmp/x.db`` = ``sqlite:////tmp/x.db``).
+    ``--db /tmp/x.db`` = ``sqlite:////tmp/x.db``). ``postgres://`` and ``postgresql://`` (the
+    schemes of most tools' ``DATABASE_URL``) name PostgreSQL through its installed driver
+    (`POSTGRES_DRIVER`: ``postgresql+psycopg://``). Messages show the URL with its password masked
+    (`fuzzer.text.masked_url`).
 
     Raises:
-        typer.BadParameter: the value is neither a URL SQLAlchemy can parse nor a file path
-            (usage error, exit 2), e.g. ``postgresql:/host/db``.
+        typer.BadParameter: the value is empty (``--db ''``: it used to mean the default database,
+            silently), neither a URL SQLAlchemy can parse nor a file path, or names a database
+            attnfuzz cannot use (usage error, exit 2), e.g. ``postgresql:/host/db``.
     """
     from service.db.engine import default_database_url
 
+    if db is not None and not db.strip():
+        raise typer.BadParameter(
+            f"{masked_url(db)!r} is empty; give a SQLAlchemy URL (e.g. sqlite:///attnfuzz.db or "
+            "postgresql+psycopg://user@host:5432/db) or a SQLite file path, or leave --db out for "
+            f"${DATABASE_URL_ENV} or the default sqlite:///attnfuzz.db",
+            param_hint="'--db'",
+        )
     value = db or default_database_url()
+    shown = masked_url(value)
     if "://" not in value:
         if ":" in value.split(os.sep)[0] and not os.path.exists(value):
             raise typer.BadParameter(
-                f"{value!r} is not a database URL; did you mean sqlite:///{value.split(':', 1)[-1].lstrip('/')} "
+                f"{shown!r} is not a database URL; did you mean sqlite:///{shown.split(':', 1)[-1].lstrip('/')} "
                 "or postgresql+psycopg://user@host:5432/db?",
                 param_hint="'--db'",
             )
@@ -178,25 +266,32 @@ def db_url(db: str | None) -> str:
     from sqlalchemy.exc import ArgumentError
 
     try:
-        url = make_url(value)
+        parsed = make_url(value)
     except ArgumentError as exc:
-        raise typer.BadParameter(f"{value!r} is not a database URL ({exc})", param_hint="'--db'") from None
-    if url.get_backend_name() not in DB_BACKENDS:
+        raise typer.BadParameter(f"{shown!r} is not a database URL ({masked_url(str(exc))})", param_hint="'--db'") from None
+    if parsed.drivername in ("postgres", "postgresql"):  # no driver named: the installed one
+        parsed = parsed.set(drivername=f"postgresql+{POSTGRES_DRIVER}")
+        value = parsed.render_as_string(hide_password=False)
+    if parsed.get_backend_name() not in DB_BACKENDS:
         raise typer.BadParameter(
-            f"{value!r}: unsupported database {url.get_backend_name()!r} (allowed: {', '.join(DB_BACKENDS)}; "
-            "e.g. sqlite:///attnfuzz.db or postgresql+psycopg://user@host:5432/db)",
+            f"{shown!r}: unsupported database {parsed.get_backend_name()!r} (allowed: {', '.join(DB_BACKENDS)}, and "
+            "postgres:// for postgresql; e.g. sqlite:///attnfuzz.db or postgresql+psycopg://user@host:5432/db)",
             param_hint="'--db'",
         )
-    if url.get_backend_name() == "sqlite" and url.database in (None, "", ":memory:"):
+    if parsed.get_backend_name() == "sqlite" and parsed.database in (None, "", ":memory:"):
         # each connection of an in-memory SQLite database is a database of its own: the tables made
         # by the migration were gone for the worker ("no such table: builds", a new-user trial)
         raise typer.BadParameter(
-            f"{value!r} is an in-memory SQLite database, which keeps nothing between the connections and "
+            f"{shown!r} is an in-memory SQLite database, which keeps nothing between the connections and "
             "processes attnfuzz uses; give a file, e.g. sqlite:///attnfuzz.db",
             param_hint="'--db'",
         )
     return value
 
+
+POSTGRES_DRIVER = "psycopg"
+"""The driver a ``postgres://`` or ``postgresql://`` URL is given (psycopg 3, the ``postgres``
+extra; `service.db.engine.make_engine` connects through it too)."""
 
 DB_BACKENDS = ("sqlite", "postgresql")
 """The databases ``--db`` takes (SQLAlchemy backend names; PostgreSQL through psycopg 3:
@@ -241,8 +336,9 @@ def exit_code(exc: AttnFuzzError) -> int:
 
 
 def fail(exc: AttnFuzzError, code: int | None = None) -> NoReturn:
-    """Print ``exc`` and exit with ``code`` (default: `exit_code`)."""
-    console.print(f"[bold red]error:[/] {escape(str(exc))}")
+    """Print ``exc`` (any database password in it masked: `fuzzer.text.masked_text`) and exit
+    with ``code`` (default: `exit_code`)."""
+    console.print(f"[bold red]error:[/] {escape(masked_text(str(exc)))}")
     raise typer.Exit(exit_code(exc) if code is None else code)
 
 
@@ -281,6 +377,7 @@ def migrate(url: str, wait_s: float = 0.0) -> None:
 
     deadline = time.monotonic() + wait_s
     delay = 0.5
+    log.info("database %s: migrating to the newest schema revision", masked_url(url))
     while True:
         try:
             upgrade(url)
@@ -288,7 +385,7 @@ def migrate(url: str, wait_s: float = 0.0) -> None:
         except OperationalError as exc:
             unreachable = (not url.startswith("sqlite") and not is_permanent_connect_error(exc)) or "locked" in str(exc)
             if unreachable and time.monotonic() + delay < deadline:
-                log.warning("database %r unreachable (%s); retrying in %.1f s", url, str(exc.orig).strip()[:200], delay)
+                log.warning("database %r unreachable (%s); retrying in %.1f s", masked_url(url), str(exc.orig).strip()[:200], delay)
                 time.sleep(delay)  # backoff before reconnecting
                 delay = min(delay * 2, 10.0)
                 continue
@@ -296,15 +393,15 @@ def migrate(url: str, wait_s: float = 0.0) -> None:
             missing = _sqlite_folder(url)  # read by _raise_refused just before: a URL SQLAlchemy reads
             if missing is not None and not os.path.isdir(missing):
                 raise ServiceError(
-                    f"database {url!r}: its folder {missing} does not exist (create it, or give --db a path in an existing folder)"
+                    f"database {masked_url(url)!r}: its folder {missing} does not exist (create it, or give --db a path in an existing folder)"
                 ) from exc
-            raise ServiceError(f"database {url!r}: cannot migrate: {type(exc).__name__}: {exc}") from exc
+            raise ServiceError(f"database {masked_url(url)!r}: cannot migrate: {type(exc).__name__}: {exc}") from exc
         except Exception as exc:  # SQLAlchemy / Alembic errors: name the database, keep the cause
             _raise_refused(url, exc)
             hint = ""
             if isinstance(exc, ModuleNotFoundError) and exc.name in ("psycopg", "psycopg2"):
                 hint = " (PostgreSQL needs psycopg 3: pip install -e '.[postgres]', and a postgresql+psycopg:// URL)"
-            raise ServiceError(f"database {url!r}: cannot migrate: {type(exc).__name__}: {exc}{hint}") from exc
+            raise ServiceError(f"database {masked_url(url)!r}: cannot migrate: {type(exc).__name__}: {exc}{hint}") from exc
 
 
 def _sqlite_folder(url: str) -> str | None:
@@ -338,7 +435,7 @@ def _raise_refused(url: str, exc: Exception) -> None:
     elif os.path.isdir(directory) and shutil.disk_usage(directory).free == 0:
         reason = f"disk full: no space left in {directory}"
     if reason is not None:
-        raise StoreRefusedError(f"database {url!r} refuses writes ({reason}): {type(exc).__name__}: {exc}") from exc
+        raise StoreRefusedError(f"database {masked_url(url)!r} refuses writes ({reason}): {type(exc).__name__}: {exc}") from exc
 
 
 def schema_revision(url: str) -> str | None:
@@ -354,7 +451,7 @@ def schema_revision(url: str) -> str | None:
     try:
         return current(url)
     except Exception as exc:  # SQLAlchemy/driver errors: name the database, keep the cause
-        raise ServiceError(f"database {url!r}: cannot open: {type(exc).__name__}: {str(exc).strip().splitlines()[0]}") from exc
+        raise ServiceError(f"database {masked_url(url)!r}: cannot open: {type(exc).__name__}: {str(exc).strip().splitlines()[0]}") from exc
 
 
 def check_schema(url: str) -> None:
@@ -377,17 +474,17 @@ def check_schema(url: str) -> None:
         path = path.removeprefix("file:").split("?", 1)[0]
     if parsed.get_backend_name() == "sqlite" and path not in (None, "", ":memory:"):
         if not os.path.exists(path):
-            raise ServiceError(f"no database at {url!r} ({os.path.abspath(path)} does not exist); "
-                               f"create it with: attnfuzz db upgrade --db {url}")
+            raise ServiceError(f"no database at {masked_url(url)!r} ({os.path.abspath(path)} does not exist); "
+                               f"create it with: attnfuzz db upgrade --db {masked_url(url)}")
     revision = schema_revision(url)
     newest = head()
     if revision is not None and revision != newest and not _known_revision(revision):
-        raise ServiceError(f"database {url!r} is at schema revision {revision}, which this attnfuzz does not know "
+        raise ServiceError(f"database {masked_url(url)!r} is at schema revision {revision}, which this attnfuzz does not know "
                            f"(made by a newer attnfuzz?); its newest is {newest}: upgrade attnfuzz to read it")
     if revision != newest:
         state = "has no attnfuzz schema" if revision is None else f"is at schema revision {revision}"
-        raise ServiceError(f"database {url!r} {state}; this attnfuzz reads revision {newest}: "
-                           f"run `attnfuzz db upgrade --db {url}` first")
+        raise ServiceError(f"database {masked_url(url)!r} {state}; this attnfuzz reads revision {newest}: "
+                           f"run `attnfuzz db upgrade --db {masked_url(url)}` first")
 
 
 def open_database(db: str | None, *, write: bool = False) -> tuple[str, Engine]:

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from fuzzer.text import masked_url
 from oracle.errors import AttnFuzzError
 from service.cli.common import DbOption, db_url, fail, migrate, out, print_json, schema_revision
 
@@ -45,8 +46,9 @@ def _print_revision(url: str, as_json: bool) -> None:
         fail(exc)
     newest = head()
     if as_json:
-        print_json({"database": url, "revision": revision, "head": newest, "up_to_date": revision == newest})
+        print_json({"database": masked_url(url), "revision": revision, "head": newest, "up_to_date": revision == newest})
     else:
-        note = "" if revision == newest else f" (newest is {newest}: attnfuzz db upgrade --db {url})"
-        out.print(f"{url}: at revision {revision}{note}", soft_wrap=True, highlight=False)
+        shown = masked_url(url)
+        note = "" if revision == newest else f" (newest is {newest}: attnfuzz db upgrade --db {shown})"
+        out.print(f"{shown}: at revision {revision}{note}", soft_wrap=True, highlight=False)
 

@@ -23,8 +23,10 @@ import typer
 from rich.markup import escape
 
 from fuzzer.known import KNOWN_HIT_BUDGET
+from fuzzer.text import masked_url
 from oracle.errors import AttnFuzzError, CaseValidationError
 from service.cli.common import (
+    DATABASE_URL_ENV,
     DbOption,
     Device,
     DrawMode,
@@ -343,7 +345,10 @@ def fuzz(
         if as_json:
             print_json(summary_data(stats, url, interrupted=interrupted, spool=spooled))
         else:
-            print_summary(stats, url, interrupted=interrupted, stored=_bucket_states(url, stats.new_buckets) if extra else None)
+            given = set(backend or [])  # plugins given as module:attr: the hints name them so
+            specs = {b.name: spec for b, spec in selected if spec in given and ":" in spec}
+            print_summary(stats, url, interrupted=interrupted, stored=_bucket_states(url, stats.new_buckets) if extra else None,
+                          specs=specs)
             if spooled["outages"] or spooled["left"]:
                 out.print(
                     f"database outages: {spooled['outages']}; writes spooled {spooled['spooled']}, flushed {spooled['flushed']}, "
@@ -386,7 +391,7 @@ def _bucket_states(url: str, keys: list) -> dict:
         finally:
             engine.dispose()
     except Exception as exc:  # noqa: BLE001 - the summary goes on with what the workers reported
-        log.warning("could not read the new buckets' state from %s: %s", url, exc)
+        log.warning("could not read the new buckets' state from %s: %s", masked_url(url), exc)
         return {}
 
 
@@ -429,8 +434,6 @@ def _fuzz_on_gpus(gpus: str, url: str) -> None:
         if a.startswith("--gpus="):
             continue
         cleaned.append(a)
-    if "--db" not in cleaned:
-        cleaned += ["--db", url]
     from fuzzer.results import on_stop_signal, stop_exit_code
     from service.cli.fuzz_workers import STOP_GRACE_S
 
@@ -445,7 +448,8 @@ def _fuzz_on_gpus(gpus: str, url: str) -> None:
     with_parent = _terminated_with_parent()
     try:
         for index in indices:
-            env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(index)}
+            # the URL by environment, not argv: a password on a command line is anyone's to read (ps)
+            env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(index), DATABASE_URL_ENV: url}
             log_file = open(f"attnfuzz-gpu{index}.log", "w")
             cmd = [sys.executable, "-m", "attnfuzz", *cleaned, "--quiet", "--device", "cuda"]
             process = subprocess.Popen(cmd, env=env, stdout=log_file, stderr=subprocess.STDOUT, preexec_fn=with_parent)

@@ -17,7 +17,8 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from service.cli.common import console, id_column, log, out
+from fuzzer.text import masked_url
+from service.cli.common import console, id_column, log, out, terminal_text, visible_text
 
 if TYPE_CHECKING:
     from fuzzer.results import CaseResult
@@ -65,7 +66,7 @@ class RichReporter:
             names = sorted({b for b, _ in stats.per_backend})
             for name in names:
                 table.add_row(
-                    name,
+                    terminal_text(name),
                     *[
                         str(stats.per_backend.get((name, s), 0))
                         for s in ("pass", "fail", "unsupported", "error", "crash", "timeout", "oom")
@@ -73,7 +74,7 @@ class RichReporter:
                     str(stats.runnable.get(name, 0)),
                     str(stats.targeted.get(name, 0)),
                     _jit_cell(stats, name),
-                    format_reasons(top_reasons(stats.unsupported, name, 2)),
+                    terminal_text(format_reasons(top_reasons(stats.unsupported, name, 2))),
                 )
         lines = [self.progress, table]
         if self.buckets:
@@ -110,7 +111,7 @@ class RichReporter:
             self.live.update(self._render(stats))
 
     def on_new_bucket(self, key, case) -> None:
-        self.buckets.append(" / ".join(key) + f"  (case {case.case_id})")
+        self.buckets.append(terminal_text(" / ".join(key) + f"  (case {case.case_id})"))
 
     def on_minimised(self, key, outcome) -> None:
         console.print(f"[cyan]shrunk[/] {escape(' / '.join(key))}: {outcome.status}: {escape(outcome.case.describe())}")
@@ -245,7 +246,7 @@ def summary_data(stats: WorkerStats, url: str, *, interrupted: bool = False, spo
             }
         )
     return {
-        "database": url,
+        "database": masked_url(url),
         "interrupted": interrupted,
         "cases": stats.cases,
         "wall_s": stats.wall_s,
@@ -308,16 +309,23 @@ def summary_data(stats: WorkerStats, url: str, *, interrupted: bool = False, spo
     }
 
 
-def print_summary(stats: WorkerStats, url: str, *, interrupted: bool = False, stored: dict | None = None) -> None:
+def print_summary(
+    stats: WorkerStats, url: str, *, interrupted: bool = False, stored: dict | None = None, specs: dict[str, str] | None = None
+) -> None:
     """Print the fuzz summary (tables, the time split, new buckets, hints).
 
     Args:
         stats: the run's figures (several workers' merged, `fuzzer.worker.merge_stats`).
-        url: the database URL (named in the hints).
+        url: the database URL (named in the hints, its password masked: `fuzzer.text.masked_url`).
         interrupted: the run stopped on Ctrl-C.
         stored: with several workers, `service.db.repository.bucket_states` of the new buckets: what
             the database says of a bucket another worker shrunk or attached after this one found it.
+        specs: the ``module:attr`` of each plugin backend given so (``fuzz --backend localk:LocalBackend``),
+            by backend name: the hints name a plugin's backend by its spec, so they run as printed
+            (by name, ``export`` and ``fuzz`` know only the built-in and entry-point backends).
     """
+    shown = masked_url(url)  # the hints show user:***@: type the password where the run had it
+    specs = specs or {}
     if interrupted:
         out.print("[bold yellow]interrupted (Ctrl-C):[/] what this run stored before it stopped:")
     table = Table(title="evaluations this run, by status")
@@ -334,7 +342,8 @@ def print_summary(stats: WorkerStats, url: str, *, interrupted: bool = False, st
         coverage.add_column(column, justify="right" if column in numeric else "left")
     for name, row in _coverage_data(stats).items():
         reasons = "; ".join(f"{r['reason']} ({r['results']})" for r in row["top_unsupported"])
-        coverage.add_row(name, str(row["cases_run"]), str(row["drawn_for"]), _jit_cell(stats, name), reasons)
+        coverage.add_row(terminal_text(name), str(row["cases_run"]), str(row["drawn_for"]), _jit_cell(stats, name),
+                         terminal_text(reasons))
     out.print(coverage)
     out.print(COUNTS_NOTE, style="dim")
     from fuzzer.environment import jit_cache_description
@@ -425,7 +434,7 @@ def print_summary(stats: WorkerStats, url: str, *, interrupted: bool = False, st
         for key in stats.new_buckets:
             outcome = shrunk.get(key)
             stored_case, stored_note = (stored or {}).get(key, (None, ""))  # what another worker did with it
-            line = f"  {' / '.join(key)}"
+            line = f"  {visible_text(' / '.join(key))}"
             if key in first_cases:
                 line += f"  [first seen on case {first_cases[key]}]"
             if outcome is not None:
@@ -439,7 +448,7 @@ def print_summary(stats: WorkerStats, url: str, *, interrupted: bool = False, st
             elif stats.minimised or stats.shrink_s:
                 line += (
                     f"\n      not minimised in this run: a later fuzz run shrinks it (only shrinking: "
-                    f"{command_name()} fuzz --max-cases 0 --db {url} --backend {key[0]}, with this run's --device)"
+                    f"{command_name()} fuzz --max-cases 0 --db {shown} --backend {specs.get(key[0], key[0])}, with this run's --device)"
                 )
             out.print(escape(line), soft_wrap=True)  # plain text: rich would take "[case ...]" for markup and drop it
     elif stats.results.get("fail", 0) or stats.results.get("error", 0):
@@ -454,24 +463,34 @@ def print_summary(stats: WorkerStats, url: str, *, interrupted: bool = False, st
     if earlier:  # a shrink-only run (--max-cases 0), or buckets queued by earlier runs or other workers
         out.print(f"{len(earlier)} bucket(s) found earlier, shrunk in this run:")
         for key, outcome in earlier:
-            out.print(escape(f"  {' / '.join(key)}\n      {outcome.status}: {outcome.case.describe()}  [case {outcome.case.case_id}]"), soft_wrap=True)
+            out.print(escape(f"  {visible_text(' / '.join(key))}\n      {outcome.status}: {outcome.case.describe()}  [case {outcome.case.case_id}]"), soft_wrap=True)
     prog = command_name()
-    out.print(f"stored in {url}; see them with: {prog} report --db {url}  (dashboard: {prog} serve --db {url})", soft_wrap=True)
+    out.print(f"stored in {shown}; see them with: {prog} report --db {shown}  (dashboard: {prog} serve --db {shown})", soft_wrap=True)
     if stats.new_buckets:
         # a new-user trial did not know which of a bucket's two case ids to export: name the
         # minimised one of the first bucket that has one (the smaller case), else a first case
         # (shrunk and first_cases: the bucket list's above, under the same condition)
-        minimised = next((shrunk[key].case.case_id for key in stats.new_buckets if key in shrunk), None)
-        first = next((first_cases[key] for key in stats.new_buckets if key in first_cases), None)
+        minimised = next((key for key in stats.new_buckets if key in shrunk), None)
+        first = next((key for key in stats.new_buckets if key in first_cases), None)
         if minimised is not None:
             out.print(escape(
                 f"a standalone pytest repro of a bucket's minimised case (the [case ...] on its second line), "
-                f"the first one's: {prog} export {minimised} --db {url}"
+                f"the first one's: {prog} export {shrunk[minimised].case.case_id}{_plugin(specs, minimised)} --db {shown}"
             ), soft_wrap=True)
         elif first is not None:
-            out.print(f"a standalone pytest repro of the first bucket's case: {prog} export {first} --db {url}", soft_wrap=True)
+            out.print(
+                f"a standalone pytest repro of the first bucket's case: {prog} export {first_cases[first]}"
+                f"{_plugin(specs, first)} --db {shown}", soft_wrap=True,
+            )
         else:
-            out.print(f"a standalone pytest repro of a case: {prog} export CASE_ID --db {url}", soft_wrap=True)
+            out.print(f"a standalone pytest repro of a case: {prog} export CASE_ID --db {shown}", soft_wrap=True)
+
+
+def _plugin(specs: dict[str, str], key: tuple[str, str, str]) -> str:
+    """`` --backend module:attr --variant V`` for the bucket ``key`` of a plugin backend (its spec in
+    ``specs``), else ``""``: ``export`` finds a plugin only by its spec."""
+    spec = specs.get(key[0])
+    return f" --backend {spec} --variant {key[1]}" if spec else ""
 
 
 def command_name() -> str:

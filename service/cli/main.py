@@ -25,15 +25,63 @@ fast); each command imports what it runs. ``python -m service.cli.main`` runs th
 
 from __future__ import annotations
 
-from typing import Annotated
+import copy
+from typing import Annotated, Any
 
 import typer
+from typer.core import TyperGroup
 
 from service.cli import builds as builds_cli
 from service.cli import backends, buckets, cases, db, export, fuzz, report, serve
 from service.cli.common import EXIT_CODES_HELP, LogLevel, configure_logging, out
 
+
+class _LogLevelEverywhere(TyperGroup):
+    """The ``attnfuzz`` group: its ``--log-level`` is an option of every command too, so
+    ``attnfuzz fuzz --log-level info`` works as ``attnfuzz --log-level info fuzz`` does (after the
+    command it used to be a usage error). Each command gets a copy of the group's option that
+    calls `configure_logging` when given (and does nothing when not); a level given after the
+    command wins over one given before it."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        option = next(p for p in self.params if p.name == "log_level")
+        for command in _commands(self):
+            if not any(p.name == "log_level" for p in command.params):
+                command.params.append(_command_log_level(option))
+
+
+def _commands(group: Any) -> list[Any]:
+    """Every command under ``group`` (subgroups' commands included, and the subgroups)."""
+    found = []
+    for command in getattr(group, "commands", {}).values():
+        found.append(command)
+        found += _commands(command)
+    return found
+
+
+def _command_log_level(option: Any) -> Any:
+    """A copy of the group's ``--log-level`` option for one command: not passed to the command,
+    no envvar (the group reads ``$ATTNFUZZ_LOG_LEVEL``), applied before the command's other
+    options (eager)."""
+    copied = copy.copy(option)
+    copied.expose_value = False
+    copied.is_eager = True
+    copied.envvar = None
+    copied.show_envvar = False
+    copied.default = None
+    copied.callback = _apply_log_level
+    return copied
+
+
+def _apply_log_level(ctx: Any, param: Any, value: Any) -> None:
+    """Callback of a command's ``--log-level``: `configure_logging` when the option is given."""
+    if value is not None and not ctx.resilient_parsing:
+        configure_logging(getattr(value, "value", value).lower())
+
+
 app = typer.Typer(
+    cls=_LogLevelEverywhere,
     help="attnfuzz: differential fuzzing of attention kernels against a float64 oracle.",
     epilog=EXIT_CODES_HELP,
     no_args_is_help=True,
@@ -63,7 +111,8 @@ def _main(
             envvar="ATTNFUZZ_LOG_LEVEL",
             show_envvar=True,
             case_sensitive=False,
-            help="Messages of attnfuzz (and of SQLAlchemy, Alembic, uvicorn, Hypothesis) on stderr from this level up.",
+            help="Messages of attnfuzz on stderr from this level up (what the worker does: info); the libraries' "
+            "(SQLAlchemy, Alembic, uvicorn, httpx, Hypothesis) from warning up, or debug. Also after the command.",
         ),
     ] = LogLevel.warning,
 ) -> None:

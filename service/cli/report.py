@@ -12,8 +12,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from fuzzer.severity import WRONG_RATIO
+from fuzzer.text import masked_url
 from oracle.errors import AttnFuzzError
-from service.cli.common import DbOption, fail, id_column, open_database, out, print_json
+from service.cli.common import DbOption, fail, id_column, open_database, out, print_json, terminal_text, visible_text
 
 
 def report(
@@ -82,7 +83,7 @@ def report_data(session, url: str) -> dict:
             }
         )
     return {
-        "database": url,
+        "database": masked_url(url),
         "cases": rep.overview.case_count,
         "results": rep.overview.result_count,
         "results_by_status": rep.overview.results_by_status,
@@ -116,14 +117,14 @@ def print_report(data: dict) -> None:
         title=f"results per backend and status ({data['cases']} cases, {data['results']} results)",
         caption="run s: seconds in the backend's calls; JIT s: its compile seconds",
     )
-    id_column(table, "backend", list(data["results_by_backend"]))  # names never cut
+    id_column(table, "backend", [visible_text(b) for b in data["results_by_backend"]])  # names never cut
     for column in (*sorted(data["results_by_status"]), "run s", "JIT s"):
         table.add_column(column, justify="right")
     timing = {t["backend"]: t for t in data["timings"]}
     for backend, counts in data["results_by_backend"].items():
         t = timing.get(backend, {"run_s": 0.0, "compile_s": 0.0})
         table.add_row(
-            backend,
+            terminal_text(backend),
             *[str(counts.get(s, 0)) for s in sorted(data["results_by_status"])],
             f"{t['run_s']:.1f}",
             f"{t['compile_s']:.1f}",
@@ -137,7 +138,7 @@ def print_report(data: dict) -> None:
         coverage.add_column(column, justify="right" if column.startswith("cases") else "left")
     for c in data["coverage"]:
         reasons = "; ".join(f"{r['reason']} ({r['results']})" for r in c["top_unsupported"])
-        coverage.add_row(c["backend"], str(c["cases"]), str(c["cases_run"]), reasons)
+        coverage.add_row(terminal_text(c["backend"]), str(c["cases"]), str(c["cases_run"]), terminal_text(reasons))
     out.print(coverage)
     out.print(f"oracle (the float64 reference) time in all: {data['oracle_s']:.1f} s")
     known = data["known_buckets"]
@@ -153,14 +154,15 @@ def print_report(data: dict) -> None:
     for b in data["buckets"]:
         group = f"  defect {b['defect_id']}" if b["defect_id"] is not None else ""
         out.print(
-            f"[bold]{b['severity']:<9}[/] [bold]{escape(b['backend'])} / {escape(b['variant'])} / {escape(b['signature'])}[/] "
-            f"x{b['hit_count']}{group}  {escape(b['minimise_note'] or '')}"
+            f"[bold]{b['severity']:<9}[/] [bold]{terminal_text(b['backend'])} / {terminal_text(b['variant'])} / "
+            f"{terminal_text(b['signature'])}[/] x{b['hit_count']}{group}  {terminal_text(b['minimise_note'] or '')}"
         )
         out.print(escape(f"    {b['case']}  [case {b['case_id']}] [bucket {b['id']}]"))  # rich took "[case ...]" for markup and dropped it
     for d in data["defects"]:
         if len(d["symptoms"]) > 1:
             symptoms = ", ".join(f"{v} / {sig}" for v, sig in d["symptoms"])
-            out.print(f"defect {d['id']} ({d['severity']}, {d['backend']}, case {d['case_id']}): {symptoms}")
+            out.print(f"defect {d['id']} ({d['severity']}, {terminal_text(d['backend'])}, case {d['case_id']}): "
+                      f"{terminal_text(symptoms)}")
 
 
 SEVERITY_LEGEND = (
@@ -212,7 +214,7 @@ def print_issue_report(db: str | None, bucket_id: int) -> None:
     except AttnFuzzError as exc:
         fail(exc)
     except SQLAlchemyError as exc:
-        fail(ServiceError(f"database {url!r}: {type(exc).__name__}: {exc}"))
+        fail(ServiceError(f"database {masked_url(url)!r}: {type(exc).__name__}: {exc}"))
     finally:
         engine.dispose()
     typer.echo(issue.markdown, nl=False)

@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 import typer
 from rich.markup import escape
 
+from fuzzer.text import masked_url
 from oracle.errors import AttnFuzzError
 from service.cli.common import DbOption, check_schema, db_url, fail, out
 
@@ -42,7 +43,7 @@ def serve(
         fail(exc)
     settings = Settings(database_url=url, api_token=api_token) if api_token else Settings(database_url=url)
     _check_bindable(host, port)
-    out.print(f"serving {url} on http://{host}:{port}/ (API docs: /docs, metrics: /metrics)", soft_wrap=True, highlight=False)
+    out.print(f"serving {masked_url(url)} on http://{host}:{port}/ (API docs: /docs, metrics: /metrics)", soft_wrap=True, highlight=False)
     uvicorn.run(create_app(settings), host=host, port=port, log_config=None)  # logs through our handler
 
 

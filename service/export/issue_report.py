@@ -18,14 +18,22 @@ allowances). Sections:
 6. first and last seen builds, first bad build if bisected;
 7. the repro file and the command to run it.
 
-Text from the store is written inside code blocks or table cells escaped by `_cell`, never as
-Markdown markup of its own.
+Text from the store (a plugin's backend or variant name, an exception's class name in a
+signature, a detail, a note) is never Markdown of its own: `_cell` keeps a plain name (letters,
+digits, ``_ . : , = + / ( ) -`` and spaces) as it is and writes anything else as a code span, in
+which no heading, emphasis, link, autolink, HTML, ``@mention`` or ``#123`` reference works; every
+value is one line (newlines and control characters, terminal escapes included, are gone:
+`_plain`), and inside a code span or code block (`_code_text`, the repro command) nothing can
+close it.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
+import shlex
+import unicodedata
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,10 +85,33 @@ def signature_meaning(signature: str | None) -> str:
     return text.format(tensor=tensor, tile_rows=TILE_ROWS) if text else signature
 
 
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9 _.:,=+/()\-]*")
+"""Text `_cell` writes as it is: no character Markdown (or GitHub: ``@``, ``#``) gives a meaning."""
+
+
+def _plain(value: Any, limit: int = 300) -> str:
+    """``value`` as one line of at most ``limit`` characters: control and format characters
+    (newlines, ``ESC`` of a terminal escape, bidirectional overrides, zero-width characters)
+    dropped, runs of whitespace one space."""
+    text = "".join(ch if not unicodedata.category(ch).startswith("C") else " " for ch in str(value))
+    return " ".join(text.split())[:limit]
+
+
+def _code_text(value: Any) -> str:
+    """A stored value to write inside a code span (or a table cell's): `_plain`, no backtick that
+    would close the span, no pipe that would end the cell."""
+    return _plain(value).replace("`", "'").replace("|", "/")
+
+
 def _cell(value: Any) -> str:
-    """A stored value as table-cell text: no pipes, backticks or newlines, at most 300 chars."""
-    text = " ".join(str(value).split())[:300]
-    return text.replace("|", "/").replace("`", "'").replace("<", "&lt;")
+    """A stored value as Markdown text (a table cell, a sentence, the title): a plain name as it is
+    (``fa4``, ``out:all_zero, out:mismatch``), anything else as a code span (see the module
+    docstring), so it cannot add headings, links, HTML or mentions."""
+    text = _code_text(value)
+    lowered = text.lower()
+    if _PLAIN_NAME.fullmatch(text) and "://" not in text and "www." not in lowered:
+        return text
+    return f"`{text}`" if text else text
 
 
 def _num(value: Any) -> str:
@@ -148,6 +179,13 @@ def _library_call(case: Any, backend: Any, variant: str) -> tuple[str, str]:
     return variant, code.strip()
 
 
+def _export_command(case_id: str, bucket: Any, filename: str) -> str:
+    """The report's ``attnfuzz export`` line (an indented code block): one line, each stored name
+    shell-quoted."""
+    return (f"    attnfuzz export {case_id} --backend {shlex.quote(_plain(bucket.backend))} "
+            f"--variant {shlex.quote(_plain(bucket.variant))} -o {filename}")
+
+
 def bucket_issue(session: Any, bucket_id: int, *, compute_missing: bool = False) -> IssueReport:
     """The issue report of bucket ``bucket_id`` from stored data only.
 
@@ -193,9 +231,9 @@ def bucket_issue(session: Any, bucket_id: int, *, compute_missing: bool = False)
         package = adapter.packages[0] if adapter.packages else bucket.backend
         short_call, call_code = _library_call(case, adapter, bucket.variant)
     except ExportError as exc:
-        package, short_call, call_code = bucket.backend, bucket.variant, f"# {exc}"
+        package, short_call, call_code = bucket.backend, bucket.variant, f"# {_plain(exc, 2000)}"
     meaning = signature_meaning(bucket.signature)
-    title = f"{package}, {short_call}: {meaning} ({case.describe()})"
+    title = f"{_cell(package)}, {_cell(short_call)}: {_cell(meaning)} ({_cell(case.describe())})"
     minimised = bucket.minimised_case_id is not None
     out: list[str] = [f"# {title}", ""]
     out.append(
@@ -207,9 +245,9 @@ def bucket_issue(session: Any, bucket_id: int, *, compute_missing: bool = False)
     out += ["", "## Build", ""]
     out.append(f"- {_build_line(build)}")
     if mine is not None and mine.backend_version:
-        out.append(f"- versions the backend reported: `{_cell(mine.backend_version)}`")
+        out.append(f"- versions the backend reported: `{_code_text(mine.backend_version)}`")
     if mine is not None and mine.selected_kernel:
-        out.append(f"- kernel the library selected: `{_cell(mine.selected_kernel)}`")
+        out.append(f"- kernel the library selected: `{_code_text(mine.selected_kernel)}`")
     out += ["", "## Case", "", _cell(case.describe()), "", _fence(json.dumps(case.to_json(), indent=2), "json"), ""]
     out += ["The library call of the variant (values as the exported repro passes them):", "",
             _fence(call_code, "python"), ""]
@@ -218,7 +256,7 @@ def bucket_issue(session: Any, bucket_id: int, *, compute_missing: bool = False)
         out.append("No stored result of this backend variant on the case (figures unavailable).")
     else:
         out.append(f"Status `{mine.status}`, signatures: {_cell(', '.join(mine.signatures or []) or '-')}."
-                   + (f" Detail: `{_cell(mine.detail)}`" if mine.detail else ""))
+                   + (f" Detail: `{_code_text(mine.detail)}`" if mine.detail else ""))
         out += ["", "| tensor | signatures | error ratio | L2 error | allowed | worst index | worst tile |",
                 "|---|---|---|---|---|---|---|"]
         for name in ("out", "lse", "dq", "dk", "dv"):
@@ -262,13 +300,13 @@ def bucket_issue(session: Any, bucket_id: int, *, compute_missing: bool = False)
         repro = export_target(session, target, force=True, compute_missing=compute_missing)
         filename = repro.filename
         out += [f"A standalone pytest file (torch and pytest only, plus the library); it fails while the kernel "
-                f"still shows `{_cell(bucket.signature)}`:", "",
-                f"    attnfuzz export {case_row.id} --backend {bucket.backend} --variant {bucket.variant} -o {filename}",
-                f"    pytest {filename}", "", f"<details><summary>{filename}</summary>", "",
+                f"still shows `{_code_text(bucket.signature)}`:", "",
+                _export_command(case_row.id, bucket, filename), f"    pytest {filename}", "",
+                f"<details><summary>{filename}</summary>", "",
                 _fence(repro.source, "python"), "", "</details>"]
     except ExportError as exc:
-        out += [f"    attnfuzz export {case_row.id} --backend {bucket.backend} --variant {bucket.variant} -o {filename}",
-                f"    pytest {filename}", "", f"(The file is not inlined here: {_cell(exc)})"]
+        out += [_export_command(case_row.id, bucket, filename), f"    pytest {filename}", "",
+                f"(The file is not inlined here: {_cell(exc)})"]
     out.append("")
     return IssueReport(bucket_id=bucket.id, title=title, markdown="\n".join(out))
 

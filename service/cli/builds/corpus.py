@@ -10,6 +10,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from fuzzer.text import masked_url
 from oracle.errors import AttnFuzzError
 from service.cli.builds.options import open_engine
 from service.cli.common import DbOption, db_url, fail, out, print_json
@@ -64,5 +65,5 @@ def corpus_import(
     except AttnFuzzError as exc:
         fail(exc)
     out.print(
-        f"{len(entries)} corpus entries ({len({e.case.case_id for e in entries})} cases, {stored} verdicts) stored in {db_url(db)}"
+        f"{len(entries)} corpus entries ({len({e.case.case_id for e in entries})} cases, {stored} verdicts) stored in {masked_url(db_url(db))}"
     )
