@@ -567,6 +567,7 @@ def input_specs(
         if w >= w_llm:
             return draw(st.booleans())
         return draw(_integers(0, 2 * w_llm - 1)) >= 2 * w_llm - w
+
     # LLM-like features replace the q/k statistics: they are drawn on normal inputs only (with
     # large_logits or near_constant keys they reach scores the error model under-covers in fp32,
     # see `oracle.inputs`).

@@ -620,7 +620,7 @@ class SqlStore:
         bucket = connection.execute(
             select(Bucket.id, Bucket.minimised_case_id).where(_bucket_key(result.backend, result.variant, stored.signature))
         ).one_or_none()
-        if bucket is None:  # as before the minimised flag: no bucket row, no id
+        if bucket is None:  # no bucket row for the stored result's signature: no id
             return BucketUpdate(bucket_id=None, is_new=False)  # type: ignore[arg-type]
         return BucketUpdate(bucket_id=bucket.id, is_new=False, minimised=bucket.minimised_case_id is not None)
 
