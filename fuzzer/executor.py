@@ -529,7 +529,10 @@ def own_inputs(inputs: Any) -> Any:
     state = getattr(inputs, "__dict__", None)
     if state is None:
         return inputs
-    copy = object.__new__(type(inputs))
+    try:
+        copy = object.__new__(type(inputs))
+    except TypeError:  # a type whose own __new__ must make it (types.SimpleNamespace)
+        copy = type(inputs).__new__(type(inputs))
     copy.__dict__.update({k: (v.detach().clone() if isinstance(v, torch.Tensor) else v) for k, v in state.items()})
     return copy
 

@@ -56,7 +56,7 @@ _SDPA_KERNELS = {
 # (the reference table and the derivations: docs/design-limits.md)
 _ATEN = "PyTorch aten/src/ATen/native"
 _ADAPTER_GQA = (
-    "attnfuzz fuzzer/backends/sdpa.py:378-380 (SDPABackend._aten: the aten_lse variant expands k and v with "
+    "attnfuzz fuzzer/backends/sdpa.py:383-384 (SDPABackend._aten: the aten_lse variant expands k and v with "
     "repeat_interleave in the dtype; autograd sums the per-head dk and dv over the group)"
 )
 
