@@ -507,7 +507,6 @@ def run_campaign(root: Path, tree: Path, entry: dict, status: dict) -> None:
                 "command": f"python3 {SELF} device start {campaign.name}", "started_at": iso(now()),
                 "state": "running", "steps": steps, "wall_s": {}}
     write_json(run_dir / "manifest.json", manifest)
-    env = step_env(tree, campaign)
     entry["state"] = "running"
     t0 = now()
     if campaign.stage:
@@ -524,6 +523,7 @@ def run_campaign(root: Path, tree: Path, entry: dict, status: dict) -> None:
             entry["state"] = "failed"
             write_json(run_dir / "manifest.json", manifest)
             return
+    env = step_env(tree, campaign)  # after the install: the staged site exists only once it has run
     for step, record in zip(campaign.steps, steps):
         status["current"] = {"run": entry["run"], "step": step.name, "started_at": now(), "expected_s": step.expected_s}
         write_json(root / "status.json", status)
