@@ -57,6 +57,17 @@ def consensus_counts(consensus: Any) -> str:
     return ", ".join(f"{n} {labels.get(how, how)}" for how, n in counts.items() if n) or "no other result"
 
 
+def consensus_names(consensus: Any) -> str:
+    """Who did what on a bucket's case, for the tooltip of `consensus_counts`: backend/variant
+    names by how (the signatures are on the bucket's page)."""
+    if consensus is None:
+        return ""
+    groups: dict[str, list[str]] = {}
+    for peer in consensus.peers:
+        groups.setdefault(peer.how, []).append(f"{peer.backend}/{peer.variant}")
+    return "; ".join(f"{how}: {', '.join(names)}" for how, names in groups.items())
+
+
 def metrics_table(metrics: Any) -> tuple[list[str], list[tuple[str, list[Any]]]] | None:
     """Per-tensor metrics ``{"out": {"error_ratio": 2.1, ...}, "lse": {...}}`` as (columns, rows).
 
@@ -259,5 +270,6 @@ def make_templates() -> Jinja2Templates:
         result_matrix=result_matrix,
         bar_width=bar_width,
         consensus_counts=consensus_counts,
+        consensus_names=consensus_names,
     )
     return templates
