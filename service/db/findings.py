@@ -137,7 +137,9 @@ def _index_text(tensor: str, index: Any, config: Any) -> str:
 def tensor_words(tensor: str, figures: dict[str, Any], config: Any) -> str:
     """One failing tensor's verdict in words from its stored figures (`oracle.compare.TensorVerdict.to_json`)."""
     kinds = [s.partition(":")[2] for s in figures.get("signatures") or [] if isinstance(s, str)]
-    what = "; ".join(_KIND_WORDS.get(k, k) for k in kinds) or "fails"
+    if any(k not in RATIO_KINDS for k in kinds):  # all zero, NaN, ...: the ratio says no more (it is below)
+        kinds = [k for k in kinds if k not in RATIO_KINDS]
+    what = " and ".join(_KIND_WORDS.get(k, k) for k in kinds) or "fails"
     counts = [f"{figures[k]} {label}" for k, label in (("nan_count", "NaN"), ("posinf_count", "+inf"), ("neginf_count", "-inf"))
               if isinstance(figures.get(k), int) and figures[k]]
     parts = [f"{tensor} {what}" + (f" ({', '.join(counts)})" if counts else "")]
@@ -155,7 +157,8 @@ def tensor_words(tensor: str, figures: dict[str, Any], config: Any) -> str:
     else:
         max_abs = _float(figures.get("max_abs"))
         if max_abs is not None:
-            parts.append(f"largest error |kernel - float64| {value_text(max_abs)}" + (f" at {where}" if where else ""))
+            parts.append(f"largest error |kernel - float64| {value_text(max_abs)} over the finite entries"
+                         + (f"; worst element {where}" if where else ""))
     tile, whole = _float(figures.get("worst_tile_ref_max_abs")), _float(figures.get("ref_max_abs"))
     if tile is not None and whole:
         parts.append(f"the float64 values of its tile reach {value_text(tile)}, the tensor's {value_text(whole)} "

@@ -163,7 +163,9 @@ def test_the_verdict_in_words_names_the_expected_and_actual_value_the_headroom_a
     assert "the kernel returned 8e-36 where the float64 value is 2e-36" in tiny, tiny
     assert "the float64 values of its tile reach 2e-36, the tensor's 764 (tile/tensor 2.62e-39)" in tiny, tiny
     old = {k: v for k, v in LSE_INF["lse"].items()}  # stored before the worst element's figures: the largest error
-    assert "largest error |kernel - float64| 3 at lse[0, 1, 2] (batch 0, head 1, row 2)" in findings.tensor_words("lse", old, CASE.to_json())
+    words = findings.tensor_words("lse", old, CASE.to_json())
+    assert "largest error |kernel - float64| 3 over the finite entries; worst element lse[0, 1, 2] (batch 0, head 1, row 2)" in words
+    assert findings.tensor_words("out", OUT_ZERO["out"], CASE.to_json()).startswith("out is all zero; at out[0, 17, 3, 5]")
 
 
 # --------------------------------------------------------------------------------------- API
