@@ -120,8 +120,9 @@ def dtype_max(dtype: str, tensor: str) -> tuple[str, float] | None:
         return None
 
 
-def _share(x: float) -> str:
-    return f"{x:.0%}" if x >= 0.01 else value_text(x)
+HEADROOM_SHOWN = 0.01
+"""A worst value of at least this share of its dtype's largest finite value has its headroom named
+(below it: "far below the max")."""
 
 
 # ------------------------------------------------------------------------------ verdict in words
@@ -152,8 +153,12 @@ def tensor_words(tensor: str, figures: dict[str, Any], config: Any) -> str:
         largest = dtype_max(dtype, tensor) if isinstance(dtype, str) else None
         if largest is not None and math.isfinite(expected):
             name, top = largest
-            parts.append(f"|{value_text(expected)}| is {_share(abs(expected) / top)} of {name}'s max {value_text(top)} "
-                         f"(headroom {value_text(top - abs(expected))})")
+            share = abs(expected) / top
+            if share >= HEADROOM_SHOWN:
+                parts.append(f"magnitude {value_text(abs(expected))} is {share:.0%} of {name}'s max {value_text(top)} "
+                             f"(headroom {value_text(top - abs(expected))})")
+            else:
+                parts.append(f"far below {name}'s max {value_text(top)}")
     else:
         max_abs = _float(figures.get("max_abs"))
         if max_abs is not None:
@@ -273,12 +278,12 @@ class SecondOpinion:
             return (f"{emulation} passes this case (error ratio {ratio_text(self.emulation_error_ratio)}) where the "
                     "kernel fails: a kernel defect")
         fails = f"{emulation} fails too ({', '.join(self.emulation_signatures) or '?'}, error ratio {ratio_text(self.emulation_error_ratio)})"
-        broken = [f"{t} {ratio_text(r.get('ratio'))}" for t, r in self.rule.items() if not r.get("holds")]
+        broken = [f"{t} (ratio {ratio_text(r.get('ratio'))})" for t, r in self.rule.items() if not r.get("holds")]
         if self.verdict == "defect":
             beyond = (f"the kernel breaks FlashAttention's rule (error <= 2x the emulation's + the allowance) on "
                       f"{', '.join(broken)}" if broken else "the kernel fails tensors the emulation passes")
             return f"{fails}, but {beyond}: a kernel defect"
-        held = ", ".join(f"{t} {ratio_text(r.get('ratio'))}" for t, r in self.rule.items() if r.get("holds"))
+        held = ", ".join(f"{t}: ratio {ratio_text(r.get('ratio'))}" for t, r in self.rule.items() if r.get("holds"))
         rule = f"; the kernel is within FlashAttention's rule against it ({held})" if held else ""
         end = "not judgeable (beyond any first-order bound)" if self.verdict == "unjudgeable" else "the design's limit, not a defect"
         return f"{fails}{rule}: {end}" + (f": {self.why}" if self.why else "")

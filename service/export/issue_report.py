@@ -104,21 +104,32 @@ def _plain(value: Any, limit: int = 300) -> str:
     return " ".join(text.split())[:limit]
 
 
-def _code_text(value: Any) -> str:
-    """A stored value to write inside a code span (or a table cell's): `_plain`, no backtick that
-    would close the span, no pipe that would end the cell."""
-    return _plain(value).replace("`", "'").replace("|", "/")
+def _code_text(value: Any, limit: int = 300) -> str:
+    """A stored value to write inside a code span (or a table cell's): `_plain` (at most ``limit``
+    characters), no backtick that would close the span, no pipe that would end the cell."""
+    return _plain(value, limit).replace("`", "'").replace("|", "/")
 
 
-def _cell(value: Any) -> str:
+def _cell(value: Any, limit: int = 300) -> str:
     """A stored value as Markdown text (a table cell, a sentence, the title): a plain name as it is
     (``fa4``, ``out:all_zero, out:mismatch``), anything else as a code span (see the module
-    docstring), so it cannot add headings, links, HTML or mentions."""
-    text = _code_text(value)
+    docstring), so it cannot add headings, links, HTML or mentions; at most ``limit`` characters
+    (300; the sentences of `service.db.findings`, which name stored values, `PROSE`)."""
+    text = _code_text(value, limit)
     lowered = text.lower()
     if _PLAIN_NAME.fullmatch(text) and "://" not in text and "www." not in lowered:
         return text
     return f"`{text}`" if text else text
+
+
+PROSE = 3000
+"""The longest sentence of the findings (verdict, severity, second opinion, consensus) written in full."""
+
+
+def _sentence(value: Any) -> str:
+    """A findings sentence as Markdown text: escaped as a cell, its first letter capitalised."""
+    text = _cell(value, PROSE)
+    return text[:1].upper() + text[1:]
 
 
 def _num(value: Any) -> str:
@@ -241,6 +252,12 @@ def bucket_issue(session: Any, bucket_id: int, *, compute_missing: bool = False)
         package, short_call, call_code = bucket.backend, bucket.variant, f"# {_plain(exc, 2000)}"
     meaning = signature_meaning(bucket.signature)
     is_limit = bucket.severity == "limit"
+    if is_limit and mine is not None:  # in the oracle's terms: "returns +inf in dk ..., as its design's limit"
+        tensor = bucket.signature.partition(":")[0]
+        figures = (mine.metrics or {}).get(tensor)
+        raw = next(iter(figures.get("signatures") or []), None) if isinstance(figures, dict) else None
+        if isinstance(raw, str):
+            meaning = f"{signature_meaning(raw)}, the limit of its design"
     title = f"{'[design limit] ' if is_limit else ''}{_cell(package)}, {_cell(short_call)}: {_cell(meaning)} ({_cell(case.describe())})"
     minimised = bucket.minimised_case_id is not None
     opinion = findings.second_opinion(mine)
@@ -248,7 +265,7 @@ def bucket_issue(session: Any, bucket_id: int, *, compute_missing: bool = False)
     out: list[str] = [f"# {title}", ""]
     if is_limit:
         design = f" ('{_cell(opinion.design)}')" if opinion is not None and opinion.design else ""
-        why = f": {_cell(opinion.why)}" if opinion is not None and opinion.why else ""
+        why = f": {_cell(opinion.why, PROSE)}" if opinion is not None and opinion.why else ""
         out += [f"> **Design limit, not a kernel defect.** A correct float32 emulation of the backend's design{design} "
                 f"fails this case the same way{why}. attnfuzz lists it apart from the defects; it is a limitation of "
                 "the design to document, not a bug to fix in the kernel.", ""]
@@ -259,13 +276,13 @@ def bucket_issue(session: Any, bucket_id: int, *, compute_missing: bool = False)
         f" (`{case_row.id}`); {_cell(bucket.minimise_note) if bucket.minimise_note else ''}"
     )
     out += ["", "## Verdict", ""]
-    out.append(f"**{_cell(bucket.severity)}**: {_cell(findings.verdict_words(bucket.signature, mine, case_row.config))}.")
-    out += ["", f"Severity: {_cell(findings.severity_reason(bucket, findings.severity_result(session, bucket, mine)))}."]
+    out.append(f"**{_cell(bucket.severity)}**: {_cell(findings.verdict_words(bucket.signature, mine, case_row.config), PROSE)}.")
+    out += ["", f"Severity: {_cell(findings.severity_reason(bucket, findings.severity_result(session, bucket, mine)), PROSE)}."]
     out += ["", "## Second opinion", ""]
     if opinion is None:
         out.append("No design explanation is stored with this result (a crash, an error, or an older attnfuzz).")
     else:
-        out.append(f"{_cell(opinion.text)}." + (f" Source of the design's claim: {_cell(opinion.source)}." if opinion.source else ""))
+        out.append(f"{_sentence(opinion.text)}." + (f" Source of the design's claim: {_cell(opinion.source)}." if opinion.source else ""))
         if opinion.rule:
             out += ["", "FlashAttention's test rule against the emulation (kernel error / (2 x the emulation's error + "
                     "the allowance); at most 1 holds):", "", "| tensor | ratio | holds |", "|---|---|---|"]
@@ -301,7 +318,7 @@ def bucket_issue(session: Any, bucket_id: int, *, compute_missing: bool = False)
         out += ["", "Error ratio = L2 error / allowed error of attnfuzz's float64 oracle (> 1 fails), at the worst "
                 f"place (whole tensor or a tile of {TILE_ROWS} rows of one batch and head)."]
     out += ["", "## Same case, other backends and variants", ""]
-    out += [f"Consensus: {_cell(consensus.text)}.", ""]
+    out += [f"Consensus: {_cell(consensus.text, PROSE)}.", ""]
     others = [(r, b) for r, b in results if mine is None or r.id != mine.id]
     limits = [(r, b) for r, b in others if r.signature and signature_kind(r.signature) in LIMIT_KINDS]
     others = [(r, b) for r, b in others if (r, b) not in limits]

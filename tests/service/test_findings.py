@@ -157,10 +157,10 @@ def test_the_verdict_in_words_names_the_expected_and_actual_value_the_headroom_a
     words = findings.tensor_words("dk", DK_LIMIT["dk"], CASE.to_json())
     assert words.startswith("dk holds +inf where the float64 result is finite (3 +inf)"), words
     assert "at dk[0, 17, 0, 5] (batch 0, key 17, kv head 0, column 5) the kernel returned +inf where the float64 value is 56,872" in words
-    assert "|56,872| is 87% of float16's max 65,504 (headroom 8,632)" in words, words
+    assert "magnitude 56,872 is 87% of float16's max 65,504 (headroom 8,632)" in words, words
     assert "error ratio inf" in words and "1e+300" not in words
     tiny = findings.tensor_words("dq", DQ_TINY["dq"], CASE.to_json())
-    assert "the kernel returned 8e-36 where the float64 value is 2e-36" in tiny, tiny
+    assert "the kernel returned 8e-36 where the float64 value is 2e-36; far below float16's max 65,504" in tiny, tiny
     assert "the float64 values of its tile reach 2e-36, the tensor's 764 (tile/tensor 2.62e-39)" in tiny, tiny
     old = {k: v for k, v in LSE_INF["lse"].items()}  # stored before the worst element's figures: the largest error
     words = findings.tensor_words("lse", old, CASE.to_json())
@@ -206,7 +206,7 @@ def test_a_wrong_bucket_carries_its_second_opinion_and_the_consensus_on_its_case
     assert "passes: torch-sdpa-math/is_causal" in consensus["text"] and "fa2/default (dq:tile_mismatch, wrong)" in consensus["text"]
     broken = client.get(f"/api/buckets/{stored.tiny}").json()["second_opinion"]
     assert broken["rule"] == {"dq": {"ratio": 6.0, "ratio_text": "6", "holds": False}}
-    assert "but the kernel breaks FlashAttention's rule" in broken["text"] and "dq 6" in broken["text"]
+    assert "but the kernel breaks FlashAttention's rule" in broken["text"] and "on dq (ratio 6)" in broken["text"]
     row = next(b for b in client.get("/api/buckets").json()["items"] if b["id"] == stored.zero)
     assert row["second_opinion"]["verdict"] == "defect" and row["consensus"]["counts"]["passes"] == 1
     limit = client.get(f"/api/buckets/{stored.limit_flash}").json()
@@ -314,13 +314,14 @@ def test_the_markdown_report_of_a_limit_says_so_first_and_a_defect_s_carries_its
     limit = _invoke("report", "--db", url, "--bucket", str(ids.limit_flash), "--format", "markdown")
     assert limit.exit_code == 0, limit.output
     lines = limit.stdout.splitlines()
-    assert lines[0].startswith("# [design limit] torch")
+    assert lines[0].startswith("# [design limit] torch") and "returns +inf in dk where the result is finite, the limit of its design" in lines[0]
+    assert "(tile/tensor 1); error ratio inf" in limit.stdout, "the verdict in full"
     assert lines[2].startswith("> **Design limit, not a kernel defect.**") and WHY in lines[2]
     assert "## Second opinion" in limit.stdout and "| dk | 0.4 | yes |" in limit.stdout
     zero = _invoke("report", "--db", url, "--bucket", str(ids.zero), "--format", "markdown").stdout
     assert "[design limit]" not in zero.splitlines()[0]
     assert "**wrong**: out is all zero" in zero and "the kernel returned 0 where the float64 value is 0.53" in zero
-    assert "a correct float32 emulation of the 'fa4' design passes this case" in zero
+    assert "A correct float32 emulation of the 'fa4' design passes this case" in zero
     assert "Consensus: passes: torch-sdpa-math/is_causal" in zero
     table, _, folded = zero.partition("<details><summary>3 result(s) on this case that fail as the limit")
     assert folded and "| torch-cpu-flash | is_causal | fail | dk:limit |" in folded
