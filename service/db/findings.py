@@ -510,7 +510,7 @@ def bucket_evidence(session: Session, buckets: Sequence[Any]) -> dict[int, Evide
 
 @dataclass(frozen=True)
 class BucketFindings:
-    """What a bucket's page leads with.
+    """What a bucket's page opens with.
 
     Attributes:
         verdict: `verdict_words` of the result that shows the bucket.

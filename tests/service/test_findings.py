@@ -214,7 +214,7 @@ def test_a_wrong_bucket_carries_its_second_opinion_and_the_consensus_on_its_case
     assert sorted(b["backend"] for b in limit["limit_group"]["buckets"]) == ["torch-cpu-flash", "torch-cpu-math"]
 
 
-def test_the_bucket_detail_leads_with_the_verdict_and_the_severity_s_reason(client: TestClient, stored: Stored) -> None:
+def test_the_bucket_detail_opens_with_the_verdict_and_the_severity_s_reason(client: TestClient, stored: Stored) -> None:
     detail = client.get(f"/api/buckets/{stored.limit_flash}").json()
     assert detail["verdict"].startswith("design limit, not a kernel defect: dk holds +inf"), detail["verdict"]
     assert "87% of float16's max 65,504 (headroom 8,632)" in detail["verdict"]
@@ -268,7 +268,7 @@ def test_the_bucket_list_folds_the_design_limits_apart(client: TestClient, store
     assert f'data-bucket-id="{stored.limit_flash}"' in only and 'id="design-limits"' not in only
 
 
-def test_the_bucket_page_leads_with_the_verdict_and_shows_inf_never_1e300(client: TestClient, stored: Stored) -> None:
+def test_the_bucket_page_opens_with_the_verdict_and_shows_inf_never_1e300(client: TestClient, stored: Stored) -> None:
     import html
 
     page = html.unescape(client.get(f"/buckets/{stored.limit_flash}").text)
