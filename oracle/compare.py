@@ -262,9 +262,9 @@ class TensorVerdict:
         worst_expected: the float64 reference at ``worst_index`` (a failing verdict with a worst
             index; else None).
         worst_actual: the kernel's value there, as float64 (same condition).
-        ref_max_abs: ``max |R|`` over the judged entries of the tensor (a failing verdict; else None).
+        ref_max_abs: ``max |R|`` over the finite entries of the reference (a failing verdict; else None).
         ref_norm: ``||R||`` over the judged entries (same condition).
-        worst_tile_ref_max_abs: ``max |R|`` over the judged entries of the tile (``tile_rows`` rows
+        worst_tile_ref_max_abs: ``max |R|`` over the finite entries of the tile (``tile_rows`` rows
             of one group) holding ``worst_index``: set beside ``ref_max_abs``, it says whether the
             failure sits in values far below the tensor's scale (same condition as
             ``worst_expected``).
@@ -1122,14 +1122,19 @@ def _worst_figures(
 ) -> dict[str, float]:
     """`WORST_FIGURES` of a failing tensor: the reference's largest magnitude and norm, and, with
     a worst index, the reference's and the kernel's value there and the largest magnitude of that
-    element's tile; one host transfer. Only failing verdicts pay for it (a pass over the
+    element's tile (over the finite reference entries, those that round to an infinity in the
+    dtype included); one host transfer. Only failing verdicts pay for it (a pass over the
     reference), so a passing case judges as fast as before."""
-    low, high = torch.aminmax(p.ref_v) if p.ref_v.numel() else (p.ref_v.new_zeros(()), p.ref_v.new_zeros(()))
+    values = p.ref_v  # the judged entries, the others 0: every finite entry unless some overflowed
+    if p.judged is not None and p.reference is not None and tuple(p.reference.shape) == p.shape:
+        grid = p.to_grid_float64(p.reference)
+        values = torch.where(_isfinite(grid), grid, 0.0)
+    low, high = torch.aminmax(values) if values.numel() else (values.new_zeros(()), values.new_zeros(()))
     parts = [torch.maximum(-low, high)]
     if worst_flat is not None and worst_index is not None:
         g, row, feature = _unravel(worst_flat, (p.num_groups, p.num_rows, p.num_features))
         r0 = row - row % p.tile_rows
-        tile_low, tile_high = torch.aminmax(p.ref_v[g, r0 : r0 + p.tile_rows])
+        tile_low, tile_high = torch.aminmax(values[g, r0 : r0 + p.tile_rows])
         source = p.reference if p.reference is not None and tuple(p.reference.shape) == p.shape else None
         expected = source[worst_index] if source is not None else p.ref_v[g, row, feature]
         parts += [torch.maximum(-tile_low, tile_high), expected.to(p.device, torch.float64)]

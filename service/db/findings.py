@@ -154,7 +154,10 @@ def tensor_words(tensor: str, figures: dict[str, Any], config: Any) -> str:
         if largest is not None and math.isfinite(expected):
             name, top = largest
             share = abs(expected) / top
-            if share >= HEADROOM_SHOWN:
+            if share > 1:
+                parts.append(f"magnitude {value_text(abs(expected))} is beyond {name}'s max {value_text(top)} "
+                             f"(it rounds to {'+inf' if expected > 0 else '-inf'} there)")
+            elif share >= HEADROOM_SHOWN:
                 parts.append(f"magnitude {value_text(abs(expected))} is {share:.0%} of {name}'s max {value_text(top)} "
                              f"(headroom {value_text(top - abs(expected))})")
             else:

@@ -198,6 +198,14 @@ def test_a_failing_tensor_records_its_worst_element_and_the_scales_a_passing_one
     assert data["dq"]["worst_actual"] == "inf" and data["dq"]["worst_expected"] == dq.worst_expected
     assert out.passed and all(getattr(out, k) is None for k in WORST_FIGURES)
     assert not set(WORST_FIGURES) & set(data["out"]), data["out"]
+    # an entry whose float64 value rounds to an infinity is no judged entry, and still the tensor's scale
+    from oracle.compare import compare_tensor
+
+    big = expected.dq * (1e5 / float(expected.dq.abs().max()))
+    kernel = big.to(torch.float16)
+    kernel[0, 1, 0, 0] = math.nan
+    over = compare_tensor("dq", kernel, big, "float16")
+    assert not over.passed and over.ref_max_abs == pytest.approx(1e5), over
     prepared = PreparedReference(case, expected).tensor("dq")
     alone, batched = judge_tensors(prepared, [outputs["dq"]], batched=False)[0], judge_tensors(prepared, [outputs["dq"]], batched=True)[0]
     assert [getattr(alone, k) for k in WORST_FIGURES] == [getattr(batched, k) for k in WORST_FIGURES]

@@ -361,3 +361,58 @@ def test_export_of_a_case_picks_its_defect_before_its_design_limits(stored_url) 
             assert signature_kind(chosen.signature) not in LIMIT_KINDS, chosen
     finally:
         engine.dispose()
+
+
+# ------------------------------------------------------------------------- judged by the fuzzer
+@pytest.fixture(scope="module")
+def judged() -> tuple[AttentionCase, list[CaseResult]]:
+    """The evaluator's results on a float16 GQA case whose per-head dk overflows while the summed
+    dk is finite (tests/fuzzer/test_design_verdicts.py): correct kernels of two per-head designs
+    (``dk:limit``), a float32 one (passes) and the per-head one with dv zeroed (a defect)."""
+    import torch
+
+    from fuzzer.backends.base import BackendOutput
+    from fuzzer.evaluate import Evaluator
+    from tests.fuzzer.design_plugins import FlashStyle, Fp32Inside, GqaExpandInDtype
+    from tests.fuzzer.test_design_verdicts import OVERFLOWING
+
+    class ZeroedDv(GqaExpandInDtype):
+        name = "design-gqa-fp16-zero-dv"
+
+        def run(self, case, inputs, variant):
+            output = super().run(case, inputs, variant)
+            return BackendOutput(out=output.out, lse=output.lse, dq=output.dq, dk=output.dk, dv=torch.zeros_like(output.dv))
+
+    backends = [Fp32Inside(), GqaExpandInDtype(), FlashStyle(), ZeroedDv()]
+    with Evaluator([(b, b.variants) for b in backends], isolation="none") as evaluator:
+        return OVERFLOWING, list(evaluator.evaluate(OVERFLOWING).results)
+
+
+def test_what_the_fuzzer_judged_reads_as_it_judged_it(client: TestClient, store: SqlStore, judged) -> None:
+    """Real results of the evaluator, stored: the defect is listed with its second opinion (the
+    emulation passes dv) and the consensus (the float32 kernel passes, the per-head ones fail as
+    the design's limit); the limits are apart, each bucket's verdict names the worst element
+    from the figures the oracle stored and the mechanism the emulation found."""
+    case, results = judged
+    build_id = store.register_build(BuildFingerprint(torch="2.13.0"))
+    store.record_case(case.to_json(), "fuzz")
+    buckets = {r.backend: store.record_result(r, build_id, None) for r in results}
+    planted = buckets["design-gqa-fp16-zero-dv"].bucket_id
+    listed = client.get("/api/buckets").json()
+    assert [b["id"] for b in listed["items"]] == [planted] and listed["limit_total"] == 2, listed
+    row = listed["items"][0]
+    assert row["severity"] == "wrong" and row["second_opinion"]["verdict"] == "defect"
+    peers = {p["backend"]: p["how"] for p in row["consensus"]["peers"]}
+    assert peers == {"design-fp32": "passes", "design-gqa-fp16": "fails as a design limit",
+                     "design-flash": "fails as a design limit"}, peers
+    detail = client.get(f"/api/buckets/{planted}").json()
+    assert detail["verdict"].startswith("dv is all zero; at dv[") and "the kernel returned 0 where the float64 value is" in detail["verdict"]
+    limit = client.get(f"/api/buckets/{buckets['design-gqa-fp16'].bucket_id}").json()
+    assert limit["severity"] == "limit" and limit["verdict"].startswith("design limit, not a kernel defect: dk ")
+    assert "float16's max 65,504" in limit["verdict"] and "per-head dk" in limit["verdict"], limit["verdict"]
+    assert limit["second_opinion"]["rule"]["dk"]["holds"] and limit["max_error_ratio_text"] == "inf"
+    page = client.get(f"/buckets/{limit['id']}").text
+    assert "1e+300" not in page and "largest error ratio inf" in page
+    groups = client.get("/api/buckets/limits").json()
+    assert sorted(b for g in groups for b in g["backends"]) == ["design-flash", "design-gqa-fp16"]
+    assert all(g["mechanism"] == "gqa_grads_per_head" for g in groups), groups
