@@ -11,10 +11,10 @@ allowances). Sections:
 1. title in the library's terms: the package (``flash-attn-4``), the library call the variant makes
    (from the adapter's `fuzzer.backends.base.Backend.repro` values) and what is wrong; a design
    limit (severity ``limit``) is marked ``[design limit]`` and says first that it is no defect;
-2. the verdict in words (`service.db.findings.verdict_words`: at the worst element the float64 and
-   the kernel's value, the headroom to the dtype's max, the tile's scale against the tensor's), the
-   severity's reason, and the second opinion (the emulation of the backend's design on the case,
-   FlashAttention's rule against it);
+2. before the sections, the verdict in words (`service.db.findings.verdict_words`: at the worst
+   element the float64 and the kernel's value, the headroom to the dtype's max, the tile's scale
+   against the tensor's), the severity's reason, and the second opinion (the emulation of the
+   backend's design on the case, FlashAttention's rule against it);
 3. build fingerprint: every package version of the build (``Build`` row and the result's
    ``backend_version``), device, compute capability, driver;
 4. the minimised case as JSON and as the library call;
@@ -124,12 +124,6 @@ def _cell(value: Any, limit: int = 300) -> str:
 
 PROSE = 3000
 """The longest sentence of the findings (verdict, severity, second opinion, consensus) written in full."""
-
-
-def _sentence(value: Any) -> str:
-    """A findings sentence as Markdown text: escaped as a cell, its first letter capitalised."""
-    text = _cell(value, PROSE)
-    return text[:1].upper() + text[1:]
 
 
 def _num(value: Any) -> str:
@@ -275,14 +269,14 @@ def bucket_issue(session: Any, bucket_id: int, *, compute_missing: bool = False)
         f"The case below is {'the minimised case' if minimised else 'the first failing case (not minimised)'}"
         f" (`{case_row.id}`); {_cell(bucket.minimise_note) if bucket.minimise_note else ''}"
     )
-    out += ["", "## Verdict", ""]
-    out.append(f"**{_cell(bucket.severity)}**: {_cell(findings.verdict_words(bucket.signature, mine, case_row.config), PROSE)}.")
+    # the verdict first, before the sections (its sentences name stored values: code spans, `_cell`)
+    out += ["", f"**Verdict** ({_cell(bucket.severity)}): {_cell(findings.verdict_words(bucket.signature, mine, case_row.config), PROSE)}."]
     out += ["", f"Severity: {_cell(findings.severity_reason(bucket, findings.severity_result(session, bucket, mine)), PROSE)}."]
-    out += ["", "## Second opinion", ""]
     if opinion is None:
-        out.append("No design explanation is stored with this result (a crash, an error, or an older attnfuzz).")
+        out += ["", "Second opinion: none stored with this result (a crash, an error, or an older attnfuzz)."]
     else:
-        out.append(f"{_sentence(opinion.text)}." + (f" Source of the design's claim: {_cell(opinion.source)}." if opinion.source else ""))
+        out += ["", f"Second opinion: {_cell(opinion.text, PROSE)}."
+                + (f" Source of the design's claim: {_cell(opinion.source)}." if opinion.source else "")]
         if opinion.rule:
             out += ["", "FlashAttention's test rule against the emulation (kernel error / (2 x the emulation's error + "
                     "the allowance); at most 1 holds):", "", "| tensor | ratio | holds |", "|---|---|---|"]

@@ -317,12 +317,14 @@ def test_the_markdown_report_of_a_limit_says_so_first_and_a_defect_s_carries_its
     assert lines[0].startswith("# [design limit] torch") and "returns +inf in dk where the result is finite, the limit of its design" in lines[0]
     assert "(tile/tensor 1); error ratio inf" in limit.stdout, "the verdict in full"
     assert lines[2].startswith("> **Design limit, not a kernel defect.**") and WHY in lines[2]
-    assert "## Second opinion" in limit.stdout and "| dk | 0.4 | yes |" in limit.stdout
+    assert "Second opinion: `a correct float32 emulation of the 'undeclared' design fails too" in limit.stdout
+    assert "| dk | 0.4 | yes |" in limit.stdout
     zero = _invoke("report", "--db", url, "--bucket", str(ids.zero), "--format", "markdown").stdout
     assert "[design limit]" not in zero.splitlines()[0]
-    assert "**wrong**: out is all zero" in zero and "the kernel returned 0 where the float64 value is 0.53" in zero
-    assert "A correct float32 emulation of the 'fa4' design passes this case" in zero
-    assert "Consensus: passes: torch-sdpa-math/is_causal" in zero
+    assert "**Verdict** (wrong): `out is all zero; at out[0, 17, 3, 5]" in zero
+    assert "the kernel returned 0 where the float64 value is 0.53" in zero
+    assert "Second opinion: `a correct float32 emulation of the 'fa4' design passes this case" in zero
+    assert "Consensus: `passes: torch-sdpa-math/is_causal" in zero
     table, _, folded = zero.partition("<details><summary>3 result(s) on this case that fail as the limit")
     assert folded and "| torch-cpu-flash | is_causal | fail | dk:limit |" in folded
     assert "| torch-cpu-flash |" not in table.partition("## Same case")[2], "limits folded apart"
