@@ -76,16 +76,10 @@ from fuzzer.executor import (
     submit_run,
 )
 from fuzzer.guard import GUARD, PluginCallError, PluginGuard, a_str, ask, list_of_str
-from fuzzer.results import CaseResult
+from fuzzer.results import STORED_NONFINITE_RATIO, CaseResult
 from oracle.config import AttentionCase, torch_dtype
 
 ISOLATIONS = ("process", "none")
-
-
-STORED_NONFINITE_RATIO = 1e300
-"""What a non-finite error ratio (inf or NaN: the kernel's error is unbounded) is stored as: JSON
-has no infinity, and a finite stand-in larger than any real ratio keeps SQL's ordering by
-``error_ratio`` (worst first) putting these cases at the top."""
 
 
 def storable_error_ratio(x: float | None) -> float | None:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import signal
 import threading
 from dataclasses import dataclass, field
@@ -46,6 +47,25 @@ from oracle.errors import AttnFuzzError
 STATUSES = ("pass", "fail", "unsupported", "error", "crash", "timeout", "oom")
 FAILING_STATUSES = frozenset({"fail", "error", "crash", "timeout", "oom"})
 PHASES = ("fuzz", "shrink", "confirm", "replay")
+STORED_NONFINITE_RATIO = 1e300
+"""What a non-finite error ratio (inf or NaN: the kernel's error is unbounded) is stored as in
+`CaseResult.error_ratio` (and a bucket's largest ratio): JSON has no infinity, and a finite stand-in
+larger than any real ratio keeps SQL's ordering by ``error_ratio`` (worst first) putting these cases
+at the top. `read_ratio` turns it back into ``inf`` for display (`fuzzer.evaluate.storable_error_ratio`
+writes it)."""
+
+
+def read_ratio(value: Any) -> float | None:
+    """A stored error ratio as the number it stands for: `STORED_NONFINITE_RATIO` (or more) is
+    ``inf``, the JSON strings of `oracle.compare.json_float` (``"inf"``, ``"-inf"``, ``"nan"``) are
+    those floats, any other number is itself; None for None and for anything else (a bool, text)."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, (int, float)):
+        return math.inf if value >= STORED_NONFINITE_RATIO else float(value)
+    if value in ("inf", "-inf", "nan"):
+        return float(value)
+    return None
 
 
 def _storable_json(value: Any) -> bool:

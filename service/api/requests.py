@@ -13,6 +13,7 @@ from urllib.parse import urlencode
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from fuzzer.results import FAILING_STATUSES, PHASES, STATUSES, BuildFingerprint, CaseResult, ResultValidationError
+from fuzzer.severity import SEVERITIES
 from oracle.config import DTYPES
 from service.api.openapi import CaseJson
 from service.db import repository
@@ -42,12 +43,21 @@ class BucketQuery(BaseModel):
     )
     build_id: int | None = Field(default=None, ge=1, le=MAX_SQL_INTEGER, description="has a failing result on this build")
     defect_id: int | None = Field(default=None, ge=1, le=MAX_SQL_INTEGER, description="in this root-cause group")
+    severity: Literal[SEVERITIES] | None = Field(  # type: ignore[valid-type]
+        default=None, description="only this severity (severity=limit: the design limits)"
+    )
+    limits: Literal[repository.LIMIT_VIEWS] = Field(  # type: ignore[valid-type]
+        default="apart",
+        description="without severity: 'apart' leaves the design limits out of items and total (counted in "
+        "limit_total; GET /api/buckets/limits groups them), 'with' lists them too (last)",
+    )
     sort: BucketSort = Field(default=repository.DEFAULT_BUCKET_SORT, description="column, '-' prefix = descending")
     limit: int = Field(default=50, ge=1, le=repository.MAX_PAGE_SIZE)
     offset: int = Field(default=0, ge=0, le=MAX_SQL_BIGINT)
 
     @field_validator(
-        "backend", "variant", "signature", "triage_state", "dtype", "head_dim", "mask", "build_id", "defect_id", mode="before"
+        "backend", "variant", "signature", "triage_state", "dtype", "head_dim", "mask", "build_id", "defect_id", "severity",
+        mode="before",
     )
     @classmethod
     def _empty_is_none(cls, value: Any) -> Any:

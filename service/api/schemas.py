@@ -3,19 +3,31 @@
 
 Response models are built from repository records with ``from_*`` constructors, so routers stay
 one call long. Times are UTC ``datetime``; ``*_ms`` fields are milliseconds, ``*_s`` seconds.
+
+Ratios: JSON has no infinity. A stored ratio field (``error_ratio``, ``max_error_ratio``) keeps the
+stored number, with a non-finite ratio as its stand-in 1e300 (`fuzzer.results.STORED_NONFINITE_RATIO`,
+so sorting by it still puts those first); every ratio field of the evidence (second opinion, rule)
+is the finite value or null. Each ratio has a ``*_text`` twin, what to show: ``"inf"`` for a
+non-finite ratio, never ``1e+300`` (`service.db.findings.ratio_text`).
 """
 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, computed_field
+
+from fuzzer.severity import SEVERITIES
 
 from oracle.errors import CaseValidationError
-from service.db import repository, stats, workers
+from service.db import findings, repository, stats, workers
 from service.db.cp_view import CP_METRICS_KEY, CPCaseView, CPPair, CPView
 from service.db.models import Bucket, Case, Result, TriageState, Worker
+
+
+Severity = Literal[SEVERITIES]  # type: ignore[valid-type]
+"""A bucket's severity (`fuzzer.severity.SEVERITIES`), most severe first: an enum in the OpenAPI document."""
 
 
 class _Out(BaseModel):
@@ -97,6 +109,11 @@ class ResultOut(_Out):
     phase: str
     created_at: datetime
 
+    @computed_field(description="error_ratio as shown: 'inf' for a non-finite ratio (stored as 1e300), '-' for none")
+    @property
+    def error_ratio_text(self) -> str:
+        return findings.ratio_text(self.error_ratio)
+
 
 class ResultWithBuildOut(ResultOut):
     """A result with its build and, for a failure, the bucket it was counted in."""
@@ -122,15 +139,114 @@ class BucketOut(_Out):
     upstream_url: str | None
     notes: str
     duplicate_of_id: int | None
-    severity: str = Field(description="wrong, crash, imprecise or error (most severe first; fuzzer.severity)")
-    max_error_ratio: float | None = Field(description="the largest error ratio of the bucket's results")
+    severity: Severity = Field(
+        description="wrong, crash, imprecise, error or limit (most severe first; fuzzer.severity): limit is a failure "
+        "a correct kernel of the backend's design shares, no claim against the kernel"
+    )
+    max_error_ratio: float | None = Field(
+        description="the largest error ratio of the bucket's results, as stored (a non-finite ratio as 1e300)"
+    )
     defect_id: int | None = Field(
         description="root-cause group: the buckets of one backend sharing one minimised case (null until minimised)"
     )
 
+    @computed_field(description="max_error_ratio as shown: 'inf' for a non-finite ratio, '-' for none")
+    @property
+    def max_error_ratio_text(self) -> str:
+        return findings.ratio_text(self.max_error_ratio)
+
     @classmethod
     def from_row(cls, bucket: Bucket) -> BucketOut:
         return cls.model_validate(bucket)
+
+
+class RuleOut(BaseModel):
+    """FlashAttention's test rule on one tensor: kernel error / (2 x the emulation's + the allowance)."""
+
+    ratio: float | None = Field(description="the rule's ratio (<= 1 holds); null when non-finite")
+    ratio_text: str
+    holds: bool
+
+
+class SecondOpinionOut(BaseModel):
+    """The bucket's case through a correct float32 emulation of the backend's design (as the worker
+    stored it in the result's metrics["design"], `oracle.emulate.Explanation`)."""
+
+    design: str
+    design_summary: str
+    verdict: Literal["defect", "limit", "unjudgeable", "unavailable"] = Field(
+        description="defect: the kernel is worse than the emulation; limit: the emulation fails the same way; "
+        "unjudgeable: beyond any first-order bound; unavailable: the explanation failed (error)"
+    )
+    emulation_passed: bool | None
+    emulation_signatures: list[str]
+    emulation_error_ratio: float | None = Field(description="the emulation's largest error ratio; null when non-finite")
+    emulation_error_ratio_text: str
+    rule: dict[str, RuleOut] = Field(description="per tensor the emulation fails too")
+    why: str = Field(description="the mechanism of a limit in a sentence")
+    mechanism: str | None
+    source: str = Field(description="the source of the design's claim on that intermediate")
+    error: str
+    text: str = Field(description="the second opinion in one sentence")
+
+    @classmethod
+    def from_opinion(cls, opinion: findings.SecondOpinion | None) -> SecondOpinionOut | None:
+        return None if opinion is None else cls.model_validate(opinion.to_json())
+
+
+class PeerOut(BaseModel):
+    """Another backend variant's stored result on the bucket's case."""
+
+    backend: str
+    variant: str
+    status: str
+    signature: str | None
+    phase: str
+    result_id: int
+    how: Literal["passes", "unsupported", "fails the same way", "fails as a design limit", "fails otherwise"]
+    severity: Severity | None
+
+
+class ConsensusOut(BaseModel):
+    """What every other backend variant did on the bucket's case (minimised, else first)."""
+
+    case_id: str
+    counts: dict[str, int] = Field(description="peers per how")
+    peers: list[PeerOut]
+    text: str
+
+    @classmethod
+    def from_consensus(cls, consensus: findings.Consensus | None) -> ConsensusOut | None:
+        return None if consensus is None else cls.model_validate(consensus.to_json())
+
+
+class LimitBucketOut(BaseModel):
+    id: int
+    backend: str
+    variant: str
+    signature: str
+    hit_count: int
+
+
+class LimitGroupOut(BaseModel):
+    """Design-limit buckets of one (design, mechanism): one input regime a correct kernel of the design
+    fails, listed once with its backends."""
+
+    design: str
+    design_summary: str
+    mechanism: str | None
+    why: str
+    source: str
+    verdict: Literal["limit", "unjudgeable"]
+    backends: list[str]
+    hit_count: int
+    bucket_ids: list[int]
+    buckets: list[LimitBucketOut]
+    text: str
+
+    @classmethod
+    def from_group(cls, group: findings.LimitGroup | None) -> LimitGroupOut | None:
+        return None if group is None else cls.model_validate(group.to_json())
 
 
 class BucketPageOut(BaseModel):
@@ -160,12 +276,34 @@ class BucketDetailOut(BucketOut):
         default_factory=list,
         description="the other buckets of its root-cause group (other symptoms of the same defect), most severe first",
     )
+    verdict: str = Field("", description="the verdict in words: at the worst element the float64 and the kernel's value, "
+                         "the headroom to the dtype's max, the tile's scale against the tensor's")
+    severity_reason: str = Field("", description="why the bucket has its severity, naming the result that set it")
+    severity_result_id: int | None = Field(None, description="the result that set the severity")
+    second_opinion: SecondOpinionOut | None = Field(
+        None, description="the emulation of the backend's design on the shown result's case; null when none is stored"
+    )
+    consensus: ConsensusOut | None = Field(None, description="the other backend variants' results on the bucket's case")
+    limit_group: LimitGroupOut | None = Field(
+        None, description="a design limit's (design, mechanism) group: every bucket of that regime, with its backends"
+    )
 
     @classmethod
-    def from_detail(cls, detail: repository.BucketDetail) -> BucketDetailOut:
+    def from_detail(cls, detail: repository.BucketDetail, found: findings.BucketFindings | None = None) -> BucketDetailOut:
         b = detail.bucket
         with_build = [_result_with_build(r, b.id) for r in detail.results]
+        extra: dict[str, Any] = {}
+        if found is not None:
+            extra = dict(
+                verdict=found.verdict,
+                severity_reason=found.severity_reason,
+                severity_result_id=found.severity_result.id if found.severity_result is not None else None,
+                second_opinion=SecondOpinionOut.from_opinion(found.evidence.second_opinion),
+                consensus=ConsensusOut.from_consensus(found.evidence.consensus),
+                limit_group=LimitGroupOut.from_group(found.limit_group),
+            )
         return cls(
+            **extra,
             **BucketOut.from_row(b).model_dump(),
             first_case=CaseOut.from_row(b.first_case),
             minimised_case=CaseOut.from_row(b.minimised_case) if b.minimised_case is not None else None,
@@ -246,6 +384,11 @@ class OverviewOut(BaseModel):
     cases_per_hour: list[HourCountOut] = Field(description="the last 24 hours, oldest first, UTC")
     failures_by_backend: dict[str, int] = Field(description="failing results per backend, largest first")
     failures_by_signature: dict[str, int] = Field(description="failing results per signature, the largest 12")
+    buckets_by_severity: dict[str, int] = Field(
+        default_factory=dict, description="buckets per severity, most severe first (limit last: design limits, not defects)"
+    )
+    wrong_by_class: dict[str, int] = Field(default_factory=dict, description="wrong buckets per tensor:kind, most first")
+    limit_groups: int = Field(0, description="design-limit buckets grouped by (design, mechanism): GET /api/buckets/limits")
 
     @classmethod
     def from_overview(cls, o: stats.Overview) -> OverviewOut:
@@ -260,21 +403,29 @@ class OverviewOut(BaseModel):
             cases_per_hour=[HourCountOut.model_validate(h) for h in o.cases_per_hour],
             failures_by_backend=o.failures_by_backend,
             failures_by_signature=o.failures_by_signature,
+            buckets_by_severity=o.buckets_by_severity,
+            wrong_by_class=o.wrong_by_class,
+            limit_groups=o.limit_groups,
         )
 
 
 class BucketRowOut(BucketOut):
-    """A bucket in a list, with the builds it was first and last seen on."""
+    """A bucket in a list, with the builds it was first and last seen on, its second opinion and
+    the consensus on its case."""
 
     first_build: BuildOut
     last_build: BuildOut
+    second_opinion: SecondOpinionOut | None = Field(None, description="as in the bucket's detail")
+    consensus: ConsensusOut | None = Field(None, description="as in the bucket's detail")
 
     @classmethod
-    def from_row(cls, bucket: Bucket) -> BucketRowOut:
+    def from_row(cls, bucket: Bucket, evidence: findings.Evidence | None = None) -> BucketRowOut:
         return cls(
             **BucketOut.model_validate(bucket).model_dump(),
             first_build=BuildOut.model_validate(bucket.first_build),
             last_build=BuildOut.model_validate(bucket.last_build),
+            second_opinion=SecondOpinionOut.from_opinion(evidence.second_opinion) if evidence else None,
+            consensus=ConsensusOut.from_consensus(evidence.consensus) if evidence else None,
         )
 
 
@@ -283,11 +434,17 @@ class BucketRowPageOut(BaseModel):
     total: int = Field(description="buckets matching the filters, over all pages")
     limit: int
     offset: int
+    limit_total: int = Field(
+        0, description="design-limit buckets matching the filters (other than severity); with limits=apart, the "
+        "default, they are not among the items: severity=limit lists them, GET /api/buckets/limits groups them"
+    )
 
     @classmethod
-    def from_page(cls, page: repository.BucketPage) -> BucketRowPageOut:
+    def from_page(cls, page: repository.BucketPage, evidence: dict[int, findings.Evidence] | None = None) -> BucketRowPageOut:
+        evidence = evidence or {}
         return cls(
-            items=[BucketRowOut.from_row(b) for b in page.items], total=page.total, limit=page.limit, offset=page.offset
+            items=[BucketRowOut.from_row(b, evidence.get(b.id)) for b in page.items], total=page.total,
+            limit=page.limit, offset=page.offset, limit_total=page.limit_total,
         )
 
 

@@ -29,24 +29,70 @@ def format_datetime(value: datetime | None) -> str:
 
 
 def format_number(value: Any) -> str:
-    """Floats to 4 significant digits; everything else as is."""
+    """Floats to 4 significant digits (the stored stand-in of a non-finite ratio,
+    `fuzzer.results.STORED_NONFINITE_RATIO`, as ``inf``); everything else as is."""
+    from fuzzer.results import STORED_NONFINITE_RATIO
+
     if isinstance(value, float):
+        if value >= STORED_NONFINITE_RATIO:
+            return "inf"
         return str(value) if not math.isfinite(value) else f"{value:.4g}"
     return "" if value is None else str(value)
+
+
+def format_ratio(value: Any) -> str:
+    """An error ratio as shown (`service.db.findings.ratio_text`): ``inf``, never ``1e+300``."""
+    from service.db.findings import ratio_text
+
+    return ratio_text(value)
+
+
+def consensus_counts(consensus: Any) -> str:
+    """A bucket's consensus in a table cell: ``2 pass, 1 fails otherwise, 1 limit`` (empty without one)."""
+    if consensus is None:
+        return ""
+    labels = {"passes": "pass", "fails the same way": "fail the same way", "fails otherwise": "fail otherwise",
+              "fails as a design limit": "limit", "unsupported": "unsupported"}
+    counts = consensus.counts if hasattr(consensus, "counts") else {}
+    return ", ".join(f"{n} {labels.get(how, how)}" for how, n in counts.items() if n) or "no other result"
+
+
+def consensus_names(consensus: Any) -> str:
+    """Who did what on a bucket's case, for the tooltip of `consensus_counts`: backend/variant
+    names by how (the signatures are on the bucket's page)."""
+    if consensus is None:
+        return ""
+    groups: dict[str, list[str]] = {}
+    for peer in consensus.peers:
+        groups.setdefault(peer.how, []).append(f"{peer.backend}/{peer.variant}")
+    return "; ".join(f"{how}: {', '.join(names)}" for how, names in groups.items())
 
 
 def metrics_table(metrics: Any) -> tuple[list[str], list[tuple[str, list[Any]]]] | None:
     """Per-tensor metrics ``{"out": {"error_ratio": 2.1, ...}, "lse": {...}}`` as (columns, rows).
 
-    None when ``metrics`` is not a mapping of tensor name to mapping (the page then shows JSON).
+    Only the tensors' figures (``out``, ``lse``, ``dq``, ``dk``, ``dv``) are rows; the other blocks
+    (``design``, ``cp``) are shown apart (`metrics_blocks`). None when ``metrics`` holds no tensor's
+    mapping (the page then shows JSON).
     """
-    if not isinstance(metrics, dict) or not metrics or not all(isinstance(v, dict) for v in metrics.values()):
+    if not isinstance(metrics, dict) or not metrics:
+        return None
+    tensors = {k: v for k, v in metrics.items() if k in TENSOR_NAMES and isinstance(v, dict)}
+    if not tensors or any(not isinstance(v, dict) for k, v in metrics.items() if k in TENSOR_NAMES):
         return None
     columns: list[str] = []
-    for figures in metrics.values():
+    for figures in tensors.values():
         columns.extend(k for k in figures if k not in columns)
-    rows = [(tensor, [figures.get(c) for c in columns]) for tensor, figures in metrics.items()]
+    rows = [(tensor, [figures.get(c) for c in columns]) for tensor, figures in tensors.items()]
     return columns, rows
+
+
+def metrics_blocks(metrics: Any) -> dict[str, Any]:
+    """The blocks of a result's metrics that are not a tensor's figures (``design``: the design
+    explanation, ``cp``: context parallelism), for the page to show as JSON."""
+    if not isinstance(metrics, dict):
+        return {}
+    return {k: v for k, v in metrics.items() if k not in TENSOR_NAMES}
 
 
 CASE_FIELD_GROUPS = (
@@ -60,6 +106,7 @@ CASE_FIELD_GROUPS = (
 MAX_MASK_PICTURE = 48
 TILE_ROWS = 64
 MAX_GRID = 64
+TENSOR_NAMES = ("out", "lse", "dq", "dk", "dv")
 
 
 def case_groups(config: Any) -> list[tuple[str, list[tuple[str, Any]]]]:
@@ -211,14 +258,18 @@ def make_templates() -> Jinja2Templates:
     """Templates from ``service/templates`` with the filters above."""
     templates = Jinja2Templates(directory=TEMPLATE_DIR)
     templates.env.filters.update(
-        pretty_json=pretty_json, compact_json=compact_json, dt=format_datetime, num=format_number, safe_url=safe_url
+        pretty_json=pretty_json, compact_json=compact_json, dt=format_datetime, num=format_number, ratio=format_ratio,
+        safe_url=safe_url,
     )
     templates.env.globals.update(
         metrics_table=metrics_table,
+        metrics_blocks=metrics_blocks,
         case_groups=case_groups,
         mask_picture=mask_picture,
         error_grid=error_grid,
         result_matrix=result_matrix,
         bar_width=bar_width,
+        consensus_counts=consensus_counts,
+        consensus_names=consensus_names,
     )
     return templates

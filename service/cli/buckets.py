@@ -82,6 +82,9 @@ def buckets_list(
         Optional[str],
         typer.Option("--state", help="Only this triage state: new, confirmed, reported, fixed, wontfix, duplicate."),
     ] = None,
+    severity: Annotated[
+        Optional[str], typer.Option("--severity", help="Only this severity: wrong, crash, imprecise, error, limit (design limits).")
+    ] = None,
     sort: Annotated[str, typer.Option(help="A column (severity, last_seen, first_seen, hit_count, id, ...), '-' first for descending.")] = "-severity",
     limit: Annotated[int, typer.Option(help="At most this many buckets (1-500).")] = 50,
     offset: Annotated[int, typer.Option(help="Buckets to skip.")] = 0,
@@ -103,7 +106,7 @@ def buckets_list(
                         check_stored_name(session, field, value)
                 page = list_buckets(
                     session, backend=backend, variant=variant, signature=signature, triage_state=state,
-                    sort=sort, limit=limit, offset=offset,
+                    severity=severity, sort=sort, limit=limit, offset=offset,
                 )
                 rows = [_bucket_json(b) for b in page.items]
         finally:
@@ -117,7 +120,7 @@ def buckets_list(
     if not rows:  # not an empty table (a new-user trial): say why there is nothing
         if page.total:
             out.print(f"no buckets in {shown} after --offset {offset}: {page.total} match", soft_wrap=True)
-        elif any(v is not None for v in (backend, variant, signature, state)):
+        elif any(v is not None for v in (backend, variant, signature, state, severity)):
             out.print(f"no buckets in {shown} match these filters", soft_wrap=True)
         else:
             out.print(f"no buckets in {shown}: no failing result is stored", soft_wrap=True)
@@ -206,13 +209,15 @@ def buckets_show(
         out.print(terminal_text(f"  shrink: {data['minimise_note']}"), soft_wrap=True)
     if data["upstream_url"] or data["notes"] or data["duplicate_of_id"]:
         out.print(terminal_text(f"  upstream {data['upstream_url'] or '-'}; duplicate of {data['duplicate_of_id'] or '-'}; notes: {data['notes']}"), soft_wrap=True)
+    from service.db.findings import ratio_text
+
     table = Table(title="latest results")
     id_column(table, "case_id", [r["case_id"] for r in data["results"]])
     for column in ("status", "error_ratio", "phase"):
         table.add_column(column, no_wrap=True)
     id_column(table, "build", [r["build"] or "" for r in data["results"]])
     for r in data["results"]:
-        ratio = "" if r["error_ratio"] is None else f"{r['error_ratio']:.3g}"
+        ratio = "" if r["error_ratio"] is None else ratio_text(r["error_ratio"])  # inf, not 1e+300
         table.add_row(r["case_id"], r["status"], ratio, r["phase"], r["build"] or "")
     print_table(table)
 

@@ -128,6 +128,8 @@ def cases_show(
         return
     out.print(f"[bold]{case.case_id}[/]  {escape(case.describe())}")
     print_json(case.to_json())
+    from service.db.findings import ratio_text
+
     table = Table()
     id_column(table, "backend", [visible_text(r["backend"]) for r in results])
     id_column(table, "variant", [visible_text(r["variant"]) for r in results])
@@ -136,7 +138,7 @@ def cases_show(
     counts = Counter()
     for r in results:
         counts[r["status"]] += 1
-        ratio = "" if r["error_ratio"] is None else f"{r['error_ratio']:.3g}"
+        ratio = "" if r["error_ratio"] is None else ratio_text(r["error_ratio"])  # inf, not 1e+300
         table.add_row(terminal_text(r["backend"]), terminal_text(r["variant"]), r["status"], terminal_text(r["signature"] or ""),
                       ratio, r["phase"])
     print_table(table)

@@ -58,13 +58,17 @@ def report_data(session, url: str) -> dict:
     status and backend, times in seconds, coverage per backend, buckets (most severe first, each
     with its minimised or first case) and root-cause groups (`_defects`)."""
     from oracle.config import AttentionCase
+    from service.db import findings
     from service.db.stats import backend_coverage, campaign_report, known_hits
 
     rep = campaign_report(session)
     known = known_hits(session)
+    defects = [b for b in rep.buckets if b.severity != "limit"]
+    evidence = findings.bucket_evidence(session, defects)
     buckets = []
-    for b in rep.buckets:
+    for b in defects:
         case = b.minimised_case or b.first_case
+        seen = evidence[b.id]
         buckets.append(
             {
                 "id": b.id,
@@ -74,14 +78,19 @@ def report_data(session, url: str) -> dict:
                 "hit_count": b.hit_count,
                 "severity": b.severity,
                 "max_error_ratio": b.max_error_ratio,
+                "max_error_ratio_text": findings.ratio_text(b.max_error_ratio),
                 "defect_id": b.defect_id,
                 "triage_state": b.triage_state.value,
                 "minimise_note": b.minimise_note,
                 "case_id": case.id,
                 "case": AttentionCase.from_json(case.config).describe(),
                 "case_json": case.config,
+                "verdict": findings.verdict_words(b.signature, seen.result, case.config),
+                "second_opinion": seen.second_opinion.to_json() if seen.second_opinion is not None else None,
+                "consensus": seen.consensus.to_json(),
             }
         )
+    groups = findings.limit_groups(session, [b for b in rep.buckets if b.severity == "limit"])
     return {
         "database": masked_url(url),
         "cases": rep.overview.case_count,
@@ -106,8 +115,16 @@ def report_data(session, url: str) -> dict:
         ],
         # the workers' fuzz evaluations and those that failed in a bucket already known (fuzzer.known)
         "known_buckets": {"evaluations": known.evaluations, "known_hits": known.known_hits, "known_share": known.known_share},
-        "buckets": buckets,  # most severe first (fuzzer.severity)
+        "buckets": buckets,  # most severe first (fuzzer.severity); design limits apart, in limit_groups
         "defects": _defects(buckets),
+        "by_class": {
+            "severity": rep.overview.buckets_by_severity,
+            "wrong": rep.overview.wrong_by_class,
+            "limit_buckets": sum(len(g.buckets) for g in groups),
+            "limit_groups": len(groups),
+        },
+        # design-limit buckets by (design, mechanism): one regime failing every backend of a design, once
+        "limit_groups": [g.to_json() for g in groups],
     }
 
 
@@ -147,29 +164,52 @@ def print_report(data: dict) -> None:
             f"spent on known buckets: {known['known_hits']} of the workers' {known['evaluations']} fuzz evaluations "
             f"({100.0 * known['known_share']:.1f}%) failed in a bucket already known"
         )
-    if not data["buckets"]:
+    limits = data["limit_groups"]
+    if not data["buckets"] and not limits:
         out.print("no buckets: no failing result is stored")
-    else:
+    elif data["buckets"]:
         out.print(escape(f"{len(data['buckets'])} bucket(s), most severe first: {SEVERITY_LEGEND}"))  # "[bucket ID]" is no markup
+        by = data["by_class"]
+        counts = ", ".join(f"{name} {n}" for name, n in by["severity"].items() if name != "limit")
+        wrong = ", ".join(f"{sig} {n}" for sig, n in by["wrong"].items())
+        out.print(terminal_text(f"defects by class: {counts}" + (f" (wrong: {wrong})" if wrong else "")
+                                + f"; design limits apart: {by['limit_buckets']} in {by['limit_groups']} group(s)"))
     for b in data["buckets"]:
         group = f"  defect {b['defect_id']}" if b["defect_id"] is not None else ""
+        ratio = f" ratio {b['max_error_ratio_text']}" if b["max_error_ratio"] is not None else ""
         out.print(
             f"[bold]{b['severity']:<9}[/] [bold]{terminal_text(b['backend'])} / {terminal_text(b['variant'])} / "
-            f"{terminal_text(b['signature'])}[/] x{b['hit_count']}{group}  {terminal_text(b['minimise_note'] or '')}"
+            f"{terminal_text(b['signature'])}[/] x{b['hit_count']}{ratio}{group}  {terminal_text(b['minimise_note'] or '')}"
         )
         out.print(escape(f"    {b['case']}  [case {b['case_id']}] [bucket {b['id']}]"))  # rich took "[case ...]" for markup and dropped it
+        if b["severity"] == "wrong":
+            out.print(terminal_text(f"    verdict: {b['verdict']}"), soft_wrap=True)
+            opinion = b["second_opinion"]
+            out.print(terminal_text(f"    second opinion: {opinion['text'] if opinion else 'none stored'}"), soft_wrap=True)
+            out.print(terminal_text(f"    other backends: {b['consensus']['text']}"), soft_wrap=True)
     for d in data["defects"]:
         if len(d["symptoms"]) > 1:
             symptoms = ", ".join(f"{v} / {sig}" for v, sig in d["symptoms"])
             out.print(f"defect {d['id']} ({d['severity']}, {terminal_text(d['backend'])}, case {d['case_id']}): "
                       f"{terminal_text(symptoms)}")
+    if limits:
+        out.print(escape(
+            f"design limits, apart: {data['by_class']['limit_buckets']} bucket(s) in {len(limits)} group(s) by design and "
+            "mechanism; a correct kernel of the design fails these cases the same way (no claim against the kernels; "
+            "report --bucket ID for one):"
+        ), soft_wrap=True)
+        for g in limits:
+            ids = ", ".join(str(i) for i in g["bucket_ids"])
+            out.print(f"  {terminal_text(g['text'])} " + escape(f"[buckets {ids}]"), soft_wrap=True)
 
 
 SEVERITY_LEGEND = (
     f"wrong (all-zero, non-finite, wrong shape or an error ratio of {WRONG_RATIO:g} or more), crash (died, hung or out "
     f"of memory), imprecise (error ratio 1 to {WRONG_RATIO:g}), error (raised on a case it declared supported); the error ratio is the "
-    "error over the error the dtype allows (above 1 fails); xN: N failing results; defect N: buckets that fail on "
-    "the same minimised case, one root cause; [bucket ID]: for report --bucket ID and buckets show ID"
+    "error over the error the dtype allows (above 1 fails; inf: non-finite); xN: N failing results; defect N: buckets "
+    "that fail on the same minimised case, one root cause; [bucket ID]: for report --bucket ID and buckets show ID; "
+    "second opinion: the case through a correct float32 emulation of the backend's design; other backends: what they "
+    "did on the same case; limit (a correct kernel of the design fails the same way) is listed apart, after the defects"
 )
 """The severities' meaning (`fuzzer.severity`, its bound ``WRONG_RATIO``), printed above the buckets (a
 new-user trial found them unexplained)."""

@@ -21,7 +21,7 @@ from sqlalchemy import case as sql_case
 from sqlalchemy.orm import Session, joinedload, selectinload
 
 from fuzzer.results import FAILING_STATUSES
-from fuzzer.severity import SEVERITY_RANK
+from fuzzer.severity import LIMIT_KINDS, SEVERITIES, SEVERITY_RANK, signature_kind
 from service.errors import FieldValidationError, NotFoundError
 from service.db.models import Bucket, Build, Case, Result, TriageState, Worker, utcnow
 from service.db.workers import LIVE_WORKER_S, LiveWorker, is_live_worker
@@ -56,14 +56,23 @@ UNSET: Any = _Unset()
 
 
 # ---------------------------------------------------------------------------------- buckets
+LIMIT_VIEWS = ("apart", "with")
+"""How a bucket list shows design limits (severity ``limit``, `fuzzer.severity`): ``apart`` leaves
+them out of the items and the total and counts them in ``limit_total`` (the pages and the API show
+them folded, grouped by design and mechanism: `service.db.findings.limit_groups`); ``with`` lists
+them among the others (last, by severity)."""
+
+
 @dataclass(frozen=True)
 class BucketPage:
-    """One page of buckets and the number of buckets matching the filters."""
+    """One page of buckets and the number of buckets matching the filters; ``limit_total`` counts the
+    design-limit buckets matching the filters other than ``severity`` (in the page or not)."""
 
     items: list[Bucket]
     total: int
     limit: int
     offset: int
+    limit_total: int = 0
 
 
 def _bucket_filters(
@@ -135,6 +144,8 @@ def list_buckets(
     mask: str | None = None,
     build_id: int | None = None,
     defect_id: int | None = None,
+    severity: str | None = None,
+    limits: str = "with",
     sort: str = DEFAULT_BUCKET_SORT,
     limit: int = 50,
     offset: int = 0,
@@ -150,6 +161,9 @@ def list_buckets(
             head_dim, this mask kind (one of ``MASKS``).
         build_id: the bucket has a failing result on this build.
         defect_id: the bucket is in this root-cause group (`service.db.models.Defect`).
+        severity: only buckets of this severity (one of `fuzzer.severity.SEVERITIES`).
+        limits: without ``severity``, `LIMIT_VIEWS`: ``apart`` leaves the design limits out
+            (counted in ``limit_total``), ``with`` lists them too.
         sort: a column of ``BUCKET_SORT_COLUMNS``, prefixed with ``-`` for descending; ties are
             broken by id so pages never overlap (``severity``: by ``last_seen`` first, newest
             first, then id). ``severity`` sorts by rank: ``-severity`` puts ``wrong`` first.
@@ -157,8 +171,13 @@ def list_buckets(
         offset: buckets to skip, >= 0.
 
     Raises:
-        FieldValidationError: a bad ``sort``, ``limit``, ``offset``, ``triage_state`` or ``mask``.
+        FieldValidationError: a bad ``sort``, ``limit``, ``offset``, ``triage_state``, ``mask``,
+            ``severity`` or ``limits``.
     """
+    if severity is not None and severity not in SEVERITIES:
+        raise FieldValidationError("severity", f"unknown value {severity!r} (allowed: {', '.join(SEVERITIES)})")
+    if limits not in LIMIT_VIEWS:
+        raise FieldValidationError("limits", f"unknown value {limits!r} (allowed: {', '.join(LIMIT_VIEWS)})")
     if sort not in BUCKET_SORTS:
         raise FieldValidationError("sort", f"unknown value {sort!r} (allowed: {', '.join(BUCKET_SORTS)})")
     if not 1 <= limit <= MAX_PAGE_SIZE:
@@ -166,6 +185,11 @@ def list_buckets(
     if offset < 0:
         raise FieldValidationError("offset", f"must be >= 0, got {offset}")
     conditions = _bucket_filters(backend, variant, signature, triage_state, dtype, head_dim, mask, build_id, defect_id)
+    limit_total = session.scalar(select(func.count()).select_from(Bucket).where(*conditions, Bucket.severity == "limit")) or 0
+    if severity is not None:
+        conditions.append(Bucket.severity == severity)
+    elif limits == "apart":
+        conditions.append(Bucket.severity != "limit")
     column = BUCKET_SORT_COLUMNS[sort.lstrip("-")]
     descending = sort.startswith("-")
     order = [column.desc(), Bucket.id.desc()] if descending else [column.asc(), Bucket.id.asc()]
@@ -180,7 +204,7 @@ def list_buckets(
         .offset(offset)
     ).all()
     total = session.scalar(select(func.count()).select_from(Bucket).where(*conditions)) or 0
-    return BucketPage(items=list(items), total=total, limit=limit, offset=offset)
+    return BucketPage(items=list(items), total=total, limit=limit, offset=offset, limit_total=limit_total)
 
 
 @dataclass(frozen=True)
@@ -450,7 +474,8 @@ def repro_target(session: Session, case_id: str, *, backend: str | None = None, 
     other failing pairs are in ``also_failing``, for the caller to mention. A new-user trial found
     that every failing case of the README's CPU job failed on two variants, so asking for one made
     the README's ``attnfuzz export <case_id>`` fail every time. The signature is that of the newest
-    failing result of the chosen backend variant.
+    failing result of the chosen backend variant. A failure that is the limit of the backend's
+    design (`fuzzer.severity.LIMIT_KINDS`) is chosen only when the case has no other.
 
     Raises:
         NotFoundError: no case ``case_id``.
@@ -464,6 +489,8 @@ def repro_target(session: Session, case_id: str, *, backend: str | None = None, 
         Result.case_id == case_id, Result.signature.is_not(None)
     )
     rows = session.execute(query.order_by(Result.created_at.desc(), Result.id.desc())).all()
+    # a design limit is no claim against the kernel: the case's other failures come first (newest first each)
+    rows = sorted(rows, key=lambda r: signature_kind(r.signature) in LIMIT_KINDS)
     failing = list(dict.fromkeys((r.backend, r.variant) for r in rows))
     matching = [r for r in rows if (not backend or r.backend == backend) and (not variant or r.variant == variant)]
     pairs = list(dict.fromkeys((r.backend, r.variant) for r in matching))

@@ -15,7 +15,9 @@ from typing import Any
 from sqlalchemy import func, literal_column, select
 from sqlalchemy.orm import Session, joinedload
 
+from fuzzer.severity import SEVERITIES
 from service.errors import FieldValidationError
+from service.db.findings import limit_groups
 from service.db.models import Bucket, Case, Result, Worker, utcnow
 from service.db.repository import MAX_PAGE_SIZE, SEVERITY_ORDER
 from service.db.workers import LIVE_WORKER_S, LIVE_WORKER_STATUSES, LiveWorker, is_live_worker
@@ -35,7 +37,10 @@ class Overview:
     """Counts for the front page.
 
     ``results_by_backend`` maps backend -> status -> count. ``cases_per_hour`` covers the last
-    ``hours`` hours, oldest first, zero-filled.
+    ``hours`` hours, oldest first, zero-filled. The buckets by class: ``buckets_by_severity``
+    (every severity of `fuzzer.severity.SEVERITIES`, most severe first, design limits last),
+    ``wrong_by_class`` (the ``wrong`` buckets per ``tensor:kind``, most first) and
+    ``limit_groups`` (the design-limit buckets' (design, mechanism) groups, `service.db.findings.limit_groups`).
     """
 
     case_count: int
@@ -48,6 +53,9 @@ class Overview:
     cases_per_hour: list[HourCount]
     failures_by_backend: dict[str, int] = dataclasses.field(default_factory=dict)
     failures_by_signature: dict[str, int] = dataclasses.field(default_factory=dict)
+    buckets_by_severity: dict[str, int] = dataclasses.field(default_factory=dict)
+    wrong_by_class: dict[str, int] = dataclasses.field(default_factory=dict)
+    limit_groups: int = 0
 
 
 def _hour_of(session: Session, column: Any) -> Any:
@@ -132,7 +140,23 @@ def overview(
         cases_per_hour=per_hour,
         failures_by_backend=_failures_by(session, Bucket.backend),
         failures_by_signature=_failures_by(session, Bucket.signature, limit=TOP_SIGNATURES),
+        **_buckets_by_class(session),
     )
+
+
+def _buckets_by_class(session: Session) -> dict[str, Any]:
+    """`Overview`'s ``buckets_by_severity``, ``wrong_by_class`` and ``limit_groups``."""
+    counted = dict(session.execute(select(Bucket.severity, func.count()).group_by(Bucket.severity)).all())
+    by_severity = {name: int(counted.pop(name, 0)) for name in SEVERITIES} | {k: int(n) for k, n in sorted(counted.items())}
+    n = func.count()
+    wrong = {
+        signature: int(count)
+        for signature, count in session.execute(
+            select(Bucket.signature, n).where(Bucket.severity == "wrong").group_by(Bucket.signature).order_by(n.desc(), Bucket.signature)
+        )
+    }
+    groups = len(limit_groups(session)) if by_severity.get("limit") else 0
+    return {"buckets_by_severity": by_severity, "wrong_by_class": wrong, "limit_groups": groups}
 
 
 TOP_SIGNATURES = 12

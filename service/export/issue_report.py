@@ -9,14 +9,20 @@ the case if there is one, and the repro file (`service.export.target.export_targ
 allowances). Sections:
 
 1. title in the library's terms: the package (``flash-attn-4``), the library call the variant makes
-   (from the adapter's `fuzzer.backends.base.Backend.repro` values) and what is wrong;
-2. build fingerprint: every package version of the build (``Build`` row and the result's
+   (from the adapter's `fuzzer.backends.base.Backend.repro` values) and what is wrong; a design
+   limit (severity ``limit``) is marked ``[design limit]`` and says first that it is no defect;
+2. before the sections, the verdict in words (`service.db.findings.verdict_words`: at the worst
+   element the float64 and the kernel's value, the headroom to the dtype's max, the tile's scale
+   against the tensor's), the severity's reason, and the second opinion (the emulation of the
+   backend's design on the case, FlashAttention's rule against it);
+3. build fingerprint: every package version of the build (``Build`` row and the result's
    ``backend_version``), device, compute capability, driver;
-3. the minimised case as JSON and as the library call;
-4. signature and error figures per tensor (error ratio, error, allowed, worst index, worst tile);
-5. what else ran on the same case, with status and signature;
-6. first and last seen builds, first bad build if bisected;
-7. the repro file and the command to run it.
+4. the minimised case as JSON and as the library call;
+5. signature and error figures per tensor (error ratio, error, allowed, worst index, worst tile);
+6. what else ran on the same case, with status and signature, and the consensus in a line; the
+   results that fail as a design limit folded apart;
+7. first and last seen builds, first bad build if bisected;
+8. the repro file and the command to run it.
 
 Text from the store (a plugin's backend or variant name, an exception's class name in a
 signature, a detail, a note) is never Markdown of its own: `_cell` keeps a plain name (letters,
@@ -37,6 +43,7 @@ import unicodedata
 from dataclasses import dataclass
 from typing import Any
 
+from fuzzer.severity import LIMIT_KINDS, signature_kind
 from oracle.compare import TILE_ROWS
 
 _MEANING = {
@@ -97,21 +104,26 @@ def _plain(value: Any, limit: int = 300) -> str:
     return " ".join(text.split())[:limit]
 
 
-def _code_text(value: Any) -> str:
-    """A stored value to write inside a code span (or a table cell's): `_plain`, no backtick that
-    would close the span, no pipe that would end the cell."""
-    return _plain(value).replace("`", "'").replace("|", "/")
+def _code_text(value: Any, limit: int = 300) -> str:
+    """A stored value to write inside a code span (or a table cell's): `_plain` (at most ``limit``
+    characters), no backtick that would close the span, no pipe that would end the cell."""
+    return _plain(value, limit).replace("`", "'").replace("|", "/")
 
 
-def _cell(value: Any) -> str:
+def _cell(value: Any, limit: int = 300) -> str:
     """A stored value as Markdown text (a table cell, a sentence, the title): a plain name as it is
     (``fa4``, ``out:all_zero, out:mismatch``), anything else as a code span (see the module
-    docstring), so it cannot add headings, links, HTML or mentions."""
-    text = _code_text(value)
+    docstring), so it cannot add headings, links, HTML or mentions; at most ``limit`` characters
+    (300; the sentences of `service.db.findings`, which name stored values, `PROSE`)."""
+    text = _code_text(value, limit)
     lowered = text.lower()
     if _PLAIN_NAME.fullmatch(text) and "://" not in text and "www." not in lowered:
         return text
     return f"`{text}`" if text else text
+
+
+PROSE = 3000
+"""The longest sentence of the findings (verdict, severity, second opinion, consensus) written in full."""
 
 
 def _num(value: Any) -> str:
@@ -198,7 +210,7 @@ def bucket_issue(session: Any, bucket_id: int, *, compute_missing: bool = False)
     from sqlalchemy import select
     from sqlalchemy.orm import selectinload
 
-    from service.db import repository
+    from service.db import findings, repository
     from service.errors import NotFoundError
     from service.export.backend import resolve_backend
     from service.export.repro import repro_filename
@@ -233,15 +245,43 @@ def bucket_issue(session: Any, bucket_id: int, *, compute_missing: bool = False)
     except ExportError as exc:
         package, short_call, call_code = bucket.backend, bucket.variant, f"# {_plain(exc, 2000)}"
     meaning = signature_meaning(bucket.signature)
-    title = f"{_cell(package)}, {_cell(short_call)}: {_cell(meaning)} ({_cell(case.describe())})"
+    is_limit = bucket.severity == "limit"
+    if is_limit and mine is not None:  # in the oracle's terms: "returns +inf in dk ..., as its design's limit"
+        tensor = bucket.signature.partition(":")[0]
+        figures = (mine.metrics or {}).get(tensor)
+        raw = next(iter(figures.get("signatures") or []), None) if isinstance(figures, dict) else None
+        if isinstance(raw, str):
+            meaning = f"{signature_meaning(raw)}, the limit of its design"
+    title = f"{'[design limit] ' if is_limit else ''}{_cell(package)}, {_cell(short_call)}: {_cell(meaning)} ({_cell(case.describe())})"
     minimised = bucket.minimised_case_id is not None
+    opinion = findings.second_opinion(mine)
+    consensus = findings.consensus_from_rows(bucket, case_row.id, [r for r, _ in results])
     out: list[str] = [f"# {title}", ""]
+    if is_limit:
+        design = f" ('{_cell(opinion.design)}')" if opinion is not None and opinion.design else ""
+        why = f": {_cell(opinion.why, PROSE)}" if opinion is not None and opinion.why else ""
+        out += [f"> **Design limit, not a kernel defect.** A correct float32 emulation of the backend's design{design} "
+                f"fails this case the same way{why}. attnfuzz lists it apart from the defects; it is a limitation of "
+                "the design to document, not a bug to fix in the kernel.", ""]
     out.append(
         f"attnfuzz bucket {bucket.id}: **{_cell(bucket.backend)} / {_cell(bucket.variant)} / "
         f"{_cell(bucket.signature)}**, seen {bucket.hit_count} times, triage `{bucket.triage_state.value}`. "
         f"The case below is {'the minimised case' if minimised else 'the first failing case (not minimised)'}"
         f" (`{case_row.id}`); {_cell(bucket.minimise_note) if bucket.minimise_note else ''}"
     )
+    # the verdict first, before the sections (its sentences name stored values: code spans, `_cell`)
+    out += ["", f"**Verdict** ({_cell(bucket.severity)}): {_cell(findings.verdict_words(bucket.signature, mine, case_row.config), PROSE)}."]
+    out += ["", f"Severity: {_cell(findings.severity_reason(bucket, findings.severity_result(session, bucket, mine)), PROSE)}."]
+    if opinion is None:
+        out += ["", "Second opinion: none stored with this result (a crash, an error, or an older attnfuzz)."]
+    else:
+        out += ["", f"Second opinion: {_cell(opinion.text, PROSE)}."
+                + (f" Source of the design's claim: {_cell(opinion.source)}." if opinion.source else "")]
+        if opinion.rule:
+            out += ["", "FlashAttention's test rule against the emulation (kernel error / (2 x the emulation's error + "
+                    "the allowance); at most 1 holds):", "", "| tensor | ratio | holds |", "|---|---|---|"]
+            out += [f"| {_cell(t)} | {findings.ratio_text(r.get('ratio'))} | {'yes' if r.get('holds') else 'no'} |"
+                    for t, r in opinion.rule.items()]
     out += ["", "## Build", ""]
     out.append(f"- {_build_line(build)}")
     if mine is not None and mine.backend_version:
@@ -265,20 +305,30 @@ def bucket_issue(session: Any, bucket_id: int, *, compute_missing: bool = False)
                 continue
             out.append(
                 f"| {name} | {_cell(', '.join(figures.get('signatures') or []) or 'passed')} | "
-                f"{_num(figures.get('error_ratio'))} | {_num(figures.get('err_backend'))} | "
+                f"{findings.ratio_text(figures.get('error_ratio'))} | {_num(figures.get('err_backend'))} | "
                 f"{_num(figures.get('allowed'))} | {_cell(figures.get('worst_index'))} | "
                 f"{_worst_tile(case, name, figures.get('worst_index'))} |"
             )
         out += ["", "Error ratio = L2 error / allowed error of attnfuzz's float64 oracle (> 1 fails), at the worst "
                 f"place (whole tensor or a tile of {TILE_ROWS} rows of one batch and head)."]
     out += ["", "## Same case, other backends and variants", ""]
+    out += [f"Consensus: {_cell(consensus.text, PROSE)}.", ""]
     others = [(r, b) for r, b in results if mine is None or r.id != mine.id]
-    if not others:
+    limits = [(r, b) for r, b in others if r.signature and signature_kind(r.signature) in LIMIT_KINDS]
+    others = [(r, b) for r, b in others if (r, b) not in limits]
+    header = ["| backend | variant | status | signature | build |", "|---|---|---|---|---|"]
+    if not others and not limits:
         out.append("Nothing else ran on this case.")
-    else:
-        out += ["| backend | variant | status | signature | build |", "|---|---|---|---|---|"]
+    elif others:
+        out += header
         for r, b in others[:60]:
             out.append(f"| {_cell(r.backend)} | {_cell(r.variant)} | {_cell(r.status)} | {_cell(r.signature or '-')} | {b.id} |")
+    if limits:
+        out += ["", f"<details><summary>{len(limits)} result(s) on this case that fail as the limit of their backend's "
+                "design (no claim against those kernels)</summary>", "", *header]
+        for r, b in limits[:60]:
+            out.append(f"| {_cell(r.backend)} | {_cell(r.variant)} | {_cell(r.status)} | {_cell(r.signature or '-')} | {b.id} |")
+        out += ["", "</details>"]
     out += ["", "## Builds", ""]
     out.append(f"- first seen: {bucket.first_seen:%Y-%m-%d %H:%M} UTC on {_build_line(bucket.first_build)}")
     out.append(f"- last seen: {bucket.last_seen:%Y-%m-%d %H:%M} UTC on {_build_line(bucket.last_build)}")

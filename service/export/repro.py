@@ -36,6 +36,13 @@ def repro_filename(backend: str, variant: str, case_id: str) -> str:
     return f"test_attnfuzz_{clean}_{case_id}.py"
 
 
+def _plain(text: str) -> str:
+    """``text`` as docstring text: printable ASCII, no backslash or double quote (stored text the
+    file only quotes)."""
+    kept = "".join(c if " " <= c <= "~" else "?" for c in " ".join(str(text).split()))
+    return kept.replace("\\", "/").replace('"', "'")
+
+
 def _finite_float(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
@@ -71,6 +78,7 @@ def render_repro(
     allowance: dict[str, Allowance] | None = None,
     allowed: dict[str, float] | None = None,
     recorded: dict[str, Any] | None = None,
+    design_note: str | None = None,
 ) -> Repro:
     """The standalone pytest file reproducing ``case`` on ``backend``/``variant``.
 
@@ -86,6 +94,8 @@ def render_repro(
             `computed_allowance` (the float64 oracle: never in a web request).
         allowed: whole-tensor allowances only (tests); tiles are then not checked.
         recorded: the stored metrics of the recorded result (written into the docstring).
+        design_note: attnfuzz's verdict when the failure is the limit of the backend's design
+            (`service.export.target.export_target`): written into the docstring, first.
 
     Returns:
         `Repro` (file name and source).
@@ -123,7 +133,10 @@ def render_repro(
     if "lse" not in judged:
         tile_note += " No lse allowance was stored (the recorded call returned none): lse is not judged."
     recorded_text = _recorded_text(recorded)
-    doc = textwrap.dedent(
+    note = ""
+    if design_note:
+        note = "\n".join(textwrap.wrap(_plain(design_note), 96)) + "\n\n"
+    doc = note + textwrap.dedent(
         f"""\
         attnfuzz repro: {name} / {variant} / {signature or "(no recorded failure)"}, case {case.case_id}.
 

@@ -1,7 +1,9 @@
 """Which stored case, backend and variant a repro is made of, read from the store
 (`load_export`, `export_target`), and refusing, without ``force``, an export that would mislead:
-a variant whose stored results are only ``unsupported`` or passing (`misleading_reason`). Reads
-stored figures only; the oracle runs only when the caller asks (``compute_missing``, the CLI).
+a variant whose stored results are only ``unsupported`` or passing (`misleading_reason`), and a
+failure that is the limit of the backend's design (`design_limit_export`: with ``force`` the file
+checks the oracle's signature and says so). Reads stored figures only; the oracle runs only when the
+caller asks (``compute_missing``, the CLI).
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from fuzzer.backends.base import Backend
+from fuzzer.severity import LIMIT_KINDS, signature_kind
 from service.export.allowance import computed_allowance, required_tensors, stored_allowance
 from service.export.backend import repro_call, resolve_backend
 from service.export.repro import Repro, render_repro
@@ -121,6 +124,10 @@ def export_target(
         reason = misleading_reason(stored_statuses(session, case_id, target.backend, target.variant), target.backend, target.variant)
         if reason is not None:
             raise ExportError("force", reason + "; pass --force (API: force=true) to export it anyway")
+    recorded = _recorded_figures(session, case_id, target.backend, target.variant)
+    signature, design_note = target.signature, None
+    if signature is not None and signature_kind(signature) in LIMIT_KINDS:
+        signature, design_note = design_limit_export(target.backend, target.variant, signature, recorded, force=force)
     allowance = stored_allowance(case, _case_metrics(session, case_id))
     missing = [name for name in required_tensors(case) if name not in allowance]
     if missing or any(a.tiles is None for a in allowance.values()):
@@ -132,8 +139,43 @@ def export_target(
                 f"the stored results of case {case_id} carry no allowed error for {', '.join(missing)} "
                 "(recorded by an older attnfuzz); `attnfuzz export` computes it with the oracle",
             )
-    recorded = _recorded_figures(session, case_id, target.backend, target.variant)
-    return render_repro(case, adapter, target.variant, target.signature, allowance=allowance, recorded=recorded)
+    return render_repro(case, adapter, target.variant, signature, allowance=allowance, recorded=recorded,
+                        design_note=design_note)
+
+
+def design_limit_export(backend: str, variant: str, signature: str, recorded: dict[str, Any], *, force: bool) -> tuple[str, str]:
+    """What a repro of a design-limit failure (``<tensor>:limit``, ``<tensor>:unjudgeable``) checks
+    and says: ``(the oracle's signature of that tensor, the verdict for the docstring)``. The file
+    judges as the oracle does, without the design's emulation, so it tests the oracle's signature
+    the limit stands for (``dk:posinf``) and states first that attnfuzz judged it the design's
+    limit, with the mechanism.
+
+    Raises:
+        ExportError: ``force`` is off (a file that fails on a correct kernel of the design would
+            read as a defect report), or no oracle signature of the tensor is stored.
+    """
+    tensor, _, kind = signature.partition(":")
+    figures = recorded.get(tensor) if isinstance(recorded.get(tensor), dict) else {}
+    raw = next((s for s in figures.get("signatures") or [] if isinstance(s, str) and s.startswith(f"{tensor}:")), None)
+    block = recorded.get("design") if isinstance(recorded.get("design"), dict) else {}
+    design, why = str(block.get("design") or "?"), str(block.get("why") or "no mechanism stored")
+    what = "beyond any first-order bound of" if kind == "unjudgeable" else "the limit of"
+    if not force:
+        raise ExportError(
+            "force",
+            f"{backend}/{variant} fails this case as {what} its design ('{design}': {why}): a correct float32 "
+            "emulation of that design fails it the same way, so the file would report no kernel defect; pass "
+            f"--force (API: force=true) to export it anyway (the file then checks the oracle's signature "
+            f"{raw or tensor} and says it is the design's limit)",
+        )
+    if raw is None:
+        raise ExportError("signature", f"{signature}: the stored result holds no oracle signature of {tensor} to check")
+    source = f" (source: {block['source']})" if block.get("source") else ""
+    note = (f"attnfuzz's verdict: {what} the backend's design '{design}', not a kernel defect: a correct float32 "
+            f"emulation of that design fails this case the same way ({why}){source}. This file checks the "
+            f"oracle's signature {raw} (recorded by attnfuzz as {signature}): it fails while the kernel, like a "
+            "correct kernel of its design, still shows it.")
+    return raw, note
 
 
 def _inapplicable(adapter: Backend, case: Any, variant: str) -> list[str]:

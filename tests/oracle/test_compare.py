@@ -174,6 +174,43 @@ def test_verdicts_serialise_to_strict_json(small_case):
     assert set(data["tensors"]) == {"out", "lse", "dq", "dk", "dv"}
 
 
+def test_a_failing_tensor_records_its_worst_element_and_the_scales_a_passing_one_records_nothing(small_case):
+    """A failing verdict stores what the worst element should be and is, the tensor's largest
+    magnitude and norm and the largest magnitude of the worst element's tile (`WORST_FIGURES`: the
+    service words the verdict from them); a passing verdict's JSON holds none of them, and the
+    one-by-one and batched judges give the same figures."""
+    from oracle.compare import WORST_FIGURES, PreparedReference, judge_tensors
+
+    case, expected = small_case
+    outputs = rounded_outputs(case, expected)
+    outputs["dq"][1, 70, 3, 5] = math.inf
+    outputs["dv"][0, 10:20] = 0  # a few rows zeroed: a wrong tile
+    verdict = compare_outputs(case, expected, **outputs)
+    dq, dv, out = verdict.tensors["dq"], verdict.tensors["dv"], verdict.tensors["out"]
+    assert dq.signatures == ("dq:posinf",) and dq.worst_index == (1, 70, 3, 5)
+    assert dq.worst_actual == math.inf and dq.worst_expected == float(expected.dq[1, 70, 3, 5])
+    assert dq.ref_max_abs == float(expected.dq.abs().max()) and dq.ref_norm == pytest.approx(float(expected.dq.norm()))
+    tile = expected.dq[1, 64:128, 3]  # the tile (64 rows of batch 1, head 3) holding the worst element
+    assert dq.worst_tile_ref_max_abs == float(tile.abs().max())
+    assert not dv.passed and dv.worst_actual == 0.0 and dv.worst_index[1] in range(10, 20), dv
+    assert dv.worst_expected == float(expected.dv[dv.worst_index])
+    data = json.loads(json.dumps(verdict.to_json(), allow_nan=False))["tensors"]
+    assert data["dq"]["worst_actual"] == "inf" and data["dq"]["worst_expected"] == dq.worst_expected
+    assert out.passed and all(getattr(out, k) is None for k in WORST_FIGURES)
+    assert not set(WORST_FIGURES) & set(data["out"]), data["out"]
+    # an entry whose float64 value rounds to an infinity is no judged entry, and still the tensor's scale
+    from oracle.compare import compare_tensor
+
+    big = expected.dq * (1e5 / float(expected.dq.abs().max()))
+    kernel = big.to(torch.float16)
+    kernel[0, 1, 0, 0] = math.nan
+    over = compare_tensor("dq", kernel, big, "float16")
+    assert not over.passed and over.ref_max_abs == pytest.approx(1e5), over
+    prepared = PreparedReference(case, expected).tensor("dq")
+    alone, batched = judge_tensors(prepared, [outputs["dq"]], batched=False)[0], judge_tensors(prepared, [outputs["dq"]], batched=True)[0]
+    assert [getattr(alone, k) for k in WORST_FIGURES] == [getattr(batched, k) for k in WORST_FIGURES]
+
+
 def test_gradients_without_a_reference_gradient_are_rejected(small_case):
     case, expected = small_case
     forward_only = ReferenceResult(out=expected.out, lse=expected.lse)

@@ -9,7 +9,8 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request, status
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from pydantic import ValidationError
 
-from service.db import ingest, repository
+from fuzzer.severity import SEVERITIES
+from service.db import findings, ingest, repository
 from service.api.deps import (
     BucketId,
     SessionDep,
@@ -24,7 +25,8 @@ from service.export.backend import exportable_backends
 from service.export.target import export_target
 from service.db.models import TriageState
 from service.api.requests import BucketQuery, MinimisedIn, PageQuery, TriageUpdate
-from service.api.schemas import BucketDetailOut, BucketOut, BucketRowPageOut, ResultPageOut
+from service.api.openapi import PAGE_HEADERS, paginate
+from service.api.schemas import BucketDetailOut, BucketOut, BucketRowPageOut, LimitGroupOut, ResultPageOut
 
 api_router = APIRouter(prefix="/api/buckets", tags=["buckets"])
 page_router = APIRouter(tags=["pages"])
@@ -32,14 +34,35 @@ page_router = APIRouter(tags=["pages"])
 
 def _detail(session: SessionDep, bucket_id: int) -> BucketDetailOut | None:
     detail = repository.get_bucket(session, bucket_id)
-    return None if detail is None else BucketDetailOut.from_detail(detail)
+    if detail is None:
+        return None
+    b, shown = detail.bucket, detail.failing_result
+    case = b.minimised_case if shown is not None and b.minimised_case is not None and shown.case_id == b.minimised_case.id else b.first_case
+    return BucketDetailOut.from_detail(detail, findings.bucket_findings(session, b, shown, case.config))
+
+
+def _page(session: SessionDep, query: BucketQuery) -> BucketRowPageOut:
+    page = repository.list_buckets(session, **query.filters())
+    return BucketRowPageOut.from_page(page, findings.bucket_evidence(session, page.items))
 
 
 @api_router.get("")
 def list_buckets(session: SessionDep, query: Annotated[BucketQuery, Query()]) -> BucketRowPageOut:
-    """Buckets matching the filters (backend, variant, signature substring, triage state, and
-    buckets with a failing result on a dtype, head_dim, mask kind or build), one page."""
-    return BucketRowPageOut.from_page(repository.list_buckets(session, **query.filters()))
+    """Buckets matching the filters (backend, variant, signature substring, triage state, severity,
+    and buckets with a failing result on a dtype, head_dim, mask kind or build), one page, each with
+    its second opinion and the consensus on its case. Design limits are apart by default (counted
+    in ``limit_total``; ``severity=limit`` lists them, ``limits=with`` mixes them in)."""
+    return _page(session, query)
+
+
+@api_router.get("/limits", responses={200: {"headers": PAGE_HEADERS}})
+def list_limit_groups(
+    request: Request, response: Response, session: SessionDep, page: Annotated[PageQuery, Query()]
+) -> list[LimitGroupOut]:
+    """The design-limit buckets grouped by (design, mechanism), most failing results first: one
+    input regime that a correct kernel of the design fails, listed once with its backends."""
+    groups = [LimitGroupOut.from_group(g) for g in findings.limit_groups(session)]
+    return paginate(request, response, groups, page.limit, page.offset)
 
 
 @api_router.get("/{bucket_id}")
@@ -100,8 +123,10 @@ def record_minimised(session: WriteSessionDep, bucket_id: BucketId, body: Minimi
 # ------------------------------------------------------------------------------------- pages
 @page_router.get("/buckets", response_class=HTMLResponse)
 def buckets_page(request: Request, session: SessionDep, query: Annotated[BucketQuery, Query()]) -> HTMLResponse:
-    page = BucketRowPageOut.from_page(repository.list_buckets(session, **query.filters()))
+    page = _page(session, query)
     builds = repository.list_builds(session, limit=repository.MAX_PAGE_SIZE).items
+    folded = query.severity is None and query.limits == "apart" and page.limit_total
+    groups = [LimitGroupOut.from_group(g) for g in findings.limit_groups(session)] if folded else []
     return request.app.state.templates.TemplateResponse(
         request,
         "buckets.html",
@@ -112,6 +137,9 @@ def buckets_page(request: Request, session: SessionDep, query: Annotated[BucketQ
             "masks": repository.MASKS,
             "builds": builds,
             "states": [s.value for s in TriageState],
+            "severities": SEVERITIES,
+            "limit_views": repository.LIMIT_VIEWS,
+            "limit_groups": groups,
         },
     )
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
 
-from service.db import repository, stats
+from service.db import findings, repository, stats
 from service.api.deps import SessionDep
 from service.api.schemas import BucketRowPageOut, OverviewOut
 
@@ -25,7 +25,8 @@ def get_overview(session: SessionDep) -> OverviewOut:
 @page_router.get("/", response_class=HTMLResponse)
 def overview_page(request: Request, session: SessionDep) -> HTMLResponse:
     overview = OverviewOut.from_overview(stats.overview(session))
-    recent = BucketRowPageOut.from_page(repository.list_buckets(session, limit=RECENT_BUCKETS))
+    page = repository.list_buckets(session, limit=RECENT_BUCKETS, limits="apart")  # design limits are counted, not listed
+    recent = BucketRowPageOut.from_page(page, findings.bucket_evidence(session, page.items))
     chart = {
         "hours": [int(h.hour.timestamp()) for h in overview.cases_per_hour],
         "cases": [h.cases for h in overview.cases_per_hour],
