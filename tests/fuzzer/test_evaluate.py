@@ -127,7 +127,8 @@ def test_tensors_travel_as_bytes_and_come_back_equal(monkeypatch) -> None:
         assert back.dtype == tensor.dtype and back.shape == tensor.shape and torch.equal(back, tensor)
     monkeypatch.setattr(executor_module, "BYTES_TRANSPORT_MAX", 16)
     large = torch.randn(100)
-    assert PackedTensor.pack(large) is large  # larger tensors keep the shared-memory path
+    shared = PackedTensor.pack(large)  # larger tensors go through shared memory, as a copy made here
+    assert shared is not large and shared.is_shared() and not large.is_shared() and torch.equal(shared, large)
 
 
 def test_a_forward_only_case_sends_no_dout() -> None:
