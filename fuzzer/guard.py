@@ -20,7 +20,7 @@ Built-in backends (classes defined in ``fuzzer.backends``) are called directly, 
 checks but no thread: their methods are pure functions of the case that never block, and they are
 asked for every case. A plugin's calls run in the guard's own thread, one at a time.
 
-``$ATTNFUZZ_PLUGIN_DEADLINE_S`` sets the deadline (default `DEFAULT_DEADLINE_S`).
+``$ATTNFUZZ_PLUGIN_DEADLINE_S`` sets a worker's deadline (default `DEFAULT_DEADLINE_S`).
 """
 
 from __future__ import annotations
@@ -71,11 +71,15 @@ class PluginCallError(AttnFuzzError):
         return PLUGIN_TIMEOUT if self.timed_out else PLUGIN_ERROR
 
 
+class GuardSettingError(AttnFuzzError):
+    """``$ATTNFUZZ_PLUGIN_DEADLINE_S`` (or a deadline given) is not a positive number of seconds."""
+
+
 def deadline_setting() -> float:
     """``$ATTNFUZZ_PLUGIN_DEADLINE_S`` as seconds (`DEFAULT_DEADLINE_S` when unset or empty).
 
     Raises:
-        PluginCallError: the value is not a positive number (backend ``*``: it names none).
+        GuardSettingError: the value is not a positive, finite number.
     """
     text = os.environ.get(DEADLINE_ENV, "").strip()
     if not text:
@@ -85,7 +89,7 @@ def deadline_setting() -> float:
     except ValueError:
         value = -1.0
     if not value > 0 or value != value or value == float("inf"):
-        raise PluginCallError("*", DEADLINE_ENV, f"setting: must be a positive number of seconds, got {text!r}")
+        raise GuardSettingError(f"{DEADLINE_ENV}: must be a positive number of seconds, got {text!r}")
     return value
 
 
@@ -123,10 +127,13 @@ class PluginGuard:
 
     def __init__(self, deadline_s: float | None = None):
         self.deadline_s = deadline_setting() if deadline_s is None else float(deadline_s)
+        if not 0 < self.deadline_s < float("inf"):
+            raise GuardSettingError(f"deadline_s: must be a positive number of seconds, got {deadline_s!r}")
         #: backend name -> why it is quarantined (a call of it ran past the deadline)
         self.quarantined: dict[str, str] = {}
         self._lock = threading.Lock()  # one plugin call at a time; guards the thread and its queue
         self._jobs: queue.SimpleQueue | None = None
+        self._thread: threading.Thread | None = None
 
     def call(self, backend: Backend, method: str, *args: Any, check: Callable[[Any], str | None] | None = None) -> Any:
         """``getattr(backend, method)(*args)``, its value checked with ``check`` (None when right,
@@ -163,13 +170,15 @@ class PluginGuard:
         with self._lock:
             if self._jobs is None:
                 self._jobs = queue.SimpleQueue()
-                threading.Thread(target=_serve, args=(self._jobs,), name="attnfuzz-plugin-calls", daemon=True).start()
+                self._thread = threading.Thread(target=_serve, args=(self._jobs,), name="attnfuzz-plugin-calls", daemon=True)
+                self._thread.start()
             answer: queue.SimpleQueue = queue.SimpleQueue()
             self._jobs.put((fn, answer))
             try:
                 return answer.get(timeout=self.deadline_s)
             except queue.Empty:
-                self._jobs = None  # that thread is stuck in the call: the next call starts another
+                what = _RUNNING.get(self._thread.ident, what)  # the method it is stuck in
+                self._jobs = self._thread = None  # that thread is stuck in the call: the next call starts another
                 self.quarantined[name] = f"{what}() did not return within {self.deadline_s:g} s"
                 raise PluginCallError(
                     name, what, f"did not return within {self.deadline_s:g} s; the backend is quarantined", timed_out=True
@@ -183,6 +192,7 @@ def ask(backend: Backend, method: str, *args: Any, check: Callable[[Any], str | 
     Raises:
         PluginCallError: the method raised or returned a value ``check`` refuses.
     """
+    _RUNNING[threading.get_ident()] = method
     try:
         value = getattr(backend, method)(*args)
     except Exception as exc:  # noqa: BLE001 - a plugin's exception, named with its method
@@ -191,6 +201,9 @@ def ask(backend: Backend, method: str, *args: Any, check: Callable[[Any], str | 
     if problem:
         raise PluginCallError(_name(backend), method, problem)
     return value
+
+
+_RUNNING: dict[int, str] = {}  # thread ident -> the backend method `ask` last started there
 
 
 def _name(backend: Any) -> str:
@@ -212,31 +225,23 @@ def _serve(jobs: queue.SimpleQueue) -> None:
 
 
 GUARD = PluginGuard(DEFAULT_DEADLINE_S)
-"""The process's guard (its quarantine is the process's): what the evaluator, the worker and the
-commands call plugins through. `configure` sets its deadline from the environment."""
-
-
-def configure() -> PluginGuard:
-    """Set `GUARD`'s deadline from ``$ATTNFUZZ_PLUGIN_DEADLINE_S`` (a worker's start); returns it.
-
-    Raises:
-        PluginCallError: the variable is not a positive number.
-    """
-    GUARD.deadline_s = deadline_setting()
-    return GUARD
+"""The process's default guard, with the default deadline: what a caller without a guard of its
+own calls plugins through (the commands' availability checks, `fuzzer.evaluate.judge`). A
+worker's evaluator has its own (`fuzzer.worker.WorkerConfig.plugin_deadline_s`, else
+``$ATTNFUZZ_PLUGIN_DEADLINE_S``), with its own quarantine."""
 
 
 __all__ = [
     "DEADLINE_ENV",
     "DEFAULT_DEADLINE_S",
     "GUARD",
+    "GuardSettingError",
     "PLUGIN_ERROR",
     "PLUGIN_TIMEOUT",
     "PluginCallError",
     "PluginGuard",
     "a_str",
     "ask",
-    "configure",
     "deadline_setting",
     "is_builtin",
     "list_of_str",

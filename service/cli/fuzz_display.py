@@ -287,6 +287,8 @@ def summary_data(stats: WorkerStats, url: str, *, interrupted: bool = False, spo
         "not_applicable": dict(sorted(stats.not_applicable.items())),
         # fuzz tasks not run: their backend crashed or timed out at that kernel key before / on this case
         "crash_quarantined": dict(sorted(stats.crash_quarantined.items())),
+        # backends dropped mid-run: a method of theirs hung in the worker's process (fuzzer.guard), with why
+        "backends_quarantined": dict(sorted(getattr(stats, "backends_quarantined", {}).items())),
         "skipped_after_crash": dict(sorted(stats.skipped_after_crash.items())),
         # lanes: fuzz tasks not run because their environment was busy with an earlier case; tasks
         # that finished in the background (stored later); background tasks stopped at the end
@@ -409,6 +411,8 @@ def print_summary(
     for what, counts in skipped.items():
         if counts:
             out.print(f"Not run, no result ({what}): " + ", ".join(f"{n} {c}" for n, c in sorted(counts.items())))
+    for name, reason in sorted(getattr(stats, "backends_quarantined", {}).items()):
+        out.print(f"Quarantined (not run after this, its method hung in the worker's process): {name}: {reason}")
     if getattr(stats, "child_restarts", 0):
         out.print(
             f"Backend children started again (after a crash, a timeout or a lost pipe): {stats.child_restarts}, "
