@@ -42,7 +42,10 @@ past the timeout is killed and becomes ``timeout``; ``torch.OutOfMemoryError``, 
 OOM killer) and a child whose resident memory passes ``memory_limit_bytes`` (the executor watches
 it and kills the child) become ``oom``. The child is restarted and the remaining tasks of the
 case run in the new child, so no result is lost. On Linux a child dies with its parent
-(``PR_SET_PDEATHSIG``): a worker killed by SIGKILL leaves no child running a kernel.
+(``PR_SET_PDEATHSIG``): a worker killed by SIGKILL leaves no child running a kernel. A child
+ignores SIGINT and SIGTERM (its worker stops it; `become_child`). Its stdout and stderr go
+through a pipe to a log file its worker keeps under `LOG_MAX_BYTES` (`ChildLog`), whose last
+lines a crash or a hang reports.
 
 Protocol (parent -> child): ``("run", case_json, pack_inputs(case, inputs), [(backend_name, variant), ...])`` and
 ``("stop",)``. Child -> parent: ``("ready", {name: availability})`` once, then for each task

@@ -12,9 +12,16 @@ Each extra worker is a ``spawn`` process (no fork of a process with threads and 
 running `run_worker` with the same settings, except that it replays neither known buckets nor the
 corpus (the command's own worker does, once), serves no metrics, and, with ``--seed S``, draws
 with seed ``S + index``. It sends its `fuzzer.worker.WorkerStats` back when it stops (its time
-budget, Ctrl-C: the terminal's SIGINT reaches every process of the group, or an error), and the
-command adds them up (`fuzzer.worker.merge_stats`). While it runs, its case count is a shared
-integer the live display reads (`ExtraWorkers.progress`).
+budget, a stop signal, or an error), and the command adds them up (`fuzzer.worker.merge_stats`).
+While it runs, its case count is a shared integer the live display reads
+(`ExtraWorkers.progress`).
+
+Stopping: SIGINT and SIGTERM stop a worker process as Ctrl-C does. One the command gets (a
+terminal's Ctrl-C reaches every process of the group; a scheduler's SIGTERM, or ``kill``, often
+the command alone) is passed on to every extra worker at once (`ExtraWorkers.forward`), each of
+which then has `STOP_GRACE_S` to stop before it is killed; one sent to an extra worker stops that
+worker alone. An extra worker never outlives the command: the kernel sends it SIGTERM when the
+command dies, however it dies, and a watchdog kills it `STOP_GRACE_S` later if need be.
 """
 
 from __future__ import annotations

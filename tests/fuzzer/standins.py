@@ -7,6 +7,7 @@
 * `TwoVariantCrashBackend` ("standin-crash-two"): variants ``first`` and ``second``, both
   segfault when seqlen_q == 3; ``first`` prints to stdout.
 * `HangingBackend` ("standin-hang"): sleeps for an hour when seqlen_q == 5.
+* `ChattyBackend` ("standin-chatty"): writes 24 MiB to its stdout and stderr when seqlen_q == 3.
 * `SometimesCrashingBackend` ("standin-crash-some"): segfaults on one case in 16 (by case_id),
   whatever its shape: a backend that crashes now and then during a long run.
 * `CorrectBackend` ("standin-ok"): correct attention everywhere.
@@ -184,6 +185,27 @@ class TwoVariantCrashBackend(_Base):
             print("standin-crash-two says hello on stdout", flush=True)
         if case.seqlen_q == 3:
             ctypes.string_at(0)  # a real segmentation fault
+        return self._call(case, inputs, *self._bounds(case))
+
+
+CHATTY_BYTES = 24 * 2**20
+CHATTY_LAST_LINE = "standin-chatty: the last line"
+
+
+class ChattyBackend(_Base):
+    """("standin-chatty") when seqlen_q == 3, writes `CHATTY_BYTES` of numbered lines to fd 1 and
+    fd 2 before it answers, ending with `CHATTY_LAST_LINE` on stderr: a library that prints
+    without end (a child's log grew to 3.7 GB in 60 s so)."""
+
+    name = "standin-chatty"
+    environment = "standin-chatty"
+
+    def run(self, case, inputs, variant):
+        if case.seqlen_q == 3:
+            block = b"".join(b"standin-chatty line %06d padding padding padding padding\n" % i for i in range(1024))
+            for i in range(CHATTY_BYTES // len(block)):
+                os.write(1 + i % 2, block)
+            os.write(2, (CHATTY_LAST_LINE + "\n").encode())
         return self._call(case, inputs, *self._bounds(case))
 
 

@@ -414,6 +414,52 @@ def test_a_childs_stdout_goes_to_its_log_not_to_the_workers_stdout(capfd: pytest
     assert any("says hello on stdout" in text for text in logs)
 
 
+def test_a_child_printing_without_end_keeps_a_bounded_log_with_its_last_lines(tmp_path: Path) -> None:
+    """24 MiB written to a child's stdout and stderr leave a log of at most `LOG_MAX_BYTES` plus
+    `LOG_KEEP_BYTES` (and a line saying how much was dropped) that ends with the child's last
+    line; the call's outcome is the backend's own. Before, the log took all of it (a child grew
+    its log to 3.7 GB in 60 s)."""
+    from fuzzer.executor import LOG_KEEP_BYTES, LOG_MAX_BYTES, ChildProcessExecutor
+    from oracle.inputs import make_inputs
+    from tests.fuzzer.standins import CHATTY_BYTES, CHATTY_LAST_LINE
+
+    backends = registry.select([], ["tests.fuzzer.standins:ChattyBackend"])
+    case = AttentionCase(seqlen_q=3, seqlen_k=4, head_dim=8, dtype="float32")
+    with ChildProcessExecutor(backends, log_dir=str(tmp_path)) as executor:
+        outcomes = executor.run(case, make_inputs(case), [("standin-chatty", "native")], GENEROUS_TIMEOUT_S)
+    (log,) = tmp_path.iterdir()
+    size = log.stat().st_size
+    assert outcomes[0].status == "ok", outcomes[0].detail
+    assert size <= LOG_MAX_BYTES + LOG_KEEP_BYTES + 200, f"{size} bytes kept of {CHATTY_BYTES} written"
+    text = log.read_text()
+    assert "bytes of this log dropped in all" in text.splitlines()[0]
+    assert text.rstrip().endswith(CHATTY_LAST_LINE)
+
+
+def test_a_child_log_past_its_bound_starts_again_from_its_last_whole_lines(tmp_path: Path) -> None:
+    """`ChildLog` alone: what comes through its pipe is copied to the file; past ``max_bytes``
+    the file is a note of the bytes dropped in all and the last ``keep_bytes`` from a line start;
+    `ChildLog.tail` waits for what the writer wrote before it ended."""
+    from fuzzer.executor import ChildLog
+
+    path = tmp_path / "child.log"
+    log = ChildLog(str(path), max_bytes=1000, keep_bytes=100)
+    lines = [f"line {i:04d}\n".encode() for i in range(300)]  # 10 bytes each: 3000 bytes
+    for line in lines:
+        os.write(log.child_end.fileno(), line)
+    log.started()  # the only writer ends: the copy ends at the pipe's end
+    tail = log.tail(lines=3, ended=True)
+    text = path.read_text()
+    assert tail.splitlines() == ["line 0297", "line 0298", "line 0299"]
+    assert len(text) <= 1000 + 100 + 120, len(text)
+    note, *kept = text.splitlines()
+    assert note.startswith(f"[attnfuzz: {log.dropped_bytes} bytes of this log dropped in all")
+    assert kept == [line.decode().strip() for line in lines[-len(kept):]], "whole lines, in order, the last ones"
+    assert 0 < log.dropped_bytes < 3000
+    with pytest.raises(ValueError, match="keep_bytes"):
+        ChildLog(str(tmp_path / "other.log"), max_bytes=100, keep_bytes=100)
+
+
 def test_a_kernel_key_that_crashed_is_not_run_again_by_later_fuzz_cases() -> None:
     """`Worker._note_crashes` quarantines the crashed task's ``kernel_key`` and the keys of the
     backend's other variants on the case; a later fuzz case with the same key runs every other

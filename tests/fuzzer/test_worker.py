@@ -669,17 +669,23 @@ def test_a_worker_stopped_by_ctrl_c_ends_stopped_not_failed_and_one_that_raises_
 
 
 class _SwallowedCtrlCSink(MemorySink):
-    """A `MemorySink` in whose third case write a Ctrl-C arrives and its `KeyboardInterrupt` is
-    swallowed, as Python does to one raised in a garbage-collector callback (Hypothesis's)."""
+    """A `MemorySink` in whose third case write a Ctrl-C (or ``signum``) arrives and its
+    `KeyboardInterrupt` is swallowed, as Python does to one raised in a garbage-collector callback
+    (Hypothesis's)."""
+
+    def __init__(self, signum: int | None = None):
+        import signal
+
+        super().__init__()
+        self.signum = signal.SIGINT if signum is None else signum
 
     def record_case_results(self, *args, **kwargs):
         import os
-        import signal
 
         updates = super().record_case_results(*args, **kwargs)
         if len(self.cases) == 3:
             try:
-                os.kill(os.getpid(), signal.SIGINT)
+                os.kill(os.getpid(), self.signum)
                 for _ in range(1000):  # the handler runs at one of these bytecodes
                     pass
             except KeyboardInterrupt:
@@ -705,6 +711,36 @@ def test_a_ctrl_c_whose_interrupt_was_swallowed_still_stops_the_worker_at_the_ne
     finally:
         signal.signal(signal.SIGINT, started_with)
     assert len(sink.cases) == 3  # no case after the swallowed Ctrl-C
+    assert [w["status"] for w in sink.workers.values()] == ["stopped"]
+
+
+def test_a_sigterm_made_a_stop_stops_the_worker_as_ctrl_c_does_and_a_repeat_is_held():
+    """Where the command made SIGTERM a stop (`fuzzer.results.stop_on_signals`, as a worker
+    process does: ``once``), a SIGTERM stops the worker as Ctrl-C does, also when its
+    `KeyboardInterrupt` was swallowed: no case after it, its row ``stopped``, exit code 143; a
+    second SIGTERM while it stops raises nothing; the handlers are given back. Before, SIGTERM
+    ended the process at once (Python's default), its row left ``running``."""
+    import os
+    import signal
+
+    from fuzzer.results import raise_stop, stop_exit_code, stop_on_signals
+
+    backends = registry.select([], ["tests.fuzzer.standins:CorrectBackend"])
+    config = WorkerConfig(backends=backends, max_cases=12, time_budget_s=None, seed=3, isolation="none", shrink=False)
+    sink = _SwallowedCtrlCSink(signal.SIGTERM)
+    restore = stop_on_signals(once=True)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            Worker(config, sink).run()
+        assert signal.getsignal(signal.SIGTERM) is raise_stop  # the worker's own handler is taken away
+        os.kill(os.getpid(), signal.SIGTERM)  # a repeat (the command forwarding the same stop): held
+        for _ in range(1000):  # the handler runs at one of these bytecodes
+            pass
+        assert stop_exit_code() == 128 + signal.SIGTERM
+    finally:
+        restore()
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    assert len(sink.cases) == 3  # no case after the swallowed stop
     assert [w["status"] for w in sink.workers.values()] == ["stopped"]
 
 

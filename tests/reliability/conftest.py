@@ -131,13 +131,14 @@ def wait_for_work(condition: Callable[[], object], what: str, *, root: int, work
     started, base = time.monotonic(), run_cpu_s(root)
     used = 0.0
     while True:
-        value = condition()
+        ended = not is_running(root)
+        value = condition()  # after the check: a run that ended having got there counts
         if value:
             return value
         used = max(used, run_cpu_s(root) - base)
         waited = time.monotonic() - started
-        if used > work_s or waited > cap_s or not is_running(root):
-            why = "the run ended" if not is_running(root) else f"the run used {used:.1f} CPU s (bound {work_s:g})"
+        if used > work_s or waited > cap_s or ended:
+            why = "the run ended" if ended else f"the run used {used:.1f} CPU s (bound {work_s:g})"
             pytest.fail(f"gave up waiting for {what} after {waited:.0f} s: {why}")
         time.sleep(poll_s)  # polling interval of a condition wait
 
@@ -188,6 +189,11 @@ class Cli:
     def wait_for_work(self, condition: Callable[[], object], what: str, work_s: float) -> object:
         """`wait_for_work` on this run."""
         return wait_for_work(condition, what, root=self.process.pid, work_s=work_s)
+
+    def finish(self, work_s: float, what: str = "the run to end") -> int:
+        """The exit code, once the run has ended within ``work_s`` CPU seconds (`wait_for_work`)."""
+        self.wait_for_work(lambda: self.process.poll() is not None, what, work_s)
+        return self.process.returncode
 
     def stop(self, signum: int = signal.SIGINT) -> None:
         """Send ``signum`` to the CLI process alone (a stop: the tests' runs have long budgets

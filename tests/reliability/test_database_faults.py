@@ -9,30 +9,46 @@
 * Read-only: PostgreSQL switched to read-only transactions under the worker (exit 6, then
   recovery as above); a SQLite file on a read-only filesystem (clear error at start, nothing
   written).
+
+Every wait is bounded in CPU seconds of the worker under test (`wait_for_work`), not in seconds:
+these tests timed out twice on a machine with a load average of 8.4 on 2 cores (2026-12-03).
 """
 
 from __future__ import annotations
 
 import json
+import signal
 import sqlite3
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from fuzzer.spool import SPOOL_FILE, database_key
-from tests.reliability.conftest import counts, fuzz_args, query, wait_until
+from tests.reliability.conftest import WORK_CAP_S, counts, fuzz_args, query, spooled_writes
 
-pytestmark = pytest.mark.timeout(300)
+# each wait is bounded in CPU seconds of the worker (`wait_for_work`) and by WORK_CAP_S of wall time
+pytestmark = pytest.mark.timeout(3 * WORK_CAP_S)
+
+FIRST_RESULTS_WORK_S = 300.0
+"""CPU seconds a worker may use before its first results are stored (a quiet 2-core machine: about
+25: torch imported twice, the child started, the gate's first cases)."""
+FAULT_WORK_S = 300.0
+"""CPU seconds a worker may use, fuzzing on, until it has reacted to a fault or its end (spooled a
+few writes, flushed them after a retry delay of up to 30 s, exited): a few seconds of its work on
+a quiet machine, the retry delay's worth of fuzzing at most."""
+# The runs have an hour's budget and end when the test stops them (SIGINT, exit 130) once it has
+# seen what it waits for, or by themselves on a fault that stops a worker: a wall-clock budget
+# spent on a loaded machine before the worker got to the fault was the failure these tests had
+# (2026-12-03, load average 8.4 on 2 cores: 60 s waiting to spool, 120 s for the first results).
+LONG_BUDGET = ("--time-budget", "3600")
 
 
-def _spooled(spool_root: Path, url: str) -> int:
-    """Writes waiting in the spool slots of ``url``."""
-    total = 0
-    for path in (spool_root / database_key(url)).glob(f"slot-*/{SPOOL_FILE}"):
-        with sqlite3.connect(path, timeout=5) as db:
-            total += db.execute("SELECT COUNT(*) FROM entries").fetchone()[0]
-    return total
+def _stored_results(url: str) -> int:
+    """Results stored, or -1 while the database cannot be read (the server is down)."""
+    try:
+        return counts(url)["results"]
+    except Exception:  # noqa: BLE001 - a stopped server or a file locked at that instant
+        return -1
 
 
 def _ledger_keys(path: Path) -> tuple[set[tuple], int]:
@@ -71,39 +87,46 @@ def _assert_stored_exactly_once(url: str, ledger: Path) -> None:
 
 def test_postgresql_stopped_and_restarted_under_a_running_worker_loses_nothing(cli, private_postgres, tmp_path) -> None:
     url, spool, ledger = private_postgres.url, tmp_path / "spool", tmp_path / "ledger.jsonl"
-    worker = cli(*fuzz_args(url, spool, "--time-budget", "35", "--no-shrink", "--ledger", str(ledger), "--db-timeout", "2"))
-    wait_until(lambda: counts(url)["results"] >= 4, 120, "the first results")
+    worker = cli(*fuzz_args(url, spool, *LONG_BUDGET, "--no-shrink", "--ledger", str(ledger), "--db-timeout", "2"))
+    worker.wait_for_work(lambda: _stored_results(url) >= 4, "the first results", FIRST_RESULTS_WORK_S)
     before = counts(url)
     private_postgres.stop("immediate")
-    wait_until(lambda: _spooled(spool, url) >= 2, 60, "the worker to spool while the server is down")
+    worker.wait_for_work(lambda: spooled_writes(spool, url) >= 2, "the worker to spool while the server is down", FAULT_WORK_S)
     private_postgres.start()
-    assert worker.wait(180) == 0, worker.output()
+    worker.wait_for_work(
+        lambda: spooled_writes(spool, url) == 0 and _stored_results(url) > before["results"], "the spool's flush", FAULT_WORK_S
+    )
+    worker.stop(signal.SIGINT)
+    assert worker.finish(FAULT_WORK_S, "the worker to stop on Ctrl-C") == 130, worker.output()
 
     after = counts(url)
     _, spooled = _ledger_keys(ledger)
     assert spooled >= 1, "some results went through the spool"
     assert after["results"] > before["results"] and after["workers"] == before["workers"] == 1
-    assert _spooled(spool, url) == 0, "the spool is empty after the flush"
+    assert spooled_writes(spool, url) == 0, "the spool is empty after the flush"
     _assert_stored_exactly_once(url, ledger)
     assert "database outages: " in worker.output() and "left in" in worker.output()
 
 
 def test_sqlite_locked_by_another_writer_makes_the_worker_spool_then_flush(cli, sqlite_url, tmp_path) -> None:
     spool, ledger = tmp_path / "spool", tmp_path / "ledger.jsonl"
-    worker = cli(*fuzz_args(sqlite_url, spool, "--time-budget", "30", "--no-shrink", "--ledger", str(ledger),
-                            "--db-timeout", "0.2"))
-    wait_until(lambda: counts(sqlite_url)["results"] >= 4, 120, "the first results")
+    worker = cli(*fuzz_args(sqlite_url, spool, *LONG_BUDGET, "--no-shrink", "--ledger", str(ledger), "--db-timeout", "0.2"))
+    worker.wait_for_work(lambda: _stored_results(sqlite_url) >= 4, "the first results", FIRST_RESULTS_WORK_S)
     lock = sqlite3.connect(sqlite_url.removeprefix("sqlite:///"), timeout=30, isolation_level=None)
     try:
         lock.execute("BEGIN EXCLUSIVE")
         locked = counts(sqlite_url)  # readers still read the last committed state (WAL)
-        wait_until(lambda: _spooled(spool, sqlite_url) >= 2, 90, "the worker to spool while the file is locked")
+        worker.wait_for_work(lambda: spooled_writes(spool, sqlite_url) >= 2, "the worker to spool while the file is locked", FAULT_WORK_S)
         assert counts(sqlite_url) == locked, "nothing written while another writer holds the lock"
     finally:
         lock.execute("COMMIT")
         lock.close()
-    assert worker.wait(180) == 0, worker.output()
-    assert _spooled(spool, sqlite_url) == 0
+    worker.wait_for_work(
+        lambda: spooled_writes(spool, sqlite_url) == 0 and _stored_results(sqlite_url) > locked["results"], "the spool's flush", FAULT_WORK_S
+    )
+    worker.stop(signal.SIGINT)
+    assert worker.finish(FAULT_WORK_S, "the worker to stop on Ctrl-C") == 130, worker.output()
+    assert spooled_writes(spool, sqlite_url) == 0
     assert counts(sqlite_url)["results"] > locked["results"]
     _assert_stored_exactly_once(sqlite_url, ledger)
 
@@ -153,35 +176,35 @@ def test_disk_full_stops_the_worker_with_a_clear_error_and_loses_nothing(cli, sm
     url = f"sqlite:///{small_filesystem / 'attnfuzz.db'}"
     migrations.upgrade(url)
     spool, ledger = tmp_path / "spool", tmp_path / "ledger.jsonl"
-    args = fuzz_args(url, spool, "--time-budget", "60", "--no-shrink", "--ledger", str(ledger))
+    args = fuzz_args(url, spool, *LONG_BUDGET, "--no-shrink", "--ledger", str(ledger))
     worker = cli(*args)
-    wait_until(lambda: counts(url)["results"] >= 4, 120, "the first results")
+    worker.wait_for_work(lambda: _stored_results(url) >= 4, "the first results", FIRST_RESULTS_WORK_S)
     filler = _fill(small_filesystem)
-    code = worker.wait(120)
+    code = worker.finish(FAULT_WORK_S, "the worker to stop on the full disk")
     output = worker.output()
     assert code == 6, output
     assert "database refuses writes (disk full)" in output and "kept in spool" in output, output[-2000:]
     with sqlite3.connect(small_filesystem / "attnfuzz.db") as db:
         assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
-    assert _spooled(spool, url) >= 1, "the refused write waits in the spool"
+    assert spooled_writes(spool, url) >= 1, "the refused write waits in the spool"
     stored = set(_stored_keys(url))
     reported, _ = _ledger_keys(ledger)
     assert stored <= reported, "nothing stored that the worker did not report"
 
     _free_space(small_filesystem, filler)
     drain = cli(*fuzz_args(url, spool, "--max-cases", "0", "--no-shrink", "--no-replay", "--ledger", str(ledger)))
-    assert drain.wait(120) == 0, drain.output()
-    assert _spooled(spool, url) == 0
+    assert drain.finish(FIRST_RESULTS_WORK_S) == 0, drain.output()
+    assert spooled_writes(spool, url) == 0
     _assert_stored_exactly_once(url, ledger)
 
 
 def test_postgresql_turned_read_only_stops_the_worker_and_nothing_is_lost(cli, private_postgres, tmp_path) -> None:
     url, spool, ledger = private_postgres.url, tmp_path / "spool", tmp_path / "ledger.jsonl"
-    worker = cli(*fuzz_args(url, spool, "--time-budget", "60", "--no-shrink", "--ledger", str(ledger)))
-    wait_until(lambda: counts(url)["results"] >= 4, 120, "the first results")
+    worker = cli(*fuzz_args(url, spool, *LONG_BUDGET, "--no-shrink", "--ledger", str(ledger)))
+    worker.wait_for_work(lambda: _stored_results(url) >= 4, "the first results", FIRST_RESULTS_WORK_S)
     private_postgres.execute("ALTER SYSTEM SET default_transaction_read_only = on")
     private_postgres.execute("SELECT pg_reload_conf()")
-    code = worker.wait(120)
+    code = worker.finish(FAULT_WORK_S, "the worker to stop on the read-only database")
     output = worker.output()
     assert code == 6, output
     assert "database refuses writes (read-only database)" in output, output[-2000:]
@@ -191,9 +214,9 @@ def test_postgresql_turned_read_only_stops_the_worker_and_nothing_is_lost(cli, p
     private_postgres.execute("ALTER SYSTEM RESET default_transaction_read_only")
     private_postgres.execute("SELECT pg_reload_conf()")
     drain = cli(*fuzz_args(url, spool, "--max-cases", "0", "--no-shrink", "--no-replay", "--ledger", str(ledger)))
-    assert drain.wait(120) == 0, drain.output()
+    assert drain.finish(FIRST_RESULTS_WORK_S) == 0, drain.output()
     assert counts(url)["results"] >= frozen["results"]
-    assert _spooled(spool, url) == 0
+    assert spooled_writes(spool, url) == 0
     _assert_stored_exactly_once(url, ledger)
 
 
@@ -205,7 +228,7 @@ def test_a_sqlite_file_on_a_read_only_filesystem_is_refused_at_start(cli, small_
     remount = subprocess.run(["mount", "-o", "remount,ro", str(small_filesystem)], capture_output=True, text=True)
     assert remount.returncode == 0, remount.stderr
     worker = cli(*fuzz_args(url, tmp_path / "spool", "--max-cases", "3", "--no-shrink"))
-    code = worker.wait(120)
+    code = worker.finish(FIRST_RESULTS_WORK_S)
     output = worker.output()
     assert code == 6, output
     assert "refuses writes (read-only database" in output and "is not writable" in output, output[-2000:]

@@ -4,6 +4,9 @@ committed the write before the worker saw the connection drop."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -78,3 +81,38 @@ def test_a_refused_write_is_kept_in_the_spool_and_raised(tmp_path: Path) -> None
     assert sink.pending == 1
     ((_, op, payload),) = sink.spool.entries()
     assert op == "record_case_results" and len(payload["results"]) == 3
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_stop_signal_during_a_stored_write_is_raised_after_its_ledger_lines(tmp_path: Path, signum: int) -> None:
+    """A Ctrl-C, or a SIGTERM the command made a stop (`fuzzer.results.stop_on_signals`), that
+    comes while a case's results are being written is raised once the ledger names them: a
+    result stored is a result reported. Before, the `KeyboardInterrupt` came out of the write
+    and the ledger missed the case (a stop mid-run then read as results stored but never
+    reported)."""
+    from fuzzer.results import stop_exit_code, stop_on_signals
+
+    class InterruptedSink(FlakySink):
+        def record_case_results(self, *args, **kwargs):
+            stored = super().record_case_results(*args, **kwargs)
+            os.kill(os.getpid(), signum)  # the handler runs at the next bytecode, still inside the write
+            return stored
+
+    started_with = signal.signal(signal.SIGINT, signal.default_int_handler)  # a background run starts with it ignored
+    restore = stop_on_signals()
+    try:
+        inner = InterruptedSink()
+        sink, _ = _sink(tmp_path, inner, Ledger(tmp_path / "ledger.jsonl"))
+        build_id = sink.register_build(BuildFingerprint())
+        with pytest.raises(KeyboardInterrupt):
+            sink.record_case_results(CASES[0].to_json(), "fuzz", _results(CASES[0]), build_id, None)
+        assert stop_exit_code() == 128 + signum
+    finally:
+        restore()
+        signal.signal(signal.SIGINT, started_with)
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # given back
+    assert len(inner.results) == 3
+    lines = [json.loads(line) for line in (tmp_path / "ledger.jsonl").read_text().splitlines()]
+    assert [(e["event"], e["variant"], e["written"]) for e in lines] == [
+        ("result", "native", True), ("result", "window", True), ("result", "buggy", True)
+    ]

@@ -314,6 +314,56 @@ class LocalBackend(CorrectBackend):
 '''
 
 
+CHATTYK = '''
+import os
+from tests.fuzzer.standins import CorrectBackend
+
+print("chattyk: print at import")  # in every worker process that loads the plugin
+os.write(1, b"chattyk: fd 1 at import\\n")  # as a C library writes
+
+
+class ChattyBackend(CorrectBackend):
+    """Correct attention that prints on stdout (Python's and fd 1) wherever its code runs."""
+
+    name = "chattyk"
+
+    def unsupported_reasons(self, case, variant):
+        print("chattyk: print in unsupported_reasons")
+        return super().unsupported_reasons(case, variant)
+
+    def run(self, case, inputs, variant):
+        print("chattyk: print in run")
+        os.write(1, b"chattyk: fd 1 in run\\n")
+        return super().run(case, inputs, variant)
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "layout", [("--isolation", "none"), ("--workers", "2")], ids=["in-the-worker-process", "two-worker-processes"]
+)
+def test_a_plugins_prints_go_to_stderr_and_fuzz_json_prints_only_its_json(tmp_path: Path, layout: tuple[str, str]) -> None:
+    """``fuzz --json``'s stdout is the JSON document alone: what a plugin prints in a worker
+    process (at import, in ``unsupported_reasons``, in ``run`` without isolation; Python's
+    ``print`` or a write to fd 1, in the command's process or a second worker's) goes to stderr.
+    Before, those lines came first on stdout and the JSON could not be read."""
+    (tmp_path / "chattyk.py").write_text(CHATTYK)
+    run = _attnfuzz(
+        "fuzz", "--backend", "chattyk:ChattyBackend", *layout, "--max-cases", "4", "--db", "run.db",
+        "--no-shrink", "--no-replay", "--corpus", "", "--json", "--spool-dir", str(tmp_path / "spool"),
+        cwd=tmp_path, env={"PYTHONPATH": str(ROOT)},
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "chattyk: " not in run.stdout, run.stdout[:2000]
+    summary = json.loads(run.stdout)
+    assert summary["cases"] >= 1 and summary["evaluations_by_backend"]["chattyk"]["pass"] >= 1
+    printed = ["print at import", "fd 1 at import", "print in unsupported_reasons"]
+    if layout[0] == "--isolation":  # run is called in the worker process (else in its child: the child's log)
+        printed += ["print in run", "fd 1 in run"]
+    for line in printed:
+        assert f"chattyk: {line}" in run.stderr, (line, run.stderr[-2000:])
+
+
 @pytest.mark.slow
 def test_ctrl_c_during_fuzz_prints_what_was_stored_and_where(tmp_path: Path) -> None:
     """``--backend localk:LocalBackend`` with localk.py in the cwd is found; a Ctrl-C in the middle
