@@ -27,14 +27,15 @@ earlier case is left out (`fuzzer.executor.BUSY`), and after the oracle the eval
 ``lane_grace_s`` for the others; what still runs becomes ``Evaluation.late`` (a `LateRun`), judged
 later by `Evaluator.collect_late`.
 
-Background judging (``judge_later``, the worker's fuzz cases on CUDA): the ``ok`` outcomes are
-judged on the evaluator's judge thread (`PendingJudgement`, one thread, first in first out; on a
-GPU its own CUDA stream) while the caller goes on with the next case; the outcomes that did not
-return (crash, timeout, error) are turned into results at once. The caller collects the finished
-judgements (`PendingJudgement.done`, `PendingJudgement.result`). Why: on the H200 (2026-12-02,
-fourteenth session) the comparison took 18-25 ms a case on the worker's thread, mostly waiting for
-the GPU beside the children's kernels, 13% of the wall time; the worker's thread only waits for a
-judgement when too many are pending (`fuzzer.worker.MAX_PENDING_JUDGEMENTS`) and at the end.
+Background judging (``judge_later``, the worker's fuzz cases on CUDA): the ``ok`` outcomes are judged on
+the evaluator's judge thread (`PendingJudgement`, one thread, first in first out; on a GPU its own CUDA
+stream) while the caller goes on with the next case; the outcomes that did not return (crash, timeout,
+error) are turned into results at once. The caller collects the finished judgements
+(`PendingJudgement.done`, `PendingJudgement.result`). Why: on the H200 (2026-12-02, 451305b;
+`benchmarks/gpu/results/2026-12-02-451305b-default/manifest.json`) the comparison took 18-25 ms a case
+on the worker's thread, mostly waiting for the GPU beside the children's kernels, 13% of the wall time;
+the worker's thread only waits for a judgement when too many are pending
+(`fuzzer.worker.MAX_PENDING_JUDGEMENTS`) and at the end.
 
 It stores nothing: the `Evaluation` it returns holds the results (and, for a CP case, the twin
 case and its results) for the caller to record.

@@ -1363,10 +1363,11 @@ class ChildProcessExecutor:
             takes it at once (``spares_used``) and orders another. None: never (each restart
             starts a child and waits for it). Why: a CUDA child imports FA4 or TE and creates its
             context, seconds each time, and a kernel that crashes once tends to crash again; on
-            the H200 (2026-12-02, twelfth session) FA4 crashed 11 times in a 600 s run and its
-            lane ran 383 cases in 449 s of work, of which compiles took 120 s and kernels 82 s.
-            The spare costs a process (host and device memory) only for environments that
-            crashed.
+            the H200 (2026-12-02, cfec051;
+            `benchmarks/gpu/results/2026-12-02-cfec051-default/manifest.json`) FA4 crashed 11
+            times in a 600 s run and its lane ran 383 cases in 449 s of work, of which compiles
+            took 120 s and kernels 82 s. The spare costs a process (host and device memory) only
+            for environments that crashed.
 
     One run per environment at a time: `submit` waits for an environment still working on an
     earlier submitted run (or, with ``skip_busy``, leaves it out: lanes), and `run` without

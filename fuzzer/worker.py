@@ -312,11 +312,12 @@ OWN_PARTS = {
     "collecting the lanes' late parts, the minimisation queue's claims, heartbeats",
     "start": "from the worker's start to its first chunk, outside shrinking (redone and replayed cases)",
 }
-"""The measured parts of attnfuzz's own work on the worker's thread (`WorkerStats.own_parts`), by
-name, with what each covers; inputs and comparison are measured apart (``inputs_s``, ``judge_s``)
-and what none covers is `WorkerStats.own_other_s`. Why: on the H200 (2026-12-02, fifteenth
-session) about 50 s of a 600 s campaign's own work fell outside inputs and comparison, and outside
-the profiler's window: with the parts measured, every run says where it goes."""
+"""The measured parts of attnfuzz's own work on the worker's thread (`WorkerStats.own_parts`), by name,
+with what each covers; inputs and comparison are measured apart (``inputs_s``, ``judge_s``) and what
+none covers is `WorkerStats.own_other_s`. Why: on the H200 (2026-12-02, fa33008;
+`benchmarks/gpu/results/2026-12-02-fa33008-default/manifest.json`) about 50 s of a 600 s campaign's own
+work fell outside inputs and comparison, and outside the profiler's window: with the parts measured,
+every run says where it goes."""
 
 LANE_MODES = ("auto", "on", "off")
 """`WorkerConfig.lanes` values."""
@@ -350,7 +351,7 @@ last minimisation of a run (its last predicate call past the deadline and its re
 made up by later fuzzing, and ``_shrink_overrun_s`` only knows the overruns seen before it. On the
 H200 a 25% share ended at 25.15% (2026-12-01) and 25.8% (2026-12-02, 155.7 of 602.7 s) before the
 overrun was tracked; with it and a 5% margin (aiming at 23.75%) 600 s campaigns ended at 23.7%,
-22.5% and 26.0% (fifteenth session: 149.5 of 574.5 s; likely a JIT backend's predicate call
+22.5% and 26.0% (fa33008, 2026-12-02: 149.5 of 574.5 s; likely a JIT backend's predicate call
 compiling past its slice, not measured) and a 480 s run at 21.0%. Aiming at 20% leaves room for an overrun
 of about 30 s in a 600 s run (each of those four would have ended about 2.4 points lower); a JIT backend's
 compile failure, whose predicate calls each rebuild a failing kernel, is no longer shrunk
@@ -551,12 +552,12 @@ def kernel_class(case: AttentionCase) -> tuple[bool, bool, bool, bool, bool]:
     ``kernel_key`` adds dtype, head dims, GQA, layout and its own fields).
 
     Why: over the compile budget (`Worker._compile_gated_tasks`) a JIT backend runs only kernels
-    already built, and its draws reuse its templates (`TEMPLATE_SHARE_OVER`), so the mask kinds
-    of its first few cases were all it ever ran: on the H200 (2026-12-02, thirteenth session)
-    FA4's first causal case ran 122 s into a 600 s campaign (about 40 causal cases of
-    1,188), and the seed's class, a causal defect of FA4, was first stored at 268 s. The first
-    kernel of each class is built even over the budget (``stats.compile_novel``): at most 32 per
-    backend, fewer where it declares no windows or softcap."""
+    already built, and its draws reuse its templates (`TEMPLATE_SHARE_OVER`), so the mask kinds of its
+    first few cases were all it ever ran: on the H200 (2026-12-02, 99acd79;
+    `benchmarks/gpu/results/2026-12-02-99acd79-default/manifest.json`) FA4's first causal case ran 122 s
+    into a 600 s campaign (about 40 causal cases of 1,188), and the seed's class, a causal defect of
+    FA4, was first stored at 268 s. The first kernel of each class is built even over the budget
+    (``stats.compile_novel``): at most 32 per backend, fewer where it declares no windows or softcap."""
     return (
         case.causal,
         case.window_size_left is not None,
@@ -1009,11 +1010,12 @@ class Worker:
 
         Why: a backend busy in its lane sits out every case drawn meanwhile (`fuzzer.executor.BUSY`),
         so a chunk's draws for it ran on the other backends only, all inside its capabilities
-        (and over its compile budget its templates). The target plan favours the least covered
-        backend, which a backend busy compiling stays: on the H200 (2026-12-02, eleventh
-        session) 2,458 of the 3,508 cases were drawn for torch-flex (busy on 2,236 of them, one
-        kernel template), and only 8% of the stored cases were causal, 10% with a backward pass.
-        So `strategy` leaves the busy backends out of the chunk's plan while some backend is free."""
+        (and over its compile budget its templates). The target plan favours the least covered backend,
+        which a backend busy compiling stays: on the H200 (2026-12-02, 4517ce8;
+        `benchmarks/gpu/results/2026-12-02-4517ce8-default/manifest.json`) 2,458 of the 3,508 cases were
+        drawn for torch-flex (busy on 2,236 of them, one kernel template), and only 8% of the stored
+        cases were causal, 10% with a backward pass. So `strategy` leaves the busy backends out of the
+        chunk's plan while some backend is free."""
         if not self.lanes_on:
             return set()
         busy_environments = getattr(self._executor, "busy_environments", None)
@@ -1036,11 +1038,11 @@ class Worker:
 
         Why per lane: with lanes a compile holds up only its own environment (the case goes on
         without it; `fuzzer.evaluate.Evaluator.evaluate`), so one backend's expensive kernels
-        must not bind every other JIT backend's draws to their first templates. On the H200
-        (2026-12-02, tenth session) torch-flex's compiles kept the total over the budget in 214
-        of 216 chunks: fa4 (35 s of compile in 600 s) and te-fa4 (11 s) drew from 8 and 6
-        templates all run long, and only 50 of 3,882 stored cases were causal (the seed's
-        TE-on-FA4 class was not found)."""
+        must not bind every other JIT backend's draws to their first templates. On the H200 (2026-12-02,
+        1ef6565; `benchmarks/gpu/results/2026-12-02-1ef6565-default/manifest.json`) torch-flex's
+        compiles kept the total over the budget in 214 of 216 chunks: fa4 (35 s of compile in 600 s) and
+        te-fa4 (11 s) drew from 8 and 6 templates all run long, and only 50 of 3,882 stored cases were
+        causal (the seed's TE-on-FA4 class was not found)."""
         allowed_s = self._compile_allowance_s()
         if allowed_s is None:
             return None
@@ -1191,10 +1193,10 @@ class Worker:
                 continue
             if backend is None:
                 continue
-            # No more draws for the backend from this case's template: on the H200 (2026-12-02,
-            # twelfth session) crashed FA4 cases had become templates, so its template draws kept
-            # landing on quarantined keys (2,896 fa4 tasks quarantined; it ran 383 cases of 1,250
-            # drawn for it).
+            # No more draws for the backend from this case's template: on the H200 (2026-12-02, cfec051;
+            # benchmarks/gpu/results/2026-12-02-cfec051-default/manifest.json) crashed FA4 cases had
+            # become templates, so its template draws kept landing on quarantined keys (2,896 fa4 tasks
+            # quarantined; it ran 383 cases of 1,250 drawn for it).
             self._kernel_templates.get(result.backend, {}).pop(KernelTemplate.of(case), None)
             # every variant's key on this case: the variants of a backend call one library
             # entry with other mask arguments, and on the H200 (2026-12-02) FA4 crashed 11 times
@@ -1973,11 +1975,12 @@ class Worker:
         ``unchanged``, with a note saying why), and end the lease.
 
         Why: a kernel that fails to build is not cached, so every predicate call of a shrink
-        builds it again, and what decides the failure is the kernel key (dtype, head dims, mask
-        kind), which a JIT backend's shrink keeps anyway. On the H200 (2026-12-02, fifteenth
-        session) one torch-flex ``error:InductorError`` bucket took 7 predicate calls in its
-        slice (a flex build fails after 15-100 s), and the campaign's shrinking ended at 26.0% of
-        the wall time against a bound of 25%."""
+        builds it again, and what decides the failure is the kernel key (dtype, head dims, mask kind),
+        which a JIT backend's shrink keeps anyway. On the H200 (2026-12-02, fa33008;
+        `benchmarks/gpu/results/2026-12-02-fa33008-default/manifest.json`) one torch-flex
+        ``error:InductorError`` bucket took 7 predicate calls in its slice (a flex build fails after
+        15-100 s), and the campaign's shrinking ended at 26.0% of the wall time against a bound of
+        25%."""
         note = (
             "not shrunk: a JIT backend's compile failure (every run builds the failing kernel again; "
             "its kernel key, kept by any shrink, decides it)"

@@ -44,17 +44,18 @@ shuffles; the order of a sum's terms is all that changes). Only key tiles inside
 hi)`` of the CTA's rows are visited; CTAs run heaviest first. Shared-memory rows are padded so that
 fragment loads are free of bank conflicts.
 
-Measured on an H200 (b4 s4096 h16 d128 causal bf16, 2026-11-30, fourth session,
-`benchmarks/gpu/results-2026-11-30-s4/`): the default tile ``TileConfig(8, 32, 1)`` runs
-`dense_forward` in 8.5-8.6 ms and `direct_forward` (its k/v copies included) in 8.6-9.0 ms, about
-32 TFLOP/s of float64 (48% of the m16n8k16 rate; Nsight Compute: 2 warps per scheduler, the float64
-tensor pipe active 51% of cycles before the last changes); `oracle.reference.reference(engine="cuda")`
-takes 8.7-9.0 ms in all (error scales included), 5.3-5.5x faster than the naive float64 reference
-(47.8-48.0 ms) and 1.5x faster than the Triton engine. Variants measured and removed: 4-warp CTAs two
-per SM with one K/V buffer 11.2 ms, two accumulator chains per score tile 9.8 ms, a transposed V
-tile with 16-byte loads 11.5-12.0 ms, bf16 K/V converted in the kernel 9.9-11.6 ms, 16-byte Q/K/V
-fragment loads through permuted indices (register spills, +5-13%), a table-driven exp (Tang 1989)
-and exp interleaved with P V by 16-key chunk (no gain).
+Measured on an H200 (b4 s4096 h16 d128 causal bf16, 2026-11-30, 6a49b49;
+`benchmarks/gpu/results/2026-11-30-6a49b49-oracle/manifest.json`): the default tile
+``TileConfig(8, 32, 1)`` runs `dense_forward` in 8.5-8.6 ms and `direct_forward` (its k/v copies
+included) in 8.6-9.0 ms, about 32 TFLOP/s of float64 (48% of the m16n8k16 rate; Nsight Compute: 2
+warps per scheduler, the float64 tensor pipe active 51% of cycles before the last changes);
+`oracle.reference.reference(engine="cuda")` takes 8.7-9.0 ms in all (error scales included),
+5.3-5.5x faster than the naive float64 reference (47.8-48.0 ms) and 1.5x faster than the Triton
+engine. Variants measured and removed: 4-warp CTAs two per SM with one K/V buffer 11.2 ms, two
+accumulator chains per score tile 9.8 ms, a transposed V tile with 16-byte loads 11.5-12.0 ms, bf16
+K/V converted in the kernel 9.9-11.6 ms, 16-byte Q/K/V fragment loads through permuted indices
+(register spills, +5-13%), a table-driven exp (Tang 1989) and exp interleaved with P V by 16-key
+chunk (no gain).
 
 Limits: compute capability 9.0 or newer (sm_90 DMMA shapes), ``head_dim``/``head_dim_v`` <= 128
 (register budget), bshd/sbhd, a torch with ``torch.cuda._compile_kernel``. `unsupported_reason`

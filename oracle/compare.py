@@ -619,9 +619,10 @@ def prepare_tensor(
     # (an L2 bound over the tile bounds each entry), so where the float64 value lies within that of
     # the largest finite value, an infinity of the same sign is within the tolerance: IEEE 754-2019
     # 4.3.1, round-to-nearest overflows to +-inf past the largest finite value. Seen on the H200
-    # (2026-12-01, eighth and ninth sessions): float16 dk of about 6.0e4 to 6.5e4 with a large dout,
-    # infinite in every float16 backend. Checked only when some entry can be that close: a tile's
-    # allowance is at most the tensor's and no entry exceeds the tensor's norm (no extra sync). The
+    # (2026-12-01, 5b9657e and cf04de3; docs/gpu-campaigns.md "Findings", fp16 overflow at the
+    # range's edge): float16 dk of about 6.0e4 to 6.5e4 with a large dout, infinite in every float16
+    # backend. Checked only when some entry can be that close: a tile's allowance is at most the
+    # tensor's and no entry exceeds the tensor's norm (no extra sync). The
     # exported repro's judge applies the same rule with the stored tile allowances.
     largest = torch.finfo(getattr(torch, round_to)).max
     sums = [base2_sum.sqrt(), scale2_sum.sqrt(), allowed_for(base2_sum, scale2_sum, ref.numel()), ref2_rows.sum().sqrt()]
@@ -801,9 +802,11 @@ def judge_tensors(prepared: PreparedTensor, actuals: list[torch.Tensor], *, batc
     with three host transfers per batch (the finiteness test, the figures, the worst entries)
     instead of about ten per tensor, and the worst entry is looked for in the worst tile only (no
     full-tensor ``argmax``). On the H200 a case of 20 outputs judged 2.4-5.7x faster than one by
-    one (`benchmarks/judge_batch_bench.py`, 2026-12-02; the ninth session had judged at 1.5 ms a
-    result, 15.7% of the wall time). A host tensor holding the same bits as an earlier one of
-    ``actuals`` is not judged again: it takes that one's verdict (`_same_as_earlier`).
+    one (`benchmarks/judge_batch_bench.py`, 2026-12-02; one by one, the H200 campaign of 2026-12-01
+    at cf04de3 had judged at 1.5 ms a result, 15.7% of the wall time:
+    `benchmarks/gpu/results/2026-12-01-cf04de3-default/manifest.json`). A host tensor holding the
+    same bits as an earlier one of ``actuals`` is not judged again: it takes that one's verdict
+    (`_same_as_earlier`).
 
     Args:
         prepared: the reference's `prepare_tensor`.

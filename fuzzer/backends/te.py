@@ -993,10 +993,10 @@ class TEFusedBackend(TEBackend):
         ``thd`` with the padding mask), and of ``seqlen_q == seqlen_k == 1`` (the longest sequence
         of each side, for ``thd``).
 
-        The bottom-right rule was measured on the H200 (TE 2.20.2, cuDNN 9.19, 2026-12-02, eleventh
-        session): b1 sq2 sk1 bshd bottom-right causal gave "Disabling FusedAttention: Bottom right
-        causal mask does not support max_s_q > max_s_kv" and no backend, 87
-        ``error:declaration_gap`` results in the 600 s campaign.
+        The bottom-right rule was measured on the H200 (TE 2.20.2, cuDNN 9.19, 2026-12-02, 4517ce8;
+        `benchmarks/gpu/results/2026-12-02-4517ce8-default/manifest.json`): b1 sq2 sk1 bshd
+        bottom-right causal gave "Disabling FusedAttention: Bottom right causal mask does not support
+        max_s_q > max_s_kv" and no backend, 87 ``error:declaration_gap`` results in the 600 s campaign.
 
         The second was measured on the H200 (TE 2.20.2, cuDNN 9.19, 2026-12-01): TE answered a
         forward-only b1 sq1 sk1 case with "Disabling FusedAttention: s_q = s_kv = 1 is not

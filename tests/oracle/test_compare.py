@@ -598,7 +598,8 @@ def test_the_batch_judges_a_reference_stored_in_another_order_with_unjudged_entr
     """A reference whose storage is not in the judging order (sbhd: ``[b, s, h, d]`` viewed over
     ``[s, b, h, d]``) with entries it leaves unjudged: the batch engine gives the one-tensor
     verdicts (on the H200 it raised there: a mask in the reference's order made a later
-    ``view`` impossible; 4 ``attnfuzz_error`` results of the tenth session's campaign)."""
+    ``view`` impossible; 4 ``attnfuzz_error`` results of the H200 campaign of 2026-12-02 at 1ef6565,
+    fixed in 418316d: docs/gpu-campaigns.md "Findings")."""
     from oracle.compare import judge_tensor, judge_tensors, prepare_tensor
 
     gen = torch.Generator().manual_seed(3)

@@ -166,8 +166,8 @@ def test_a_case_stored_without_allowances_is_refused_in_the_request_not_computed
 
 def test_the_text_report_names_each_bucket_s_case_to_export(standin) -> None:
     """Each bucket line of ``attnfuzz report`` ends with ``[case ID]``, the case ``export`` takes
-    (rich took it for markup and dropped it: the tenth and eleventh sessions' campaign reports
-    had no case id)."""
+    (rich took it for markup and dropped it: the campaign reports of the H200 runs of 2026-12-02 at
+    1ef6565 and 4517ce8 had no case id)."""
     from service.cli.main import app
 
     url, _, builder = standin
