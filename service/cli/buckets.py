@@ -72,6 +72,29 @@ def _bucket_json(bucket: Any) -> dict[str, Any]:
     return data
 
 
+def _findings_json(session: Any, bucket: Any, detail: Any) -> dict[str, str]:
+    """What the bucket page opens with (`service.db.findings.bucket_findings`), as plain text:
+    the verdict in words, why it has its severity, the design limit's mechanism, the second
+    opinion and the consensus ("" where there is none; never raises: the figures are a reading
+    aid, the stored rows stand)."""
+    from service.db.findings import bucket_findings
+
+    try:
+        shown = getattr(detail, "failing_result", None)
+        case = bucket.minimised_case or bucket.first_case
+        found = bucket_findings(session, bucket, shown, case.config if case is not None else None)
+        evidence = found.evidence
+        return {
+            "verdict": found.verdict,
+            "severity_reason": found.severity_reason,
+            "why": found.limit_group.why if found.limit_group is not None else "",
+            "second_opinion": evidence.second_opinion.text if evidence.second_opinion is not None else "",
+            "consensus": evidence.consensus.text if evidence.consensus is not None else "",
+        }
+    except Exception as exc:  # noqa: BLE001 - an old or partial row: the rest of the page stands
+        return {"verdict": f"not available ({type(exc).__name__})"}
+
+
 @buckets_app.command("list")
 def buckets_list(
     db: DbOption = None,
@@ -172,6 +195,7 @@ def buckets_show(
                 data["result_count"] = detail.result_count
                 data["first_build"] = bucket.first_build.fingerprint_id
                 data["last_build"] = bucket.last_build.fingerprint_id
+                data["findings"] = _findings_json(session, bucket, detail)
                 for key, case in (("first_case", bucket.first_case), ("minimised_case", bucket.minimised_case)):
                     if case is None:
                         data[key] = None
@@ -205,6 +229,10 @@ def buckets_show(
     for key in ("first_case", "minimised_case"):
         if data[key] is not None:
             out.print(escape(f"  {key.replace('_', ' ')}: {data[key]['case_id']}  {data[key]['description']}"), soft_wrap=True)
+    for key, label in (("verdict", "verdict"), ("severity_reason", "severity"), ("why", "design limit"),
+                       ("second_opinion", "second opinion"), ("consensus", "consensus")):
+        if data["findings"].get(key):
+            out.print(terminal_text(f"  {label}: {data['findings'][key]}"), soft_wrap=True)
     if data["minimise_note"]:
         out.print(terminal_text(f"  shrink: {data['minimise_note']}"), soft_wrap=True)
     if data["upstream_url"] or data["notes"] or data["duplicate_of_id"]:

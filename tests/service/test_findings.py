@@ -418,3 +418,19 @@ def test_what_the_fuzzer_judged_reads_as_it_judged_it(client: TestClient, store:
     groups = client.get("/api/buckets/limits").json()
     assert sorted(b for g in groups for b in g["backends"]) == ["design-flash", "design-gqa-fp16"]
     assert all(g["mechanism"] == "gqa_grads_per_head" for g in groups), groups
+
+
+def test_buckets_show_leads_with_the_verdict_the_mechanism_and_the_evidence(stored_url) -> None:
+    """`attnfuzz buckets show` of a design limit names the mechanism (a new user's trial found only
+    the shrink note there), and of a defect its second opinion and consensus."""
+    url, ids = stored_url
+    limit = _invoke("buckets", "show", str(ids.limit_flash), "--db", url)
+    assert limit.exit_code == 0, limit.output
+    out = " ".join(limit.stdout.split())
+    assert f"design limit: {WHY}" in out and "severity: limit" in out
+    zero = " ".join(_invoke("buckets", "show", str(ids.zero), "--db", url).stdout.split())
+    assert "verdict: out is all zero" in zero
+    assert "second opinion: a correct float32 emulation of the 'fa4' design passes this case" in zero
+    assert "consensus: passes: torch-sdpa-math/is_causal" in zero
+    data = json.loads(_invoke("buckets", "show", str(ids.zero), "--db", url, "--json").stdout)
+    assert data["findings"]["second_opinion"].endswith("a kernel defect")
