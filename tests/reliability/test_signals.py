@@ -88,7 +88,17 @@ def _run_processes(run: Cli) -> set[int]:
     return process_tree(run.process.pid) | tagged_processes(run.tag)
 
 
-def _wait_gone(pids: set[int], tag: str | None, bound_s: float) -> float:
+def _described(pid: int) -> str:
+    """``pid``'s parent, state and command line, for a failure message."""
+    try:
+        status = dict(line.split(":\t", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":\t" in line)
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")[:160].decode(errors="replace")
+    except OSError:
+        return f"{pid}: gone"
+    return f"{pid} (parent {status.get('PPid')}, {status.get('State')}): {command}"
+
+
+def _wait_gone(pids: set[int], tag: str | None, bound_s: float, run: Cli) -> float:
     """Seconds until none of ``pids`` (nor any process tagged ``tag``) runs; fails past ``bound_s``."""
     started = time.monotonic()
     while True:
@@ -97,8 +107,11 @@ def _wait_gone(pids: set[int], tag: str | None, bound_s: float) -> float:
         if not left:
             return waited
         if waited > bound_s:
-            commands = {p: Path(f"/proc/{p}/cmdline").read_bytes()[:100] for p in left if is_running(p)}
-            pytest.fail(f"{len(left)} processes of the run still running {bound_s:g} s after the signal: {commands}")
+            described = "\n".join(_described(p) for p in sorted(left))
+            pytest.fail(
+                f"{len(left)} processes of the run still running {bound_s:g} s after the signal:\n{described}\n"
+                f"output:\n{run.output()[-3000:]}"
+            )
         time.sleep(0.1)  # polling interval of a condition wait
 
 
@@ -125,7 +138,7 @@ def test_a_stop_signal_to_the_command_alone_stops_every_process_of_the_run_withi
     processes = _run_processes(run)
     assert len(processes) >= 4, f"the command, a second worker and their backend children: {processes}"
     os.kill(run.process.pid, signum)  # the command alone: not its process group
-    took = _wait_gone(processes, run.tag, STOP_BOUND_S)
+    took = _wait_gone(processes, run.tag, STOP_BOUND_S, run)
     code = run.wait(10)
     assert code == 128 + signum, f"exit {code} after {took:.1f} s; output:\n{run.output()[-3000:]}"
     statuses = [s for (s,) in query(run_url, "SELECT status FROM workers ORDER BY id")]
@@ -143,7 +156,7 @@ def test_sigterm_to_one_worker_process_stops_that_worker_alone_and_cleanly(cli, 
     other_processes = process_tree(other_pid)
     assert len(other_processes) >= 2, "the second worker and its backend child"
     os.kill(other_pid, signal.SIGTERM)
-    _wait_gone(other_processes, None, STOP_BOUND_S)
+    _wait_gone(other_processes, None, STOP_BOUND_S, run)
     assert dict(query(sqlite_url, "SELECT id, status FROM workers"))[other_id] == "stopped"
     assert run.process.poll() is None, "the command goes on"
     own_id = next(i for i in pids if i != other_id)
@@ -152,7 +165,7 @@ def test_sigterm_to_one_worker_process_stops_that_worker_alone_and_cleanly(cli, 
 
     processes = _run_processes(run)
     run.stop(signal.SIGTERM)
-    _wait_gone(processes, run.tag, STOP_BOUND_S)
+    _wait_gone(processes, run.tag, STOP_BOUND_S, run)
     assert run.wait(10) == 128 + signal.SIGTERM, run.output()[-3000:]
     assert [s for (s,) in query(sqlite_url, "SELECT status FROM workers ORDER BY id")] == ["stopped", "stopped"]
     _assert_nothing_lost_or_doubled(sqlite_url, spool)
@@ -167,7 +180,7 @@ def test_a_command_killed_by_sigkill_leaves_no_worker_process_behind(cli, sqlite
     pids = _worker_pids(sqlite_url)
     processes = _run_processes(run)
     run.kill9()
-    _wait_gone(processes, run.tag, STOP_BOUND_S)
+    _wait_gone(processes, run.tag, STOP_BOUND_S, run)
     statuses = dict(query(sqlite_url, "SELECT pid, status FROM workers"))
     assert statuses == {pid: "running" if pid == run.process.pid else "stopped" for pid in pids.values()}
     _assert_nothing_lost_or_doubled(sqlite_url, None)
