@@ -135,8 +135,8 @@ class Worker(Base):
     status: Mapped[str] = mapped_column(String(32), default="running")
     # Its fuzz evaluations (results not unsupported) and those that failed in a bucket known before
     # (`fuzzer.worker.WorkerStats` ``evaluations``, ``known_hits``): the known-bucket share.
-    evaluations: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
-    known_hits: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    evaluations: Mapped[int] = mapped_column(Integer, server_default="0")
+    known_hits: Mapped[int] = mapped_column(Integer, server_default="0")
     # The worker's local spool slot (``fuzzer.spool``): consecutive workers of one host and slot
     # are one worker restarted, so the time between one's last heartbeat and the next one's
     # start is a gap. None for workers without a spool.

@@ -555,8 +555,10 @@ class SqlStore:
             key = (result.backend, result.variant, result.signature)
             # an existing bucket is read, not inserted over: PostgreSQL's INSERT ... ON CONFLICT
             # waits for a transaction that holds the conflicting row (a stopped worker's UPDATE)
-            if connection.scalar(select(Bucket.id).where(_bucket_key(*key))) is not None:
-                return BucketUpdate(bucket_id=self._counted(connection, key, result, build_id, now, counts), is_new=False)
+            existing = connection.execute(select(Bucket.id, Bucket.minimised_case_id).where(_bucket_key(*key))).first()
+            if existing is not None:  # a plain read: no row lock
+                bucket_id = self._counted(connection, key, result, build_id, now, counts)
+                return BucketUpdate(bucket_id=bucket_id, is_new=False, minimised=existing.minimised_case_id is not None)
             bucket_values = {
                 "backend": result.backend,
                 "variant": result.variant,
