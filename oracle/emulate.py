@@ -46,6 +46,7 @@ Imports nothing of attnfuzz's but `oracle`.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -134,18 +135,16 @@ class Emulation:
         return {"out": self.out, "lse": self.lse, "dq": self.dq, "dk": self.dk, "dv": self.dv}
 
 
-def _sequences(case: AttentionCase, inputs: Any):
-    """Yield ``(b, q_index, k_index)`` per sequence: ``inputs.q[q_index]`` is its ``[len_q, H, D]``
+def _sequences(case: AttentionCase):
+    """Yield ``(q_index, k_index)`` per sequence: ``inputs.q[q_index]`` is its ``[len_q, H, D]``
     queries (a batch index for bshd/sbhd, a token slice for thd), likewise for k, v and dout."""
-    if case.is_varlen:
-        cu_q = [0, *torch.cumsum(torch.tensor(case.seqlens_q_list), 0).tolist()]
-        cu_k = [0, *torch.cumsum(torch.tensor(case.seqlens_k_list), 0).tolist()]
-        for b in range(case.batch_size):
-            sq, sk = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
-            yield b, sq, sk
-    else:
-        for b in range(case.batch_size):
-            yield b, b, b
+    if not case.is_varlen:
+        yield from ((b, b) for b in range(case.batch_size))
+        return
+    cu_q = [0, *itertools.accumulate(case.seqlens_q_list)]
+    cu_k = [0, *itertools.accumulate(case.seqlens_k_list)]
+    for b in range(case.batch_size):
+        yield slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
 
 
 def emulate(
@@ -220,7 +219,7 @@ def emulate(
     dv_all = torch.zeros(inputs.v.shape, dtype=work, device=device) if backward else None
     dout = inputs.dout if backward else None
 
-    for b, iq, ik in _sequences(case, inputs):
+    for iq, ik in _sequences(case):
         q = inputs.q[iq].to(work)  # [Sq, H, D]
         k = inputs.k[ik].to(work)  # [Sk, Hkv, D]
         v = inputs.v[ik].to(work)
@@ -279,7 +278,7 @@ def emulate(
                 ds = torch.where(ds.abs() < FLOAT32_TINY, 0.0, ds)
             if cap is not None:
                 ds = ds * (1 - t * t)
-            x = rnd(ds * ds_factor, ds_name) if ds_name in claimed else ds * ds_factor
+            x = rnd(ds * ds_factor, ds_name)  # rounded only where the design claims it
             dq_g[:, :, i0:i1] = torch.matmul(x, kg[:, None])
             dk_h += torch.matmul(x.transpose(-1, -2), qg[:, :, i0:i1])
             dv_h += torch.matmul(p_r.transpose(-1, -2), do_blk)
