@@ -11,7 +11,7 @@ rounded to the case dtype, and noisy copies), the rest bit-identical copies of t
 (as the children send a small case's outputs back: as bytes). Then, interleaved, each case's
 preparation and judging (`oracle.compare.PreparedReference`, `compare_outputs_batch`) is timed:
 
-* ``host, torch only``: on the host with `oracle.compare.HOST_FAST_PATHS` off;
+* ``host, torch only``: on the host with `oracle.tolerance.HOST_FAST_PATHS` off;
 * ``host``: on the host with the numpy fast paths (the default), the reference moved there
   before the timing;
 * on CUDA also ``device``: the reference left on the GPU (where the worker judges a GPU case), and
@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
 
-import oracle.compare as compare  # noqa: E402
+import oracle.tolerance as tolerance  # noqa: E402
 from fuzzer import registry  # noqa: E402
 from fuzzer import strategies  # noqa: E402
 from oracle.compare import TENSOR_NAMES, PreparedReference, compare_outputs_batch  # noqa: E402
@@ -113,11 +113,11 @@ def main() -> None:
         return compare_outputs_batch(case, PreparedReference(case, ref_host), outs)
 
     def host_torch_only(case, ref, ref_host, outs):
-        compare.HOST_FAST_PATHS = False
+        tolerance.HOST_FAST_PATHS = False
         try:
             return host(case, ref, ref_host, outs)
         finally:
-            compare.HOST_FAST_PATHS = True
+            tolerance.HOST_FAST_PATHS = True
 
     engines = {"host, torch only": host_torch_only, "host": host}
     if device.type == "cuda":

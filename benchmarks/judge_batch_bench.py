@@ -13,7 +13,7 @@ GPU's default), with the batch engine on copies of the outputs on the host (as t
 small outputs back: one transfer per tensor name and dtype) and with the one-tensor engine
 (``judge_tensor`` on each, the CPU's default), and the median milliseconds per case and the
 ratios are printed. ``--stage-max-bytes N`` adds the host outputs judged with
-`oracle.compare.STAGE_MAX_BYTES` set to ``N`` (which of them reach the GPU in one pinned transfer).
+`oracle.judge_batch.STAGE_MAX_BYTES` set to ``N`` (which of them reach the GPU in one pinned transfer).
 ``--contention SIZE``
 keeps the GPU busy meanwhile with another process's ``SIZE x SIZE`` matmuls, as the backends'
 children do during a campaign (each of the judge's synchronisations then waits for a slice of
@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 import oracle.compare as compare  # noqa: E402
+import oracle.judge_batch as judge_batch  # noqa: E402
 from oracle.compare import PreparedReference, compare_outputs_batch, rounding_dtype  # noqa: E402
 from oracle.config import AttentionCase, torch_dtype  # noqa: E402
 from oracle.inputs import make_inputs  # noqa: E402
@@ -116,7 +117,7 @@ def main() -> int:
     parser.add_argument("--contention", type=int, default=0,
                         help="while timing, another process runs back-to-back SIZE x SIZE bf16 matmuls on the GPU")
     parser.add_argument("--stage-max-bytes", type=int, default=None,
-                        help="also judge the host outputs with oracle.compare.STAGE_MAX_BYTES set to this")
+                        help="also judge the host outputs with oracle.judge_batch.STAGE_MAX_BYTES set to this")
     args = parser.parse_args()
     from fuzzer.executor import configure_torch_threads
 
@@ -167,10 +168,10 @@ def run(args) -> int:
         if args.stage_max_bytes is not None:
             plans["batch_host_staged"] = (True, on_host)
         engines = {}
-        default_stage = compare.STAGE_MAX_BYTES
+        default_stage = judge_batch.STAGE_MAX_BYTES
 
         def staging(engine: str) -> None:  # the staging limit of the engine's run
-            compare.STAGE_MAX_BYTES = args.stage_max_bytes if engine == "batch_host_staged" else default_stage
+            judge_batch.STAGE_MAX_BYTES = args.stage_max_bytes if engine == "batch_host_staged" else default_stage
 
         for engine, (batched, given) in plans.items():
             compare.judge_tensors = lambda p, a, batched=batched: real(p, a, batched=batched)
@@ -179,7 +180,7 @@ def run(args) -> int:
                 engines[engine] = compare_outputs_batch(case, prepared, given)  # warm-up, and the verdicts
             finally:
                 compare.judge_tensors = real
-                compare.STAGE_MAX_BYTES = default_stage
+                judge_batch.STAGE_MAX_BYTES = default_stage
         mismatches = sum(
             not same(engines[engine][i].tensors[n], engines["one_by_one"][i].tensors[n])
             for engine in plans if engine != "one_by_one" for i in range(len(outputs)) for n in engines["batch"][i].tensors
@@ -193,7 +194,7 @@ def run(args) -> int:
                     times[engine].append(timed(lambda: compare_outputs_batch(case, prepared, given), args.device))
                 finally:
                     compare.judge_tensors = real
-                    compare.STAGE_MAX_BYTES = default_stage
+                    judge_batch.STAGE_MAX_BYTES = default_stage
         ms = {engine: statistics.median(t) for engine, t in times.items()}
         row = {"case": label, "results": len(outputs), **{f"{e}_ms": v for e, v in ms.items()},
                "ratio": ms["one_by_one"] / ms["batch"], "ratio_host": ms["one_by_one"] / ms["batch_host"],

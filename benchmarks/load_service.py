@@ -15,7 +15,7 @@ Measures, on a database of its own (``attnfuzz_load_<pid>``, created here and dr
 The dataset has a build line the way workers record it: 26 flash-attn-4 builds 4.0.0b11..4.0.0b36
 on H200 and the last 4 also on B200 (30 builds, each registered by `SqlStore.register_build` with
 its fingerprint, its package versions and a ``worker`` replay run stored by
-`service.builds.replays.SqlBuildHistory.record_replay`), fuzz results spread over the builds in version
+`service.matrix.replay_rows.SqlBuildHistory.record_replay`), fuzz results spread over the builds in version
 order, and on every build a replay (phase ``replay``) of each bucket's minimised case and of 100
 corpus tasks, with regressions, fixes, a new signature and skips (TE cannot run with the oldest
 flash-attn-4 builds), plus one stored bisection.
@@ -65,7 +65,7 @@ from fuzzer.results import BuildFingerprint, CaseResult  # noqa: E402
 from oracle.config import AttentionCase  # noqa: E402
 from service.db import migrations  # noqa: E402
 from service.db.engine import Base, json_dumps, make_engine  # noqa: E402
-from service.builds.matrix import SqlBuildHistory  # noqa: E402
+from service.matrix.grid import SqlBuildHistory  # noqa: E402
 from service.db.models import BisectRun, BisectStep, Bucket, Case, Result, case_filter_columns  # noqa: E402
 from service.db.store import SqlStore  # noqa: E402
 

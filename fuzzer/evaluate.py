@@ -323,7 +323,7 @@ def judge_many(
             metrics: dict[str, Any] = {name: tv.to_json() for name, tv in verdict.tensors.items()}
             signatures = tuple(verdict.signatures)
             if not verdict.passed:
-                signatures, block = explain(case, reference, given[j], verdict, calls[i][1], ablate=phase != "fuzz")
+                signatures, block = explain(case, reference, given[j], verdict, calls[i][1], opinion=phase in OPINION_PHASES)
                 if block is not None:
                     metrics[DESIGN_METRICS_KEY] = block
             results[i] = CaseResult(
@@ -343,8 +343,18 @@ DESIGN_METRICS_KEY = "design"
 (`oracle.emulate.Explanation.to_json`, or ``{"error": ...}`` when the explanation itself failed)."""
 
 
+EXPLAIN_MS_KEY = "explain_ms"
+"""The key, in a failing result's design block, of the wall milliseconds its explanation took."""
+
+OPINION_PHASES = frozenset({"confirm", "replay"})
+"""Phases whose failing results carry the whole second opinion (`explain` with ``opinion``): the
+confirmation of a minimised case and the replay of a stored bucket. A fuzz or shrink result gets
+the same signatures from the cheaper explanation (only its failing tensors emulated, the mechanism
+from the float64 magnitudes)."""
+
+
 def explain(
-    case: AttentionCase, reference: Any, given: dict[str, Any], verdict: Any, backend: Backend, *, ablate: bool = True
+    case: AttentionCase, reference: Any, given: dict[str, Any], verdict: Any, backend: Backend, *, opinion: bool = True
 ) -> tuple[tuple[str, ...], dict[str, Any] | None]:
     """Tell a defect from the limit of ``backend``'s design for a failing verdict
     (`oracle.emulate.explain_failure`; `oracle.design.UNDECLARED` for a backend that declares
@@ -353,10 +363,13 @@ def explain(
     tensor a correct kernel of the design fails the same way as ``<tensor>:limit`` (or
     ``<tensor>:unjudgeable``) after the others. Never raises: a failure of the explanation (no
     inputs kept with the reference, a bug of ours, a design object that is not a
-    `oracle.design.Design`) keeps the verdict's signatures and records the error. ``ablate``:
-    name the mechanism by single-claim emulations (`oracle.emulate.explain_failure`); the fuzz
-    phase leaves it to the confirmation of a minimised case (``judge_many`` passes ``phase !=
-    "fuzz"``), the verdict is the same either way."""
+    `oracle.design.Design`) keeps the verdict's signatures and records the error. ``opinion``:
+    the bucket's second opinion in full (`oracle.emulate.explain_failure` with ``complete``, the
+    whole design's emulation judged on every tensor, and ``ablate``, the mechanism named by
+    single-claim emulations); ``judge_many`` asks for it in `OPINION_PHASES` only, the fuzz and
+    shrink phases get the same signatures from the failing tensors' emulation alone (on the
+    H200 the explanations of the fuzz and shrink phases shared the GPU with the kernels they
+    judged: 2026-12-04, `docs/design-limits.md`)."""
     if getattr(reference, "inputs", None) is None:
         return tuple(verdict.signatures), None
     from oracle.design import UNDECLARED, Design
@@ -368,8 +381,13 @@ def explain(
             design = UNDECLARED
         if not isinstance(design, Design):
             raise TypeError(f"design: {type(design).__name__} is not an oracle.design.Design")
-        explanation = explain_failure(case, reference, given, verdict, design, ablate=ablate)
-        return explanation.signatures, explanation.to_json()
+        t0 = time.perf_counter()
+        explanation = explain_failure(case, reference, given, verdict, design, ablate=opinion, complete=opinion)
+        block = explanation.to_json()
+        # what this result's explanation cost (the emulations it ran; those cached from another
+        # backend's result of the case are not counted again): summed by benchmarks/gpu/summarise.py
+        block[EXPLAIN_MS_KEY] = round((time.perf_counter() - t0) * 1000.0, 3)
+        return explanation.signatures, block
     except Exception as exc:  # the verdict stands; the evidence is kept
         return tuple(verdict.signatures), {"error": f"{type(exc).__name__}: {exc}"[:500]}
 

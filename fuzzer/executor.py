@@ -90,6 +90,7 @@ _STDERR_TAIL_LINES = 30
 # torch's CPU allocator raises RuntimeError with these when malloc fails
 _HOST_OOM_MARKERS = ("can't allocate memory", "not enough memory")
 _PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
 #: ``exception_type`` (so signature ``error:declaration_gap``) of a `DeclarationGapError`.
 DECLARATION_GAP = "declaration_gap"
 #: The parts of `TaskOutcome.timing` (milliseconds), where a child's task spends time besides the
@@ -312,15 +313,99 @@ def die_with_parent(signum: int = signal.SIGKILL) -> bool:
     return os.getppid() == parent
 
 
+def adopt_orphans() -> bool:
+    """Linux: make this process a *subreaper* (``prctl(PR_SET_CHILD_SUBREAPER)``): a process
+    started below it whose parent ends (a double fork, a daemon, ``setsid ... &``) is re-parented
+    to this process instead of init, so it stays in this process's tree (`descendants`) and is
+    ended with it (`kill_tree`, `end_descendants`). Elsewhere nothing is done.
+
+    Returns:
+        Whether the kernel took the setting."""
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def descendants(pid: int) -> list[int]:
+    """The pids of every living process below ``pid`` (children, theirs, ...), read from
+    ``/proc/<n>/stat`` (Linux; elsewhere ``[]``); ``pid`` itself is not in it. A snapshot: a
+    process may start or end right after."""
+    children: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as handle:
+                stat_line = handle.read()
+        except OSError:  # ended meanwhile
+            continue
+        fields = stat_line[stat_line.rfind(b")") + 2:].split()  # after "(comm)": state, ppid, ...
+        if len(fields) > 1 and fields[0] != b"Z":
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    found, stack = [], list(children.get(pid, []))
+    while stack:
+        child = stack.pop()
+        found.append(child)
+        stack.extend(children.get(child, []))
+    return found
+
+
+def kill_tree(pid: int, *, include_root: bool = True) -> int:
+    """SIGKILL ``pid`` (with ``include_root``) and every process below it (`descendants`): first
+    each is stopped (SIGSTOP: it cannot start another), again until no new one appears, then all
+    are killed. With ``pid`` a subreaper (`adopt_orphans`) this includes what detached itself.
+
+    Returns:
+        How many processes below ``pid`` were killed."""
+    stopped: set[int] = set()
+    if include_root:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGSTOP)
+    for _ in range(32):  # each round stops what the last one's processes started before they stopped
+        new = [p for p in descendants(pid) if p not in stopped]
+        if not new:
+            break
+        for p in new:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(p, signal.SIGSTOP)
+            stopped.add(p)
+    for p in stopped:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(p, signal.SIGKILL)
+    if include_root:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    return len(stopped)
+
+
+def end_descendants() -> int:
+    """Kill every process below this one (`kill_tree` without this process): what a backend
+    child does before it exits, so that nothing its backends started (detached or not) outlives
+    it. Returns how many were killed."""
+    return kill_tree(os.getpid(), include_root=False)
+
+
 def become_child(log: Any) -> None:
     """What every child process of a worker does first (a backend child, a CP rank): die with its
     parent (`die_with_parent`, SIGKILL: the parent restarts children, a child keeps no state
     worth saving), exiting at once if the parent is already gone; ignore SIGINT and SIGTERM (the
     parent stops its children: a terminal's Ctrl-C or a scheduler's SIGTERM to the whole process
     group must not end one in the middle of a task, which would read as a crash of its backend);
-    send its output to ``log`` (`log_output_to`)."""
+    send its output to ``log`` (`log_output_to`); adopt what its backends start and detach
+    (`adopt_orphans`), so that its worker ends those with it (`kill_tree`)."""
     if not die_with_parent(signal.SIGKILL):  # the parent died before the death signal was armed
         os._exit(0)
+    adopt_orphans()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, signal.SIG_IGN)
     log_output_to(log)
@@ -975,6 +1060,7 @@ class ChildLog:
         self.max_bytes = max_bytes
         self.keep_bytes = keep_bytes
         self.dropped_bytes = 0
+        self._note_bytes = 0  # the note at the file's start after a restart (not the child's bytes)
         self._file = open(path, "ab")
         self._size = self._file.tell()
         self._read_fd, write_fd = os.pipe()
@@ -1022,12 +1108,12 @@ class ChildLog:
         """Start the file again from its last ``keep_bytes`` (from a line start), after a line
         saying how much was dropped."""
         with open(self.path, "rb") as fh:
-            fh.seek(max(self._size - self.keep_bytes, 0))
+            fh.seek(max(self._size - self.keep_bytes, self._note_bytes))  # the child's bytes, not an earlier note
             kept = fh.read()
         newline = kept.find(b"\n")
         if 0 <= newline < len(kept) - 1:
             kept = kept[newline + 1 :]
-        self.dropped_bytes += self._size - len(kept)
+        self.dropped_bytes += self._size - self._note_bytes - len(kept)
         note = (
             f"[attnfuzz: {self.dropped_bytes} bytes of this log dropped in all, to keep it under "
             f"{self.max_bytes} bytes; its last part follows]\n"
@@ -1037,6 +1123,7 @@ class ChildLog:
         self._file.write(note + kept)
         self._file.flush()
         self._size = len(note) + len(kept)
+        self._note_bytes = len(note)
 
     def _pending(self) -> int:
         """Bytes in the pipe not read yet (0 when the pipe is closed)."""
@@ -1114,6 +1201,7 @@ def exit_if_crashed(outcome: TaskOutcome, prefix: str = "") -> None:
     if outcome.status == "crash":
         sys.stderr.write(prefix + outcome.detail + "\n")
         sys.stderr.flush()
+        end_descendants()
         os._exit(70)
 
 
@@ -1158,12 +1246,16 @@ def _child_main(conn, specs: list[tuple[str, str]], env_vars: dict[str, str], lo
         try:
             _serve(conn, backends, Case, seen, watch_runtime)
         finally:
+            end_descendants()
             profiler.disable()
             with contextlib.suppress(OSError):
                 os.makedirs(profile_dir, exist_ok=True)
                 profiler.dump_stats(os.path.join(profile_dir, f"child-{'+'.join(backends)}-{os.getpid()}.prof"))
         return
-    _serve(conn, backends, Case, seen, watch_runtime)
+    try:
+        _serve(conn, backends, Case, seen, watch_runtime)
+    finally:
+        end_descendants()  # what its backends started (a detached process included) ends with it
 
 
 def _serve(conn, backends: dict[str, Backend], Case: type, seen: frozenset[str], watch_runtime: bool) -> None:
@@ -1469,7 +1561,7 @@ class ChildProcessExecutor:
                 log.started()
         child_conn.close()
         if not parent_conn.poll(self.start_timeout_s):
-            process.kill()
+            kill_tree(process.pid)
             process.join(10)
             raise ExecutorError(f"child for environment {environment!r} did not start: {log.tail(ended=True)}")
         try:
@@ -1528,7 +1620,7 @@ class ChildProcessExecutor:
     def _end_child(child: _Child) -> None:
         """Kill ``child`` (a dead or stuck environment child, or a spare never used) and close its pipe."""
         if child.process.is_alive():
-            child.process.kill()
+            kill_tree(child.process.pid)  # with what it started, a detached process included
         child.process.join(10)
         child.conn.close()
 
@@ -1901,7 +1993,7 @@ class ChildProcessExecutor:
                     futures = [f for f in self._busy.values() if not f.done()]
                 for child in children:
                     if child.process.is_alive():
-                        child.process.kill()  # the thread reading its pipe sees EOF
+                        kill_tree(child.process.pid)  # the thread reading its pipe sees EOF
                 concurrent.futures.wait(futures, timeout=1.0)
             if run is not None:
                 self._run_finished(run)

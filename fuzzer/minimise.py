@@ -6,6 +6,8 @@ fails *with the same signature*) and asks Hypothesis's shrinker for the smallest
 
 * categorical fields stay fixed (dtype, qkv_format, causal, causal_alignment, whether a window
   exists, ``cp_size`` and ``cp_comm_type``): they define the bug class;
+* each mask kind (`oracle.mask_kinds.MASK_KINDS`) as it declares (``shrink``): causal kept,
+  window bounds toward 0, softcap dropped, at the kind's stage among the choices;
 * a CP case stays one that can be laid out (`fuzzer.backends.cp_layout.cp_unsupported_reasons`): bshd/sbhd
   ``seqlen_q``/``seqlen_k`` step in multiples of ``2 * cp_size``, and under ``a2a`` (``a2a+p2p``)
   ``num_heads_kv`` in multiples of ``cp_size`` (2), so ``num_heads`` stays one too; thd lengths
@@ -43,6 +45,7 @@ from hypothesis import strategies as st
 from hypothesis.database import ExampleDatabase, InMemoryExampleDatabase, choices_to_bytes
 from hypothesis.errors import Flaky, NoSuchExample, Unsatisfiable
 
+from oracle import mask_kinds
 from oracle.config import INPUT_DISTRIBUTIONS, INPUT_FAMILY_DEFAULTS, AttentionCase, cp_heads_unit
 
 _SMALL_HEAD_DIMS = (8, 16, 32, 64, 128, 256)
@@ -127,15 +130,22 @@ def neighbourhood(
     else:
         plan.append(("seqlen_q", steps(seqlen_unit, case.seqlen_q)))
         plan.append(("seqlen_k", steps(seqlen_unit, case.seqlen_k)))
-    for name in ("window_size_left", "window_size_right"):
-        value = getattr(case, name)
-        if value is not None:
-            plan.append((name, ints(0, value)))
+
+    def mask_stage(stage: str) -> None:
+        """Each mask kind of ``stage`` (`oracle.mask_kinds`): a ``toward_zero`` field that is set
+        shrinks toward 0, a ``drop`` field that is set may become None, a ``keep`` one stays."""
+        for kind in mask_kinds.kinds(stage):
+            for name, on in zip(kind.fields, kind.switches(case)):
+                if on and kind.shrink == "toward_zero":
+                    plan.append((name, ints(0, getattr(case, name))))
+                elif on and kind.shrink == "drop":
+                    plan.append((name, pick([None, getattr(case, name)], getattr(case, name))))
+
+    mask_stage("mask")
     default_scale = float(case.head_dim) ** -0.5
     if case.softmax_scale != default_scale:
         plan.append(("softmax_scale", pick([None, case.softmax_scale], case.softmax_scale)))
-    if case.softcap is not None:
-        plan.append(("softcap", pick([None, case.softcap], case.softcap)))
+    mask_stage("scores")
     if case.backward:
         original.append(True)
         plan.append(("backward", st.booleans()))
@@ -164,12 +174,12 @@ def neighbourhood(
             "input_distribution": values.get("input_distribution", case.input_distribution),
             "seed": values.get("seed", case.seed),
             **{name: values.get(name, getattr(case, name)) for name in INPUT_FAMILY_DEFAULTS},
-            "softcap": values.get("softcap", case.softcap),
         }
         scale = values.get("softmax_scale", case.softmax_scale)
         changes["softmax_scale"] = None if scale == default_scale else scale
-        for name in ("window_size_left", "window_size_right"):
-            changes[name] = values.get(name, getattr(case, name))
+        for kind in mask_kinds.MASK_KINDS:
+            for name in kind.fields:
+                changes[name] = values.get(name, getattr(case, name))
         if case.is_varlen:
             sq = tuple(values[f"seqlens_q[{i}]"] for i in range(batch_size))
             sk = tuple(values[f"seqlens_k[{i}]"] for i in range(batch_size))
@@ -314,4 +324,5 @@ class MinimiseInterrupted(KeyboardInterrupt):
 def _size(case: AttentionCase) -> tuple:
     """Order used to keep the smallest failing case seen (work first, then flags)."""
     work = case.batch_size * case.num_heads * case.total_q * max(case.seqlens_k_list) * case.head_dim
-    return (work, case.backward, case.softcap is not None, case.seed)
+    dropped = tuple(kind.is_on(case) for kind in mask_kinds.MASK_KINDS if kind.shrink == "drop")  # softcap, ...
+    return (work, case.backward, *dropped, case.seed)

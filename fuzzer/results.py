@@ -388,6 +388,8 @@ class SinkFatalError(AttnFuzzError):
     """The sink refuses writes and retrying will not help (disk full, read-only database).
     Nothing of the failed call was written; the worker must stop."""
 
+    exit_code = 6
+
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 """The signals that stop a worker as Ctrl-C does: SIGINT (a terminal's Ctrl-C, ``kill -INT``) and
@@ -678,7 +680,7 @@ class ResultSink(Protocol):
 
 # ------------------------------------------------------------------------------ line verdicts
 # Regressions and fixes along a package line, as pure functions over ordered verdicts (what the
-# build matrix stores and shows: `service.builds.matrix`).
+# build matrix stores and shows: `service.matrix.grid`).
 #
 # For one ``(case, backend, variant)`` the verdicts on the builds of a line, ordered by the line's
 # package version (PEP 440, `version_key`) then first-seen time, form a sequence. Only judged
@@ -768,8 +770,8 @@ def pick_result(rows: Sequence[Any]) -> Any | None:
 
 
 # ------------------------------------------------------------------------------ replays and bisections
-# What the build wing's workflows produce and the service stores (`service.builds.replays`,
-# `service.builds.bisections`): replay tasks, skips, verdicts and outcomes
+# What the build wing's workflows produce and the service stores (`service.matrix.replay_rows`,
+# `service.matrix.bisection_rows`): replay tasks, skips, verdicts and outcomes
 # (`fuzzer.builds.replay` runs them), bisection steps and results (`fuzzer.builds.bisect`).
 
 SKIP = "skip"

@@ -21,34 +21,20 @@ allowed error, > 1 fails; see `oracle.compare`). Most severe first:
 =============  ================================================================================
 
 The ratio bound 10 is issue 14's: a result off by ten times the allowed error of its dtype is not
-a rounding question. Signature kinds are those of `oracle.compare` (``"<tensor>:<kind>"``).
+a rounding question. Every signature kind, with its severity and whether it is ratio-based, is
+declared once in `oracle.signatures.KINDS` (``"<tensor>:<kind>"``); this module grades by it.
 """
 
 from __future__ import annotations
 
 import math
 
-SEVERITIES = ("wrong", "crash", "imprecise", "error", "limit")
-"""Severities, most severe first."""
+from oracle import signatures
+from oracle.signatures import CRASH_SIGNATURES, LIMIT_KINDS, RATIO_KINDS, SEVERITIES, WRONG_KINDS, signature_kind
+
 SEVERITY_RANK = {name: len(SEVERITIES) - i for i, name in enumerate(SEVERITIES)}
 """Larger is more severe: ``wrong`` 5, ``crash`` 4, ``imprecise`` 3, ``error`` 2, ``limit`` 1."""
 WRONG_RATIO = 10.0
-RATIO_KINDS = frozenset({"mismatch", "tile_mismatch"})
-"""Signature kinds that say only "the error is above the allowed error": judged by the ratio."""
-WRONG_KINDS = frozenset({"all_zero", "nan", "posinf", "neginf", "shape", "finite_on_masked"})
-CRASH_SIGNATURES = frozenset({"crash", "timeout", "oom"})
-LIMIT_KINDS = frozenset({"limit", "unjudgeable"})
-"""Signature kinds of a failure that a correct kernel of the backend's design shares
-(`oracle.emulate.LIMIT_KINDS`)."""
-
-
-def signature_kind(signature: str) -> str:
-    """The kind of ``"<tensor>:<kind>"`` (``"out:mismatch"`` -> ``"mismatch"``); the signature
-    itself when it has no tensor (``"crash"``, ``"error:ValueError"`` -> ``"error"``)."""
-    head, _, tail = signature.partition(":")
-    if head == "error":
-        return "error"
-    return tail if tail else head
 
 
 def is_ratio_based(signature: str | None) -> bool:
@@ -67,23 +53,25 @@ def severity(signature: str, error_ratio: float | None = None) -> str:
             ratio counts as ``wrong``).
 
     Returns:
-        One of `SEVERITIES`. An unknown kind counts as ``wrong`` (it is a comparison failure no
-        rule above makes milder).
+        One of `SEVERITIES`: the declared kind's (`oracle.signatures.KINDS`), a ratio-based one
+        ``wrong`` from `WRONG_RATIO` on. An unknown kind counts as ``wrong`` (it is a comparison
+        failure no rule makes milder).
     """
-    kind = signature_kind(signature)
-    if kind == "error":
-        return "error"
-    if kind in LIMIT_KINDS:
-        return "limit"
-    if signature in CRASH_SIGNATURES:
-        return "crash"
-    if kind in RATIO_KINDS:
+    kind = signatures.declared(signature)
+    if kind is None:
+        return "wrong"
+    if kind.ratio_based:
         if error_ratio is not None and (math.isnan(error_ratio) or error_ratio >= WRONG_RATIO):
             return "wrong"
-        return "imprecise"
-    return "wrong"
+    return kind.severity
 
 
 def severity_rank(name: str | None) -> int:
     """`SEVERITY_RANK` of ``name`` (0 for None or an unknown name: least severe)."""
     return SEVERITY_RANK.get(name or "", 0)
+
+
+__all__ = [
+    "CRASH_SIGNATURES", "LIMIT_KINDS", "RATIO_KINDS", "SEVERITIES", "SEVERITY_RANK", "WRONG_KINDS", "WRONG_RATIO",
+    "is_ratio_based", "severity", "severity_rank", "signature_kind",
+]

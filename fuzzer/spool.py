@@ -18,6 +18,15 @@ unreachable for a while. `SpoolingSink` wraps the real `ResultSink` (``service.d
   the spool for a later run: retrying now cannot help, and the worker must stop;
 * reads that steer the worker (``known_failures``, ``claim_minimisation``) answer "nothing" while
   the database is away; heartbeats while it is away are dropped (the gap shows on the dashboard).
+* batching (``batch_cases`` > 0, with an inner sink that has ``record_batch``, the HTTP sink
+  `fuzzer.http_sink.HttpSink`): a case whose results hold no failure is appended to the spool
+  (on disk: a killed worker loses none of it) and the spool is flushed when it holds
+  ``batch_cases`` writes or its oldest batched write is ``batch_age_s`` old (checked at each
+  write, heartbeat and read, and at `SpoolingSink.close`); consecutive case writes go to the
+  database in one ``record_batch`` call. A case with a failure is written at once (after what is
+  batched), so the worker learns of a new bucket at once, unless every bucket it hits was
+  answered by a direct write in the last ``settle_s`` seconds (then it is batched too: a GPU
+  campaign's cases nearly all fail, most on buckets seen before).
 
 The `Spool` is one *slot* directory, ``<root>/<database hash>/slot-<n>``, held with an exclusive
 ``flock`` while a worker uses it (the kernel releases it when the worker dies, even by SIGKILL).
@@ -80,6 +89,8 @@ spooled before they existed have none."""
 
 class SpoolError(AttnFuzzError):
     """The spool cannot be used (unreadable, another format version, its disk full)."""
+
+    exit_code = 7
 
 
 class SpoolFullError(SpoolError):
@@ -257,6 +268,20 @@ class Spool:
             self._size_bytes -= row[0]
             self._count -= 1
 
+    def remove_many(self, seqs: list[int]) -> None:
+        """Drop writes the database now has (one statement)."""
+        if not seqs:
+            return
+        marks = ",".join("?" * len(seqs))
+        with self._db:
+            self._execute("BEGIN IMMEDIATE")
+            size, count = self._execute(
+                f"SELECT COALESCE(SUM(size_bytes), 0), COUNT(*) FROM entries WHERE seq IN ({marks})", seqs
+            ).fetchone()
+            self._execute(f"DELETE FROM entries WHERE seq IN ({marks})", seqs)
+        self._size_bytes -= size
+        self._count -= count
+
     def reject(self, seq: int, error: str) -> None:
         """Move a write the database refuses for a reason of its own (not an outage) aside,
         with the error: kept, reported, never retried."""
@@ -333,6 +358,11 @@ class SpoolingSink:
         ledger: optional record of every accepted result and every claim.
         backoff_initial_s, backoff_max_s: flush retry delay, seconds (doubling, +-20 % jitter).
         startup_timeout_s: how long ``register_build``/``register_worker`` keep retrying, seconds.
+        batch_cases: batch case writes without failures, flushed at this many spooled writes
+            (0: no batching; needs an ``inner`` with ``record_batch``).
+        batch_age_s: ... or when the oldest batched write is this old, seconds.
+        settle_s: a case with failures is batched when each of its buckets was answered by a
+            direct write less than this many seconds ago (its minimised state is that fresh).
         clock, sleep: injectable time (tests).
         log: where one-line notices go (default stderr).
 
@@ -352,6 +382,9 @@ class SpoolingSink:
         backoff_initial_s: float = 0.5,
         backoff_max_s: float = 30.0,
         startup_timeout_s: float = 300.0,
+        batch_cases: int = 0,
+        batch_age_s: float = 2.0,
+        settle_s: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
         log: Callable[[str], None] | None = None,
@@ -371,6 +404,12 @@ class SpoolingSink:
         self.spooled = 0  # writes that went through the spool
         self.flushed = 0  # spooled writes later stored
         self.taken_over_worker_id: int | None = None
+        self.batch_cases = batch_cases if hasattr(inner, "record_batch") else 0
+        self.batch_age_s = batch_age_s
+        self._batched_since: float | None = None  # when the oldest write batched in the spool was
+        self.batched = 0  # case writes that went through the spool as batches
+        self.settle_s = settle_s
+        self._answered: dict[tuple[str, str, str], float] = {}  # bucket key -> when a direct write last answered for it
 
     # ------------------------------------------------------------------ backoff
     def _unavailable(self, exc: Exception) -> None:
@@ -432,10 +471,17 @@ class SpoolingSink:
             SinkFatalError: the database refuses writes (the entry stays spooled).
         """
         while True:
-            batch = self.spool.entries()
+            batch = self.spool.entries(limit=max(100, self.batch_cases))
             if not batch:
+                self._batched_since = None
                 self._available()
                 return True
+            if self.batch_cases:
+                stored = self._flush_batched(batch)
+                if stored is None:
+                    return False
+                if stored:
+                    continue
             for seq, op, payload in batch:
                 try:
                     self._apply(op, payload)
@@ -451,6 +497,62 @@ class SpoolingSink:
                     continue
                 self.spool.remove(seq)
                 self.flushed += 1
+
+    def _flush_batched(self, batch: list[tuple[int, str, dict[str, Any]]]) -> int | None:
+        """Write the leading run of case writes of ``batch`` with one ``inner.record_batch``; how
+        many were stored (0: ``batch`` does not start with one, or the database refuses the run:
+        then they go one by one, so that only the refused entry is set aside), None when the
+        database is away.
+
+        Raises:
+            SinkFatalError: the database refuses writes (the entries stay spooled).
+        """
+        run = []
+        for seq, op, payload in batch:
+            if op != "record_case_results":
+                break
+            run.append((seq, payload))
+        if not run:
+            return 0
+        try:
+            self.inner.record_batch([payload for _, payload in run])  # type: ignore[attr-defined]
+        except SinkUnavailableError as exc:
+            self._unavailable(exc)
+            return None
+        except AttnFuzzError as exc:
+            if _is_fatal(exc):
+                raise
+            return 0
+        self.spool.remove_many([seq for seq, _ in run])
+        self.flushed += len(run)
+        return len(run)
+
+    def _batchable(self, results: list[CaseResult]) -> bool:
+        """No failure among ``results``, or each failure's bucket answered within ``settle_s``."""
+        now = self._clock()
+        return all(
+            r.bucket_key is None or now - self._answered.get(r.bucket_key, -float("inf")) < self.settle_s for r in results
+        )
+
+    def _append_batched(self, op: str, payload: dict[str, Any]) -> None:
+        """Append a case write to the spool as part of a batch (`SpoolFullError`: not spooled)."""
+        self.spool.append(op, payload)
+        self.spooled += 1
+        self.batched += 1
+        if self._batched_since is None:
+            self._batched_since = self._clock()
+
+    def _flush_if_batch_due(self) -> None:
+        """Flush when the batch is full or its oldest write ``batch_age_s`` old (and the database
+        is not known to be away).
+
+        Raises:
+            SinkFatalError: the database refuses writes (everything stays spooled).
+        """
+        full = len(self.spool) >= self.batch_cases
+        old = self._batched_since is not None and self._clock() - self._batched_since >= self.batch_age_s
+        if (full or old) and self._due():
+            self.flush()
 
     def _write(self, op: str, payload: dict[str, Any]) -> tuple[bool, Any]:
         """Write now if nothing is spooled and the database is not known to be away, else spool.
@@ -612,6 +714,11 @@ class SpoolingSink:
             }
 
         with self._reported():
+            if self.batch_cases and self._batchable(results):
+                self._append_batched("record_case_results", payload())
+                self._ledger_results(results, build_id, worker_id, written=False)  # in the spool now
+                self._flush_if_batch_due()
+                return [None] * len(results)
             try:
                 if not len(self.spool) and self._due():  # the usual case: straight to the database
                     try:
@@ -628,6 +735,11 @@ class SpoolingSink:
                         written = True
                 else:
                     written, value = self._write("record_case_results", payload())
+                if written and self.batch_cases:
+                    now = self._clock()
+                    for r, update in zip(results, value):
+                        if update is not None and r.bucket_key is not None:
+                            self._answered[r.bucket_key] = now
             except SinkFatalError:  # spooled for a later run: reported as such before the worker stops
                 self._ledger_results(results, build_id, worker_id, written=False)
                 raise

@@ -59,6 +59,7 @@ from hypothesis import strategies as st
 from fuzzer.backends.base import Capabilities
 from fuzzer.cp.strategies import NO_CP, CPShape, cp_lengths, cp_shapes, cp_size_and_comm_types
 from fuzzer.known import FAMILIES, FULL_WEIGHT, MIN_WEIGHT
+from oracle import mask_kinds
 from oracle.config import CAUSAL_ALIGNMENTS, DTYPES, INPUT_DISTRIBUTIONS, QKV_FORMATS, AttentionCase
 from oracle.config import DOUT_DISTRIBUTIONS, MAX_SCORE_OFFSET, MAX_SEQ_SCALE_LOG2, SCORE_OFFSET_MODES, max_oracle_bytes
 from oracle.errors import AttnFuzzError
@@ -130,6 +131,8 @@ GQA_GROUPS = (1, 2, 4, 8)
 class StrategyArgumentError(AttnFuzzError, ValueError):
     """A strategy was called with bounds that cannot produce a case (checked before drawing)."""
 
+    exit_code = 2
+
 
 KERNEL_TEMPLATE_SLOTS = 64
 """The template index is one ``integers(0, max(KERNEL_TEMPLATE_SLOTS, len(templates)) - 1)``
@@ -153,6 +156,10 @@ class KernelTemplate:
         softcap: whether ``softcap`` is set.
         causal_alignment: the case's alignment when it matters (causal or a window), else None
             (then drawn as usual: `AttentionCase` stores ``top_left`` for such cases anyway).
+        others: ``(kind name, switches)`` of each mask kind that is on and declares no
+            ``template_fields`` (`oracle.mask_kinds.MaskKind`), in declaration order.
+
+    The mask fields are each kind's `oracle.mask_kinds.MaskKind.switches` (`switches`).
     """
 
     dtype: str
@@ -166,10 +173,19 @@ class KernelTemplate:
     softcap: bool
     backward: bool
     causal_alignment: str | None = None
+    others: tuple[tuple[str, tuple[bool, ...]], ...] = ()
 
     @classmethod
     def of(cls, case: AttentionCase) -> KernelTemplate:
         """The template of ``case`` (whatever its ``cp_size``: the worker keeps non-CP cases only)."""
+        fields: dict[str, bool] = {"causal": False, "window_left": False, "window_right": False, "softcap": False}
+        others = []
+        for kind in mask_kinds.MASK_KINDS:
+            on = kind.switches(case)
+            if kind.template_fields:
+                fields.update(zip(kind.template_fields, on))
+            elif any(on):
+                others.append((kind.name, on))
         windowed = case.window_size_left is not None or case.window_size_right is not None
         return cls(
             dtype=case.dtype,
@@ -177,13 +193,17 @@ class KernelTemplate:
             head_dim=case.head_dim,
             head_dim_v=case.head_dim_v,
             group=case.num_heads // case.num_heads_kv,
-            causal=case.causal,
-            window_left=case.window_size_left is not None,
-            window_right=case.window_size_right is not None,
-            softcap=case.softcap is not None,
+            **fields,
             backward=case.backward,
             causal_alignment=case.causal_alignment if case.causal or windowed else None,
+            others=tuple(others),
         )
+
+    def switches(self, kind: mask_kinds.MaskKind) -> tuple[bool, ...]:
+        """The template's switches of mask kind ``kind`` (all off for a kind it does not hold)."""
+        if kind.template_fields:
+            return tuple(bool(getattr(self, name, False)) for name in kind.template_fields)
+        return dict(self.others).get(kind.name, (False,) * len(kind.fields))
 
     def matches(self, case: AttentionCase) -> bool:
         """Whether ``case`` has this template's fields (its alignment only where this one has one)."""
@@ -199,8 +219,8 @@ def usable_templates(
     """The ``templates`` a draw inside ``capabilities`` may take, in order, without repeats: the
     dtype, layout and alignment declared, head dims within ``max_head_dim`` and multiples of
     ``head_dim_multiple`` (``head_dim_v`` different only with ``head_dim_v_differs``), a GQA
-    group of `GQA_GROUPS` (other than 1 only with ``gqa``), windows, softcap and backward only
-    where declared (backward also only with ``allow_backward``). Template draws are never CP
+    group of `GQA_GROUPS` (other than 1 only with ``gqa``), each mask kind (`oracle.mask_kinds`:
+    windows, softcap, ...) and backward only where declared (backward also only with ``allow_backward``). Template draws are never CP
     draws, so no CP shape can refuse one."""
     caps = capabilities
 
@@ -213,8 +233,7 @@ def usable_templates(
             and (t.head_dim_v == t.head_dim or caps.head_dim_v_differs)
             and t.group in GQA_GROUPS
             and (t.group == 1 or caps.gqa)
-            and (caps.windows or not (t.window_left or t.window_right))
-            and (caps.softcap or not t.softcap)
+            and all(kind.granted(caps) or not any(t.switches(kind)) for kind in mask_kinds.MASK_KINDS)
             and (not t.backward or (caps.backward and allow_backward))
             and (t.causal_alignment is None or t.causal_alignment in caps.causal_alignments)
         )
@@ -733,6 +752,48 @@ def _head_dims_preferring(max_head_dim: int, multiple: int, preferred_head_dims:
     return st.one_of(*[st.sampled_from(preferred)] * 3, dims) if preferred else dims
 
 
+def _mask_kind_fields(
+    draw: Callable[[st.SearchStrategy], Any], kind: mask_kinds.MaskKind, caps: Capabilities, cp: CPShape, on: tuple[bool, ...] | None, longest: int
+) -> dict[str, Any]:
+    """The fields of one mask kind (`oracle.mask_kinds.MaskKind`) of a drawn case, as keyword
+    arguments of `AttentionCase`, drawn with the case's own ``draw`` (a plain function, not a
+    strategy of its own: a nested strategy adds spans, and spans change how Hypothesis generates).
+
+    With a template's switches ``on``, exactly those fields are set (a bound from
+    `window_bounds`, a scale from `SOFTCAPS`, a flag True). Else, where ``caps`` grants the kind
+    (and a TE-shaped ``p2p`` CP shape does not leave it off), it is on one time in ``kind.share``
+    (one boolean for 2, one ``integers(0, share - 1)`` equal to ``share - 1`` above, shrinking to
+    off; no choice for None) and each field is then drawn: a flag as a boolean, a bound from
+    `window_sizes` (None included), a scale from `SOFTCAPS`. Off fields are False (flag) or None.
+
+    The draws of the declared kinds are the draws made before the declaration existed, choice
+    for choice: causal one boolean; windows one boolean then two `window_sizes`; softcap (one
+    case in four: two in three made most cases unsupported on te-fused, torch-sdpa-*, te-fa4,
+    issue 15) one ``integers(0, 3)`` then `SOFTCAPS`.
+    """
+    off: Any = False if kind.switch == "flag" else None
+
+    def value() -> Any:
+        if kind.switch == "flag":
+            return True
+        if kind.switch == "bound":
+            return draw(window_bounds(longest))
+        return draw(SOFTCAPS)
+
+    if on is not None:
+        return {name: value() if is_on else off for name, is_on in zip(kind.fields, on)}
+    if not kind.granted(caps) or (kind.off_in_te_shaped_p2p and not cp.allows_windows):
+        return dict.fromkeys(kind.fields, off)
+    if kind.share is None:
+        if kind.switch == "flag":
+            return {name: draw(st.booleans()) for name in kind.fields}
+    elif not (draw(st.booleans()) if kind.share == 2 else draw(_integers(0, kind.share - 1)) == kind.share - 1):
+        return dict.fromkeys(kind.fields, off)
+    if kind.switch == "bound":
+        return {name: draw(window_sizes(longest)) for name in kind.fields}
+    return {name: value() for name in kind.fields}
+
+
 @st.composite
 def _attention_cases(
     draw,
@@ -794,16 +855,10 @@ def _attention_cases(
     seqlens_q, seqlens_k, seqlen_q, seqlen_k = draw(
         _sequence_lengths(qkv_format, batch_size, max_q, max_k, pairs, cp)
     )
-    causal = t.causal if t else draw(st.booleans())
-    window_left = window_right = None
-    if t:
-        if t.window_left:
-            window_left = draw(window_bounds(max(seqlen_q, seqlen_k)))
-        if t.window_right:
-            window_right = draw(window_bounds(max(seqlen_q, seqlen_k)))
-    elif caps.windows and cp.allows_windows and draw(st.booleans()):
-        window_left = draw(window_sizes(max(seqlen_q, seqlen_k)))
-        window_right = draw(window_sizes(max(seqlen_q, seqlen_k)))
+    longest = max(seqlen_q, seqlen_k)
+    mask = {}  # each mask kind's fields (`oracle.mask_kinds`), drawn at its stage
+    for kind in mask_kinds.kinds("mask"):
+        mask.update(_mask_kind_fields(draw, kind, caps, cp, t.switches(kind) if t else None, longest))
     if t and t.causal_alignment is not None:
         causal_alignment = t.causal_alignment
     elif cp.prefers_top_left and "top_left" in caps.causal_alignments:
@@ -811,12 +866,8 @@ def _attention_cases(
     else:
         causal_alignment = draw(_sampled_from(tuple(caps.causal_alignments)))
     softmax_scale = draw(SOFTMAX_SCALES)
-    softcap = None
-    # one case in four: st.one_of(st.none(), ...) chose a softcap two times in three, and softcap
-    # is what most kernels refuse (issue 15: 120 of 200 cases of a GPU run, unsupported on
-    # te-fused, torch-sdpa-*, te-fa4); the integer shrinks to 0, i.e. to no softcap
-    if t.softcap if t else (caps.softcap and draw(_integers(0, 3)) == 3):
-        softcap = draw(SOFTCAPS)
+    for kind in mask_kinds.kinds("scores"):
+        mask.update(_mask_kind_fields(draw, kind, caps, cp, t.switches(kind) if t else None, longest))
     backward = t.backward if t else bool(caps.backward and allow_backward and draw(st.booleans()))
     if family_weights:
         input_spec = draw(input_specs(head_dim=head_dim, backward=backward, dtype=dtype, family_weights=family_weights))
@@ -835,12 +886,9 @@ def _attention_cases(
         qkv_format=qkv_format,
         seqlens_q=seqlens_q,
         seqlens_k=seqlens_k,
-        causal=causal,
         causal_alignment=causal_alignment,
-        window_size_left=window_left,
-        window_size_right=window_right,
         softmax_scale=softmax_scale,
-        softcap=softcap,
+        **mask,
         backward=backward,
         **input_spec,
         seed=seed,

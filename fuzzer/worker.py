@@ -81,12 +81,14 @@ from fuzzer.results import (
     LeaseLostError,
     MinimiseClaim,
     ResultSink,
+    SinkFatalError,
     keyboard_interrupt_handler,
     note_stop_signal,
 )
 from fuzzer.severity import is_ratio_based, severity
 from fuzzer.coverage import DRAW_MODES, count_case, target_plan
 from fuzzer.strategies import KernelTemplate, attention_cases, default_bounds, merge_capabilities
+from oracle import mask_kinds
 from oracle.config import AttentionCase
 from oracle.errors import AttnFuzzError
 
@@ -98,6 +100,8 @@ buckets, shrinking, stop."""
 
 class WorkerError(AttnFuzzError):
     """The worker cannot start: no usable backend, or a bad setting."""
+
+    exit_code = 4
 
 
 @dataclass
@@ -546,7 +550,7 @@ def merge_stats(parts: list[WorkerStats]) -> WorkerStats:
     return merged
 
 
-def kernel_class(case: AttentionCase) -> tuple[bool, bool, bool, bool, bool]:
+def kernel_class(case: AttentionCase) -> tuple[bool, ...]:
     """The coarse class of the kernels a case needs: ``(causal, window_size_left set,
     window_size_right set, softcap set, backward)``, at most 32 classes (a backend's
     ``kernel_key`` adds dtype, head dims, GQA, layout and its own fields).
@@ -558,13 +562,7 @@ def kernel_class(case: AttentionCase) -> tuple[bool, bool, bool, bool, bool]:
     into a 600 s campaign (about 40 causal cases of 1,188), and the seed's class, a causal defect of
     FA4, was first stored at 268 s. The first kernel of each class is built even over the budget
     (``stats.compile_novel``): at most 32 per backend, fewer where it declares no windows or softcap."""
-    return (
-        case.causal,
-        case.window_size_left is not None,
-        case.window_size_right is not None,
-        case.softcap is not None,
-        case.backward,
-    )
+    return (*mask_kinds.switches(case), case.backward)  # each declared mask kind's switches (`oracle.mask_kinds`)
 
 
 def _target_runs(backend: Backend, case: AttentionCase, guard: PluginGuard | None = None) -> bool:
@@ -611,7 +609,7 @@ class Worker:
         journal: where in-flight evaluations are written down (`fuzzer.spool.Spool`); None
             keeps no journal.
         build_history: storage of per-build replays (`fuzzer.builds.replay.BuildHistory`, e.g.
-            `service.builds.replays.SqlBuildHistory`); with ``config.corpus_dir`` the worker replays the
+            `service.matrix.replay_rows.SqlBuildHistory`); with ``config.corpus_dir`` the worker replays the
             corpus before fuzzing on a build it has not replayed yet.
         clock: monotonic seconds for the time budget and the shrink share (tests pass a fake).
     """
@@ -1245,11 +1243,20 @@ class Worker:
         c = self.config
         t_chunk = time.perf_counter()
         in_cases = [0.0]  # seconds inside fuzz_case
+        # The store's fatal error (the database refuses writes, is corrupted, its schema changed):
+        # raised out of the chunk as it is. Hypothesis replays a failing example, and a replay
+        # that did not meet it (a repeated case writes nothing) made it a FlakyFailure traceback.
+        fatal: list[SinkFatalError] = []
 
         def fuzz_case(drawn: tuple[str | None, AttentionCase]) -> None:
+            if fatal:
+                raise fatal[0]
             t0 = time.perf_counter()
             try:
                 run_case(drawn)
+            except SinkFatalError as exc:
+                fatal.append(exc)
+                raise
             finally:
                 in_cases[0] += time.perf_counter() - t0
 
@@ -1309,6 +1316,10 @@ class Worker:
             test()
         except Unsatisfiable:  # every draw of the chunk was filtered out (_target_runs): draw the next chunk
             self.stats.unsatisfiable_chunks += 1
+        except Exception:
+            if fatal:
+                raise fatal[0] from None
+            raise
         finally:
             self.stats.own_parts["drawing"] += max(time.perf_counter() - t_chunk - in_cases[0], 0.0)
 

@@ -37,21 +37,31 @@ import hashlib
 import json
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
+from oracle import mask_kinds
 from oracle.errors import CaseValidationError
 
 SCHEMA_VERSION = 1
 
-DTYPES = ("bfloat16", "float16", "float32")
-QKV_FORMATS = ("bshd", "sbhd", "thd")
-CAUSAL_ALIGNMENTS = ("top_left", "bottom_right")
-INPUT_DISTRIBUTIONS = ("normal", "large_logits", "outliers", "near_constant")
+# The choice fields of `AttentionCase`: each is one ``Literal`` (its type, so a JSON schema of the
+# case carries the enum) and the tuple of its values read from it (the checks and the draws).
+DType = Literal["bfloat16", "float16", "float32"]
+QkvFormat = Literal["bshd", "sbhd", "thd"]
+CausalAlignment = Literal["top_left", "bottom_right"]
+InputDistribution = Literal["normal", "large_logits", "outliers", "near_constant"]
+DoutDistribution = Literal["normal", "tiny", "large", "sparse"]
+ScoreOffsetMode = Literal["head", "row"]
+CPCommType = Literal["p2p", "all_gather", "a2a", "a2a+p2p"]
+DTYPES: tuple[str, ...] = get_args(DType)
+QKV_FORMATS: tuple[str, ...] = get_args(QkvFormat)
+CAUSAL_ALIGNMENTS: tuple[str, ...] = get_args(CausalAlignment)
+INPUT_DISTRIBUTIONS: tuple[str, ...] = get_args(InputDistribution)
 # Input families (`oracle.inputs` documents each): fields of `AttentionCase` that default to "off"
 # and are left out of the JSON (hence of ``case_id``) at these defaults, so every case stored
 # before they existed keeps its JSON and id.
-DOUT_DISTRIBUTIONS = ("normal", "tiny", "large", "sparse")
-SCORE_OFFSET_MODES = ("head", "row")
+DOUT_DISTRIBUTIONS: tuple[str, ...] = get_args(DoutDistribution)
+SCORE_OFFSET_MODES: tuple[str, ...] = get_args(ScoreOffsetMode)
 MAX_SCORE_OFFSET = 256.0  # nats
 MAX_SEQ_SCALE_LOG2 = 3
 MAX_QK_RANK = MAX_MASSIVE_CHANNELS = 64  # both act as min(value, head_dim): a shrunk head_dim stays valid
@@ -65,7 +75,7 @@ INPUT_FAMILY_DEFAULTS: dict[str, Any] = {
     "peaked_rows": 0.0,
     "dout_distribution": "normal",
 }
-CP_COMM_TYPES = ("p2p", "all_gather", "a2a", "a2a+p2p")
+CP_COMM_TYPES: tuple[str, ...] = get_args(CPCommType)
 
 
 def cp_heads_unit(cp_size: int, cp_comm_type: str | None) -> int:
@@ -144,30 +154,30 @@ class AttentionCase:
     num_heads_kv: int | None = None  # None -> num_heads
     head_dim: int = 64
     head_dim_v: int | None = None  # None -> head_dim
-    dtype: str = "bfloat16"
-    qkv_format: str = "bshd"
+    dtype: DType = "bfloat16"
+    qkv_format: QkvFormat = "bshd"
     seqlens_q: tuple[int, ...] | None = None
     seqlens_k: tuple[int, ...] | None = None
     causal: bool = False
-    causal_alignment: str = "top_left"
+    causal_alignment: CausalAlignment = "top_left"
     window_size_left: int | None = None
     window_size_right: int | None = None
     softmax_scale: float | None = None  # None -> head_dim ** -0.5
     softcap: float | None = None
     backward: bool = True
-    input_distribution: str = "normal"
+    input_distribution: InputDistribution = "normal"
     seed: int = 0
     cp_size: int = 1
-    cp_comm_type: str | None = None
+    cp_comm_type: CPCommType | None = None
     # input families (see INPUT_FAMILY_DEFAULTS and `oracle.inputs`); defaults = off
     score_offset: float = 0.0
-    score_offset_mode: str = "head"
+    score_offset_mode: ScoreOffsetMode = "head"
     qk_rank: int = 0
     massive_channels: int = 0
     attention_sink: bool = False
     seq_scale_log2: int = 0
     peaked_rows: float = 0.0
-    dout_distribution: str = "normal"
+    dout_distribution: DoutDistribution = "normal"
 
     def __post_init__(self) -> None:
         s = object.__setattr__
@@ -361,8 +371,9 @@ class AttentionCase:
 
     @property
     def has_mask(self) -> bool:
-        """True when any key is hidden from any query by causal or window bounds."""
-        return self.causal or self.window_size_left is not None or self.window_size_right is not None
+        """True when any key is hidden from any query by causal or window bounds: a mask kind of
+        stage ``mask`` is on (`oracle.mask_kinds`)."""
+        return any(kind.is_on(self) for kind in mask_kinds.kinds("mask"))
 
     # ---------------------------------------------------------------- serialisation
     def to_json(self) -> dict[str, Any]:

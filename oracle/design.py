@@ -31,6 +31,12 @@ Intermediates (`INTERMEDIATES`; every design also accumulates in float32 and rou
                          ``dk / softmax_scale`` must fit)
 ``gqa_grads_per_head``   ``dk`` and ``dv`` of each query head written in the dtype, then summed
                          over the GQA group
+``grads_accumulated``     ``dq``, ``dk`` and ``dv`` accumulated in the dtype outputs block by block
+                         (GEMMs with ``beta = 1`` on dtype buffers): ``dq`` over key blocks,
+                         ``dk`` and ``dv`` over query blocks and over the query heads of a GQA
+                         group, each partial sum rounded (the claim's ``block_q``/``block_k``
+                         give the kernel's blocks): a partial sum past the dtype's max is inf
+                         even where the whole sum fits
 ``flush_to_zero``        the float32 ``P`` and ``dS`` below float32's smallest normal (2**-126)
                          are zero (CUDA's ``-ftz=true`` under ``--use_fast_math``, x86 FTZ/DAZ, a
                          vectorised ``exp`` that underflows to 0): a tile of keys a row barely
@@ -60,6 +66,8 @@ INTERMEDIATES: dict[str, str] = {
     "ds_scaled_softcap": "dS * softmax_scale / softcap (softcap cases; dS otherwise) rounded to the dtype before the dq and dk GEMMs",
     "pre_scale_grads": "dq / softmax_scale and dk / softmax_scale written in the dtype before the scaling",
     "gqa_grads_per_head": "per-query-head dk and dv written in the dtype before the sum over the GQA group",
+    "grads_accumulated": "dq, dk and dv accumulated block by block in the dtype outputs (dq over key blocks; dk, dv over "
+                         "query blocks and the query heads of a GQA group), each partial sum rounded",
     "flush_to_zero": "float32 P and dS below float32's smallest normal flushed to zero (CUDA -ftz=true, x86 FTZ/DAZ, a vectorised exp)",
 }
 """Intermediate name -> what holding it in the dtype means (the module docstring's table)."""
@@ -70,10 +78,11 @@ DS_ROUNDINGS = ("ds", "ds_scaled", "ds_scaled_softcap")
 REACHES: dict[str, tuple[str, ...]] = {
     "out": ("scores", "probs", "flush_to_zero"),
     "lse": ("scores",),
-    "dq": ("scores", "probs", "probs_for_ds", "dp", "delta_from_dp", *DS_ROUNDINGS, "pre_scale_grads", "flush_to_zero"),
-    "dk": ("scores", "probs", "probs_for_ds", "dp", "delta_from_dp", *DS_ROUNDINGS, "pre_scale_grads", "gqa_grads_per_head",
+    "dq": ("scores", "probs", "probs_for_ds", "dp", "delta_from_dp", *DS_ROUNDINGS, "pre_scale_grads", "grads_accumulated",
            "flush_to_zero"),
-    "dv": ("scores", "probs", "gqa_grads_per_head", "flush_to_zero"),
+    "dk": ("scores", "probs", "probs_for_ds", "dp", "delta_from_dp", *DS_ROUNDINGS, "pre_scale_grads", "gqa_grads_per_head",
+           "grads_accumulated", "flush_to_zero"),
+    "dv": ("scores", "probs", "gqa_grads_per_head", "grads_accumulated", "flush_to_zero"),
 }
 
 PHRASES: dict[str, str] = {
@@ -87,6 +96,7 @@ PHRASES: dict[str, str] = {
     "ds_scaled_softcap": "dS*scale/softcap",
     "pre_scale_grads": "dq/scale and dk/scale",
     "gqa_grads_per_head": "per-head dk and dv",
+    "grads_accumulated": "partial sums of the gradient",
     "flush_to_zero": "float32 P and dS",
 }
 """Short names of the intermediates for the mechanism's sentence."""
@@ -113,12 +123,35 @@ class Claim:
     intermediate: str
     source: str
     note: str = ""
+    block_q: tuple[tuple[int, int], ...] = ()
+    block_k: int = 0
 
     def __post_init__(self) -> None:
         if self.intermediate not in INTERMEDIATES:
             raise DesignError(f"intermediate: unknown value {self.intermediate!r} (allowed: {', '.join(INTERMEDIATES)})")
         if not isinstance(self.source, str) or not self.source.strip():
             raise DesignError(f"source: the claim {self.intermediate!r} names no source (a kernel file and line)")
+        object.__setattr__(self, "block_q", tuple(tuple(entry) for entry in self.block_q))
+        blocked = self.intermediate == "grads_accumulated"
+        if blocked:
+            if not self.block_q or not all(
+                len(e) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in e) and e[0] >= 0 and e[1] > 0
+                for e in self.block_q
+            ):
+                raise DesignError("block_q: grads_accumulated needs (min seqlen_q, query block) pairs of integers, "
+                                  f"min >= 0 and block > 0, got {self.block_q!r}")
+            if isinstance(self.block_k, bool) or not isinstance(self.block_k, int) or self.block_k <= 0:
+                raise DesignError(f"block_k: grads_accumulated needs a key block > 0, got {self.block_k!r}")
+        elif self.block_q or self.block_k:
+            raise DesignError(f"block_q, block_k: only grads_accumulated has blocks, not {self.intermediate!r}")
+
+    def query_block(self, seqlen_q: int) -> int:
+        """The query block of a ``grads_accumulated`` claim for ``seqlen_q`` queries: the block of
+        the largest ``block_q`` threshold ``<= seqlen_q`` (the kernel's split size), at most
+        ``seqlen_q``."""
+        fitting = [(low, block) for low, block in self.block_q if seqlen_q >= low]
+        block = max(fitting)[1] if fitting else min(self.block_q)[1]
+        return max(1, min(block, seqlen_q))
 
 
 @dataclass(frozen=True)
@@ -158,6 +191,16 @@ class Design:
     def key(self) -> tuple[str, ...]:
         """What an emulation depends on: the name and the sorted intermediates."""
         return (self.name, *sorted(self.holds))
+
+    @property
+    def emulation_key(self) -> tuple:
+        """What an emulation of the design depends on (not its name): the sorted intermediates
+        with the blocks of a ``grads_accumulated`` claim."""
+        return tuple(sorted((c.intermediate, c.block_q, c.block_k) for c in self.claims))
+
+    def claim(self, intermediate: str) -> Claim | None:
+        """The claim on ``intermediate`` (None when not claimed)."""
+        return next((c for c in self.claims if c.intermediate == intermediate), None)
 
     def source_of(self, intermediate: str) -> str:
         """The source of the claim on ``intermediate`` ("" when not claimed)."""

@@ -122,6 +122,15 @@ class Emulation:
             backward.
         stats: with ``record``, per claimed intermediate (and per output gradient before the GQA
             sum), its `IntermediateStats`.
+        spread: with ``record`` and the ``scores`` claim, per forward tensor (``out``, ``lse``; their
+            layouts, float64) the first-order bound of how far two correct kernels of the design
+            may lie apart where one score of a row rounds the other way (a float32 sum order
+            decides a rounding near a midpoint; rare, so one score per row, the most sensitive):
+            ``|delta s_j| = 2u |s_j|`` moves ``lse_i`` by ``P_ij 2u |s_ij|`` and ``out_i`` by at most
+            ``P_ij 2u |s_ij| (max_l |v_l| + |out_i|)`` (``delta P_il = P_il (delta_lj - P_ij)
+            delta s_ij``), maximised over ``j``. With a peaked softmax that one score decides the
+            error, and the emulation's own error may be near 0 by luck: `design_rule` adds this
+            bound to it.
     """
 
     out: torch.Tensor
@@ -130,6 +139,7 @@ class Emulation:
     dk: torch.Tensor | None = None
     dv: torch.Tensor | None = None
     stats: dict[str, IntermediateStats] = field(default_factory=dict)
+    spread: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def tensors(self) -> dict[str, torch.Tensor | None]:
         return {"out": self.out, "lse": self.lse, "dq": self.dq, "dk": self.dk, "dv": self.dv}
@@ -147,6 +157,61 @@ def _sequences(case: AttentionCase):
         yield slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
 
 
+def _partial_rounding(rnd, stats: IntermediateStats | None, tiny: float):
+    """The rounding of one gradient's partial sums under ``grads_accumulated``: recorded in
+    ``stats`` (that gradient's own, in a float64 run) besides the claim's."""
+
+    def apply(t: torch.Tensor) -> torch.Tensor:
+        if stats is not None:
+            stats.add(t, tiny)
+        return rnd(t, "grads_accumulated")
+
+    return apply
+
+
+def _accumulate_in_blocks(x, p, qg, kg, vg, do, scale, block_q, block_k, rnd, *, heads_in_running_sum=True, rnd_head=None):
+    """dq, dk and dv as a kernel accumulates them in its dtype outputs (the ``grads_accumulated``
+    claim; PyTorch's CPU flash backward, ``FlashAttentionKernel.cpp`` ``cpu_flash_attention_backward``:
+    for each query head of a kv head, for each query block, for each key block, three GEMMs with
+    ``beta = 1`` into the dtype outputs, each partial sum rounded by ``rnd``).
+
+    Args:
+        x: ``[Hkv, G, Sq, Sk]`` the dS the GEMMs read (rounded as the design holds it).
+        p: ``[Hkv, G, Sq, Sk]`` the P they read.
+        qg, do: ``[Hkv, G, Sq, D]`` / ``[Hkv, G, Sq, Dv]``; kg, vg: ``[Hkv, Sk, D]`` / ``[Hkv, Sk, Dv]``.
+        scale: what the dS GEMMs are multiplied by (their ``alpha``).
+        block_q, block_k: the kernel's query and key blocks.
+        rnd: ``{"dq": f, "dk": f, "dv": f}``, the rounding of each gradient's partial sums (the
+            dtype's; recording only, in a float64 run).
+
+        heads_in_running_sum: the group's heads add into one running dk and dv; else each head
+            runs its own, rounded by ``rnd_head`` (per-head gradients in the dtype) and summed after.
+
+    Returns:
+        ``(dq [Hkv, G, Sq, D], dk [Hkv, Sk, D], dv [Hkv, Sk, Dv])``, dk and dv summed over the group.
+    """
+    heads_kv, group, len_q, len_k = x.shape
+    dq = torch.zeros_like(qg)
+    dk = torch.zeros(heads_kv, len_k, kg.shape[-1], dtype=x.dtype, device=x.device)
+    dv = torch.zeros(heads_kv, len_k, vg.shape[-1], dtype=x.dtype, device=x.device)
+    dk_sum, dv_sum = torch.zeros_like(dk), torch.zeros_like(dv)
+    for r in range(group):
+        if not heads_in_running_sum and r > 0:  # the next head's own accumulators
+            dk_sum, dv_sum = dk_sum + rnd_head(dk), dv_sum + rnd_head(dv)
+            dk, dv = torch.zeros_like(dk), torch.zeros_like(dv)
+        for m0 in range(0, len_q, block_q):
+            m1 = min(len_q, m0 + block_q)
+            for n0 in range(0, len_k, block_k):
+                n1 = min(len_k, n0 + block_k)
+                xs = x[:, r, m0:m1, n0:n1]
+                dv[:, n0:n1] = rnd["dv"](dv[:, n0:n1] + torch.matmul(p[:, r, m0:m1, n0:n1].transpose(-1, -2), do[:, r, m0:m1]))
+                dq[:, r, m0:m1] = rnd["dq"](dq[:, r, m0:m1] + scale * torch.matmul(xs, kg[:, n0:n1]))
+                dk[:, n0:n1] = rnd["dk"](dk[:, n0:n1] + scale * torch.matmul(xs.transpose(-1, -2), qg[:, r, m0:m1]))
+    if not heads_in_running_sum and group > 1:
+        dk, dv = dk_sum + rnd_head(dk), dv_sum + rnd_head(dv)
+    return dq, dk, dv
+
+
 def emulate(
     case: AttentionCase,
     inputs: Any,
@@ -155,6 +220,7 @@ def emulate(
     backward: bool | None = None,
     record: bool = False,
     block_entries: int | None = None,
+    heads_in_running_sum: bool = True,
 ) -> Emulation:
     """Attention of ``inputs`` as a correct kernel of ``design`` computes it: float32 arithmetic
     (float64 with ``record``), the claimed intermediates rounded to the case dtype where the
@@ -178,6 +244,10 @@ def emulate(
             magnitudes (`Emulation.stats`): the figures that name a mechanism.
         block_entries: score entries per query block (memory bound); default by device
             (`DEFAULT_BLOCK_ENTRIES`).
+        heads_in_running_sum: under ``grads_accumulated``, the query heads of a GQA group add into
+            one running dk and dv (a kernel that reduces the group itself, e.g. PyTorch's CPU flash
+            kernel with ``enable_gqa``); else each head's gradient is accumulated on its own and
+            the heads are summed after (k and v expanded over the group before the kernel).
 
     Returns:
         `Emulation`.
@@ -191,8 +261,9 @@ def emulate(
     tiny = torch.finfo(dtype).tiny
     stats: dict[str, IntermediateStats] = {name: IntermediateStats() for name in claimed} if record else {}
     if record:
-        for name in ("dk_per_head", "dv_per_head"):
+        for name in ("dk_per_head", "dv_per_head", "dq_partial", "dk_partial", "dv_partial"):
             stats[name] = IntermediateStats()
+    accumulated = design.claim("grads_accumulated") if backward else None
     if block_entries is None:
         block_entries = DEFAULT_BLOCK_ENTRIES.get(device.type, DEFAULT_BLOCK_ENTRIES["cuda"])
 
@@ -212,6 +283,10 @@ def emulate(
     ds_factor = {"ds": 1.0, "ds_scaled": scale, "ds_scaled_softcap": scale / cap if cap else 1.0}[ds_name]
     rest = scale / ds_factor  # what the GEMM results x @ k and x^T @ q are multiplied by
 
+    spread_scores = record and "scores" in claimed
+    two_u = float(torch.finfo(dtype).eps)  # 2u: the spacing of the dtype relative to a value
+    spread_out = torch.zeros(inputs.q.shape[:-1] + (case.head_dim_v,), dtype=work, device=device) if spread_scores else None
+    spread_lse = torch.zeros(inputs.q.shape[:-1], dtype=work, device=device) if spread_scores else None
     out_all = torch.zeros(inputs.q.shape[:-1] + (case.head_dim_v,), dtype=work, device=device)
     lse_rows = torch.full(inputs.q.shape[:-1], -math.inf, dtype=work, device=device)  # [.., Sq, H]
     dq_all = torch.zeros(inputs.q.shape, dtype=work, device=device) if backward else None
@@ -234,9 +309,14 @@ def emulate(
         rows_per_block = max(1, block_entries // max(1, heads * len_k))
         out_g = torch.zeros(heads_kv, group, len_q, case.head_dim_v, dtype=work, device=device)
         lse_g = torch.full((heads_kv, group, len_q), -math.inf, dtype=work, device=device)
+        spread_og = torch.zeros_like(out_g) if spread_scores else None
+        spread_lg = torch.zeros(heads_kv, group, len_q, dtype=work, device=device) if spread_scores else None
         dq_g = torch.zeros_like(qg) if backward else None
         dk_h = torch.zeros(heads_kv, group, len_k, case.head_dim, dtype=work, device=device) if backward else None
         dv_h = torch.zeros(heads_kv, group, len_k, case.head_dim_v, dtype=work, device=device) if backward else None
+        # grads_accumulated: the GEMM inputs of the whole sequence, summed in the kernel's order after the blocks
+        x_all = torch.zeros(heads_kv, group, len_q, len_k, dtype=work, device=device) if accumulated else None
+        p_all = torch.zeros_like(x_all) if accumulated else None
         for i0 in range(0, len_q, rows_per_block):
             i1 = min(len_q, i0 + rows_per_block)
             visible = (cols[None, :] >= lo[i0:i1, None]) & (cols[None, :] < hi[i0:i1, None])  # [r, Sk]
@@ -262,6 +342,10 @@ def emulate(
             p_r = rnd(p, "probs")
             o = torch.matmul(p_r, vg[:, None])  # [Hkv, G, r, Dv]
             out_g[:, :, i0:i1] = o
+            if spread_scores:  # the Emulation.spread bound of one ulp of the row's most sensitive score
+                w = torch.where(visible, p * s.abs() * two_u, 0.0).amax(-1, keepdim=True)  # [Hkv, G, r, 1]
+                spread_lg[:, :, i0:i1] = w[..., 0]
+                spread_og[:, :, i0:i1] = w * (vg.abs().amax(-2)[:, None, None, :] + o.abs())
             if not backward:
                 continue
             o_r = o.to(dtype).to(work) if not record else o
@@ -279,10 +363,24 @@ def emulate(
             if cap is not None:
                 ds = ds * (1 - t * t)
             x = rnd(ds * ds_factor, ds_name)  # rounded only where the design claims it
+            if accumulated is not None:
+                x_all[:, :, i0:i1] = x
+                p_all[:, :, i0:i1] = p_r
+                continue
             dq_g[:, :, i0:i1] = torch.matmul(x, kg[:, None])
             dk_h += torch.matmul(x.transpose(-1, -2), qg[:, :, i0:i1])
             dv_h += torch.matmul(p_r.transpose(-1, -2), do_blk)
-        if backward:
+        if accumulated is not None:
+            dq_g, dk_s, dv_s = _accumulate_in_blocks(
+                x_all, p_all, qg, kg, vg, do, rest, accumulated.query_block(len_q), accumulated.block_k,
+                {name: _partial_rounding(rnd, stats.get(f"{name}_partial"), tiny) for name in ("dq", "dk", "dv")},
+                heads_in_running_sum=heads_in_running_sum,
+                rnd_head=lambda t: rnd(t, "gqa_grads_per_head") if "gqa_grads_per_head" in claimed else t,
+            )
+            dq_all[iq] = dq_g.permute(2, 0, 1, 3).reshape(len_q, heads, -1)
+            dk_all[ik] = dk_s.permute(1, 0, 2)
+            dv_all[ik] = dv_s.permute(1, 0, 2)
+        elif backward:
             # the GEMM results (x @ k, x^T @ q, summed over the query blocks in float32) times what
             # is left of softmax_scale; with pre_scale_grads they are written in the dtype first
             dq_g = rnd(dq_g, "pre_scale_grads")
@@ -302,13 +400,19 @@ def emulate(
             dv_all[ik] = dv_s.permute(1, 0, 2)
         out_all[iq] = out_g.permute(2, 0, 1, 3).reshape(len_q, heads, -1)
         lse_rows[iq] = lse_g.permute(2, 0, 1).reshape(len_q, heads)
+        if spread_scores:
+            spread_out[iq] = spread_og.permute(2, 0, 1, 3).reshape(len_q, heads, -1)
+            spread_lse[iq] = spread_lg.permute(2, 0, 1).reshape(len_q, heads)
 
     if case.is_varlen:
         lse = lse_rows.permute(1, 0)  # [H, total_q]
     else:
         lse = lse_rows.permute(0, 2, 1)  # [B, H, Sq]
     if record:
-        return Emulation(out_all, lse.contiguous(), dq_all, dk_all, dv_all, stats)
+        spread = {}
+        if spread_scores:
+            spread = {"out": spread_out, "lse": (spread_lse.permute(1, 0) if case.is_varlen else spread_lse.permute(0, 2, 1)).contiguous()}
+        return Emulation(out_all, lse.contiguous(), dq_all, dk_all, dv_all, stats, spread)
 
     def to_dtype(x: torch.Tensor | None) -> torch.Tensor | None:
         return None if x is None else x.to(dtype)
@@ -337,8 +441,14 @@ class RuleFigures:
 
     @property
     def holds(self) -> bool:
+        return self.ratio <= 1.0 and self.nonfinite_in_place
+
+    @property
+    def nonfinite_in_place(self) -> bool:
+        """The kernel's unexpected non-finite entries lie where the emulation has them (within
+        `NONFINITE_SLACK`)."""
         slack = max(2, int(NONFINITE_SLACK * self.nonfinite_kernel))
-        return self.ratio <= 1.0 and self.nonfinite_outside <= slack
+        return self.nonfinite_outside <= slack
 
     def to_json(self) -> dict[str, Any]:
         from oracle.compare import json_float
@@ -350,7 +460,7 @@ class RuleFigures:
 
 
 @torch.inference_mode()
-def design_rule(prepared: Any, actual: torch.Tensor, emulated: torch.Tensor) -> RuleFigures:
+def design_rule(prepared: Any, actual: torch.Tensor, emulated: torch.Tensor, spread: torch.Tensor | None = None) -> RuleFigures:
     """FlashAttention's test rule of a kernel tensor against the emulation of its design (the
     module docstring): float64 sums on the reference's device.
 
@@ -358,6 +468,9 @@ def design_rule(prepared: Any, actual: torch.Tensor, emulated: torch.Tensor) -> 
         prepared: the tensor's `oracle.compare.PreparedTensor`.
         actual: the kernel's tensor (the reference's shape).
         emulated: the emulation's tensor (the same shape).
+        spread: `Emulation.spread` of the tensor (the same shape) or None: added to the
+            emulation's error (``||A - R|| <= 2 (||E - R|| + ||spread||) + allowed``, per tile and
+            over the tensor).
 
     Returns:
         `RuleFigures`; a shape that differs from the reference's gives an infinite ratio.
@@ -377,6 +490,11 @@ def design_rule(prepared: Any, actual: torch.Tensor, emulated: torch.Tensor) -> 
     both = judged & torch.isfinite(a) & torch.isfinite(e)
     ek2 = torch.where(both, (a - p.ref_v).square(), 0.0).sum(-1)
     ee2 = torch.where(both, (e - p.ref_v).square(), 0.0).sum(-1)
+    if spread is not None and tuple(spread.shape) == p.shape:
+        sp = p.to_grid_float64(spread)
+        sp2 = torch.where(judged & torch.isfinite(sp), sp.square(), 0.0).sum(-1)
+        ee2_spread = (ee2.sqrt() + sp2.sqrt()).square()  # per row: the emulation's error plus the spread
+        ee2 = ee2_spread
     ek_t, ee_t = p.tiles(ek2).sqrt(), p.tiles(ee2).sqrt()
     bound_t = FA_RULE_FACTOR * ee_t + p.allowed_tiles
     ratio_t = torch.where(ek_t > 0, ek_t / bound_t, torch.zeros_like(ek_t))
@@ -393,6 +511,11 @@ def design_rule(prepared: Any, actual: torch.Tensor, emulated: torch.Tensor) -> 
 LIMIT_KINDS = ("limit", "unjudgeable")
 """Signature kinds of a failure a correct kernel of the backend's design shares
 (``<tensor>:limit``) or cannot be judged on (``<tensor>:unjudgeable``)."""
+PRECISION_KINDS = frozenset({"mismatch", "tile_mismatch"})
+"""Kinds of a failure that may be the design's limit even where its emulation passes the oracle:
+a kernel error within FlashAttention's rule (at most twice the emulation's plus the allowance) is
+one its own test suite accepts, the emulation's error being near the allowance (a non-finite,
+all-zero or shape failure needs the emulation to fail the same way)."""
 NEVER_A_LIMIT = frozenset({"shape", "finite_on_masked"})
 """Kinds no design explains: a wrong shape, a finite lse on a row that sees no key."""
 
@@ -450,6 +573,15 @@ def _fmt(x: float) -> str:
     return f"{x:.2g}".replace("e+0", "e").replace("e+", "e").replace("e-0", "e-")
 
 
+def _what(name: str, tensor: str, phrase) -> str:
+    """How a sentence names intermediate ``name`` where it moves ``tensor``."""
+    if name == "gqa_grads_per_head":
+        return f"per-head {tensor}"
+    if name == "grads_accumulated":
+        return f"partial sums of {tensor} (accumulated block by block in the dtype)"
+    return phrase(name)
+
+
 def _mechanism(
     case: AttentionCase, tensor: str, design: Design, stats: dict[str, IntermediateStats], sufficient: list[str] | None = None
 ) -> tuple[str | None, str, bool]:
@@ -470,6 +602,8 @@ def _mechanism(
     def figures(name: str) -> IntermediateStats:
         if name == "gqa_grads_per_head" and tensor in ("dk", "dv"):
             return stats.get(f"{tensor}_per_head", IntermediateStats())
+        if name == "grads_accumulated" and tensor in ("dq", "dk", "dv"):
+            return stats.get(f"{tensor}_partial", IntermediateStats())
         return stats.get(name, IntermediateStats())
 
     # beyond any first-order bound: decided on every claim that reaches the tensor, so that the
@@ -483,7 +617,7 @@ def _mechanism(
     if over:
         parts = []
         for value, name in over:
-            what = f"per-head {tensor}" if name == "gqa_grads_per_head" else phrase(name)
+            what = _what(name, tensor, phrase)
             where = " before the GQA sum" if name == "gqa_grads_per_head" else ""
             parts.append(f"{what} up to {_fmt(value)}{where}")
         return over[0][1], f"{', '.join(parts)} > {case.dtype} max {_fmt(largest)}", beyond
@@ -497,11 +631,11 @@ def _mechanism(
         if name == "flush_to_zero":
             return name, (f"float32 P below float32's smallest normal {_fmt(FLOAT32_TINY)} in {share:.2g} of its "
                           "non-zero entries, flushed to zero"), beyond
-        what = f"per-head {tensor}" if name == "gqa_grads_per_head" else phrase(name)
+        what = _what(name, tensor, phrase)
         return name, f"{what} below {case.dtype}'s smallest normal {_fmt(tiny)} in {share:.0%} of its non-zero entries", False
     if reach:
         value, name = max((figures(n).max_abs * u, n) for n in reach)
-        what = f"per-head {tensor}" if name == "gqa_grads_per_head" else phrase(name)
+        what = _what(name, tensor, phrase)
         unit = " nat" if name == "scores" else ""
         return name, f"rounding of {what} to {case.dtype} (up to {_fmt(figures(name).max_abs)}, spacing {_fmt(2 * value)}{unit} there)", False
     return None, f"the {case.dtype} rounding of the design's outputs", False
@@ -544,6 +678,57 @@ def _sufficient_claims(case: AttentionCase, prepared_reference: Any, inputs: Any
     return found
 
 
+GRADIENTS = ("dq", "dk", "dv")
+"""The tensors of the backward pass: an emulation runs it only where one of them is judged."""
+
+
+def design_for(design: Design, tensors: list[str] | tuple[str, ...]) -> Design:
+    """``design`` with only the claims that reach some tensor of ``tensors``
+    (`oracle.design.REACHES`): an emulation of it gives those tensors exactly as the whole
+    design's emulation does (the other intermediates do not enter them), for less work (no
+    backward pass where only ``out``/``lse`` are asked)."""
+    reach = {name for tensor in tensors for name in REACHES.get(tensor, ())}
+    claims = tuple(c for c in design.claims if c.intermediate in reach)
+    if len(claims) == len(design.claims):
+        return design
+    return Design(design.name, claims, design.summary)
+
+
+@dataclass(frozen=True)
+class _PartialVerdict:
+    """The emulation's verdict on the tensors judged (the fields `_emulation_json` reads of an
+    `oracle.compare.Verdict`)."""
+
+    tensors: dict[str, Any]
+
+    @property
+    def passed(self) -> bool:
+        return all(t.passed for t in self.tensors.values())
+
+    @property
+    def signatures(self) -> list[str]:
+        return [s for t in self.tensors.values() for s in t.signatures]
+
+    @property
+    def error_ratio(self) -> float:
+        return max((t.error_ratio for t in self.tensors.values()), default=0.0)
+
+
+def _partial_verdict(tensors: dict[str, Any]) -> _PartialVerdict:
+    return _PartialVerdict(tensors)
+
+
+def _orders(case: AttentionCase, design: Design, backward: bool) -> tuple[bool, ...]:
+    """The orders of a GQA group's sums that a correct kernel of ``design`` may take, as
+    `emulate`'s ``heads_in_running_sum``: both where the design accumulates its gradients in the
+    dtype (``grads_accumulated``) on a GQA case (the group reduced inside the kernel, or k and v
+    expanded before it: one backend's variants do either, and a kernel is a defect only when it
+    is worse than every correct order), else the one."""
+    if backward and design.claim("grads_accumulated") is not None and case.num_heads != case.num_heads_kv:
+        return (True, False)
+    return (True,)
+
+
 def emulation_cache(prepared_reference: Any) -> dict:
     """The per-case cache of emulations and their verdicts, kept on the
     `oracle.compare.PreparedReference` (one per case, shared by its backends)."""
@@ -563,6 +748,7 @@ def explain_failure(
     inputs: Any = None,
     *,
     ablate: bool = True,
+    complete: bool = True,
 ) -> Explanation:
     """Tell a defect from the limit of ``design`` for a failing kernel result.
 
@@ -577,54 +763,94 @@ def explain_failure(
         ablate: name the mechanism among the claims whose rounding alone makes the emulation
             fail the tensor (one more emulation per claim that reaches it); else from the float64
             magnitudes of every claim alone.
+        complete: emulate the whole design and judge every tensor of ``verdict`` (the second
+            opinion of a bucket: the emulation's verdict on the case as a whole). Else only the
+            failing tensors are emulated and judged, with only the claims that reach them
+            (`design_for`): the forward alone where no gradient fails. The verdict on each failing
+            tensor is the same either way (an intermediate outside `oracle.design.REACHES` of a
+            tensor does not change it, and the emulation judges each tensor on its own).
 
     Returns:
-        `Explanation`. The emulation and its verdict are computed once per case and design
-        (`emulation_cache`), the float64 magnitudes only when a tensor is within the rule.
+        `Explanation`. The emulations are computed once per case, set of claims and direction
+        (`emulation_cache`: backends whose designs agree on the claims that matter share them),
+        each tensor judged once; the float64 magnitudes only when a tensor is within the rule.
 
     Raises:
         ValueError: no inputs are given or kept with the reference.
     """
-    from oracle.compare import compare_outputs
+    from oracle.compare import compare_outputs_batch
 
     inputs = prepared_reference.inputs if inputs is None else inputs
     if inputs is None:
         raise ValueError("inputs: explain_failure needs the case's inputs (none kept with the prepared reference)")
     cache = emulation_cache(prepared_reference)
-    key = ("emulation", design.key)
-    if key not in cache:
-        emu = emulate(case, inputs, design, backward=bool(set(verdict.tensors) & {"dq", "dk", "dv"}))
-        tensors = {n: t for n, t in emu.tensors().items() if n in verdict.tensors}
-        cache[key] = (emu, compare_outputs(case, prepared_reference, **tensors))
-    emu, emu_verdict = cache[key]
+    failing = [n for n, t in verdict.tensors.items() if not t.passed]
+    judged = list(verdict.tensors) if complete or not failing else failing
+    emulated = design if complete else design_for(design, judged)
+    backward = bool(set(judged) & set(GRADIENTS))
+    orders = _orders(case, emulated, backward)
+    runs = []  # per order of a correct kernel's sums: (emulation, its verdicts by tensor)
+    for order in orders:
+        key = ("emulation", emulated.emulation_key, backward, order)
+        if key not in cache:
+            cache[key] = (emulate(case, inputs, emulated, backward=backward, heads_in_running_sum=order), {})
+        emu, judged_tensors = cache[key]
+        missing = {n: t for n, t in emu.tensors().items() if n in judged and n not in judged_tensors and t is not None}
+        if missing:  # each tensor judged on its own (compare_outputs' verdict of a tensor does not depend on the others)
+            judged_tensors.update(compare_outputs_batch(case, prepared_reference, [missing])[0].tensors)
+        runs.append((emu, judged_tensors))
+    emu, first = runs[0]
+    emu_verdict = _partial_verdict({n: first[n] for n in judged if n in first})
     explained: dict[str, str] = {}
     rule: dict[str, dict[str, Any]] = {}
+    candidates: list[str] = []  # failing tensors the emulation fails too, whose rule does not hold
     why, mechanism = "", None
-    failing = [n for n, t in verdict.tensors.items() if not t.passed]
+    skey = ("record", emulated.emulation_key, backward)
+    spread: dict[str, torch.Tensor] = {}
+    if "scores" in emulated.holds and {"out", "lse"} & set(failing):  # Emulation.spread of the forward
+        if skey not in cache:
+            cache[skey] = emulate(case, inputs, emulated, backward=backward, record=True)
+        spread = cache[skey].spread
     for name in failing:
         tv = verdict.tensors[name]
-        ev = emu_verdict.tensors.get(name)
         actual = kernel.get(name)
         kinds = {s.partition(":")[2] for s in tv.signatures}
-        if ev is None or actual is None or ev.passed or kinds & NEVER_A_LIMIT:
+        if actual is None or kinds & NEVER_A_LIMIT:
             continue
-        if "all_zero" in kinds and not ev.is_all_zero:
+        best = None
+        for order, (run_emu, run_tensors) in zip(orders, runs):
+            ev = run_tensors.get(name)
+            if ev is None or ("all_zero" in kinds and not ev.is_all_zero):
+                continue
+            if ev.passed and not kinds <= PRECISION_KINDS:  # only a precision failure passes beside a passing emulation
+                continue
+            figures = design_rule(prepared_reference.tensor(name), actual, run_emu.tensors()[name], spread.get(name))
+            if best is None or (figures.holds, -figures.ratio) > (best[1].holds, -best[1].ratio):
+                best = (order, figures)
+        if best is None:
             continue
-        figures = design_rule(prepared_reference.tensor(name), actual, emu.tensors()[name])
-        rule[name] = figures.to_json()
+        order, figures = best
+        rule[name] = figures.to_json() | ({"heads_in_running_sum": order} if len(orders) > 1 else {})
         if figures.holds:
             explained[name] = "limit"
+        elif figures.nonfinite_in_place and "scores" in emulated.holds:
+            candidates.append(name)
     intermediates: dict[str, dict[str, Any]] = {}
-    if explained:
-        skey = ("record", design.key)
+    if explained or candidates:
         if skey not in cache:
-            cache[skey] = emulate(case, inputs, design, backward=bool(set(verdict.tensors) & {"dq", "dk", "dv"}), record=True).stats
-        stats = cache[skey]
+            cache[skey] = emulate(case, inputs, emulated, backward=backward, record=True)
+        stats = cache[skey].stats
+        # beyond any first-order bound (scores in the dtype at a spacing of a nat or more) the rule
+        # against one emulation says nothing: a failure the emulation shares is not judgeable
+        for name in candidates:
+            if _mechanism(case, name, emulated, stats)[2]:
+                explained[name] = "unjudgeable"
+    if explained:
         intermediates = {n: s.to_json() for n, s in stats.items()}
         sentences = []
         for name in explained:
-            sufficient = _sufficient_claims(case, prepared_reference, inputs, design, name, cache) if ablate else None
-            mech, sentence, beyond = _mechanism(case, name, design, stats, sufficient)
+            sufficient = _sufficient_claims(case, prepared_reference, inputs, emulated, name, cache) if ablate else None
+            mech, sentence, beyond = _mechanism(case, name, emulated, stats, sufficient)
             if beyond:
                 explained[name] = "unjudgeable"
             if mechanism is None:
@@ -648,6 +874,6 @@ def explain_failure(
 
 
 __all__ = [
-    "FA_RULE_FACTOR", "LIMIT_KINDS", "NEVER_A_LIMIT", "NONFINITE_SLACK", "Emulation", "Explanation",
-    "IntermediateStats", "RuleFigures", "design_rule", "emulate", "emulation_cache", "explain_failure",
+    "FA_RULE_FACTOR", "GRADIENTS", "LIMIT_KINDS", "NEVER_A_LIMIT", "NONFINITE_SLACK", "Emulation", "Explanation",
+    "IntermediateStats", "RuleFigures", "design_for", "design_rule", "emulate", "emulation_cache", "explain_failure",
 ]

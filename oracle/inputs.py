@@ -119,74 +119,18 @@ import torch
 
 from oracle.config import AttentionCase, torch_dtype
 
-STREAM_Q, STREAM_K, STREAM_V, STREAM_DOUT = 1, 2, 3, 4
-STREAM_Q_OUTLIERS, STREAM_K_OUTLIERS, STREAM_K_BASE = 5, 6, 7
-STREAM_Q_BASIS, STREAM_K_BASIS, STREAM_MASSIVE, STREAM_PEAKED, STREAM_OFFSET, STREAM_DOUT_SPARSE = 8, 9, 10, 11, 12, 13
-
-MASSIVE_Q_GAIN, MASSIVE_K_GAIN = 4.0, 16.0
-SINK_CHANNEL = 0
-SINK_MARGIN = 4.0  # nats above ln(keys of the sequence)
-PEAK_LOGIT = 24.0  # nats: the score a peaked row gives its chosen key (about)
-DOUT_TINY = 2.0**-27  # ~7.5e-9
-DOUT_LARGE = 2.0**8
-DOUT_SPARSE_ROWS = 1.0 / 8.0
-_LN2 = 0.6931471805599453  # math.log(2), written out: host-side constants use no libm
-
-LARGE_LOGITS_STD = 9.0
-MAX_Q_GAIN = 256.0
-OUTLIER_Z = 3.2905  # P(|z| > 3.2905) = 0.001 for z ~ N(0, 1)
-OUTLIER_GAIN = 30.0
-NEAR_CONSTANT_NOISE = 2.0**-10  # relative; < half the bf16 spacing 2**-9
-
-_M32 = 0xFFFFFFFF
-# cos(pi * b) = sum_k (-1)^k pi^(2k) b^(2k) / (2k)!, truncated after the first term < 1e-16 (b <= 1/2).
-_COS_COEFFS = [(-1) ** n * math.pi ** (2 * n) / math.factorial(2 * n) for n in range(11)]
-# log(m) = 2 atanh(s) = 2 sum_k s^(2k+1) / (2k+1), s = (m - 1) / (m + 1), |s| <= 0.172, same cut.
-_ATANH_COEFFS = [1.0 / (2 * n + 1) for n in range(10)]
-
-
-def _mix32(x):
-    """32-bit xorshift-multiply hash (hash-prospector's ``[16 21f0aaad 15 735a2d97 15]``).
-
-    Takes a python int or an int64 tensor (modified in place) holding values ``< 2**32``; both
-    multipliers are ``< 2**31``, so products stay below ``2**63`` and never overflow int64.
-    """
-    if not isinstance(x, torch.Tensor):  # the same steps on a python int (no tensor overhead)
-        for shift, multiplier in ((16, 0x21F0AAAD), (15, 0x735A2D97), (15, None)):
-            x ^= x >> shift
-            if multiplier is not None:
-                x = (x * multiplier) & _M32
-        return x
-    scratch = torch.empty_like(x)  # in-place steps: fresh large allocations dominate on CPU
-    for shift, multiplier in ((16, 0x21F0AAAD), (15, 0x735A2D97), (15, None)):
-        x ^= torch.bitwise_right_shift(x, shift, out=scratch)
-        if multiplier is not None:
-            x *= multiplier
-            x &= _M32
-    return x
-
-
-def _horner(x: torch.Tensor, coeffs: list[float]) -> torch.Tensor:
-    acc = torch.full_like(x, coeffs[-1])
-    for c in reversed(coeffs[:-1]):
-        acc.mul_(x).add_(c)  # two separately rounded IEEE operations (no fused multiply-add)
-    return acc
-
-
-def _sqrt(x: torch.Tensor) -> torch.Tensor:
-    """``sqrt(x)`` for ``x > 0`` by Newton's method: only exact or IEEE-rounded ``+ - * /`` steps.
-
-    ``torch.sqrt`` is not bit-identical across devices for float64 (measured on an H200: 0.8% of
-    results differ from the CPU's in the last bit), so it is avoided.
-    """
-    mantissa, exponent = torch.frexp(x)  # x = mantissa * 2**exponent, mantissa in [0.5, 1)
-    odd = (exponent % 2) != 0
-    mantissa = torch.where(odd, mantissa * 2.0, mantissa)  # [0.5, 2), exponent now even
-    half = (exponent - odd.to(exponent.dtype)).to(torch.int64) // 2
-    root = (mantissa + 1.0) * 0.5  # within 6%; Newton squares the relative error each step
-    for _ in range(5):
-        root = (root + mantissa / root) * 0.5
-    return root * ((half + 1023) << 52).view(torch.float64)  # times 2**half, exactly
+# The streams, the constants, the counter hash in torch and the input families are the portable
+# core's (`oracle.portable`, copied verbatim into every exported repro): imported here under the
+# names this module always had.
+from oracle.portable import (  # noqa: F401 (re-exported: the names this module always had)
+    _ATANH_COEFFS, _COS_COEFFS, _LN2, _M32, DOUT_LARGE, DOUT_SPARSE_ROWS, DOUT_TINY, LARGE_LOGITS_STD, MASSIVE_K_GAIN,
+    MASSIVE_Q_GAIN, MAX_Q_GAIN, NEAR_CONSTANT_NOISE, OUTLIER_GAIN, OUTLIER_Z, PEAK_LOGIT, SINK_CHANNEL, SINK_MARGIN,
+    STREAM_DOUT, STREAM_DOUT_SPARSE, STREAM_K, STREAM_K_BASE, STREAM_K_BASIS, STREAM_K_OUTLIERS, STREAM_MASSIVE,
+    STREAM_OFFSET, STREAM_PEAKED, STREAM_Q, STREAM_Q_BASIS, STREAM_Q_OUTLIERS, STREAM_V, _box_muller, _dout,
+    _hash_keys, _horner, _llm_like_and_offsets, _low_rank, _mix32, _power_of_two_near_sqrt, _sqrt, _token_layout,
+    dout_values, float64_inputs, hash_normal_torch, hash_uniform, input_shapes, massive_channel_indices,
+    score_offset_channel, seq_scale_exponents,
+)
 
 
 def hash_normal(
@@ -488,40 +432,6 @@ def _hash_normal_numpy_segments(segments: list[tuple[int, int, int, int]], targe
                 at += hi - lo
 
 
-def _hash_keys(seed: int, stream: int) -> tuple[int, int]:
-    """The two 32-bit keys of ``(seed, stream)`` that `hash_normal` mixes into the counters."""
-    key1 = _mix32(_mix32(seed & _M32) ^ _mix32((stream + 0x9E3779B9) & _M32))
-    return key1, _mix32(key1 ^ 0x5BD1E995)
-
-
-def hash_normal_torch(seed: int, stream: int, numel: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    """`hash_normal` in torch operations only (its ``engine="torch"``; every device; the exported
-    repros copy this one, ``service/export/repro.py``)."""
-    key1, key2 = _hash_keys(seed, stream)
-    counter = torch.arange(2 * numel, dtype=torch.int64, device=device)
-    counter ^= key1
-    return _box_muller(_mix32(_mix32(counter) ^ key2).to(torch.float64).view(numel, 2))
-
-
-def _box_muller(bits: torch.Tensor) -> torch.Tensor:
-    """The normals of `hash_normal_torch` from the hashed counters: ``bits`` ``[n, 2]`` float64
-    (integers below ``2**32``: the hashes of counters ``2 i`` and ``2 i + 1``) -> ``[n]`` float64,
-    ``sqrt(-2 log u1) cos(2 pi u2)`` with the log, cos and sqrt in exact or IEEE-rounded ``+ - * /``
-    steps only (the same bits on every device; copied into the exported repros)."""
-    u1 = (bits[:, 0] + 0.5) * 2.0**-32  # (0, 1): log(u1) is finite
-    mantissa, exponent = torch.frexp(u1)  # u1 = mantissa * 2**exponent, mantissa in [0.5, 1)
-    low = mantissa < math.sqrt(0.5)
-    mantissa = torch.where(low, mantissa * 2.0, mantissa)
-    exponent = (exponent - low.to(exponent.dtype)).to(torch.float64)
-    s = (mantissa - 1.0) / (mantissa + 1.0)
-    log_u1 = 2.0 * s * _horner(s * s, _ATANH_COEFFS) + exponent * math.log(2.0)
-    a = (bits[:, 1] * 2.0**-31 - 1.0).abs()  # cos(2 pi u2) = -cos(pi a), a = |2 u2 - 1| in [0, 1]
-    b = torch.where(a > 0.5, 1.0 - a, a)  # cos(pi a) = -cos(pi (1 - a))
-    cos_pi_b = _horner(b * b, _COS_COEFFS)
-    cos_2pi_u2 = torch.where(a > 0.5, cos_pi_b, -cos_pi_b)
-    return _sqrt(-2.0 * log_u1) * cos_2pi_u2
-
-
 def _hash_normal_torch_many(seed: int, requests: list[tuple[int, int]], device: torch.device | str) -> list[torch.Tensor]:
     """`hash_normal_torch` of several ``(stream, numel)`` requests in one pass (the torch engine of
     `hash_normal_many`): element ``j`` of the concatenation belongs to request ``r`` (found with
@@ -547,155 +457,6 @@ def _hash_normal_torch_many(seed: int, requests: list[tuple[int, int]], device: 
     counter ^= table[2][owner][:, None]
     values = _box_muller(_mix32(_mix32(counter) ^ table[3][owner][:, None]).to(torch.float64))
     return list(values.split(numels))
-
-
-def hash_uniform(seed: int, stream: int, numel: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    """``numel`` uniforms in ``(0, 1)``, a pure function of ``(seed, stream, index)``.
-
-    The counter hash of `hash_normal` (same keys for the same ``(seed, stream)``) on the counters
-    ``0 .. numel - 1``, then ``(bits + 0.5) * 2**-32``: integer operations and one exact float64
-    scaling, so bit-identical on every device. Use streams no `hash_normal` call uses.
-
-    Returns:
-        ``[numel] float64`` on ``device``, each value a multiple of ``2**-33``.
-    """
-    key1 = _mix32(_mix32(seed & _M32) ^ _mix32((stream + 0x9E3779B9) & _M32))
-    key2 = _mix32(key1 ^ 0x5BD1E995)
-    counter = torch.arange(numel, dtype=torch.int64, device=device)
-    counter ^= key1
-    return (_mix32(_mix32(counter) ^ key2).to(torch.float64) + 0.5) * 2.0**-32
-
-
-def _power_of_two_near_sqrt(x: float) -> float:
-    """``2**m`` with ``m = e // 2`` for ``x = f * 2**e``, ``f`` in [0.5, 1): within a factor 2
-    of ``sqrt(x)``; exact host arithmetic (no libm)."""
-    _, exponent = math.frexp(x)
-    return math.ldexp(1.0, exponent // 2)
-
-
-def seq_scale_exponents(case: AttentionCase) -> list[int]:
-    """Per sequence ``b``, the exponent ``e_b`` of its gain ``2**e_b`` (``seq_scale_log2 = L``):
-    a ramp from ``+L`` (first sequence) to ``-L`` (last), ``L - round(2 L b / (batch_size - 1))``;
-    ``[L]`` for one sequence; all 0 when ``L == 0``."""
-    level, count = case.seq_scale_log2, case.batch_size
-    if count == 1:
-        return [level]
-    return [level - (2 * level * b + (count - 1) // 2) // (count - 1) for b in range(count)]
-
-
-def massive_channel_indices(case: AttentionCase) -> list[int]:
-    """The ``massive_channels`` channel indices (sorted) whose q and k entries are amplified: the
-    first of a permutation of ``range(head_dim)`` by the uniforms of stream ``STREAM_MASSIVE``
-    (computed on the CPU: the indices are the same for every device)."""
-    if case.massive_channels == 0:
-        return []
-    order = torch.argsort(hash_uniform(case.seed, STREAM_MASSIVE, case.head_dim), stable=True)
-    return sorted(order[: min(case.massive_channels, case.head_dim)].tolist())
-
-
-def score_offset_channel(case: AttentionCase) -> tuple[int, float]:
-    """``(channel, key value)`` realising ``score_offset``: the last channel; every key holds
-    ``beta`` (a power of two near ``sqrt(|score_offset| / softmax_scale)``) there, and query row
-    ``i`` holds ``alpha_i = offset_i / (softmax_scale * beta)``."""
-    beta = _power_of_two_near_sqrt(max(abs(case.score_offset), 1.0) / case.softmax_scale)
-    return case.head_dim - 1, beta
-
-
-def _token_layout(case: AttentionCase, side: str, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per token of the canonical layout flattened to ``[tokens]`` (``batch_size * seqlen`` or
-    ``total``): (sequence index, position in the sequence, start token of that sequence's keys),
-    int64 on ``device``."""
-    lengths_q, lengths_k = case.seqlens_q_list, case.seqlens_k_list
-    lengths = lengths_q if side == "q" else lengths_k
-    counts = torch.tensor(lengths, dtype=torch.int64, device=device)
-    if case.is_varlen:
-        starts = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()[:-1]], dtype=torch.int64, device=device)
-        key_starts = torch.tensor([0, *torch.tensor(lengths_k).cumsum(0).tolist()[:-1]], dtype=torch.int64, device=device)
-    else:
-        starts = torch.arange(case.batch_size, dtype=torch.int64, device=device) * lengths[0]
-        key_starts = torch.arange(case.batch_size, dtype=torch.int64, device=device) * case.seqlen_k
-    sequence = torch.repeat_interleave(torch.arange(case.batch_size, device=device), counts)
-    position = torch.arange(int(counts.sum()), dtype=torch.int64, device=device) - starts[sequence]
-    return sequence, position, key_starts[sequence]
-
-
-def _low_rank(case: AttentionCase, x: torch.Tensor, stream: int, basis: torch.Tensor | None = None) -> torch.Tensor:
-    """``x`` ``[tokens, heads, dim]`` float64 -> ``sum_r x[..., r] * basis[head, r, :] / sqrt(rank)``
-    with ``basis`` from ``stream``, summed in index order with separate IEEE operations (no
-    matmul, whose summation order differs between devices). ``basis``: that stream's
-    ``[heads * rank * dim] float64`` samples when already drawn (`make_inputs` prefetches them);
-    None draws them here."""
-    heads, dim = x.shape[-2], x.shape[-1]
-    rank = min(case.qk_rank, dim)
-    if basis is None:
-        basis = hash_normal(case.seed, stream, heads * rank * dim, x.device)
-    basis = basis.view(heads, rank, dim)
-    acc = x[..., 0:1] * basis[:, 0, :]
-    for r in range(1, rank):
-        acc = acc + x[..., r : r + 1] * basis[:, r, :]
-    return acc * (1.0 / math.sqrt(rank))  # python's sqrt of an int: correctly rounded, on the host
-
-
-def _llm_like_and_offsets(case: AttentionCase, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dtype) -> None:
-    """Apply massive channels, per-sequence scales, the attention sink, peaked rows and the score
-    offset in place to float64 ``[tokens, heads, dim]`` views of q, k, v (module docstring)."""
-    device = q.device
-    if case.massive_channels:
-        channels = torch.tensor(massive_channel_indices(case), device=device)
-        q[..., channels] *= MASSIVE_Q_GAIN
-        k[..., channels] *= MASSIVE_K_GAIN
-    seq_q = seq_k = None
-    if case.seq_scale_log2 or case.attention_sink or case.peaked_rows:
-        seq_q, pos_q, key_start_q = _token_layout(case, "q", device)
-        seq_k, pos_k, _ = _token_layout(case, "k", device)
-    if case.seq_scale_log2:
-        gains = torch.tensor([2.0**e for e in seq_scale_exponents(case)], dtype=torch.float64, device=device)
-        q *= gains[seq_q][:, None, None]  # scores of sequence b scaled by 2**e_b
-        v *= gains[seq_k][:, None, None]  # and its output
-    if case.attention_sink:
-        c = SINK_CHANNEL
-        gaps = [SINK_MARGIN + _LN2 * n.bit_length() for n in case.seqlens_k_list]  # >= ln(n) + margin
-        beta = _power_of_two_near_sqrt(max(gaps) / case.softmax_scale)
-        alphas = torch.tensor([g / (case.softmax_scale * beta) for g in gaps], dtype=torch.float64, device=device)
-        k[..., c] = torch.where(pos_k == 0, beta, 0.0)[:, None]
-        q[..., c] = alphas[seq_q][:, None]
-    if case.peaked_rows:
-        tokens, heads = q.shape[0], q.shape[1]
-        u = hash_uniform(case.seed, STREAM_PEAKED, 2 * tokens * heads, device).view(tokens, heads, 2)
-        lengths_k = torch.tensor(case.seqlens_k_list, dtype=torch.int64, device=device)
-        span = torch.minimum(pos_q, lengths_k[seq_q] - 1) + 1  # keys 0 .. min(i, n_k - 1): visible when causal
-        chosen = key_start_q[:, None] + (u[..., 1] * span[:, None].to(torch.float64)).to(torch.int64)
-        kv_head = torch.arange(heads, device=device) // case.group_size
-        rounded_k = k.to(dtype).to(torch.float64)
-        gamma = PEAK_LOGIT / (case.softmax_scale * case.head_dim)
-        peaked = rounded_k[chosen, kv_head[None, :].expand(tokens, heads)] * gamma
-        q.copy_(torch.where((u[..., 0] < case.peaked_rows)[..., None], peaked, q))
-    if case.score_offset:
-        c, beta = score_offset_channel(case)
-        alpha = case.score_offset / (case.softmax_scale * beta)
-        k[..., c] = beta
-        if case.score_offset_mode == "head":
-            q[..., c] = alpha
-        else:
-            tokens, heads = q.shape[0], q.shape[1]
-            w = hash_uniform(case.seed, STREAM_OFFSET, tokens * heads, device).view(tokens, heads) * 2.0 - 1.0
-            q[..., c] = w * alpha
-    limit = torch.finfo(dtype).max / 2  # keep every input finite in the case dtype
-    for x in (q, k, v):
-        x.clamp_(-limit, limit)
-
-
-def _dout(case: AttentionCase, dout: torch.Tensor) -> torch.Tensor:
-    """``dout`` of ``dout_distribution`` from its N(0, 1) draw ``[..., heads, head_dim_v]``."""
-    if case.dout_distribution == "tiny":
-        return dout * DOUT_TINY
-    if case.dout_distribution == "large":
-        return dout * DOUT_LARGE
-    if case.dout_distribution == "sparse":
-        rows = dout.shape[:-1]
-        keep = hash_uniform(case.seed, STREAM_DOUT_SPARSE, math.prod(rows), dout.device).view(rows) < DOUT_SPARSE_ROWS
-        return torch.where(keep[..., None], dout, 0.0)
-    return dout
 
 
 @dataclass
@@ -794,58 +555,27 @@ def make_inputs(case: AttentionCase, device: torch.device | str = "cpu") -> Atte
     the outlier selections of ``outliers``; the key base of ``near_constant``; the q/k bases of
     ``qk_rank``) is drawn up front in ONE `hash_normal_many` call (`_prefetch_requests`), with the
     numel each later draw asks for: per-call overhead, not arithmetic, dominated the cost (see
-    `hash_normal_many`). The draws below take their tensor from it (a stream absent from it is
-    drawn directly, as before); a forward-only case's dout stays lazy and drawn on its own. The
-    bits are those of the per-stream draws (``tests/oracle/test_inputs_many.py``).
+    `hash_normal_many`). The steps are the portable core's (`oracle.portable.float64_inputs`,
+    `oracle.portable.dout_values`, the code every exported repro copies); their draws take their
+    tensor from the prefetched ones (a stream absent from them is drawn directly); a forward-only
+    case's dout stays lazy and drawn on its own. The bits are those of the per-stream draws
+    (``tests/oracle/test_inputs_many.py``).
     """
     dtype = torch_dtype(case.dtype)
-    if case.is_varlen:
-        rows_q, rows_k = (case.total_q,), (case.total_k,)
-    else:
-        rows_q, rows_k = (case.batch_size, case.seqlen_q), (case.batch_size, case.seqlen_k)
-    shape_q = (*rows_q, case.num_heads, case.head_dim)
-    shape_k = (*rows_k, case.num_heads_kv, case.head_dim)
-    shape_v = (*rows_k, case.num_heads_kv, case.head_dim_v)
-    shape_out = (*rows_q, case.num_heads, case.head_dim_v)
+    shape_q, shape_k, shape_v, shape_out = input_shapes(case)
 
     requests = _prefetch_requests(case, shape_q, shape_k, shape_v, shape_out)
     drawn = dict(zip(requests, hash_normal_many(case.seed, requests, device)))
 
-    def samples(stream: int, numel: int) -> torch.Tensor:
-        values = drawn.pop((stream, numel), None)
-        return hash_normal(case.seed, stream, numel, device) if values is None else values
-
     def normal(stream: int, shape: tuple[int, ...]) -> torch.Tensor:
-        return samples(stream, math.prod(shape)).view(shape)
+        numel = math.prod(shape)
+        values = drawn.pop((stream, numel), None)
+        return (hash_normal(case.seed, stream, numel, device) if values is None else values).view(shape)
 
-    def basis(stream: int, heads: int) -> torch.Tensor:
-        return samples(stream, heads * min(case.qk_rank, case.head_dim) * case.head_dim)
+    q, k, v = float64_inputs(case, normal)  # the portable core's steps, with the prefetched draws
 
-    q, k = normal(STREAM_Q, shape_q), normal(STREAM_K, shape_k)
-    if case.qk_rank:
-        q = _low_rank(
-            case, q.view(-1, case.num_heads, case.head_dim), STREAM_Q_BASIS, basis(STREAM_Q_BASIS, case.num_heads)
-        ).view(shape_q)
-        k = _low_rank(
-            case, k.view(-1, case.num_heads_kv, case.head_dim), STREAM_K_BASIS, basis(STREAM_K_BASIS, case.num_heads_kv)
-        ).view(shape_k)
-    if case.input_distribution == "large_logits":
-        q = q * min(LARGE_LOGITS_STD / (case.softmax_scale * math.sqrt(case.head_dim)), MAX_Q_GAIN)
-    elif case.input_distribution == "outliers":
-        q = torch.where(normal(STREAM_Q_OUTLIERS, shape_q).abs() > OUTLIER_Z, q * OUTLIER_GAIN, q)
-        k = torch.where(normal(STREAM_K_OUTLIERS, shape_k).abs() > OUTLIER_Z, k * OUTLIER_GAIN, k)
-    elif case.input_distribution == "near_constant":
-        base = normal(STREAM_K_BASE, (case.num_heads_kv, case.head_dim)).to(torch.bfloat16).to(torch.float64)
-        k = base * (1.0 + NEAR_CONSTANT_NOISE * k.clamp(-1.0, 1.0))
-    v = normal(STREAM_V, shape_v)
-    if case.input_families.keys() - {"dout_distribution"}:
-        q, k = q.contiguous(), k.contiguous()
-        _llm_like_and_offsets(
-            case, q.view(-1, case.num_heads, case.head_dim), k.view(-1, case.num_heads_kv, case.head_dim),
-            v.view(-1, case.num_heads_kv, case.head_dim_v), dtype,
-        )
     def dout() -> torch.Tensor:
-        return _dout(case, normal(STREAM_DOUT, shape_out)).to(dtype)
+        return dout_values(case, normal).to(dtype)
 
     inputs = AttentionInputs(q=q.to(dtype), k=k.to(dtype), v=v.to(dtype), dout=dout() if case.backward else None)
     if not case.backward:  # forward-only: dout is built on its first read (see AttentionInputs)

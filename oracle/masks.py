@@ -1,7 +1,8 @@
 """Mask semantics: which keys each query row may attend. The single definition in attnfuzz.
 
 Every other module (the float64 reference, the comparison, the fuzzer's backend adapters when they
-build explicit masks) asks this module; nobody re-derives the bounds.
+build explicit masks) asks this module; nobody re-derives the bounds. The bounds themselves are
+computed by `oracle.portable.key_bounds` (the code every exported repro copies verbatim).
 
 With ``off = diagonal_offset(seqlen_q, seqlen_k, alignment)`` (``0`` for top-left, ``seqlen_k -
 seqlen_q`` for bottom-right, per sequence) query row ``i`` may attend key ``j``
@@ -60,6 +61,7 @@ from __future__ import annotations
 
 import torch
 
+from oracle import portable
 from oracle.config import CAUSAL_ALIGNMENTS, AttentionCase
 from oracle.errors import CaseValidationError
 
@@ -108,19 +110,8 @@ def key_bounds(
     i + seqlen_k - seqlen_q + window_size[1]]`` (inclusive), with ``causal`` setting
     ``window_size[1] = 0`` as ``flash_attn_interface.py`` does.
     """
-    rows = torch.arange(seqlen_q, dtype=torch.int64, device=device)
-    diagonal = rows + diagonal_offset(seqlen_q, seqlen_k, case.causal_alignment)
-    if case.causal:
-        right = diagonal  # min(window_size_right, 0) == 0: causal wins over any right window
-    elif case.window_size_right is not None:
-        right = diagonal + case.window_size_right
-    else:
-        right = torch.full_like(rows, seqlen_k - 1)
-    if case.window_size_left is not None:
-        left = diagonal - case.window_size_left
-    else:
-        left = torch.zeros_like(rows)
-    return left.clamp(0, seqlen_k), (right + 1).clamp(0, seqlen_k)
+    diagonal_offset(seqlen_q, seqlen_k, case.causal_alignment)  # refuses an unknown alignment, naming the field
+    return portable.key_bounds(case, seqlen_q, seqlen_k, device)
 
 
 def visible_mask(
@@ -142,9 +133,8 @@ def visible_mask(
     """
     seqlen_q = case.seqlen_q if seqlen_q is None else seqlen_q
     seqlen_k = case.seqlen_k if seqlen_k is None else seqlen_k
-    lo, hi = key_bounds(case, seqlen_q, seqlen_k, device)
-    cols = torch.arange(seqlen_k, dtype=torch.int64, device=device)
-    return (cols[None, :] >= lo[:, None]) & (cols[None, :] < hi[:, None])
+    diagonal_offset(seqlen_q, seqlen_k, case.causal_alignment)  # refuses an unknown alignment, naming the field
+    return portable.sequence_mask(case, seqlen_q, seqlen_k, device)
 
 
 def batch_visible_mask(case: AttentionCase, device: torch.device | str | None = None) -> torch.Tensor:

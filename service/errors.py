@@ -8,6 +8,8 @@ from oracle.errors import AttnFuzzError
 class ServiceError(AttnFuzzError):
     """Root of the storage and web-service errors."""
 
+    exit_code = 5
+
 
 class NotFoundError(ServiceError, LookupError):
     """A row that the caller named does not exist.
@@ -17,6 +19,8 @@ class NotFoundError(ServiceError, LookupError):
         key: the id that was not found.
         hint: where to look instead (appended to the message after "; "), or "".
     """
+
+    exit_code = 2
 
     def __init__(self, kind: str, key: object, hint: str = ""):
         self.kind = kind
@@ -32,6 +36,8 @@ class FieldValidationError(ServiceError, ValueError):
         field: the offending field, e.g. ``"duplicate_of_id"``.
         message: what is wrong with it.
     """
+
+    exit_code = 2
 
     def __init__(self, field: str, message: str):
         self.field = field

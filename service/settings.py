@@ -18,6 +18,11 @@ class Settings(BaseSettings):
         database_url: SQLAlchemy URL (``ATTNFUZZ_DATABASE_URL``).
         api_token: bearer token required by writes (``PATCH /api/buckets/{id}``) when set
             (``ATTNFUZZ_API_TOKEN``); None leaves writes open.
+        writer_token: bearer token of workers (``ATTNFUZZ_WRITER_TOKEN``): accepted, besides
+            ``api_token``, by the ingestion writes only (builds, workers, heartbeats, cases,
+            results, minimisation leases; `service.api.deps.require_writer_token`), so a fleet
+            worker holds no token that triages. When either token is set, an ingestion write
+            without one is 401 and stores nothing.
         read_requires_token: also require the token for every page and GET
             (``ATTNFUZZ_READ_REQUIRES_TOKEN``); needs ``api_token``.
         trusted_hosts: comma-separated ``Host`` names the service answers
@@ -34,6 +39,7 @@ class Settings(BaseSettings):
 
     database_url: str = Field(default=DEFAULT_DATABASE_URL, repr=False)  # may hold a password
     api_token: str | None = Field(default=None, repr=False, min_length=1)
+    writer_token: str | None = Field(default=None, repr=False, min_length=1)
     read_requires_token: bool = False
     trusted_hosts: str = "127.0.0.1,localhost,testserver"
     max_body_bytes: int = Field(default=4 * 2**20, ge=1)

@@ -55,6 +55,9 @@ def test_every_fuzzer_module_is_a_record_module_or_forbidden_to_the_service_stor
         ("fuzzer/backends/base.py", "import fuzzer.worker", "backends-own-their-library"),
         ("service/db/store.py", "import fuzzer.evaluate", "service-reads-records"),
         ("fuzzer/results.py", "import fuzzer.worker", "no-circles"),
+        ("oracle/mask_kinds.py", "import fuzzer.strategies", "oracle-independent"),
+        ("service/matrix/grid.py", "import fuzzer.builds.replay", "service-reads-records"),
+        ("service/matrix/lines.py", "import service.cli.matrix", "no-circles"),
     ],
 )
 def test_a_planted_forbidden_import_fails_naming_the_contract(tmp_path, path, planted, contract):
@@ -69,3 +72,23 @@ def test_a_planted_forbidden_import_fails_naming_the_contract(tmp_path, path, pl
     assert run.returncode != 0, run.stdout
     broken = " ".join(run.stdout.split())  # lint-imports wraps long names over lines
     assert f"{name} BROKEN" in broken, run.stdout
+
+
+BUILD_WING = ("fuzzer/builds", "service/matrix", "service/cli/matrix", "service/db/build_rows.py", "service/api/routes/matrix.py")
+"""The build matrix, one wing in three layers (docs/architecture.md): the fuzzer makes and runs
+builds, the service stores and reads the matrix, the front ends stay with their peers."""
+
+
+def test_no_module_name_of_the_build_wing_repeats_across_its_layers():
+    """Each module of the wing has a name of its own (``fuzzer.builds.replay``,
+    ``service.matrix.replay_rows``, ``service.cli.matrix.replay_command``): a name says the layer."""
+    names: dict[str, list[str]] = {}
+    for part in BUILD_WING:
+        path = ROOT / part
+        files = [path] if path.suffix == ".py" else sorted(path.glob("*.py"))
+        assert files, part
+        for file in files:
+            if file.name != "__init__.py":
+                names.setdefault(file.stem, []).append(str(file.relative_to(ROOT)))
+    assert {n: places for n, places in names.items() if len(places) > 1} == {}
+    assert not (ROOT / "service" / "builds").exists() and not (ROOT / "service" / "cli" / "builds").exists()

@@ -107,6 +107,9 @@ def test_the_fuzz_figures_are_the_shares_of_the_worker_wall_time():
     stored = summarise.report_figures(report)
     assert stored["buckets_by_severity"] == {"wrong": 1, "crash": 0, "imprecise": 0, "error": 0, "limit": 2}
     assert stored["stored_runnable_share"] == 0.75 and stored["known_bucket_share"] is None
+    report["known_buckets"] = {"evaluations": 33541, "known_hits": 3065, "known_share": 3065 / 33541}
+    stored = summarise.report_figures(report)
+    assert (stored["known_bucket_share"], stored["known_bucket_hits"], stored["known_bucket_evaluations"]) == (0.0914, 3065, 33541)
 
 
 def _sqlite(path: Path, kib: int) -> None:
@@ -229,3 +232,73 @@ def test_the_last_part_starts_the_install_and_a_staged_campaign_waits_for_it(tmp
     manifest = json.loads((run / "manifest.json").read_text())
     assert manifest["stage"]["install"]["rc"] == "0" and manifest["stage"]["parts"]["1"]["rc"] == 0
     assert manifest["wall_s"]["install_wait"] >= 0 and "staging" in manifest["wall_s"]
+
+
+def test_the_load_figures_weigh_the_stored_cases_and_sum_the_explanations(tmp_path):
+    """`summarise.load_figures`: score entries per stored case (mean, median), the oracle's
+    milliseconds per case (once per case), the kernels' milliseconds per case (summed over its
+    results) and the explanations' seconds by phase, from what the worker stored."""
+    from fuzzer.environment import BuildFingerprint
+    from fuzzer.results import CaseResult
+    from oracle.config import AttentionCase
+    from service.db import migrations
+    from service.db.engine import make_engine
+    from service.db.store import SqlStore
+
+    url = f"sqlite:///{tmp_path / 'load.db'}"
+    migrations.upgrade(url)
+    engine = make_engine(url)
+    store = SqlStore(engine)
+    build = store.register_build(BuildFingerprint())
+    small = AttentionCase(seqlen_q=2, seqlen_k=3, num_heads=1, head_dim=8)  # 6 score entries
+    large = AttentionCase(batch_size=2, seqlen_q=4, seqlen_k=8, num_heads=2, head_dim=8)  # 128
+    for case in (small, large):
+        store.record_case(case.to_json(), "fuzz")
+    design = {"design": {"verdict": "defect", "explain_ms": 250.0}}
+    store.record_result(CaseResult(small.case_id, "a", "v", "pass", oracle_ms=2.0, run_ms=1.0), build, None)
+    store.record_result(CaseResult(small.case_id, "b", "v", "fail", signature="out:mismatch", metrics=design,
+                                   oracle_ms=2.0, run_ms=3.0), build, None)
+    store.record_result(CaseResult(large.case_id, "b", "v", "fail", signature="out:mismatch", metrics=design,
+                                   oracle_ms=6.0, run_ms=8.0, phase="shrink"), build, None)
+    engine.dispose()
+    figures = summarise.load_figures(url)
+    assert figures["case_score_entries_mean"] == 67 and figures["case_score_entries_median"] == 128
+    assert figures["case_oracle_ms_mean"] == 4.0 and figures["case_kernels_ms_mean"] == 6.0
+    assert figures["explained_results"] == 2 and figures["explain_s"] == {"fuzz": 0.2, "shrink": 0.2}
+
+
+def test_a_step_with_with_next_runs_beside_the_next_and_the_step_after_waits_for_both(tmp_path):
+    """Two 3-second steps joined by with_next overlap; the third starts after both ended; the
+    campaign's expected seconds count the pair once (its longer step)."""
+    toml = tmp_path / "pair.toml"
+    stamp = "python3 -c \"import sys, time; a = time.time(); time.sleep(3); print(a, time.time())\""
+    toml.write_text(
+        'description = "two steps side by side"\nstage = false\n\n'
+        f'[[steps]]\nname = "a"\nrun = \'{stamp}\'\nexpected_s = 10\ntimeout_s = 60\nwith_next = true\n\n'
+        f'[[steps]]\nname = "b"\nrun = \'{stamp}\'\nexpected_s = 4\ntimeout_s = 60\n\n'
+        f'[[steps]]\nname = "c"\nrun = \'{stamp}\'\nexpected_s = 5\ntimeout_s = 60\n')
+    loaded = campaign.load_campaign(str(toml))
+    assert [[s.name for s in g] for g in campaign.step_groups(loaded.steps)] == [["a", "b"], ["c"]]
+    assert loaded.expected_s == 15
+    env = {**os.environ, "ATTNFUZZ_RUN_ROOT": str(tmp_path / "host"), "PYTHONPATH": str(ROOT), "OUT": str(tmp_path / "out")}
+    for args in (("start", str(toml), "--commit", "pair123"), ("collect", "--wait", "120")):
+        done = subprocess.run([sys.executable, str(SCRIPT), "device", *args], cwd=ROOT, capture_output=True, text=True,
+                              env=env, timeout=180)
+        assert done.returncode == 0, done.stdout + done.stderr
+    run = next((tmp_path / "host").glob("*-pair123-pair"))
+    span = {name: tuple(map(float, (run / f"{name}.out").read_text().split())) for name in "abc"}
+    assert span["b"][0] < span["a"][1] and span["a"][0] < span["b"][1], span  # a and b overlapped
+    assert span["c"][0] >= max(span["a"][1], span["b"][1]), span  # c waited for both
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert [s["rc"] for s in manifest["steps"]] == [0, 0, 0] and manifest["state"] == "done"
+
+
+def test_with_next_on_the_last_step_or_on_three_steps_in_a_row_is_refused(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[[steps]]\nname = "a"\nrun = "true"\nexpected_s = 1\nwith_next = true\n')
+    with pytest.raises(campaign.CampaignError, match="last step"):
+        campaign.load_campaign(str(bad))
+    bad.write_text("".join(f'[[steps]]\nname = "{n}"\nrun = "true"\nexpected_s = 1\nwith_next = {w}\n\n'
+                           for n, w in (("a", "true"), ("b", "true"), ("c", "false"))))
+    with pytest.raises(campaign.CampaignError, match="two steps, not three"):
+        campaign.load_campaign(str(bad))

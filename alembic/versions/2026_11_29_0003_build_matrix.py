@@ -5,7 +5,7 @@ Revises: 0002
 Create Date: 2026-11-29
 
 * ``build_packages`` (build_id, package, version): every package version of a build; the rows
-  of one package form a package line (ordered by PEP 440 version in ``service.builds.matrix``).
+  of one package form a package line (ordered by PEP 440 version in ``service.matrix.grid``).
 * ``replay_runs``: one replay of saved cases on a build (trigger, backends, counts, wall time).
 * ``replay_skips``: a task a build could not run at all (the matrix's ``skip``), one per task
   and build.

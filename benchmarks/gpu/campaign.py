@@ -16,6 +16,7 @@ needs the staged stack, and its steps, each a command with the seconds it is exp
     stdout = "fuzz.json"
     summary = "fuzz"
     fresh_caches = true
+    with_next = true      # the next step runs at the same time; the one after both waits for both
 
 Placeholders in ``run``: ``{db}`` (the run's SQLite URL), ``{db_path}`` (its file), ``{dir}`` (the
 run's folder), ``{output}`` (``dir/<output>``), ``{db:NAME}`` / ``{db_path:NAME}`` (the database
@@ -59,6 +60,7 @@ import sqlite3
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 import tomllib
 from dataclasses import dataclass, field
@@ -98,7 +100,7 @@ FRESH_CACHES = ("~/.cache/attnfuzz/fa4-jit", "~/.cache/torch/inductor", "/tmp/to
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 TREE_SKIP = (".git", ".gpu-wheels", ".gpu-runs", ".venv", "__pycache__", ".hypothesis", ".pytest_cache",
              "*.db", "*.db-wal", "*.db-shm", "build", "dist", "*.egg-info", ".whl", ".gl")
-STEP_KEYS = {"name", "run", "expected_s", "timeout_s", "stdout", "output", "summary", "fresh_caches"}
+STEP_KEYS = {"name", "run", "expected_s", "timeout_s", "stdout", "output", "summary", "fresh_caches", "with_next"}
 CAMPAIGN_KEYS = {"description", "kind", "stage", "steps"}
 SUMMARY_KINDS = {"fuzz", "pytest", "hand-checks", "oracle-bench", "cp-matrix"}
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -116,7 +118,8 @@ class CampaignError(Exception):
 # ----------------------------------------------------------------------------- campaigns
 @dataclass(frozen=True)
 class Step:
-    """One command of a campaign, run to its end (or its timeout) before the next."""
+    """One command of a campaign, run to its end (or its timeout) before the next; with ``with_next``
+    the next step runs beside it and the step after them waits for both."""
 
     name: str
     run: str
@@ -126,6 +129,20 @@ class Step:
     output: str | None = None
     summary: str | None = None
     fresh_caches: bool = False
+    with_next: bool = False
+
+
+def step_groups(steps: tuple[Step, ...] | list[Step]) -> list[list[Step]]:
+    """``steps`` in the groups that run at the same time: a step with ``with_next`` and the next one."""
+    groups: list[list[Step]] = []
+    joined = False
+    for step in steps:
+        if joined:
+            groups[-1].append(step)
+        else:
+            groups.append([step])
+        joined = step.with_next
+    return groups
 
 
 @dataclass(frozen=True)
@@ -141,7 +158,7 @@ class Campaign:
 
     @property
     def expected_s(self) -> float:
-        return sum(s.expected_s for s in self.steps)
+        return sum(max(s.expected_s for s in group) for group in step_groups(self.steps))
 
 
 def campaign_path(name: str) -> Path:
@@ -187,9 +204,15 @@ def load_campaign(name: str) -> Campaign:
         steps.append(Step(name=raw["name"], run=raw["run"], expected_s=expected,
                           timeout_s=float(raw.get("timeout_s", max(2 * expected, 60))), stdout=raw.get("stdout"),
                           output=raw.get("output"), summary=raw.get("summary"),
-                          fresh_caches=bool(raw.get("fresh_caches", False))))
+                          fresh_caches=bool(raw.get("fresh_caches", False)),
+                          with_next=bool(raw.get("with_next", False))))
     if not steps:
         raise CampaignError(f"{path}: no [[steps]]")
+    if steps[-1].with_next:
+        raise CampaignError(f"{path}: step {steps[-1].name}: with_next on the last step (no next step to run beside it)")
+    for a, b in zip(steps, steps[1:]):
+        if a.with_next and b.with_next:
+            raise CampaignError(f"{path}: steps {a.name} and {b.name}: with_next joins two steps, not three")
     if not NAME.match(path.stem):
         raise CampaignError(f"{path}: the file's name must be letters, digits, . _ -")
     return Campaign(name=path.stem, description=data.get("description", ""), kind=data.get("kind", "nvidia-h200"),
@@ -524,11 +547,10 @@ def run_campaign(root: Path, tree: Path, entry: dict, status: dict) -> None:
             write_json(run_dir / "manifest.json", manifest)
             return
     env = step_env(tree, campaign)  # after the install: the staged site exists only once it has run
-    for step, record in zip(campaign.steps, steps):
-        status["current"] = {"run": entry["run"], "step": step.name, "started_at": now(), "expected_s": step.expected_s}
-        write_json(root / "status.json", status)
-        if step.fresh_caches:
-            record["caches_removed"] = clear_caches()
+    records = dict(zip((s.name for s in campaign.steps), steps))
+
+    def one(step: Step) -> None:
+        record = records[step.name]
         try:
             argv = resolve_command(step, run_dir, root)
         except CampaignError as exc:
@@ -538,6 +560,21 @@ def run_campaign(root: Path, tree: Path, entry: dict, status: dict) -> None:
             record.update(run_step(step, argv, env, tree, run_dir))
             record["db"] = f"sqlite:///{run_dir / 'campaign.db'}"
         manifest["wall_s"][step.name] = record["wall_s"]
+
+    for group in step_groups(campaign.steps):
+        status["current"] = {"run": entry["run"], "step": "+".join(s.name for s in group), "started_at": now(),
+                             "expected_s": max(s.expected_s for s in group)}
+        write_json(root / "status.json", status)
+        for step in group:  # before any step of the group starts: never under a running one
+            if step.fresh_caches:
+                records[step.name]["caches_removed"] = clear_caches()
+        if len(group) == 1:
+            one(group[0])
+        else:  # a step with with_next and the next one, side by side
+            beside = threading.Thread(target=one, args=(group[0],), name=f"step-{group[0].name}")
+            beside.start()
+            one(group[1])
+            beside.join()
         write_json(run_dir / "manifest.json", manifest)
     manifest["wall_s"]["total"] = round(now() - t0, 1)
     manifest["state"] = "done" if all(s["rc"] == 0 for s in steps) else "done, a step failed"

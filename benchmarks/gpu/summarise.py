@@ -31,6 +31,7 @@ import collections
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -110,8 +111,11 @@ def report_figures(report: dict) -> dict:
         | {s: n for s, n in severity.items() if s not in SEVERITIES},
         "defects": len(report.get("defects", [])),
     }
-    known = [b for b in buckets if "known" in b]  # a bucket matched to a known defect, where the report says so
-    figures["known_bucket_share"] = share(sum(1 for b in known if b["known"]), len(buckets)) if known else None
+    # the workers' fuzz evaluations that failed in a bucket already known (`fuzzer.known`)
+    known = report.get("known_buckets") or {}
+    figures["known_bucket_share"] = round(known["known_share"], 4) if known.get("evaluations") else None
+    figures["known_bucket_hits"] = known.get("known_hits")
+    figures["known_bucket_evaluations"] = known.get("evaluations")
     return figures
 
 
@@ -148,6 +152,53 @@ def seed_figures(db_url: str, t0: float | None) -> dict:
     return {
         "seed_first_stored_s": {b: round(s - t0, 1) if t0 else None for b, s in sorted(first.items())},
         "seed_control": {"te_fa4_all_zero_cases": len(zero_cases), **{b: dict(c) for b, c in control.items()}},
+    }
+
+
+def load_figures(db_url: str) -> dict:
+    """What the stored cases weighed, to tell heavier draws from a slower worker between runs:
+    per stored case its score entries ``batch_size * num_heads * seqlen_q * seqlen_k`` (mean and
+    median), its oracle milliseconds (one per case, as stored with its results) and its kernels'
+    run milliseconds (summed over its results); and the seconds of the design explanations of
+    failing results (``metrics["design"]["explain_ms"]``, `fuzzer.evaluate.EXPLAIN_MS_KEY`) by
+    phase."""
+    from sqlalchemy import select
+    from sqlalchemy.orm import Session
+
+    from service.db.engine import make_engine
+    from service.db.models import Case, Result
+
+    engine = make_engine(db_url)
+    entries: dict[str, int] = {}
+    oracle_ms: dict[str, float] = {}
+    run_ms: dict[str, float] = collections.defaultdict(float)
+    explain: dict[str, float] = collections.defaultdict(float)
+    explained = 0
+    try:
+        with Session(engine) as session:
+            for cid, b, h, sq, sk in session.execute(
+                select(Case.id, Case.batch_size, Case.num_heads, Case.seqlen_q, Case.seqlen_k)
+            ):
+                entries[cid] = b * h * sq * sk
+            for cid, ms, run, metrics, phase in session.execute(
+                select(Result.case_id, Result.oracle_ms, Result.run_ms, Result.metrics, Result.phase)
+            ):
+                oracle_ms[cid] = max(oracle_ms.get(cid, 0.0), ms or 0.0)
+                run_ms[cid] += run or 0.0
+                block = (metrics or {}).get("design") if isinstance(metrics, dict) else None
+                if isinstance(block, dict) and isinstance(block.get("explain_ms"), (int, float)):
+                    explain[phase or "?"] += block["explain_ms"] / 1000.0
+                    explained += 1
+    finally:
+        engine.dispose()
+    sizes = sorted(entries.values())
+    return {
+        "case_score_entries_mean": round(statistics.fmean(sizes)) if sizes else None,
+        "case_score_entries_median": sizes[len(sizes) // 2] if sizes else None,
+        "case_oracle_ms_mean": round(statistics.fmean(oracle_ms.values()), 2) if oracle_ms else None,
+        "case_kernels_ms_mean": round(statistics.fmean(run_ms.values()), 2) if run_ms else None,
+        "explained_results": explained,
+        "explain_s": {k: round(v, 1) for k, v in sorted(explain.items())},
     }
 
 
@@ -253,6 +304,10 @@ def step_figures(run_dir: Path, step: dict) -> dict:
         else:
             figures["report_error"] = report.stderr[-500:]
         figures.update(seed_figures(db_url, step.get("started_at")))
+        try:
+            figures.update(load_figures(db_url))
+        except Exception as exc:  # a figure missing is no reason to lose the others
+            figures["load_error"] = f"{type(exc).__name__}: {exc}"[:500]
         return figures
     readers = ("pytest", "hand-checks", "oracle-bench", "cp-matrix")
     if kind not in readers or not step.get("output"):

@@ -41,6 +41,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
+from oracle import mask_kinds
 from oracle.config import AttentionCase
 from oracle.design import Design
 from oracle.errors import AttnFuzzError
@@ -60,10 +61,14 @@ RUNTIME_VERSION_KEYS = ("cudnn", "cublaslt", "nccl", "flash_attn_4", "flash_attn
 class BackendError(AttnFuzzError):
     """A backend could not be loaded or is malformed (bad entry point, missing attribute)."""
 
+    exit_code = 3
+
 
 class UnknownBackendError(BackendError):
     """A backend name that no built-in module, entry point or plugin spec defines (a usage error:
     the message lists the names that exist)."""
+
+    exit_code = 2
 
 
 @dataclass(frozen=True)
@@ -79,8 +84,9 @@ class Capabilities:
         head_dim_v_differs: head_dim_v may differ from head_dim.
         gqa: num_heads_kv < num_heads is supported.
         causal_alignments: alignments supported for causal masks.
-        windows: sliding windows are supported.
-        softcap: softcap is supported.
+        windows: sliding windows are supported (mask kind ``window``).
+        softcap: softcap is supported (mask kind ``softcap``). Each mask kind of
+            `oracle.mask_kinds.MASK_KINDS` names its bool field here (``capability``).
         backward: gradients are supported.
         lse: the backend returns the logsumexp.
         max_seqlen: a soft cap for generation (tokens per sequence), not a kernel limit.
@@ -305,10 +311,9 @@ class Backend(abc.ABC):
             reasons.append("num_heads_kv != num_heads (GQA/MQA)")
         if case.causal and case.causal_alignment not in caps.causal_alignments and not alignment_irrelevant(case):
             reasons.append(f"causal_alignment {case.causal_alignment} not in {caps.causal_alignments}")
-        if (case.window_size_left is not None or case.window_size_right is not None) and not caps.windows:
-            reasons.append("sliding window")
-        if case.softcap is not None and not caps.softcap:
-            reasons.append("softcap")
+        for kind in mask_kinds.MASK_KINDS:  # one declaration per mask kind: its capability and words
+            if kind.is_on(case) and not kind.granted(caps) and kind.reason not in reasons:
+                reasons.append(kind.reason)
         if case.backward and not caps.backward:
             reasons.append("backward")
         if case.cp_size > 1 and not caps.cp:
@@ -365,7 +370,8 @@ class Backend(abc.ABC):
     def kernel_key(self, case: AttentionCase, variant: str) -> tuple:
         """What selects a compiled kernel (for JIT backends): cases with equal keys reuse one.
 
-        The default covers dtype, head dims, GQA, mask kind and layout.
+        The default covers dtype, head dims, GQA, every mask kind's switches
+        (`oracle.mask_kinds.switches`) and layout.
         """
         return (
             variant,
@@ -373,10 +379,7 @@ class Backend(abc.ABC):
             case.head_dim,
             case.head_dim_v,
             case.num_heads != case.num_heads_kv,
-            case.causal,
-            case.window_size_left is not None,
-            case.window_size_right is not None,
-            case.softcap is not None,
+            *mask_kinds.switches(case),  # causal, window left set, window right set, softcap set, ...
             case.qkv_format,
             case.backward,
         )

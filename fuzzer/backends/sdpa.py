@@ -56,7 +56,7 @@ _SDPA_KERNELS = {
 # (the reference table and the derivations: docs/design-limits.md)
 _ATEN = "PyTorch aten/src/ATen/native"
 _ADAPTER_GQA = (
-    "attnfuzz fuzzer/backends/sdpa.py:383-384 (SDPABackend._aten: the aten_lse variant expands k and v with "
+    "attnfuzz fuzzer/backends/sdpa.py:402-403 (SDPABackend._aten: the aten_lse variant expands k and v with "
     "repeat_interleave in the dtype; autograd sums the per-head dk and dv over the group)"
 )
 
@@ -105,9 +105,28 @@ TORCH_CPU_FLASH_DESIGN = Design(
             "with enable_gqa the kernel accumulates every query head's grad_k and grad_v into the dtype outputs "
             "(GEMMs with beta = 1 on scalar_t buffers over r < repeat_factor); aten_lse sums the per-head outputs",
         ),
+        Claim(
+            "grads_accumulated",
+            f"{_ATEN}/cpu/FlashAttentionKernel.cpp:903-905, 932-947, 1030-1046, 1086-1119 and 1228-1240 (PyTorch "
+            "27a4844d7fb, cpu_flash_attention_backward and flash_attention_backward_kernel_impl)",
+            "grad_q, grad_k, grad_v are scalar_t outputs that cpublas::gemm accumulates with beta = 1: for each query "
+            "head r of a kv head, each query block m (qSplitSize 32, 64 from seqlen_q 192, 256 from 768), each key "
+            "block n (kvSplitSize 512): grad_v[n] += P^T dO, grad_q[m] += scale dS k, grad_k[n] += scale dS^T q",
+            block_q=((0, 32), (192, 64), (768, 256)),
+            block_k=512,
+        ),
+        Claim(
+            "flush_to_zero",
+            f"{_ATEN}/cpu/FlashAttentionKernel.cpp:1023-1046 (PyTorch 27a4844d7fb: attn converted to the reduced type, "
+            "then grad_v += attn^T @ grad_out by cpublas::gemm); measured on the CPU (torch 2.13.0, 2026-12-05)",
+            "bf16, seqlen_q 1, 428 keys, 9/3 heads, massive channels, large dout: P = 1.9e-39 (below float32's smallest "
+            "normal) times dO = 784 gives the float64 dv 1.5e-36, a normal bfloat16; the kernel's dv is exactly 0 "
+            "there (its bf16 GEMM treats the subnormal P as zero), where the float32 emulation without the claim "
+            "keeps it",
+        ),
     ),
-    "PyTorch's CPU flash kernel: float32 scores; P and dS rounded for their GEMMs; GQA dk and dv summed in the "
-    "dtype (also dq over 512-key blocks and dk, dv over query blocks, which the emulation does not model)",
+    "PyTorch's CPU flash kernel: float32 scores; P and dS rounded for their GEMMs (subnormal P read as zero); dq, "
+    "dk and dv accumulated block by block (and over a GQA group's heads) in the dtype outputs",
 )
 """torch-cpu-flash (measured on CPU, torch 2.13: dq error with tiny dS as ``probs`` + ``ds``;
 per-head dk overflow: inf through enable_gqa, NaN through aten_lse)."""

@@ -29,6 +29,8 @@ from oracle.errors import AttnFuzzError
 class BisectError(AttnFuzzError, ValueError):
     """A bisection cannot start: fewer than two builds."""
 
+    exit_code = 2
+
 
 def classify(verdict: Verdict, signature: str | None) -> tuple[str, str]:
     """``(good | bad | skip, why)`` for one replay.

@@ -29,6 +29,7 @@ optional and written only when known, so older files stay valid.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -58,6 +59,8 @@ _VERDICT_FIELDS = {"build", "status", "signature", "recorded_at", "packages", "b
 
 class CorpusError(AttnFuzzError, ValueError):
     """A corpus file is malformed; the message names the file and the field."""
+
+    exit_code = 2
 
 
 @dataclass(frozen=True)
@@ -294,29 +297,64 @@ def read_corpus_file(path: Path, root: Path, max_bytes: int = MAX_FILE_BYTES) ->
         raise CorpusError(f"{path}: cannot be resolved: {exc}") from exc
     if path.is_symlink() and not target.is_relative_to(real_root):
         raise CorpusError(f"{path}: a symlink to {target}, outside the corpus directory {real_root} (allowed: inside it)")
+    return read_json_file(target, max_bytes, CorpusError, shown=path, follow_symlinks=False)
+
+
+def read_json_file(
+    path: str | Path, max_bytes: int, error: type[Exception], *, shown: str | Path | None = None, follow_symlinks: bool = True
+) -> Any:
+    """The parsed JSON of the file at ``path``, read with bounds: only a regular file (a FIFO,
+    device, socket or directory is refused without a blocking open or read: ``O_NONBLOCK``, then
+    ``fstat``), at most ``max_bytes`` bytes (checked with ``fstat`` and by the read itself, so a
+    file that grows or lies about its size is still cut), UTF-8 text, JSON nested no deeper than
+    the parser takes (a ``RecursionError`` is a refusal, not a traceback).
+
+    Args:
+        path: the file (a symlink is followed here; callers that must stay inside a folder check
+            it first, as `read_corpus_file` does).
+        max_bytes: bound on the file's size, bytes.
+        error: the exception type raised, built from one message string (``CorpusError``, ...).
+        shown: how the message names the file (default ``path``).
+        follow_symlinks: False: a symlink at ``path`` itself is refused by the open (``O_NOFOLLOW``;
+            for a path already resolved, so that nothing is swapped in between).
+
+    Raises:
+        error: naming the file and what is wrong with it.
+    """
+    shown = path if shown is None else shown
     try:
-        fd = os.open(target, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | (0 if follow_symlinks else getattr(os, "O_NOFOLLOW", 0)))
     except OSError as exc:
-        raise CorpusError(f"{path}: cannot be opened: {exc}") from exc
+        raise error(f"{shown}: cannot be opened: {exc.strerror or exc}") from exc
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise error(f"{shown}: not a regular file ({_file_kind(info.st_mode)}; allowed: regular *.json files)")
     with os.fdopen(fd, "rb") as handle:
-        info = os.fstat(handle.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            raise CorpusError(f"{path}: not a regular file (allowed: regular *.json files)")
         if info.st_size > max_bytes:
-            raise CorpusError(f"{path}: {info.st_size} bytes (allowed: at most {max_bytes})")
+            raise error(f"{shown}: {info.st_size} bytes (allowed: at most {max_bytes})")
         raw = handle.read(max_bytes + 1)
     if len(raw) > max_bytes:
-        raise CorpusError(f"{path}: more than {max_bytes} bytes (allowed: at most {max_bytes})")
+        raise error(f"{shown}: more than {max_bytes} bytes (allowed: at most {max_bytes})")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise CorpusError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason})") from exc
+        raise error(f"{shown}: not UTF-8 text (byte {exc.start}: {exc.reason})") from exc
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise CorpusError(f"{path}: not readable JSON: {exc}") from exc
+        raise error(f"{shown}: not readable JSON: {exc}") from exc
     except RecursionError as exc:
-        raise CorpusError(f"{path}: JSON nested too deeply to read") from exc
+        raise error(f"{shown}: JSON nested too deeply to read") from exc
+
+
+def _file_kind(mode: int) -> str:
+    """What a non-regular file is, in words (for `read_json_file`'s refusal)."""
+    for test, kind in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return kind
+    return "not a plain file"
 
 
 def corpus_files(root: str | Path) -> list[Path]:
@@ -354,9 +392,59 @@ def load_corpus(root: str | Path) -> list[CorpusEntry]:
     return entries
 
 
+def entry_path(root: str | Path, entry: CorpusEntry) -> Path:
+    """Where `save_entry` writes ``entry``: ``root / entry.relative_path``, checked to stay inside
+    ``root``: no folder below ``root`` on the way and not the file itself may be a symlink (a
+    symlinked folder or file would send the write out of the corpus), nor anything but a folder
+    and a regular file.
+
+    Raises:
+        CorpusError: naming the path and what it is.
+    """
+    root = Path(root)
+    path = root / entry.relative_path
+    where = root
+    for part in entry.relative_path.parts:
+        where = where / part
+        if where.is_symlink():
+            raise CorpusError(f"{where}: a symlink (to {os.path.realpath(where)}), which could lead outside the corpus "
+                              f"directory {root}; corpus files and folders are written only as plain ones")
+        if where != path and where.exists() and not where.is_dir():
+            raise CorpusError(f"{where}: not a folder (allowed: a folder of the corpus)")
+    if path.exists() and not path.is_file():
+        raise CorpusError(f"{path}: not a regular file (allowed: regular *.json files)")
+    return path
+
+
 def save_entry(root: str | Path, entry: CorpusEntry) -> Path:
-    """Write ``entry`` to ``root / entry.relative_path`` (pretty JSON, sorted keys) and return it."""
-    path = Path(root) / entry.relative_path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(entry.to_json(), indent=2, sort_keys=True) + "\n")
+    """Write ``entry`` to ``root / entry.relative_path`` (pretty JSON, sorted keys) and return it.
+
+    Never through a symlink (`entry_path`): the folders are made one at a time below ``root`` and
+    the file is written to a temporary file beside it, then renamed over it (a rename replaces a
+    name, it never follows one).
+
+    Raises:
+        CorpusError: the path leads through a symlink or something that is not a folder or file.
+    """
+    path = entry_path(root, entry)
+    where = Path(root)
+    where.mkdir(parents=True, exist_ok=True)
+    for part in entry.relative_path.parent.parts:
+        where = where / part
+        try:
+            where.mkdir()
+        except FileExistsError:
+            pass
+        entry_path(root, entry)  # nothing swapped in since the check
+    text = json.dumps(entry.to_json(), indent=2, sort_keys=True) + "\n"
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+        raise
     return path

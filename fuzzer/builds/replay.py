@@ -7,7 +7,7 @@ import, the API it needs is missing, the backend is unavailable on this machine)
 ``git bisect skip`` of a build.
 
 Three ways to run them, none of which touches a database (the caller stores the outcome, see
-`service.builds.replays.record_replay`):
+`service.matrix.replay_rows.record_replay`):
 
 * `replay_here`: in this interpreter's environment, through the worker's executor (each backend
   environment in its own child process unless ``isolation="none"``).
@@ -56,6 +56,8 @@ CHILD_LOG_TAIL_CHARS = 4000
 
 class ReplayError(AttnFuzzError):
     """A replay request is malformed (unknown isolation or device, an unreadable request file)."""
+
+    exit_code = 2
 
 
 def matches_expectation(task: ReplayTask, verdict: Verdict) -> bool | None:
@@ -424,7 +426,7 @@ def _outcome_from_events(
 
 # ------------------------------------------------------------------------------------ worker hook
 class BuildHistory(Protocol):
-    """What `replay_on_new_build` needs from storage (`service.builds.replays.SqlBuildHistory`). Either
+    """What `replay_on_new_build` needs from storage (`service.matrix.replay_rows.SqlBuildHistory`). Either
     method may raise `fuzzer.results.SinkUnavailableError` when storage cannot be reached."""
 
     def is_replayed(self, build_id: int, backends: Sequence[str]) -> bool:

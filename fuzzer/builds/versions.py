@@ -30,10 +30,14 @@ class BuildError(AttnFuzzError, ValueError):
     """Bad build input: a version that is not PEP 440, a malformed rules file or manifest, a
     directory that holds no build of the package. The message names the field or file."""
 
+    exit_code = 2
+
 
 class BuildPrepareError(AttnFuzzError):
     """A build environment cannot be prepared: its wheel or an extra it needs is not in the
     wheelhouse, an install failed. A bisection treats such a build as ``skip``."""
+
+    exit_code = 8
 
 
 def parse_version(text: str, field: str = "version") -> Version:

@@ -69,6 +69,7 @@ from fuzzer.backends.cp_layout import CPShardError, cp_twin
 from fuzzer.cp.sharding import gather_outputs, shard_inputs
 from fuzzer.executor import (
     ExecutorError,
+    kill_tree,
     ChildLog,
     TaskOutcome,
     availability_of,
@@ -470,7 +471,7 @@ class CPExecutor:
     def _kill_group(self, group: _Group) -> None:
         for process in group.processes:
             if process.is_alive():
-                process.kill()
+                kill_tree(process.pid)  # with what the rank started, a detached process included
         for process in group.processes:
             process.join(10)
         for conn in group.conns:

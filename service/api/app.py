@@ -17,19 +17,19 @@ from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
 from sqlalchemy.exc import DBAPIError
 
-from fuzzer.results import ResultValidationError
+from fuzzer.results import LeaseLostError, ResultValidationError
 from oracle.errors import CaseValidationError
 from service.api import hardening
 from service.api import metrics
 from service.api import openapi
 from service.api.deps import WRITE_METHODS, reject_unstorable_text, require_read_token
 from service.api.routes import auth, buckets, builds, cases, overview, results, workers
-from service.api.routes import matrix
+from service.api.routes import matrix, worker_sink
 from service.api.templating import make_templates
 from service.db.engine import SQLITE_BEGIN_OPTION, make_engine, make_session_factory
 from service.errors import FieldValidationError, NotFoundError
 from service.settings import Settings
-from service.db.engine import StoreRefusedError, StoreUnavailableError, is_transient
+from service.db.engine import StoreRefusedError, StoreUnavailableError, is_transient, translate_fault
 
 STATIC_DIR = Path(__file__).resolve().parents[1] / "static"
 RETRY_AFTER_S = 1
@@ -57,7 +57,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     anywhere in the request (`reject_unstorable_text`), `FieldValidationError`,
     `CaseValidationError` (also a stored case that no longer validates) and
     `fuzzer.results.ResultValidationError`; `NotFoundError` 404, a transient database conflict (deadlock,
-    serialization failure, SQLite busy) 503 with ``Retry-After``; the request then stored nothing.
+    serialization failure, SQLite busy) or a database fault (connection refused, terminated or lost,
+    server shutting down: `service.db.engine.translate_fault`) 503 with ``Retry-After``; the
+    request then stored nothing. PostgreSQL connections are pre-pinged at checkout
+    (`service.db.engine.make_engine`), so the first request after the database is back works.
     """
     settings = settings if settings is not None else Settings()
     engine = make_engine(settings.database_url)
@@ -85,10 +88,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     write_engine = engine.execution_options(**{SQLITE_BEGIN_OPTION: "IMMEDIATE"}) if engine.dialect.name == "sqlite" else engine
     app.state.write_session_factory = make_session_factory(write_engine)
     app.state.templates = make_templates()
+    from service.db.batch import DeferredHits
+
+    app.state.deferred_hits = DeferredHits()  # bucket counts of batches whose bucket row was held (service.db.batch)
     hardening.install(app, settings)  # security headers, trusted hosts, body limit, login rate limit
 
     read = [Depends(require_read_token), Depends(reject_unstorable_text)]
-    for module in (overview, buckets, cases, builds, workers, results, matrix):
+    for module in (overview, buckets, cases, builds, workers, results, matrix, worker_sink):
         app.include_router(module.api_router, dependencies=read)
         app.include_router(module.page_router, dependencies=read, include_in_schema=False)
     app.include_router(metrics.router, dependencies=read, include_in_schema=True)
@@ -119,18 +125,29 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         error = {"loc": [where, field] if message else [where], "msg": str(exc), "type": "value_error"}
         return JSONResponse({"detail": [error]}, status_code=status.HTTP_422_UNPROCESSABLE_CONTENT)
 
+    @app.exception_handler(LeaseLostError)
+    async def _lease_lost(_request: Request, exc: LeaseLostError) -> JSONResponse:
+        return openapi.error_response(status.HTTP_409_CONFLICT, str(exc), "lease_lost")
+
     for store_error in (StoreUnavailableError, StoreRefusedError):
         app.add_exception_handler(store_error, _store_error)
 
     @app.exception_handler(DBAPIError)
-    async def _database_error(_request: Request, exc: DBAPIError) -> JSONResponse:
-        if not is_transient(exc):
+    async def _database_error(request: Request, exc: DBAPIError) -> JSONResponse:
+        # a fault (`translate_fault`: connection refused, terminated or lost, server shutting down)
+        # or a transient conflict (a lock timeout, a serialization failure) is 503: the pool is
+        # pre-pinged and a dead connection invalidated, so the next request after the database
+        # answers again gets a new one; anything else is a bug (500)
+        fault = translate_fault(exc, engine.dialect.name)
+        if fault is None and not is_transient(exc):
             raise exc
-        return openapi.error_response(
-            status.HTTP_503_SERVICE_UNAVAILABLE,
-            "the database is busy (transient conflict); nothing was stored, retry",
-            "unavailable",
-            headers={"Retry-After": str(RETRY_AFTER_S)},
-        )
+        if fault is None or (is_transient(exc) and not exc.connection_invalidated):
+            return openapi.error_response(
+                status.HTTP_503_SERVICE_UNAVAILABLE,
+                "the database is busy (transient conflict); nothing was stored, retry",
+                "unavailable",
+                headers={"Retry-After": str(RETRY_AFTER_S)},
+            )
+        return await _store_error(request, fault)
 
     return app

@@ -88,6 +88,10 @@ BisectionId = id_path("bisection")
 WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+_MAYBE_UNSTORABLE_JSON = re.compile(rb"\x00|\\u0000|\\u[dD][89a-fA-F]")
+"""What a JSON body must contain to hold an unstorable string: a NUL byte, or the escape of NUL or
+of a surrogate (raw UTF-8 cannot encode a surrogate). A body without any is not walked (a result
+batch of thousands of metrics documents costs more to walk than to store)."""
 """Characters no database of ours can take in text: NUL (PostgreSQL refuses it in text, JSONB and
 comparisons) and lone surrogates (not Unicode: encoding them to UTF-8 fails on both databases)."""
 
@@ -150,11 +154,12 @@ async def reject_unstorable_text(request: Request) -> None:
     if request.method in WRITE_METHODS:
         content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if content_type == "application/json" or content_type.endswith("+json"):
-            try:
-                body = await request.json()  # cached: the route reads the same parsed body
-            except (ValueError, RecursionError):
-                body = None  # not JSON (or nested too deep to parse): FastAPI answers that itself
-            found += _unstorable_in(body, ("body",))
+            if _MAYBE_UNSTORABLE_JSON.search(await request.body()):  # cached: the route reads the same body
+                try:
+                    body = await request.json()  # cached too
+                except (ValueError, RecursionError):
+                    body = None  # not JSON (or nested too deep to parse): FastAPI answers that itself
+                found += _unstorable_in(body, ("body",))
         elif content_type == "application/x-www-form-urlencoded":
             fields = parse_qsl((await request.body()).decode("utf-8", errors="replace"), keep_blank_values=True)
             for name, value in fields:
@@ -198,6 +203,28 @@ def _check_token(settings: Settings, credentials: HTTPAuthorizationCredentials |
 def require_write_token(settings: SettingsDep, credentials: Credentials) -> None:
     """JSON writes need ``Authorization: Bearer <api_token>`` whenever ``api_token`` is set."""
     _check_token(settings, credentials)
+
+
+def require_writer_token(settings: SettingsDep, credentials: Credentials) -> None:
+    """Ingestion writes (what workers send) need ``Authorization: Bearer <token>`` with the
+    ``writer_token`` or the ``api_token`` whenever either is set; open when neither is.
+
+    Raises:
+        HTTPException: 401 without a valid token (the request stores nothing).
+    """
+    if settings.writer_token is None:
+        _check_token(settings, credentials)
+        return
+    given = credentials.credentials if credentials else None
+    if given is not None and secrets.compare_digest(given.encode(), settings.writer_token.encode()):
+        return
+    if settings.api_token is not None and given is not None and is_valid_token(settings, given):
+        return
+    raise HTTPException(
+        status_code=status.HTTP_401_UNAUTHORIZED,
+        detail="missing or wrong bearer token (ATTNFUZZ_WRITER_TOKEN)",
+        headers={"WWW-Authenticate": "Bearer"},
+    )
 
 
 def require_read_token(request: Request, settings: SettingsDep, credentials: Credentials) -> None:

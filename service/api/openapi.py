@@ -145,7 +145,8 @@ def install(app: FastAPI) -> None:
 def case_json_schema() -> dict[str, Any]:
     """The JSON Schema of ``AttentionCase.to_json()`` (the ``case`` of ``POST /api/cases``): the
     fields of `oracle.config.AttentionCase` with their types and defaults, the allowed values of
-    the enumerated ones, ``schema_version``, and no other field. Cross-field rules (divisibility,
+    the enumerated ones (their ``Literal`` types: ``dtype``, ``qkv_format``, ...), ``schema_version``,
+    and no other field. Cross-field rules (divisibility,
     bounds against each other) are checked by ``AttentionCase.from_json`` on the server: a case
     that breaks one is a 422 naming the field."""
     from pydantic import TypeAdapter
@@ -158,20 +159,6 @@ def case_json_schema() -> dict[str, Any]:
     schema["additionalProperties"] = False
     properties = schema.setdefault("properties", {})
     properties["schema_version"] = {"type": "integer", "const": config.SCHEMA_VERSION, "title": "Schema Version"}
-    enums = {
-        "dtype": config.DTYPES,
-        "qkv_format": config.QKV_FORMATS,
-        "causal_alignment": config.CAUSAL_ALIGNMENTS,
-        "input_distribution": config.INPUT_DISTRIBUTIONS,
-        "dout_distribution": config.DOUT_DISTRIBUTIONS,
-        "score_offset_mode": config.SCORE_OFFSET_MODES,
-    }
-    for name, allowed in enums.items():
-        if name in properties and "type" in properties[name]:
-            properties[name] = {**properties[name], "enum": list(allowed)}
-    if "cp_comm_type" in properties:
-        properties["cp_comm_type"] = {"anyOf": [{"enum": list(config.CP_COMM_TYPES)}, {"type": "null"}],
-                                      "default": None, "title": "Cp Comm Type"}
     return schema
 
 

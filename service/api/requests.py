@@ -156,6 +156,7 @@ class WorkerIn(BaseModel):
     hostname: str = Field(min_length=1, max_length=255)
     pid: int = Field(ge=0, le=MAX_SQL_INTEGER)
     device: str = Field(min_length=1, max_length=64)
+    slot: str | None = Field(default=None, max_length=64, description="the worker's local spool slot (fuzzer.spool)")
 
 
 class HeartbeatIn(BaseModel):
@@ -165,6 +166,8 @@ class HeartbeatIn(BaseModel):
 
     cases_run: int = Field(ge=0, le=MAX_SQL_INTEGER)
     status: str = Field(default="running", min_length=1, max_length=32, pattern=r"^[a-z_]+$")
+    evaluations: int | None = Field(default=None, ge=0, le=MAX_SQL_INTEGER, description="fuzz evaluations (null: kept)")
+    known_hits: int | None = Field(default=None, ge=0, le=MAX_SQL_INTEGER, description="of them on known buckets (null: kept)")
 
 
 class CaseIn(BaseModel):
@@ -280,3 +283,107 @@ class MinimisedIn(BaseModel):
     case: dict[str, Any]
     original_case_id: str = Field(pattern=r"^[0-9a-f]{16}$")
     note: str = Field(default="", max_length=10_000)
+    worker_id: int | None = Field(default=None, ge=1, le=MAX_SQL_INTEGER, description="the worker that shrank it")
+    attach: list[tuple[str, str]] = Field(
+        default_factory=list, max_length=256, description="(variant, signature) of buckets failing on the minimised case"
+    )
+    lease: int | None = Field(
+        default=None, ge=1, le=MAX_SQL_INTEGER, description="the claim's attempt: refused (409) once the lease is lost"
+    )
+
+
+MAX_BATCH_CASES = 1000
+MAX_BATCH_RESULTS = 20_000
+
+
+class CaseResultsIn(BaseModel):
+    """One case of ``POST /api/case-results`` with all its results."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    case: CaseJson
+    origin: Literal[ORIGINS] = "fuzz"  # type: ignore[valid-type]
+    results: list[ResultIn] = Field(max_length=1000)
+
+
+class CaseBatchIn(BaseModel):
+    """``POST /api/case-results``: cases with their results, of one build (and worker), stored in
+    one transaction, all or none; idempotent per result key."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    build_id: int = Field(ge=1, le=MAX_SQL_INTEGER)
+    worker_id: int | None = Field(default=None, ge=1, le=MAX_SQL_INTEGER)
+    cases: list[CaseResultsIn] = Field(min_length=1, max_length=MAX_BATCH_CASES)
+
+    @field_validator("cases")
+    @classmethod
+    def _bounded(cls, value: list[CaseResultsIn]) -> list[CaseResultsIn]:
+        total = sum(len(c.results) for c in value)
+        if total > MAX_BATCH_RESULTS:
+            raise ValueError(f"{total} results: at most {MAX_BATCH_RESULTS} a batch")
+        return value
+
+    def entries(self) -> list[Any]:
+        """The cases as `service.db.batch.CaseEntry`.
+
+        Raises:
+            FieldValidationError: a case or a result is refused; ``field`` is
+                ``cases.<i>.case.<field>`` or ``cases.<i>.results.<j>.<field>``.
+        """
+        from oracle.config import AttentionCase
+        from oracle.errors import CaseValidationError
+        from service.db.batch import CaseEntry
+
+        entries = []
+        for i, item in enumerate(self.cases):
+            try:
+                case = AttentionCase.from_json(item.case)
+            except CaseValidationError as exc:
+                raise FieldValidationError(f"cases.{i}.case.{exc.field}", str(exc)) from None
+            results = []
+            for j, result in enumerate(item.results):
+                try:
+                    results.append(result.to_case_result())
+                except ResultValidationError as exc:
+                    field, _, message = str(exc).partition(": ")
+                    raise FieldValidationError(f"cases.{i}.results.{j}.{field}", message or str(exc)) from None
+            entries.append(CaseEntry(case=case, origin=item.origin, results=results))
+        return entries
+
+
+class ClaimIn(BaseModel):
+    """``POST /api/minimisation/claim``: `fuzzer.results.ResultSink.claim_minimisation`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    worker_id: int = Field(ge=1, le=MAX_SQL_INTEGER)
+    backends: list[str] = Field(min_length=1, max_length=100)
+    lease_s: float = Field(gt=0, le=7 * 86400, description="seconds")
+    max_attempts: int = Field(default=3, ge=1, le=1000)
+
+    @field_validator("backends")
+    @classmethod
+    def _names(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if not NAME_PATTERN.match(name):
+                raise ValueError(f"{name[:80]!r} is not a backend name")
+        return value
+
+
+class RenewIn(BaseModel):
+    """``POST /api/minimisation/{bucket_id}/renew``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    worker_id: int = Field(ge=1, le=MAX_SQL_INTEGER)
+    lease_s: float = Field(gt=0, le=7 * 86400, description="seconds")
+
+
+class ReleaseIn(BaseModel):
+    """``POST /api/minimisation/{bucket_id}/release``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    worker_id: int = Field(ge=1, le=MAX_SQL_INTEGER)
+    outcome: str = Field(default="", max_length=10_000)

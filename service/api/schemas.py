@@ -510,6 +510,43 @@ class ResultBatchOut(BaseModel):
     updates: list[BucketUpdateOut | None] = Field(description="one per result, in order; null for non-failures")
 
 
+class BatchUpdateOut(BaseModel):
+    """What storing one result of a batch did: its bucket (failures only), whether this result
+    created it, and whether it has a minimised case (a worker budgets its further hits)."""
+
+    bucket_id: int | None
+    is_new: bool
+    minimised: bool
+
+
+class CaseBatchOut(BaseModel):
+    updates: list[list[BatchUpdateOut | None]] = Field(
+        description="per case, one per result in order; null for non-failures"
+    )
+
+
+class ClaimOut(BaseModel):
+    """A minimisation lease (`fuzzer.results.MinimiseClaim`)."""
+
+    bucket_id: int
+    key: tuple[str, str, str] = Field(description="(backend, variant, signature)")
+    case: dict[str, Any] = Field(description="the bucket's first case: where shrinking starts")
+    attempt: int
+    siblings: list[tuple[int, tuple[str, str, str]]] = Field(description="(bucket_id, key) leased with it")
+
+
+class HeldOut(BaseModel):
+    held: bool
+
+
+class KnownOut(BaseModel):
+    known: bool
+
+
+class AttachedOut(BaseModel):
+    attached: list[int] = Field(description="ids of the buckets attached to the minimised case")
+
+
 class KnownFailureOut(BaseModel):
     backend: str
     variant: str

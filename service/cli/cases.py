@@ -3,7 +3,6 @@ and store cases from JSON files. Exit 2 for bad input or an unknown case, 5 for 
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from typing import Annotated, Optional
 
@@ -144,13 +143,20 @@ def cases_show(
     print_table(table)
 
 
+def _case_file_error(message: str) -> CaseValidationError:
+    """A case file that cannot be read (`fuzzer.builds.corpus.read_json_file`'s message): field ``case``."""
+    return CaseValidationError("case", message)
+
+
 @cases_app.command("add")
 def cases_add(
     paths: Annotated[list[str], typer.Argument(help="JSON files, each one AttentionCase.to_json() object.")],
     db: DbOption = None,
 ) -> None:
     """Store cases from JSON files (origin 'corpus'). Every file is checked first: one bad file
-    (not JSON, an unknown field, a constraint violated) stores nothing and names the file and field."""
+    (not JSON, an unknown field, a constraint violated; not a regular file, over 1 MiB, nested too
+    deeply) stores nothing and names the file and field (exit 2)."""
+    from fuzzer.builds.corpus import MAX_FILE_BYTES as MAX_CASE_FILE_BYTES, read_json_file
     from oracle.config import AttentionCase
     from service.db.store import SqlStore
 
@@ -158,16 +164,15 @@ def cases_add(
     try:
         cases = []
         for path in paths:
-            try:
-                data = json.loads(open(path, encoding="utf-8").read())
-            except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-                raise CaseValidationError("case", f"{path}: not readable JSON: {exc}") from exc
+            data = read_json_file(path, MAX_CASE_FILE_BYTES, _case_file_error)
             try:
                 cases.append(AttentionCase.from_json(data))
             except CaseValidationError as exc:
                 raise CaseValidationError(exc.field, f"{path}: {exc}") from exc
             except TypeError as exc:  # a value of the wrong type for a field
                 raise CaseValidationError("case", f"{path}: {exc}") from exc
+            except RecursionError as exc:  # a field's value nested deeper than its check walks
+                raise CaseValidationError("case", f"{path}: a value nested too deeply") from exc
         _, engine = open_database(url, write=True)
         try:
             store = SqlStore(engine)

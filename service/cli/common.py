@@ -1,4 +1,4 @@
-"""What the ``attnfuzz`` command modules (``service/cli/*.py``, `service.cli.builds`) share: the
+"""What the ``attnfuzz`` command modules (``service/cli/*.py``, `service.cli.matrix`) share: the
 ``--db`` option and its default, migrating the database (writing commands) or checking its schema
 (reading commands), logging, the exit codes (`EXIT_CODES`) and turning an `AttnFuzzError` into
 one (`exit_code`), table printing, resolving stored names, and importing ``module:attr`` plugins
@@ -89,7 +89,8 @@ EXIT_CODES = {
     2: "bad input or usage: a case, corpus file or option violates a constraint, or names a stored row that does not exist",
     3: "a backend cannot be loaded (bad plugin spec or entry point)",
     4: "the worker cannot run (no usable backend on this machine)",
-    5: "the database cannot be opened or migrated, stayed unreachable, or its schema is old (run attnfuzz db upgrade)",
+    5: "the database cannot be opened or migrated, stayed unreachable, is corrupted, or its schema is old or was "
+       "downgraded while in use (run attnfuzz db upgrade); unsaved results stay in the spool",
     6: "the database refuses writes (disk full, read-only); unsaved results stay in the spool",
     7: "the local spool is full or unusable (nothing was dropped)",
     8: "a build environment cannot be prepared (builds, bisect)",
@@ -299,40 +300,10 @@ DB_BACKENDS = ("sqlite", "postgresql")
 
 
 def exit_code(exc: AttnFuzzError) -> int:
-    """The exit code of ``exc`` (one of `EXIT_CODES`)."""
-    from fuzzer.backends.base import BackendError, UnknownBackendError
-    from fuzzer.builds.bisect import BisectError
-    from fuzzer.builds.corpus import CorpusError
-    from fuzzer.builds.versions import BuildError, BuildPrepareError
-    from fuzzer.builds.replay import ReplayError
-    from fuzzer.results import SinkFatalError
-    from fuzzer.spool import SpoolError
-    from fuzzer.strategies import StrategyArgumentError
-    from fuzzer.worker import WorkerError
-
-    if isinstance(exc, (BuildError, BisectError, ReplayError)):  # bad build, bisection or replay input
-        return 2
-    if isinstance(exc, BuildPrepareError):
-        return EXIT_BUILD
-    if isinstance(exc, (CaseValidationError, StrategyArgumentError, CorpusError)):
-        return 2
-    if isinstance(exc, SinkFatalError):
-        return 6
-    if isinstance(exc, SpoolError):
-        return 7
-    if isinstance(exc, UnknownBackendError):  # a misspelt --backend: usage
-        return 2
-    if isinstance(exc, BackendError):
-        return 3
-    if isinstance(exc, WorkerError):
-        return 4
-    from service.errors import FieldValidationError, NotFoundError, ServiceError
-
-    if isinstance(exc, (FieldValidationError, NotFoundError)):  # a named row or a value given is wrong
-        return 2
-    if isinstance(exc, ServiceError):
-        return 5
-    return 1
+    """The exit code of ``exc``: its class's `oracle.errors.AttnFuzzError.exit_code` (one of
+    `EXIT_CODES`; 1 for 0 or a value that is not one of them, as a plugin's class might set)."""
+    code = getattr(exc, "exit_code", 1)
+    return code if isinstance(code, int) and not isinstance(code, bool) and code in EXIT_CODES and code != 0 else 1
 
 
 def fail(exc: AttnFuzzError, code: int | None = None) -> NoReturn:

@@ -76,6 +76,23 @@ def fuzz(
         typer.Option("--backend", help="Backend name, or module:attr of a plugin; repeatable (default: all available)."),
     ] = None,
     db: DbOption = None,
+    server: Annotated[
+        Optional[str],
+        typer.Option(
+            "--server",
+            envvar="ATTNFUZZ_SERVER",
+            show_envvar=True,
+            help="Store through a running 'attnfuzz serve' at this URL (http://host:port) instead of a database: no "
+            "database credentials here; the writer token is read from $ATTNFUZZ_WRITER_TOKEN or the file named by "
+            "$ATTNFUZZ_WRITER_TOKEN_FILE (never an option). Results are batched and spooled while the service is away.",
+        ),
+    ] = None,
+    batch_cases: Annotated[
+        int, typer.Option("--batch-cases", min=1, max=1000, help="With --server: cases without a failure sent per request, at most.")
+    ] = 64,
+    batch_age: Annotated[
+        float, typer.Option("--batch-age", callback=_positive, help="With --server: seconds a batched case waits at most, > 0.")
+    ] = 2.0,
     seed: Annotated[Optional[int], typer.Option("--seed", help="Make generation reproducible.")] = None,
     device: Annotated[Device, typer.Option(help="Where inputs and the oracle live.")] = Device.auto,
     gpus: Annotated[Optional[str], typer.Option("--gpus", help="'all' or a list like 0,1: one worker process per GPU.")] = None,
@@ -249,7 +266,9 @@ def fuzz(
         _require_cuda()
     if LaneMode(lanes) is LaneMode.on and isolation == "none":
         log.warning("--lanes on has no effect with --isolation none: lanes need the backends' child processes")
-    url = db_url(db)
+    if server is not None and db is not None:
+        fail(FieldValidationError("server", "--server and --db (or $ATTNFUZZ_DATABASE_URL) both given: choose one"), code=2)
+    url = _server_url(server) if server is not None else db_url(db)
     budget = time_budget if time_budget is not None else (None if max_cases is not None else 60.0)
     from service.cli.fuzz_workers import resolve_workers
 
@@ -264,10 +283,11 @@ def fuzz(
     restore_stdout = stray_output_to_stderr() if as_json else _nothing
     try:
         if gpus is not None:
-            _fuzz_on_gpus(gpus, url)
+            _fuzz_on_gpus(gpus, url, server=server is not None)
             return
         selected, resolved_device = select_backends(backend or [], device)
-        migrate(url, wait_s=db_wait)
+        if server is None:
+            migrate(url, wait_s=db_wait)
         from service.cli.fuzz_workers import STOP_GRACE_S, ExtraWorkers, StoreOptions, join_timeout_s, run_worker
 
         n_workers = resolve_workers(
@@ -308,7 +328,8 @@ def fuzz(
             corpus_dir=corpus or None,
         )
         options = StoreOptions(
-            spool_dir=spool_dir, spool_max_bytes=spool_max_bytes, ledger=ledger, db_timeout_s=db_timeout, db_wait_s=db_wait
+            spool_dir=spool_dir, spool_max_bytes=spool_max_bytes, ledger=ledger, db_timeout_s=db_timeout, db_wait_s=db_wait,
+            server=url if server is not None else None, batch_cases=batch_cases, batch_age_s=batch_age,
         )
         extra = None
         try:
@@ -347,7 +368,7 @@ def fuzz(
         else:
             given = set(backend or [])  # plugins given as module:attr: the hints name them so
             specs = {b.name: spec for b, spec in selected if spec in given and ":" in spec}
-            print_summary(stats, url, interrupted=interrupted, stored=_bucket_states(url, stats.new_buckets) if extra else None,
+            print_summary(stats, url, interrupted=interrupted, stored=_bucket_states(url, stats.new_buckets) if extra and server is None else None,
                           specs=specs)
             if spooled["outages"] or spooled["left"]:
                 out.print(
@@ -367,6 +388,21 @@ def fuzz(
     finally:
         restore_stdout()
         restore_signals()
+
+
+def _server_url(server: str) -> str:
+    """``--server``: an http(s) URL without credentials or query (exit 2 naming ``--server`` otherwise)."""
+    import httpx
+
+    try:
+        parsed = httpx.URL(server)
+    except (httpx.InvalidURL, TypeError) as exc:
+        fail(FieldValidationError("server", f"not a URL: {exc}"), code=2)
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        fail(FieldValidationError("server", f"{masked_url(server)!r}: allowed: http://host[:port] or https://host[:port]"), code=2)
+    if parsed.userinfo:
+        fail(FieldValidationError("server", "must not hold credentials: give the writer token in $ATTNFUZZ_WRITER_TOKEN"), code=2)
+    return str(parsed).rstrip("/")
 
 
 def _nothing() -> None:
@@ -406,7 +442,7 @@ def _require_cuda() -> None:
         fail(FieldValidationError("device", f"cuda: {why}; allowed here: auto, cpu"), code=2)
 
 
-def _fuzz_on_gpus(gpus: str, url: str) -> None:
+def _fuzz_on_gpus(gpus: str, url: str, *, server: bool = False) -> None:
     """Start one ``attnfuzz fuzz`` process per GPU (``CUDA_VISIBLE_DEVICES``) and wait for all."""
     import torch
 
@@ -421,7 +457,8 @@ def _fuzz_on_gpus(gpus: str, url: str) -> None:
             raise CaseValidationError("gpus", f"not a list of integers: {gpus!r}", "all, or e.g. 0,1") from exc
     if not indices:
         raise WorkerError("gpus: no CUDA device visible")
-    migrate(url)
+    if not server:
+        migrate(url)
     argv = [a for a in sys.argv[1:]]
     cleaned, skip = [], False
     for a in argv:
@@ -449,7 +486,9 @@ def _fuzz_on_gpus(gpus: str, url: str) -> None:
     try:
         for index in indices:
             # the URL by environment, not argv: a password on a command line is anyone's to read (ps)
-            env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(index), DATABASE_URL_ENV: url}
+            env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(index)}
+            if not server:  # with --server, the option (or $ATTNFUZZ_SERVER) is passed on as given
+                env[DATABASE_URL_ENV] = url
             log_file = open(f"attnfuzz-gpu{index}.log", "w")
             cmd = [sys.executable, "-m", "attnfuzz", *cleaned, "--quiet", "--device", "cuda"]
             process = subprocess.Popen(cmd, env=env, stdout=log_file, stderr=subprocess.STDOUT, preexec_fn=with_parent)

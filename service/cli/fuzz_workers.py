@@ -71,6 +71,9 @@ class StoreOptions:
         ledger: JSON-lines file every result handed to storage is appended to, or None.
         db_timeout_s: SQLite busy timeout / PostgreSQL connect timeout, seconds (None: default).
         db_wait_s: seconds to wait for an unreachable database at start.
+        server: store through the service at this URL (`fuzzer.http_sink.HttpSink`) instead of
+            a database; the writer token comes from the environment (`writer_token_from_env`).
+        batch_cases, batch_age_s: with ``server``, the spool's batching (`fuzzer.spool.SpoolingSink`).
     """
 
     spool_dir: str | None = None
@@ -78,6 +81,9 @@ class StoreOptions:
     ledger: str | None = None
     db_timeout_s: float | None = None
     db_wait_s: float = 300.0
+    server: str | None = None
+    batch_cases: int = 64
+    batch_age_s: float = 2.0
 
 
 @dataclass
@@ -139,18 +145,25 @@ def run_worker(config: WorkerConfig, url: str, *, reporter: Reporter, options: S
     """
     from fuzzer.spool import Ledger, Spool, SpoolingSink, TolerantExampleDatabase, default_spool_root
     from fuzzer.worker import Worker, WorkerStats
-    from service.builds.replays import SqlBuildHistory
+    from service.matrix.replay_rows import SqlBuildHistory
     from service.cli.common import log
     from service.db.engine import make_engine
     from service.db.examples import SqlExampleDatabase
     from service.db.store import SqlStore
 
     tune_gc(config.device)
-    engine = make_engine(url, timeout_s=options.db_timeout_s)
+    engine = None if options.server else make_engine(url, timeout_s=options.db_timeout_s)
+    if options.server:
+        from fuzzer.http_sink import HttpSink, writer_token_from_env
+
+        inner: Any = HttpSink(options.server, writer_token_from_env())
+        batching = {"batch_cases": options.batch_cases, "batch_age_s": options.batch_age_s}
+    else:
+        inner, batching = SqlStore(engine), {}
     spool = Spool.acquire(options.spool_dir or default_spool_root(), url, max_bytes=options.spool_max_bytes)
     journal = Ledger(options.ledger) if options.ledger else None
     sink = SpoolingSink(
-        SqlStore(engine), spool, ledger=journal, startup_timeout_s=options.db_wait_s, log=lambda line: log.warning("%s", line)
+        inner, spool, ledger=journal, startup_timeout_s=options.db_wait_s, log=lambda line: log.warning("%s", line), **batching
     )
     worker = None
     interrupted = False
@@ -167,10 +180,12 @@ def run_worker(config: WorkerConfig, url: str, *, reporter: Reporter, options: S
         worker = Worker(
             config,
             sink,
-            example_db=TolerantExampleDatabase(SqlExampleDatabase(engine)),
+            # with --server: no shared Hypothesis example database (a cache) and no corpus replay
+            # on a new build (its history is in the database); results, buckets and leases go through the service
+            example_db=TolerantExampleDatabase(SqlExampleDatabase(engine)) if engine is not None else None,
             reporter=reporter,
             journal=spool,
-            build_history=SqlBuildHistory(engine),
+            build_history=SqlBuildHistory(engine) if engine is not None else None,
         )
         if collector is not None:
             collector.worker = worker
@@ -195,7 +210,10 @@ def run_worker(config: WorkerConfig, url: str, *, reporter: Reporter, options: S
         spool.close()
         if journal is not None:
             journal.close()
-        engine.dispose()
+        if engine is not None:
+            engine.dispose()
+        else:
+            inner.close()
     spooled = {"outages": sink.outages, "spooled": sink.spooled, "flushed": sink.flushed, "left": left, "path": str(spool.path)}
     return WorkerRun(stats=stats, interrupted=interrupted, spooled=spooled)
 
@@ -367,7 +385,7 @@ def _extra_worker_main(index: int, conn: Any, counter: Any, job: dict) -> None:
     (`fuzzer.executor.die_with_parent`) and a watchdog thread kills it `STOP_GRACE_S` later if it
     has not stopped by then."""
     from fuzzer.executor import die_with_parent
-    from fuzzer.results import stop_on_signals
+    from fuzzer.results import STOP_SIGNALS, stop_on_signals
 
     stop_on_signals(once=True)
     parent = multiprocessing.parent_process()
@@ -400,6 +418,11 @@ def _extra_worker_main(index: int, conn: Any, counter: Any, job: dict) -> None:
             pass
     finally:
         conn.close()
+        # Leaving: Python's exit joins this process's own children (`multiprocessing.util._exit_function`);
+        # a stop signal now (the command forwarding its stop) would raise `KeyboardInterrupt` there and
+        # print a traceback for a run that has already ended. The watchdog still kills a stuck exit.
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, signal.SIG_IGN)
 
 
 class ExtraWorkers:

@@ -8,10 +8,11 @@
 ``serve``                               `service.cli.serve`
 ``export``                              `service.cli.export`
 ``replay``, ``regressions``, ``bisect``,
-``builds``, ``corpus``                  `service.cli.builds`
+``builds``, ``corpus``                  `service.cli.matrix`
 ``db upgrade``/``current``              `service.cli.db`
 ``cases list``/``show``/``add``         `service.cli.cases`
 ``buckets``                             `service.cli.buckets`
+``fleet up``/``status``/``down``        `service.cli.fleet` (the actors: `service.fleet`)
 ======================================  ===========================================
 
 What they share (``--db``, migrating, the exit codes `EXIT_CODES`) is in `service.cli.common`.
@@ -31,8 +32,8 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperGroup
 
-from service.cli import builds as builds_cli
-from service.cli import backends, buckets, cases, db, export, fuzz, report, serve
+from service.cli import matrix as matrix_cli
+from service.cli import backends, buckets, cases, db, export, fleet, fuzz, report, serve
 from service.cli.common import EXIT_CODES_HELP, LogLevel, configure_logging, out
 
 
@@ -126,8 +127,9 @@ backends.register(app)
 report.register(app)
 serve.register(app)
 export.register(app)
-builds_cli.register(app)
+matrix_cli.register(app)
 buckets.register(app)
+fleet.register(app)
 
 if __name__ == "__main__":
     app()

@@ -277,6 +277,10 @@ class SecondOpinion:
         if self.error:
             return f"no second opinion: the explanation against the design failed ({self.error}); the oracle's verdict stands"
         emulation = f"a correct float32 emulation of the '{self.design}' design"
+        if self.emulation_passed and self.verdict in ("limit", "unjudgeable"):
+            held = ", ".join(f"{t}: ratio {ratio_text(r.get('ratio'))}" for t, r in self.rule.items() if r.get("holds"))
+            return (f"{emulation} passes this case narrowly (error ratio {ratio_text(self.emulation_error_ratio)}), and the "
+                    f"kernel is within FlashAttention's rule against it ({held}): the design's precision, not a defect")
         if self.emulation_passed:
             return (f"{emulation} passes this case (error ratio {ratio_text(self.emulation_error_ratio)}) where the "
                     "kernel fails: a kernel defect")

@@ -46,25 +46,28 @@ def ingest_build(connection: Connection, fingerprint: BuildFingerprint) -> int:
     return SqlStore(connection).register_build(fingerprint)
 
 
-def ingest_worker(connection: Connection, build_id: int, hostname: str, pid: int, device: str) -> int:
+def ingest_worker(connection: Connection, build_id: int, hostname: str, pid: int, device: str, slot: str | None = None) -> int:
     """`SqlStore.register_worker` in the caller's transaction.
 
     Raises:
         NotFoundError: ``build_id`` is unknown.
     """
     try:
-        return SqlStore(connection).register_worker(build_id, hostname, pid, device)
+        return SqlStore(connection).register_worker(build_id, hostname, pid, device, slot)
     except NotFoundError:
         raise FieldValidationError("build_id", f"build {build_id} does not exist") from None
 
 
-def ingest_heartbeat(connection: Connection, worker_id: int, cases_run: int, status: str) -> None:
-    """`SqlStore.heartbeat` in the caller's transaction.
+def ingest_heartbeat(
+    connection: Connection, worker_id: int, cases_run: int, status: str, *, evaluations: int | None = None,
+    known_hits: int | None = None,
+) -> None:
+    """`SqlStore.heartbeat` in the caller's transaction (``evaluations``/``known_hits``: None keeps them).
 
     Raises:
         NotFoundError: ``worker_id`` is unknown.
     """
-    SqlStore(connection).heartbeat(worker_id, cases_run, status)
+    SqlStore(connection).heartbeat(worker_id, cases_run, status, evaluations=evaluations, known_hits=known_hits)
 
 
 def ingest_case(connection: Connection, case_json: dict[str, Any], origin: str) -> str:
@@ -78,18 +81,29 @@ def ingest_case(connection: Connection, case_json: dict[str, Any], origin: str) 
 
 
 def ingest_minimised(
-    connection: Connection, bucket_id: int, case_json: dict[str, Any], original_case_id: str, note: str
-) -> None:
-    """`SqlStore.record_minimised` in the caller's transaction.
+    connection: Connection,
+    bucket_id: int,
+    case_json: dict[str, Any],
+    original_case_id: str,
+    note: str,
+    *,
+    worker_id: int | None = None,
+    attach: Any = (),
+    lease: int | None = None,
+) -> list[int]:
+    """`SqlStore.record_minimised` in the caller's transaction; the ids of the buckets attached.
 
     Raises:
         oracle.errors.CaseValidationError: the case is invalid.
         NotFoundError: the bucket or the original case does not exist.
+        fuzzer.results.LeaseLostError: ``lease`` no longer holds (the app answers 409).
     """
     if connection.scalar(select(Bucket.id).where(Bucket.id == bucket_id)) is None:
         raise NotFoundError("bucket", bucket_id)
     try:
-        SqlStore(connection).record_minimised(bucket_id, case_json, original_case_id, note)
+        return SqlStore(connection).record_minimised(
+            bucket_id, case_json, original_case_id, note, worker_id=worker_id, attach=attach, lease=lease
+        )
     except NotFoundError as exc:
         raise FieldValidationError("original_case_id", f"case {exc.key!r} does not exist") from None
 

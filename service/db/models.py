@@ -36,6 +36,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
+from oracle import mask_kinds
 from oracle.config import AttentionCase
 from oracle.errors import CaseValidationError
 from service.db.engine import Base
@@ -95,7 +96,7 @@ class Build(Base):
     """One software/hardware environment (`fuzzer.results.BuildFingerprint`).
 
     ``fingerprint_id`` is the build's identity (`fuzzer.results.build_identity` over the device
-    fields and every package row: `service.db.builds`); its packages are its `BuildPackage` rows.
+    fields and every package row: `service.db.build_rows`); its packages are its `BuildPackage` rows.
     The version columns below are display columns of the lines declared before migration 0006,
     written from the fingerprint: a line declared later has its package row only.
     """
@@ -212,9 +213,7 @@ def case_filter_columns(case: AttentionCase) -> dict[str, Any]:
         "num_heads": case.num_heads,
         "num_heads_kv": case.num_heads_kv,
         "qkv_format": case.qkv_format,
-        "causal": case.causal,
-        "has_window": case.window_size_left is not None or case.window_size_right is not None,
-        "has_softcap": case.softcap is not None,
+        **mask_kinds.filter_columns(case),  # causal, has_window, has_softcap: each mask kind's column
         "backward": case.backward,
     }
 
@@ -351,7 +350,7 @@ class HypothesisExample(Base):
 
 
 # ============================================================================================
-# Build matrix (fuzzer/builds/envs.py, fuzzer/builds/replay.py, fuzzer/builds/bisect.py, service/builds/;
+# Build matrix (fuzzer/builds/envs.py, fuzzer/builds/replay.py, fuzzer/builds/bisect.py, service/matrix/;
 # migration 0003): package versions of each build, replays and their skips, bisections.
 # ============================================================================================
 
@@ -362,9 +361,9 @@ BISECT_STEP_VERDICTS = ("good", "bad", "skip")
 
 class BuildPackage(Base):
     """One package version of a build: together, the rows of a build are what its identity hashes
-    (`service.db.builds.register_build`). The rows of one ``package`` form a package line
+    (`service.db.build_rows.register_build`). The rows of one ``package`` form a package line
     (``flash-attn-4``, ``transformer-engine``, ``torch``, ``cudnn``, a plugin's own package),
-    ordered by PEP 440 version in `service.builds.matrix`, then by the build's ``first_seen``."""
+    ordered by PEP 440 version in `service.matrix.grid`, then by the build's ``first_seen``."""
 
     __tablename__ = "build_packages"
 

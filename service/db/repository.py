@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session, joinedload, selectinload
 
 from fuzzer.results import FAILING_STATUSES
 from fuzzer.severity import LIMIT_KINDS, SEVERITIES, SEVERITY_RANK, signature_kind
+from oracle import mask_kinds
 from service.errors import FieldValidationError, NotFoundError
 from service.db.models import Bucket, Build, Case, Result, TriageState, Worker, utcnow
 from service.db.workers import LIVE_WORKER_S, LiveWorker, is_live_worker
@@ -38,8 +39,9 @@ BUCKET_SORT_COLUMNS = {
     "signature": Bucket.signature,
     "triage_state": Bucket.triage_state,
 }
-MASKS = ("none", "causal", "window", "causal_window")
-"""Mask kinds to filter on: no mask, causal only, a sliding window only, causal plus a window."""
+MASKS = mask_kinds.mask_filters()
+"""Mask kinds to filter on: no mask, causal only, a sliding window only, causal plus a window
+(`oracle.mask_kinds.mask_filters`: every combination of the declared kinds' filter words)."""
 BUCKET_SORTS = tuple(f"{prefix}{name}" for name in BUCKET_SORT_COLUMNS for prefix in ("-", ""))
 DEFAULT_BUCKET_SORT = "-severity"
 """Most severe first (`fuzzer.severity`); buckets of one severity newest first."""
@@ -105,10 +107,11 @@ def _bucket_filters(
     if head_dim is not None:
         case_conditions.append(Case.head_dim == head_dim)
     if mask:
-        if mask not in MASKS:
-            raise FieldValidationError("mask", f"unknown value {mask!r} (allowed: {', '.join(MASKS)})")
-        case_conditions.append(Case.causal == (mask in ("causal", "causal_window")))
-        case_conditions.append(Case.has_window == (mask in ("window", "causal_window")))
+        try:
+            columns = mask_kinds.filter_conditions(mask)  # the declared kinds' columns (`oracle.mask_kinds`)
+        except ValueError as exc:
+            raise FieldValidationError("mask", str(exc)) from None
+        case_conditions.extend(getattr(Case, column) == on for column, on in columns.items())
     if case_conditions:
         conditions.append(_has_result(*case_conditions, with_case=True))
     return conditions

@@ -58,7 +58,7 @@ from fuzzer.results import (
 from fuzzer.severity import severity
 from fuzzer.text import MAX_DETAIL, MAX_PACKAGE, storable_text
 from oracle.config import AttentionCase
-from service.db.builds import register_build
+from service.db.build_rows import register_build
 from service.db.engine import DEFAULT_RETRIES, Transactor, insert_ignore
 from service.db.workers import WorkerSession
 from service.errors import FieldValidationError, NotFoundError
@@ -261,7 +261,7 @@ class SqlStore:
 
     def register_build(self, fingerprint: BuildFingerprint, versions: Mapping[str, str] | None = None) -> int:
         """The id of the build of ``fingerprint`` (plus package ``versions``), created on first
-        sight with its package rows (`service.db.builds.register_build`).
+        sight with its package rows (`service.db.build_rows.register_build`).
 
         Raises:
             FieldValidationError: a package name of ``versions`` is empty.
@@ -950,7 +950,7 @@ def bucket_cases(connection: Any, backends: Iterable[str] | None = None) -> list
     """Each bucket (of ``backends`` if given, else all) with the case that stands for it: its
     minimised case, else its first case. Rows ``(id, backend, variant, signature, config)``, oldest
     bucket first, read on ``connection`` (a Connection or a Session). Shared by
-    `SqlStore.known_failures` and `service.builds.replays.replay_tasks_from_buckets`."""
+    `SqlStore.known_failures` and `service.matrix.replay_rows.replay_tasks_from_buckets`."""
     case_id = func.coalesce(Bucket.minimised_case_id, Bucket.first_case_id)
     statement = (
         select(Bucket.id, Bucket.backend, Bucket.variant, Bucket.signature, Case.config)

@@ -5,18 +5,20 @@ A repro is one Python file that needs only ``torch``, ``pytest`` and the backend
 (never attnfuzz), so a kernel maintainer can drop it into flash-attention's or
 TransformerEngine's tests. It
 
-1. regenerates the inputs deterministically: `oracle.inputs.hash_normal_torch` is copied into the file
-   verbatim (its source), and `make_inputs` re-implemented with the same constants, so the
-   tensors are bit-identical to the ones the fuzzer used (``tests/service/test_export.py``
-   checks this);
+1. carries the oracle's portable core, ``oracle/portable.py``, copied into the file byte for byte
+   (`oracle.portable`: the counter hash, the input distributions and families, the mask, a dense
+   float64 reference and the tile judge; the oracle draws its inputs and masks with the same
+   code), and regenerates the inputs with it, so the tensors are bit-identical to the ones the
+   fuzzer used (``tests/service/test_export.py`` checks this, and that the copy is the file);
 2. calls the backend exactly as the variant did, through the adapter's own repro call
    (`fuzzer.backends.base.Backend.repro` -> `fuzzer.backends.base.ReproCall`, written next to
    ``run``; found like every backend: built-ins, the ``attnfuzz.backends`` entry points, or
    ``module:attr``, `resolve_backend`). A backend without one gets an `ExportError` saying what
    to add;
-3. computes a compact float64 reference inline (dense per sequence, the mask semantics of
-   `oracle.masks`, the backward of FlashAttention-2 Algorithm 2);
-4. judges every tensor as `oracle.compare.compare_tensor` did (``judge`` in the file): shape, NaN,
+3. computes a compact float64 reference with the core (`oracle.portable.dense_reference`: dense
+   per sequence, the mask of `oracle.masks`, the backward of FlashAttention-2 Algorithm 2);
+4. judges every tensor as `oracle.compare.compare_tensor` did (``judge`` in the file, the core's
+   `oracle.portable.tile_judge`, with the signature kinds of `oracle.signatures`): shape, NaN,
    +-inf where the reference is finite, lse finite exactly on rows that see a key (``-inf`` or
    ``+inf`` accepted on the others, and the backend's documented ``masked_row_lse``), all zero,
    the L2 error of the whole tensor against the stored whole-tensor allowance (``mismatch``) and

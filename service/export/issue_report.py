@@ -45,17 +45,8 @@ from typing import Any
 
 from fuzzer.severity import LIMIT_KINDS, signature_kind
 from oracle.compare import TILE_ROWS
+from oracle.signatures import phrase
 
-_MEANING = {
-    "all_zero": "returns an all-zero {tensor}",
-    "nan": "returns NaN in {tensor}",
-    "posinf": "returns +inf in {tensor} where the result is finite",
-    "neginf": "returns -inf in {tensor} where the result is finite",
-    "finite_on_masked": "returns a finite lse on rows that see no key",
-    "mismatch": "returns a wrong {tensor}",
-    "tile_mismatch": "returns a wrong {tensor} in a tile of {tile_rows} rows",
-    "shape": "returns {tensor} of the wrong shape",
-}
 _BUILD_FIELDS = (
     "torch", "cuda", "cudnn", "flash_attn_4", "flash_attn", "transformer_engine", "nvidia_cutlass_dsl", "triton",
     "python", "device_name", "compute_capability", "driver",
@@ -78,18 +69,12 @@ class IssueReport:
 
 
 def signature_meaning(signature: str | None) -> str:
-    """``out:all_zero`` -> ``returns an all-zero out``; crashes and errors as such."""
+    """``out:all_zero`` -> ``returns an all-zero out``, ``crash`` -> ``crashes the process``,
+    ``error:ValueError`` -> ``raises ValueError``: the kind's phrase (`oracle.signatures.KINDS`); a
+    kind not declared there, the signature itself; None or empty: ``passes``."""
     if not signature:
         return "passes"
-    tensor, _, kind = signature.partition(":")
-    if tensor == "error":
-        return f"raises {kind or 'an error'}"
-    if not kind:
-        return {"crash": "crashes the process", "timeout": "hangs (timeout)", "oom": "runs out of memory"}.get(
-            tensor, tensor
-        )
-    text = _MEANING.get(kind)
-    return text.format(tensor=tensor, tile_rows=TILE_ROWS) if text else signature
+    return phrase(signature, tile_rows=TILE_ROWS)
 
 
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9 _.:,=+/()\-]*")

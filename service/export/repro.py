@@ -6,11 +6,11 @@ standalone pytest file (`Repro`), filling `service.export.template` with literal
 
 from __future__ import annotations
 
-import inspect
 import math
 import re
 import textwrap
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from fuzzer.backends.base import Backend
@@ -18,8 +18,9 @@ from oracle.config import AttentionCase
 from service.export.allowance import TENSOR_NAMES, Allowance, computed_allowance, needed_tensors, required_tensors
 from service.export.backend import repro_call, resolve_backend
 from service.export.safety import SIGNATURE_PATTERN, ExportError, Slot, check_names, docstring_literal, fill_template
+from oracle import mask_kinds
 from oracle.config import INPUT_FAMILY_DEFAULTS
-from service.export.template import HEADER, INPUT_FUNCTIONS, JUDGE, RUNTIME
+from service.export.template import HEADER, JUDGE, PORTABLE_BEGIN, PORTABLE_END, RUNTIME
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,20 @@ def _recorded_text(recorded: dict[str, Any] | None) -> str:
         signatures = [x for x in figures.get("signatures") or [] if isinstance(x, str) and SIGNATURE_PATTERN.match(x)]
         lines.append(f"  {name}: {', '.join(signatures) or 'passed'}; " + ", ".join(parts))
     return "\n".join(lines)
+
+
+def portable_source() -> str:
+    """The text of ``oracle/portable.py`` as it is on disk (what every repro copies, byte for byte).
+
+    Raises:
+        ExportError: the file cannot be read (an installation without the sources).
+    """
+    from oracle import portable
+
+    try:
+        return Path(portable.__file__).read_text(encoding="utf-8")
+    except (OSError, TypeError) as exc:
+        raise ExportError("repro", f"the oracle's portable core cannot be read: {exc}") from None
 
 
 def render_repro(
@@ -122,7 +137,7 @@ def render_repro(
         raise ExportError("allowance", f"no allowed error for {', '.join(missing)}")
     judged = [n for n in needed_tensors(case) if n in allowance]
 
-    from oracle import compare, inputs
+    from oracle import compare, signatures
 
     packages = ", ".join(("torch", "pytest", *call.packages))
     untiled = [n for n in judged if allowance[n].tiles is None]
@@ -146,10 +161,10 @@ def render_repro(
         the GPU architecture is missing. Run it with pytest: `pytest FILE`, or inside a project whose
         pytest settings add options (xdist's -n, say) `pytest -c /dev/null FILE`.
 
-        What it does: regenerates the inputs bit for bit (attnfuzz's counter-based hash_normal,
-        copied below), calls {name} exactly as the variant {variant!s} did (call_backend), computes
-        a dense float64 reference inline (reference) and judges every tensor (out, lse, dq, dk, dv)
-        as the attnfuzz judge did (judge): no NaN, no +-inf where the reference is finite, lse
+        What it does: regenerates the inputs bit for bit with attnfuzz's own code (its portable
+        core, oracle/portable.py, copied below verbatim), calls {name} exactly as the variant
+        {variant!s} did (call_backend), computes a dense float64 reference (reference) and judges
+        every tensor (out, lse, dq, dk, dv) as the attnfuzz judge did (judge): no NaN, no +-inf where the reference is finite, lse
         infinite exactly on rows that see no key (natural log), not all zero, the L2 error of the
         whole tensor within ALLOWED[tensor]["whole"] (mismatch) and of every tile of TILE_ROWS rows
         of one (batch, head) within ALLOWED[tensor]["tiles"] (tile_mismatch).
@@ -158,7 +173,7 @@ def render_repro(
         any signature), naming every signature found and the figures (error, allowed, worst tile).
 
         Tolerance: ALLOWED holds the allowed errors stored when attnfuzz judged this case, from its
-        error model (oracle/compare.py): factor * max(||round_dtype(R) - R||_2, u * ||sigma||_2) +
+        error model (oracle/tolerance.py): factor * max(||round_dtype(R) - R||_2, u * ||sigma||_2) +
         floor * sqrt(numel) over the whole tensor or the tile, with R the float64 reference,
         round_dtype the rounding to {case.dtype} (float32 for lse), u that dtype's unit roundoff,
         sigma the first-order rounding error of an fp32-accumulating kernel per row, and the
@@ -200,28 +215,12 @@ def render_repro(
         "device": call.device,
         "allowed": {n: allowance_literal(allowance[n]) for n in judged},
         "tile_rows": compare.TILE_ROWS,
+        "kinds": signatures.tensor_kinds(),
         # +-inf on rows without a visible key is accepted anyway; only a finite sentinel needs naming
         "masked_row_lse": call.masked_row_lse if _finite_float(call.masked_row_lse) else None,
-        "m32": inputs._M32,
-        "cos_coeffs": list(inputs._COS_COEFFS),
-        "atanh_coeffs": list(inputs._ATANH_COEFFS),
-        "streams_qkvd": (inputs.STREAM_Q, inputs.STREAM_K, inputs.STREAM_V, inputs.STREAM_DOUT),
-        "streams_extra": (inputs.STREAM_Q_OUTLIERS, inputs.STREAM_K_OUTLIERS, inputs.STREAM_K_BASE),
-        "large_logits_std": inputs.LARGE_LOGITS_STD,
-        "max_q_gain": inputs.MAX_Q_GAIN,
-        "outlier_z": inputs.OUTLIER_Z,
-        "outlier_gain": inputs.OUTLIER_GAIN,
-        "near_constant_noise": inputs.NEAR_CONSTANT_NOISE,
-        "streams_families": (
-            inputs.STREAM_Q_BASIS, inputs.STREAM_K_BASIS, inputs.STREAM_MASSIVE, inputs.STREAM_PEAKED,
-            inputs.STREAM_OFFSET, inputs.STREAM_DOUT_SPARSE,
-        ),
-        "massive_gains": (inputs.MASSIVE_Q_GAIN, inputs.MASSIVE_K_GAIN),
-        "sink_peak": (inputs.SINK_CHANNEL, inputs.SINK_MARGIN, inputs.PEAK_LOGIT),
-        "dout_scales": (inputs.DOUT_TINY, inputs.DOUT_LARGE, inputs.DOUT_SPARSE_ROWS),
-        "ln2": inputs._LN2,
         "input_families": {name: getattr(case, name) for name in INPUT_FAMILY_DEFAULTS},
         "family_defaults": dict(INPUT_FAMILY_DEFAULTS),
+        "mask_fields": {name: getattr(case, name) for kind in mask_kinds.MASK_KINDS for name in kind.fields},
     }
     if not isinstance(call.values, dict):
         raise ExportError("backend", f"{name}.repro: values must be a dict")
@@ -229,12 +228,12 @@ def render_repro(
     if overlap:
         raise ExportError("backend", f"repro slots {sorted(overlap)} clash with the file's own")
     values.update(call.values)
-    copied = "\n\n".join(inspect.getsource(getattr(inputs, fn)) for fn in INPUT_FUNCTIONS)
+    copied = (PORTABLE_BEGIN + portable_source() + PORTABLE_END).replace("$", "$$")  # as is, after the slots
     if not isinstance(call.source, str):
         raise ExportError("backend", f"{name}.repro: source must be a string")
     template = (
         HEADER
-        + copied.replace("$", "$$")
+        + copied
         + RUNTIME
         + "\n# ------------------------------------------------------------------- the backend call\n"
         + textwrap.dedent(call.source)

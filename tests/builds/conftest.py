@@ -43,15 +43,15 @@ def fake_rules(fake_wheelhouse: Path) -> Path:
 @pytest.fixture
 def cli() -> Callable[..., object]:
     """``cli(*args)``: invoke the build-matrix commands on a local typer app (as `service.cli.main`
-    will once it calls `service.cli.builds.register`)."""
-    from service.cli import builds as cli_builds
+    will once it calls `service.cli.matrix.register`)."""
+    from service.cli import matrix as cli_matrix
     app = typer.Typer()
 
     @app.callback()
     def main() -> None:
         """attnfuzz (test app)."""
 
-    cli_builds.register(app)
+    cli_matrix.register(app)
     runner = CliRunner()
 
     def invoke(*args: str):

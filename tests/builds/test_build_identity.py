@@ -10,8 +10,8 @@ from sqlalchemy import select
 
 from fuzzer.builds.versions import FINGERPRINT_LINES, build_packages
 from fuzzer.results import BuildFingerprint, package_line
-from service.builds import lines
-from service.db.builds import register_build
+from service.matrix import lines
+from service.db.build_rows import register_build
 from service.db.models import Build, BuildPackage
 from service.db.store import SqlStore
 

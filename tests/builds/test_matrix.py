@@ -1,4 +1,4 @@
-"""service/builds/matrix.py on a database built by the migrations (SQLite, and PostgreSQL when
+"""service/matrix/grid.py on a database built by the migrations (SQLite, and PostgreSQL when
 reachable): builds with package versions, line order, replays and skips, the matrix, regressions
 and fixes per device, bisections, corpus export and import; and the /matrix pages and API."""
 
@@ -15,7 +15,7 @@ from fuzzer.builds.bisect import bisect_builds
 from fuzzer.builds.versions import build_packages
 from fuzzer.results import BuildFingerprint, CaseResult, ReplayOutcome, ReplayTask, Skip, Verdict
 from oracle.config import AttentionCase
-from service.builds import bisections, corpus as corpus_db, lines, matrix, replays
+from service.matrix import bisection_rows, corpus_rows, grid, lines, replay_rows
 from service.db import migrations
 from service.api.deps import get_session
 from service.api.routes import matrix as matrix_routes
@@ -24,7 +24,7 @@ from service.db.engine import make_engine
 from service.errors import FieldValidationError, NotFoundError
 from service.db.models import BuildPackage, ReplayRun, Result
 from service.settings import Settings
-from service.db.builds import register_build
+from service.db.build_rows import register_build
 from service.db.store import SqlStore
 
 CASE = AttentionCase(batch_size=2, seqlen_q=1024, seqlen_k=1024, num_heads=8, head_dim=128, causal=True)
@@ -70,9 +70,9 @@ def fa4_line(connection) -> dict[str, int]:
         ("4.0.0b31", ("fail", "out:all_zero")),
         ("4.0.0b36", ("pass", None)),
     ]:
-        record = replays.record_replay(connection, outcome(fa4, te_style), trigger="builds")
+        record = replay_rows.record_replay(connection, outcome(fa4, te_style), trigger="builds")
         ids[fa4] = record.build.build_id
-    ids["h200"] = replays.record_replay(connection, outcome("4.0.0b30", ("pass", None), H200), trigger="builds").build.build_id
+    ids["h200"] = replay_rows.record_replay(connection, outcome("4.0.0b30", ("pass", None), H200), trigger="builds").build.build_id
     return ids
 
 
@@ -96,7 +96,7 @@ def test_builds_differing_only_in_a_plugin_package_are_different_builds(connecti
 
 
 def test_a_line_orders_builds_by_pep440_version_then_first_seen(connection, fa4_line):
-    extra = replays.record_replay(connection, outcome("4.0.0b30", ("fail", "out:all_zero"), torch="2.12.0"), trigger="cli")
+    extra = replay_rows.record_replay(connection, outcome("4.0.0b30", ("fail", "out:all_zero"), torch="2.12.0"), trigger="cli")
     builds = lines.line_builds(connection, "flash-attn-4")
     order = [(b.version, b.build_id) for b in builds if b.device_name == B200[0]]
     assert [v for v, _ in order] == ["4.0.0b9", "4.0.0b11", "4.0.0b29", "4.0.0b30", "4.0.0b30", "4.0.0b31", "4.0.0b36"]
@@ -106,7 +106,7 @@ def test_a_line_orders_builds_by_pep440_version_then_first_seen(connection, fa4_
 
 
 def test_the_matrix_shows_each_verdict_and_marks_the_regression_and_the_fix(connection, fa4_line):
-    m = matrix.build_matrix(connection, "Flash_Attn_4", device_name="NVIDIA B200")
+    m = grid.build_matrix(connection, "Flash_Attn_4", device_name="NVIDIA B200")
     assert m.package == "flash-attn-4" and [b.version for b in m.builds] == ["4.0.0b9", "4.0.0b11", "4.0.0b29", "4.0.0b30", "4.0.0b31", "4.0.0b36"]
     te_style, native = m.rows
     assert (te_style.variant, native.variant) == ("te_style", "native"), "rows with a regression come first"
@@ -120,65 +120,65 @@ def test_the_matrix_shows_each_verdict_and_marks_the_regression_and_the_fix(conn
     ]
     assert "cannot import" in te_style.cells[2].detail
     assert [c.status for c in native.cells] == ["pass", "pass", "skip", "pass", "pass", "pass"] and not native.transitions
-    assert [r.variant for r in matrix.build_matrix(connection, "flash-attn-4", changes_only=True).rows] == ["te_style"]
+    assert [r.variant for r in grid.build_matrix(connection, "flash-attn-4", changes_only=True).rows] == ["te_style"]
 
 
 def test_regressions_and_fixes_are_found_per_device_stepping_over_skips(connection, fa4_line):
-    rows = matrix.find_regressions(connection, "flash-attn-4")
+    rows = grid.find_regressions(connection, "flash-attn-4")
     assert [(r.kind, r.device_name, r.before_version, r.after_version, r.after_signature) for r in rows] == [
         ("regression", "NVIDIA B200", "4.0.0b11", "4.0.0b30", "out:all_zero"),
         ("fix", "NVIDIA B200", "4.0.0b31", "4.0.0b36", None),
     ], "the H200 build passing b30 is not a fix of the B200's b30"
-    assert [r.kind for r in matrix.find_regressions(connection, "flash-attn-4", kinds=["fix"])] == ["fix"]
-    assert matrix.find_regressions(connection, "flash-attn-4", backend="te-fa4") == []
+    assert [r.kind for r in grid.find_regressions(connection, "flash-attn-4", kinds=["fix"])] == ["fix"]
+    assert grid.find_regressions(connection, "flash-attn-4", backend="te-fa4") == []
     with pytest.raises(FieldValidationError, match="kind: unknown value 'worse'"):
-        matrix.find_regressions(connection, "flash-attn-4", kinds=["worse"])
+        grid.find_regressions(connection, "flash-attn-4", kinds=["worse"])
 
 
 def test_regressions_of_a_built_matrix_match_find_regressions_and_limits_keep_the_total(connection, fa4_line):
-    full = matrix.build_matrix(connection, "flash-attn-4", limit=None)
-    assert matrix.regressions_of(full) == matrix.find_regressions(connection, "flash-attn-4")
-    assert [r.kind for r in matrix.regressions_of(full, ["fix"])] == ["fix"]
-    one = matrix.limited(full, 1)
+    full = grid.build_matrix(connection, "flash-attn-4", limit=None)
+    assert grid.regressions_of(full) == grid.find_regressions(connection, "flash-attn-4")
+    assert [r.kind for r in grid.regressions_of(full, ["fix"])] == ["fix"]
+    one = grid.limited(full, 1)
     assert len(one.rows) == 1 and one.total_rows == full.total_rows > 1 and one.truncated
-    assert one.rows[0] == full.rows[0] and matrix.limited(full, None) is full
+    assert one.rows[0] == full.rows[0] and grid.limited(full, None) is full
 
 
 def test_the_matrix_page_lists_the_line_regressions_without_a_device_filter(client, connection, fa4_line):
     html = client.get("/matrix", params={"package": "flash-attn-4", "limit": 1}).text
-    expected = matrix.find_regressions(connection, "flash-attn-4")
+    expected = grid.find_regressions(connection, "flash-attn-4")
     assert len(expected) == 2
     assert f"Regressions and fixes ({len(expected)})" in html  # the full list, not cut by the row limit
 
 
 def test_a_new_signature_on_a_later_build_counts_with_the_regressions(connection, fa4_line):
-    replays.record_replay(connection, outcome("4.0.0b33", ("fail", "lse:nan")), trigger="builds")
-    kinds = [(r.kind, r.after_version) for r in matrix.find_regressions(connection, "flash-attn-4")]
+    replay_rows.record_replay(connection, outcome("4.0.0b33", ("fail", "lse:nan")), trigger="builds")
+    kinds = [(r.kind, r.after_version) for r in grid.find_regressions(connection, "flash-attn-4")]
     assert ("new_signature", "4.0.0b33") in kinds
 
 
 def test_replayed_results_are_stored_once_and_count_in_their_bucket(connection, fa4_line):
-    again = replays.record_replay(connection, outcome("4.0.0b30", ("fail", "out:all_zero")), trigger="cli")
+    again = replay_rows.record_replay(connection, outcome("4.0.0b30", ("fail", "out:all_zero")), trigger="cli")
     assert again.build.build_id == fa4_line["4.0.0b30"] and not again.build.is_new
     stored = connection.execute(
         select(Result.status).where(Result.build_id == fa4_line["4.0.0b30"], Result.variant == "te_style")
     ).scalars().all()
     assert stored == ["fail"]
-    (task,) = [t for t in replays.replay_tasks_from_buckets(connection) if t.variant == "te_style"]
+    (task,) = [t for t in replay_rows.replay_tasks_from_buckets(connection) if t.variant == "te_style"]
     assert task.case == CASE and task.source.startswith("bucket:")
 
 
 def test_a_replay_that_never_reported_its_build_stores_nothing(connection):
     lost = ReplayOutcome((TE_STYLE,), None, {}, (), (Skip(CASE.case_id, "fa4", "te_style", "child died"),))
-    record = replays.record_replay(connection, lost, trigger="builds")
+    record = replay_rows.record_replay(connection, lost, trigger="builds")
     assert record.build is None and record.run_id is None and record.skip_count == 1
     with pytest.raises(FieldValidationError, match="trigger: unknown value 'cron'"):
-        replays.record_replay(connection, lost, trigger="cron")
+        replay_rows.record_replay(connection, lost, trigger="cron")
 
 
 def test_build_history_knows_which_backends_a_build_was_replayed_for(connection):
     build_id = SqlStore(connection).register_build(fingerprint("4.0.0b36"))
-    history = replays.SqlBuildHistory(connection)
+    history = replay_rows.SqlBuildHistory(connection)
     assert not history.is_replayed(build_id, ["fa4"])
     skip = Skip(CASE.case_id, "te-fa4", "mask_type", "TransformerEngine is not installed")
     history.record_replay(build_id, {"transformer-engine": ""}, ["fa4", "te-fa4"], [skip], {CASE.case_id: CASE.to_json()}, 3, "worker")
@@ -199,25 +199,25 @@ def test_a_bisection_stores_every_step_and_its_outcome(connection, fa4_line):
         "4.0.0b31": Verdict("fail", "out:all_zero"),
         "4.0.0b36": Verdict("fail", "out:all_zero"),
     }
-    run_id = bisections.start_bisect(
+    run_id = bisection_rows.start_bisect(
         connection, case=CASE, backend="fa4", variant="te_style", package="flash-attn-4",
         good_version="4.0.0b11", bad_version="4.0.0b36", signature=None,
     )
     build_ids = {v: fa4_line.get(v) for v in versions}
-    outcome_ = bisect_builds(versions, verdicts.__getitem__, on_step=lambda s: bisections.record_bisect_step(connection, run_id, s, build_ids[s.version]))
-    bisections.finish_bisect(connection, run_id, outcome_, build_ids)
-    view = bisections.get_bisection(connection, run_id)
+    outcome_ = bisect_builds(versions, verdicts.__getitem__, on_step=lambda s: bisection_rows.record_bisect_step(connection, run_id, s, build_ids[s.version]))
+    bisection_rows.finish_bisect(connection, run_id, outcome_, build_ids)
+    view = bisection_rows.get_bisection(connection, run_id)
     assert (view.run.status, view.run.last_good_version, view.run.first_bad_version) == ("ambiguous", "4.0.0b11", "4.0.0b30")
     assert view.run.candidates == ["4.0.0b29", "4.0.0b30"] and view.run.replays == len(view.steps) == outcome_.replays
     assert [s.verdict for s in view.steps] == [s.verdict for s in outcome_.steps]
     assert view.run.first_bad_build_id == fa4_line["4.0.0b30"] and view.run.finished_at is not None
-    assert [r.id for r in bisections.list_bisections(connection, "flash-attn-4")] == [run_id]
+    assert [r.id for r in bisection_rows.list_bisections(connection, "flash-attn-4")] == [run_id]
     with pytest.raises(NotFoundError, match="bisection"):
-        bisections.get_bisection(connection, run_id + 1)
+        bisection_rows.get_bisection(connection, run_id + 1)
 
 
 def test_the_corpus_exports_each_buckets_case_with_verdicts_and_imports_elsewhere(connection, fa4_line, tmp_path):
-    entries = corpus_db.corpus_entries_from_db(connection, backends=["fa4"])
+    entries = corpus_rows.corpus_entries_from_db(connection, backends=["fa4"])
     (entry,) = entries
     assert (entry.backend, entry.variant, entry.case) == ("fa4", "te_style", CASE)
     assert (entry.expected_status, entry.expected_signature) == ("pass", None), "the newest verdict (b36, fixed) is expected"
@@ -231,13 +231,13 @@ def test_the_corpus_exports_each_buckets_case_with_verdicts_and_imports_elsewher
     migrations.upgrade(url)
     engine = make_engine(url)
     try:
-        stored = corpus_db.import_corpus(engine, entries)
+        stored = corpus_rows.import_corpus(engine, entries)
         assert stored == len(entry.verdicts)
-        imported = matrix.build_matrix(engine, "flash-attn-4", device_name="NVIDIA B200")
+        imported = grid.build_matrix(engine, "flash-attn-4", device_name="NVIDIA B200")
         assert [(b.version, b.fingerprint_id) for b in imported.builds] == [
             (b.version, b.fingerprint_id) for b in lines.line_builds(connection, "flash-attn-4", device_name="NVIDIA B200") if b.version != "4.0.0b29"
         ]
-        assert [(r.kind, r.after_version) for r in matrix.find_regressions(engine, "flash-attn-4")] == [
+        assert [(r.kind, r.after_version) for r in grid.find_regressions(engine, "flash-attn-4")] == [
             ("regression", "4.0.0b30"),
             ("fix", "4.0.0b36"),
         ]
@@ -296,14 +296,14 @@ def test_the_matrix_page_highlights_the_regression_and_the_fix(client, fa4_line)
 
 
 def test_the_bisection_page_and_api_show_the_steps(client, connection, fa4_line):
-    run_id = bisections.start_bisect(
+    run_id = bisection_rows.start_bisect(
         connection, case=CASE, backend="fa4", variant="te_style", package="flash-attn-4",
         good_version="4.0.0b11", bad_version="4.0.0b31", signature="out:all_zero",
     )
     verdicts = {"4.0.0b11": Verdict("pass"), "4.0.0b30": Verdict("fail", "out:all_zero"), "4.0.0b31": Verdict("fail", "out:all_zero")}
     found = bisect_builds(list(verdicts), verdicts.__getitem__, signature="out:all_zero",
-                          on_step=lambda s: bisections.record_bisect_step(connection, run_id, s, fa4_line.get(s.version)))
-    bisections.finish_bisect(connection, run_id, found, fa4_line)
+                          on_step=lambda s: bisection_rows.record_bisect_step(connection, run_id, s, fa4_line.get(s.version)))
+    bisection_rows.finish_bisect(connection, run_id, found, fa4_line)
     body = client.get(f"/api/matrix/bisections/{run_id}").json()
     assert (body["status"], body["first_bad_version"], body["replays"]) == ("found", "4.0.0b30", 3)
     assert [s["verdict"] for s in body["steps"]] == ["bad", "good", "bad"]

@@ -20,7 +20,7 @@ from fuzzer.worker import Worker, WorkerConfig
 from oracle.config import AttentionCase
 from service.db import migrations
 from service.db.engine import make_engine
-from service.builds.replays import SqlBuildHistory
+from service.matrix.replay_rows import SqlBuildHistory
 from service.db.models import ReplaySkip, Result
 from service.db.store import SqlStore
 

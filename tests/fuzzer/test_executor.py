@@ -456,6 +456,9 @@ def test_a_child_log_past_its_bound_starts_again_from_its_last_whole_lines(tmp_p
     assert note.startswith(f"[attnfuzz: {log.dropped_bytes} bytes of this log dropped in all")
     assert kept == [line.decode().strip() for line in lines[-len(kept):]], "whole lines, in order, the last ones"
     assert 0 < log.dropped_bytes < 3000
+    # the count is of the child's bytes: with what the file keeps, all 3000 of them (a restart's
+    # note is not counted, however many restarts the copy made)
+    assert log.dropped_bytes + sum(len(line) + 1 for line in kept) == 3000
     with pytest.raises(ValueError, match="keep_bytes"):
         ChildLog(str(tmp_path / "other.log"), max_bytes=100, keep_bytes=100)
 

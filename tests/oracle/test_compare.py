@@ -456,7 +456,8 @@ def test_judging_a_batch_gives_each_tensor_the_verdict_of_judging_it_alone(dtype
     verdict `judge_tensor` gives it alone, field for field, in a batch mixing right, noisy, planted
     (one wrong row), all-zero, NaN, infinite and wrong-shaped tensors; the planted one fails and its
     right neighbours pass, so no figure leaks between the entries of a batch."""
-    from oracle.compare import JUDGE_BATCH_ELEMENTS, judge_tensor, judge_tensors, prepare_tensor
+    from oracle.compare import judge_tensor, judge_tensors, prepare_tensor
+    from oracle.judge_batch import JUDGE_BATCH_ELEMENTS
 
     gen = torch.Generator().manual_seed(11)
     for name, shape, row_dim in [("out", (2, 70, 3, 16), 1), ("dk", (150, 2, 8), 0), ("lse", (2, 3, 70), 2)]:
@@ -481,28 +482,29 @@ def test_judging_a_batch_gives_each_tensor_the_verdict_of_judging_it_alone(dtype
         assert not together[2].passed and together[2].worst_index[row_dim] in (5, 6)
         assert together[5].signatures[0] == f"{name}:nan" and together[6].signatures == (f"{name}:shape",)
     # a batch larger than one buffer is judged in parts, with the same verdicts
-    import oracle.compare as compare
+    import oracle.judge_batch as judge_batch
 
     small = max(1, math.prod(prepared.shape) * 2)
     try:
-        compare.JUDGE_BATCH_ELEMENTS = small
+        judge_batch.JUDGE_BATCH_ELEMENTS = small
         parts = judge_tensors(prepared, batch, batched=True)
     finally:
-        compare.JUDGE_BATCH_ELEMENTS = JUDGE_BATCH_ELEMENTS
+        judge_batch.JUDGE_BATCH_ELEMENTS = JUDGE_BATCH_ELEMENTS
     for a, b in zip(parts, together):
         _same_verdict(a, b)
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
 def test_the_host_fast_paths_give_every_figure_of_torch_alone(dtype: str, monkeypatch) -> None:
-    """The numpy fast paths on the host (`oracle.compare.HOST_FAST_PATHS`: the finite tests, the
+    """The numpy fast paths on the host (`oracle.tolerance.HOST_FAST_PATHS`: the finite tests, the
     any/all tests, the argmax) change no bit: the prepared tensors and the verdicts equal those
     made with torch alone, field for field, on outputs that pass, fail in one tile, are all zero,
     hold NaN or infinities, overflow the dtype, and for a masked lse and a reference that itself
     overflows float16. A fast path answering wrong (an ``any`` that is always False) fails it."""
     import dataclasses
 
-    import oracle.compare as compare
+    import oracle.tolerance as tolerance
+    import oracle.verdict as verdict_module
     from oracle.compare import judge_tensor, prepare_tensor
 
     gen = torch.Generator().manual_seed(23)
@@ -517,7 +519,7 @@ def test_the_host_fast_paths_give_every_figure_of_torch_alone(dtype: str, monkey
             ref = torch.where(visible, ref, -math.inf)
         kinds = {}
         for fast in (True, False):
-            monkeypatch.setattr(compare, "HOST_FAST_PATHS", fast)
+            monkeypatch.setattr(tolerance, "HOST_FAST_PATHS", fast)
             kinds[fast] = prepare_tensor(name, ref, dtype, tile_rows=16, row_dim=row_dim, visible_rows=visible)
         for f in dataclasses.fields(kinds[True]):
             x, y = getattr(kinds[True], f.name), getattr(kinds[False], f.name)
@@ -531,11 +533,11 @@ def test_the_host_fast_paths_give_every_figure_of_torch_alone(dtype: str, monkey
         for actual in (rounded, planted, torch.zeros_like(rounded), holes, rounded.double() * 1e300, rounded.double()):
             verdicts = {}
             for fast in (True, False):
-                monkeypatch.setattr(compare, "HOST_FAST_PATHS", fast)
+                monkeypatch.setattr(tolerance, "HOST_FAST_PATHS", fast)
                 verdicts[fast] = judge_tensor(kinds[False], actual)
             _same_verdict(verdicts[True], verdicts[False])
             checked += 1
-        monkeypatch.setattr(compare, "HOST_FAST_PATHS", True)
+        monkeypatch.setattr(tolerance, "HOST_FAST_PATHS", True)
         assert not judge_tensor(kinds[True], planted).passed
         assert judge_tensor(kinds[True], torch.zeros_like(rounded)).is_all_zero
         if name == "out":  # every entry judged: the all-zero test is the fast `any`
@@ -546,7 +548,7 @@ def test_the_host_fast_paths_give_every_figure_of_torch_alone(dtype: str, monkey
     assert checked == 4 * 6
     # the planted fast path: an `any` that never sees a non-zero entry calls every output all zero
     # whose error norm does not rule it out
-    monkeypatch.setattr(compare, "_any", lambda mask: False)
+    monkeypatch.setattr(verdict_module, "_any", lambda mask: False)
     assert judge_tensor(*first).is_all_zero
 
 
@@ -556,7 +558,7 @@ def test_a_tensor_bit_identical_to_an_earlier_one_takes_its_verdict_and_one_bit_
     (the variants of a backend often compute the same values): the copy gets that verdict, equal
     to judging it alone; tensors one ulp, one signed zero, one NaN payload or one dtype apart are
     judged on their own, and a planted wrong row among copies still fails."""
-    import oracle.compare as compare
+    import oracle.judge_batch as compare  # where judge_tensors finds judge_tensor
     from oracle.compare import judge_tensor, judge_tensors, prepare_tensor
 
     gen = torch.Generator().manual_seed(21)
@@ -618,10 +620,10 @@ def test_the_batch_judges_a_reference_stored_in_another_order_with_unjudged_entr
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_host_outputs_staged_in_one_transfer_get_the_verdicts_of_outputs_on_the_device() -> None:
     """Small outputs that came back as bytes (on the host) are moved to the GPU in one pinned
-    transfer per dtype (`oracle.compare._stage_host_tensors`): every verdict equals the one of the
+    transfer per dtype (`oracle.judge_batch._stage_host_tensors`): every verdict equals the one of the
     same tensors on the device, for a run of rows, a dtype group with a gap, one tensor above
     `STAGE_MAX_BYTES`, a lone dtype and a wrong shape."""
-    import oracle.compare as compare
+    import oracle.judge_batch as compare
     from oracle.compare import judge_tensors, prepare_tensor
 
     gen = torch.Generator().manual_seed(5)
@@ -632,27 +634,29 @@ def test_host_outputs_staged_in_one_transfer_get_the_verdicts_of_outputs_on_the_
     host = [ref.to(torch.bfloat16), planted.to(torch.bfloat16), ref.to(torch.float32), ref.to(torch.bfloat16),
             (ref * 1.01).to(torch.float32), ref.to(torch.float16), ref.to(torch.bfloat16).flatten()[:-1],
             torch.zeros_like(ref, dtype=torch.bfloat16)]
-    groups = compare._stage_host_tensors(prepared, host)
+    from oracle import judge_batch
+
+    groups = judge_batch._stage_host_tensors(prepared, host)
     assert sorted(rows for rows, _ in groups) == [[0, 1, 3, 7], [2, 4]]  # float16 alone, the wrong shape is no group
     on_device = judge_tensors(prepared, [x.cuda() for x in host], batched=True)
     from_host = judge_tensors(prepared, host, batched=True)
     for a, b in zip(from_host, on_device):
         _same_verdict(a, b)
     assert from_host[0].passed and not from_host[1].passed and from_host[6].signatures == ("out:shape",)
-    saved = compare.STAGE_MAX_BYTES
+    saved = judge_batch.STAGE_MAX_BYTES
     try:
-        compare.STAGE_MAX_BYTES = 1  # nothing staged: each tensor moved on its own, the same verdicts
-        assert compare._stage_host_tensors(prepared, host) == []
+        judge_batch.STAGE_MAX_BYTES = 1  # nothing staged: each tensor moved on its own, the same verdicts
+        assert judge_batch._stage_host_tensors(prepared, host) == []
         for a, b in zip(judge_tensors(prepared, host, batched=True), on_device):
             _same_verdict(a, b)
     finally:
-        compare.STAGE_MAX_BYTES = saved
+        judge_batch.STAGE_MAX_BYTES = saved
 
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_an_all_zero_output_is_told_however_its_error_norm_is_summed(threads: int) -> None:
     """`judge_tensor` rules an all-zero output out by its error norm alone when that norm is not
-    the reference's (`oracle.compare._norm_allows_all_zero`), so an all-zero output must keep
+    the reference's (`oracle.verdict._norm_allows_all_zero`), so an all-zero output must keep
     passing that test: on a large tensor summed by several threads, with unjudged rows and with
     a reference that overflows the dtype, every all-zero output is ``all_zero``, and the same
     output with one entry set is not. A test that compared the norms bit for bit, or one that

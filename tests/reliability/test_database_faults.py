@@ -17,6 +17,7 @@ these tests timed out twice on a machine with a load average of 8.4 on 2 cores (
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sqlite3
 import subprocess
@@ -151,16 +152,16 @@ def _fill(directory: Path) -> Path:
     runs, and even the open fails with ENOSPC)."""
     filler = directory / "filler"
     try:
-        fh = open(filler, "wb")
+        fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     except OSError:
         return filler
-    with fh:
-        try:
-            while True:
-                fh.write(b"\0" * 65536)
-                fh.flush()
-        except OSError:
-            pass
+    try:
+        while True:
+            os.write(fd, b"\0" * 65536)  # unbuffered: nothing is left to flush on close
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
     return filler
 
 

@@ -100,6 +100,46 @@ def test_post_cases_publishes_the_case_json_schema_and_get_lists_cases(client: T
     assert body["items"][0]["statuses"] == {"fail": 1}
 
 
+# The enums `service.api.openapi.case_json_schema` patched into the schema by hand before the
+# choice fields of `AttentionCase` were typed ``Literal`` (2026-12-05): the published document
+# must name the same values, now read from the types.
+PATCHED_ENUMS = {
+    "dtype": ["bfloat16", "float16", "float32"],
+    "qkv_format": ["bshd", "sbhd", "thd"],
+    "causal_alignment": ["top_left", "bottom_right"],
+    "input_distribution": ["normal", "large_logits", "outliers", "near_constant"],
+    "dout_distribution": ["normal", "tiny", "large", "sparse"],
+    "score_offset_mode": ["head", "row"],
+    "cp_comm_type": ["p2p", "all_gather", "a2a", "a2a+p2p"],
+}
+
+
+def _enums(schema: dict) -> dict[str, list]:
+    """Every property's enum (inside an ``anyOf`` too, as for a nullable field)."""
+    found = {}
+    for name, prop in schema["properties"].items():
+        for option in [prop, *prop.get("anyOf", [])]:
+            if "enum" in option:
+                found[name] = option["enum"]
+    return found
+
+
+def test_the_case_schema_carries_the_enums_of_the_literal_fields(client: TestClient) -> None:
+    from oracle import config
+
+    schema = client.get("/openapi.json").json()
+    body_ref = schema["paths"]["/api/cases"]["post"]["requestBody"]["content"]["application/json"]["schema"]["$ref"]
+    case_schema = schema["components"]["schemas"][body_ref.rsplit("/", 1)[1]]["properties"]["case"]
+    assert _enums(case_schema) == PATCHED_ENUMS
+    cp = case_schema["properties"]["cp_comm_type"]
+    assert {"type": "null"} in cp["anyOf"]  # nullable, as before
+    assert [case_schema["properties"][name]["default"] for name in ("dtype", "qkv_format")] == ["bfloat16", "bshd"]
+    # the checks read the same declaration: a value outside the Literal is refused, naming the field
+    assert config.DTYPES == tuple(PATCHED_ENUMS["dtype"]) and config.CP_COMM_TYPES == tuple(PATCHED_ENUMS["cp_comm_type"])
+    with pytest.raises(config.CaseValidationError, match="qkv_format: unknown value 'bhsd' .allowed: bshd, sbhd, thd"):
+        config.AttentionCase(qkv_format="bhsd")
+
+
 def test_list_endpoints_that_answer_arrays_are_paginated(client: TestClient) -> None:
     page = client.get("/api/known-failures", params={"backend": "torch-cpu-math", "limit": 1})
     assert page.status_code == 200

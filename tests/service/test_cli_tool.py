@@ -471,6 +471,51 @@ def test_the_build_errors_exit_with_the_codes_the_help_lists() -> None:
     assert {cli_common.EXIT_BUILD, cli_common.EXIT_MISMATCH} == {8, 9} <= set(cli_common.EXIT_CODES)
 
 
+# Every error class's exit code as the CLI's isinstance ladder gave it before the codes were
+# declared on the classes (`oracle.errors.AttnFuzzError.exit_code`, 2026-12-05).
+LADDER_CODES = {
+    "fuzzer.backends.base.BackendError": 3, "fuzzer.backends.base.DeclarationGapError": 1,
+    "fuzzer.backends.base.ReproUnavailable": 3, "fuzzer.backends.base.UnknownBackendError": 2,
+    "fuzzer.backends.base.UnsupportedCaseError": 1, "fuzzer.backends.cp_layout.CPShardError": 1,
+    "fuzzer.builds.bisect.BisectError": 2, "fuzzer.builds.corpus.CorpusError": 2, "fuzzer.builds.replay.ReplayError": 2,
+    "fuzzer.builds.versions.BuildError": 2, "fuzzer.builds.versions.BuildPrepareError": 8,
+    "fuzzer.environment.EnvironmentChoiceError": 1, "fuzzer.executor.ExecutorError": 1,
+    "fuzzer.guard.GuardSettingError": 1, "fuzzer.guard.PluginCallError": 1, "fuzzer.results.LeaseLostError": 1,
+    "fuzzer.results.ResultValidationError": 1, "fuzzer.results.SinkFatalError": 6,
+    "fuzzer.results.SinkUnavailableError": 1, "fuzzer.spool.SpoolError": 7, "fuzzer.spool.SpoolFullError": 7,
+    "fuzzer.strategies.StrategyArgumentError": 2, "fuzzer.worker.WorkerError": 4,
+    "oracle.compare.CompareInputError": 1, "oracle.design.DesignError": 1, "oracle.errors.CaseValidationError": 2,
+    "oracle.reference.ReferenceInputError": 1, "service.db.engine.StoreRefusedError": 6,
+    "service.db.engine.StoreUnavailableError": 5, "service.errors.FieldValidationError": 2,
+    "service.errors.NotFoundError": 2, "service.errors.ServiceError": 5, "service.export.safety.ExportError": 2,
+}
+
+
+def test_each_error_class_declares_the_exit_code_the_ladder_gave_it() -> None:
+    import importlib
+
+    from oracle.errors import AttnFuzzError
+
+    def subclasses(cls: type) -> list[type]:
+        return [c for sub in cls.__subclasses__() for c in (sub, *subclasses(sub))]
+
+    for name in LADDER_CODES:
+        importlib.import_module(name.rsplit(".", 1)[0])
+    found = {f"{c.__module__}.{c.__qualname__}": c for c in subclasses(AttnFuzzError)}
+    found = {name: c for name, c in found.items() if name.split(".")[0] in ("oracle", "fuzzer", "service")}
+    assert set(LADDER_CODES) <= set(found)
+    for name, cls in found.items():
+        assert cls.exit_code in cli_common.EXIT_CODES and cls.exit_code != 0, name
+        if name in LADDER_CODES:
+            assert cls.exit_code == LADDER_CODES[name], name
+            assert cli_common.exit_code(cls.__new__(cls)) == LADDER_CODES[name], name
+
+    class PluginError(AttnFuzzError):  # a plugin's class: inherits 1; a code the CLI does not list reads as 1
+        exit_code = 0
+
+    assert cli_common.exit_code(PluginError("x")) == 1 and cli_common.exit_code(AttnFuzzError("x")) == 1
+
+
 def test_a_stored_case_that_no_longer_validates_is_described_as_such() -> None:
     assert cli_common.describe_stored_case(PASSING.to_json()) == PASSING.describe()
     broken = {**PASSING.to_json(), "window_size_left": 10**40, "causal": True}

@@ -149,6 +149,23 @@ def test_the_generated_file_imports_nothing_of_attnfuzz() -> None:
     assert "oracle" not in source.replace("oracle/", "") and "service." not in source
 
 
+@pytest.mark.parametrize("backend, variant", [("torch-cpu-math", "is_causal"), ("fa4", "te_style"), ("fa2", "native")])
+def test_the_file_carries_the_oracle_s_portable_core_byte_for_byte(backend: str, variant: str) -> None:
+    from oracle import portable
+    from service.export.template import PORTABLE_BEGIN, PORTABLE_END
+
+    core = Path(portable.__file__).read_bytes()
+    source = render_repro(INPUT_CASES[6], backend, variant, "out:mismatch").source.encode()
+    assert source.count(PORTABLE_BEGIN.encode()) == 1 and source.count(PORTABLE_END.encode()) == 1
+    copy = source.split(PORTABLE_BEGIN.encode(), 1)[1].split(PORTABLE_END.encode(), 1)[0]
+    assert copy == core
+    # the file's inputs and judging are the core's: no second implementation of them in the file
+    rest = source.replace(copy, b"")
+    for name in (b"def _mix32", b"def hash_normal_torch", b"def _llm_like_and_offsets", b"def key_bounds",
+                 b"def _attend", b"def tile_judge"):
+        assert name in copy and name not in rest, name
+
+
 def test_a_gpu_repro_skips_with_the_reason_without_cuda(tmp_path: Path) -> None:
     repro = render_repro(REFERENCE_CASES[0].replace(dtype="bfloat16"), "fa4", "te_style", "out:all_zero")
     path = tmp_path / repro.filename

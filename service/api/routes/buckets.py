@@ -17,6 +17,7 @@ from service.api.deps import (
     WriteSessionDep,
     require_form_token,
     require_write_token,
+    require_writer_token,
     write_transaction,
 )
 from service.api.routes.cases import repro_response
@@ -112,11 +113,14 @@ def update_bucket(session: WriteSessionDep, bucket_id: BucketId, update: TriageU
     return BucketOut.from_row(bucket)
 
 
-@api_router.post("/{bucket_id}/minimised", dependencies=[Depends(require_write_token)], status_code=204)
+@api_router.post("/{bucket_id}/minimised", dependencies=[Depends(require_writer_token)], status_code=204)
 def record_minimised(session: WriteSessionDep, bucket_id: BucketId, body: MinimisedIn) -> Response:
     """Store the minimised case of a bucket (what a remote worker's minimiser found)."""
     with write_transaction(session):
-        ingest.ingest_minimised(session.connection(), bucket_id, body.case, body.original_case_id, body.note)
+        ingest.ingest_minimised(
+            session.connection(), bucket_id, body.case, body.original_case_id, body.note, worker_id=body.worker_id,
+            attach=body.attach, lease=body.lease,
+        )
     return Response(status_code=204)
 
 

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request, status
 from fastapi.responses import HTMLResponse
 
 from service.db import ingest, repository
-from service.api.deps import BuildId, SessionDep, WriteSessionDep, require_write_token, write_transaction
+from service.api.deps import BuildId, SessionDep, WriteSessionDep, require_writer_token, write_transaction
 from service.api.requests import BuildIn, BuildQuery
 from service.api.schemas import BuildOut, BuildPageOut, IdOut
 
@@ -31,7 +31,7 @@ def get_build(session: SessionDep, build_id: BuildId) -> BuildOut:
     return BuildOut.model_validate(build)
 
 
-@api_router.post("", dependencies=[Depends(require_write_token)])
+@api_router.post("", dependencies=[Depends(require_writer_token)])
 def register_build(session: WriteSessionDep, body: BuildIn) -> IdOut:
     """The id of the build with this fingerprint, registered on first sight (idempotent)."""
     with write_transaction(session):

@@ -14,7 +14,7 @@ from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, sta
 from fastapi.responses import HTMLResponse, Response
 
 from oracle.errors import CaseValidationError
-from service.api.deps import SessionDep, WriteSessionDep, require_write_token, write_transaction
+from service.api.deps import SessionDep, WriteSessionDep, require_writer_token, write_transaction
 from service.api.requests import CaseIn, ReproQuery
 from service.api.schemas import CaseDetailOut, CaseIdOut, CasePageOut, CaseWithCPOut, CPFamilyOut
 from service.db import ingest, repository
@@ -100,7 +100,7 @@ def get_repro(session: SessionDep, case_id: CaseId, query: Annotated[ReproQuery,
     return repro_response(repro)
 
 
-@api_router.post("", dependencies=[Depends(require_write_token)], status_code=status.HTTP_201_CREATED)
+@api_router.post("", dependencies=[Depends(require_writer_token)], status_code=status.HTTP_201_CREATED)
 def record_case(session: WriteSessionDep, body: CaseIn) -> CaseIdOut:
     """Store a case (idempotent: the first origin recorded is kept)."""
     with write_transaction(session):

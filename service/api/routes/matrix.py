@@ -9,10 +9,10 @@ from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import HTMLResponse
 
 from fuzzer.results import TRANSITION_KINDS
-from service.builds import bisections, lines, matrix
+from service.matrix import bisection_rows, grid, lines
 from service.api.deps import BisectionId, SessionDep
 from service.api.openapi import PAGE_HEADERS, paginate
-from service.builds.schemas import (
+from service.matrix.schemas import (
     BisectionOut,
     BisectRunOut,
     LineBuildOut,
@@ -65,12 +65,12 @@ def get_matrix(
     backend: Backend = None,
     device_name: Device = None,
     changes_only: bool = False,
-    limit: Limit = matrix.DEFAULT_MATRIX_ROWS,
+    limit: Limit = grid.DEFAULT_MATRIX_ROWS,
 ) -> MatrixOut:
     """The case x build matrix of a line: each replayed task's verdict on each build (pass, fail
     with signature, unsupported, skip), transitions marked; rows with a regression first."""
     return MatrixOut.from_matrix(
-        matrix.build_matrix(session, package, backend=backend, device_name=device_name, changes_only=changes_only, limit=limit)
+        grid.build_matrix(session, package, backend=backend, device_name=device_name, changes_only=changes_only, limit=limit)
     )
 
 
@@ -86,7 +86,7 @@ def list_regressions(
     offset: PageOffset = 0,
 ) -> list[RegressionOut]:
     """Regressions (pass then fail), new signatures and fixes along a line, per device (paginated)."""
-    rows = matrix.find_regressions(session, package, backend=backend, kinds=kind or TRANSITION_KINDS)
+    rows = grid.find_regressions(session, package, backend=backend, kinds=kind or TRANSITION_KINDS)
     return [RegressionOut.model_validate(r) for r in paginate(request, response, rows, limit, offset)]
 
 
@@ -100,14 +100,14 @@ def list_bisections(
     offset: PageOffset = 0,
 ) -> list[BisectRunOut]:
     """Stored bisections, newest first (paginated)."""
-    rows = paginate(request, response, bisections.list_bisections(session, package), limit, offset)
+    rows = paginate(request, response, bisection_rows.list_bisections(session, package), limit, offset)
     return [BisectRunOut.model_validate(r) for r in rows]
 
 
 @api_router.get("/bisections/{run_id}")
 def get_bisection(session: SessionDep, run_id: BisectionId) -> BisectionOut:
     """One bisection with every step."""
-    return BisectionOut.from_view(bisections.get_bisection(session, run_id))
+    return BisectionOut.from_view(bisection_rows.get_bisection(session, run_id))
 
 
 @page_router.get("/matrix", response_class=HTMLResponse)
@@ -118,7 +118,7 @@ def matrix_page(
     backend: Backend = None,
     device_name: Device = None,
     changes_only: bool = False,
-    limit: Limit = matrix.DEFAULT_MATRIX_ROWS,
+    limit: Limit = grid.DEFAULT_MATRIX_ROWS,
 ) -> HTMLResponse:
     line_rows = [PackageLineOut(package=p, builds=n) for p, n in lines.package_lines(session)]
     context: dict = {"lines": line_rows, "package": package or "", "backend": backend or "", "device_name": device_name or "",
@@ -126,17 +126,17 @@ def matrix_page(
     if package:
         # One build of the matrix serves the table and the regression list, unless a device filter
         # narrows the table (the list is always the line's, on every device).
-        full = matrix.build_matrix(session, package, backend=backend, device_name=device_name, changes_only=changes_only, limit=None)
-        context["matrix"] = MatrixOut.from_matrix(matrix.limited(full, limit))
+        full = grid.build_matrix(session, package, backend=backend, device_name=device_name, changes_only=changes_only, limit=None)
+        context["matrix"] = MatrixOut.from_matrix(grid.limited(full, limit))
         regressions = (
-            matrix.find_regressions(session, package, backend=backend) if device_name else matrix.regressions_of(full)
+            grid.find_regressions(session, package, backend=backend) if device_name else grid.regressions_of(full)
         )
         context["regressions"] = [RegressionOut.model_validate(r) for r in regressions]
-        context["bisections"] = [BisectRunOut.model_validate(r) for r in bisections.list_bisections(session, package)]
+        context["bisections"] = [BisectRunOut.model_validate(r) for r in bisection_rows.list_bisections(session, package)]
     return request.app.state.templates.TemplateResponse(request, "matrix.html", context)
 
 
 @page_router.get("/matrix/bisections/{run_id}", response_class=HTMLResponse)
 def bisection_page(request: Request, session: SessionDep, run_id: BisectionId) -> HTMLResponse:
-    bisection = BisectionOut.from_view(bisections.get_bisection(session, run_id))
+    bisection = BisectionOut.from_view(bisection_rows.get_bisection(session, run_id))
     return request.app.state.templates.TemplateResponse(request, "matrix_bisection.html", {"bisection": bisection})

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 
 from service.db import ingest
 from service.api.openapi import PAGE_HEADERS, paginate
-from service.api.deps import SessionDep, WriteSessionDep, require_write_token, write_transaction
+from service.api.deps import SessionDep, WriteSessionDep, require_writer_token, write_transaction
 from service.errors import FieldValidationError
 from service.export.safety import NAME_PATTERN
 from service.api.requests import ResultBatchIn
@@ -19,7 +19,7 @@ api_router = APIRouter(prefix="/api", tags=["ingestion"])
 page_router = APIRouter(tags=["pages"])
 
 
-@api_router.post("/results", dependencies=[Depends(require_write_token)])
+@api_router.post("/results", dependencies=[Depends(require_writer_token)])
 def ingest_results(session: WriteSessionDep, body: ResultBatchIn) -> ResultBatchOut:
     """Store up to 1000 results of one build (and worker), all or none: each result's case must
     have been stored first (``POST /api/cases``). Idempotent per (case, build, backend, variant,

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Depends, Query, status
 from fastapi.responses import Response
 
 from service.db import ingest, repository
-from service.api.deps import SessionDep, WorkerId, WriteSessionDep, require_write_token, write_transaction
+from service.api.deps import SessionDep, WorkerId, WriteSessionDep, require_writer_token, write_transaction
 from service.api.requests import HeartbeatIn, WorkerIn, WorkerQuery
 from service.api.schemas import IdOut, WorkerPageOut
 
@@ -24,7 +24,7 @@ def list_workers(session: SessionDep, query: Annotated[WorkerQuery, Query()]) ->
     return WorkerPageOut.from_page(page)
 
 
-@api_router.post("", dependencies=[Depends(require_write_token)], status_code=status.HTTP_201_CREATED)
+@api_router.post("", dependencies=[Depends(require_writer_token)], status_code=status.HTTP_201_CREATED)
 def register_worker(session: WriteSessionDep, body: WorkerIn) -> IdOut:
     """Register a fuzz worker on a build; its id."""
     with write_transaction(session):
@@ -32,9 +32,12 @@ def register_worker(session: WriteSessionDep, body: WorkerIn) -> IdOut:
     return IdOut(id=worker_id)
 
 
-@api_router.post("/{worker_id}/heartbeat", dependencies=[Depends(require_write_token)], status_code=204)
+@api_router.post("/{worker_id}/heartbeat", dependencies=[Depends(require_writer_token)], status_code=204)
 def heartbeat(session: WriteSessionDep, worker_id: WorkerId, body: HeartbeatIn) -> Response:
     """Record that the worker is alive, with its case count and status."""
     with write_transaction(session):
-        ingest.ingest_heartbeat(session.connection(), worker_id, body.cases_run, body.status)
+        ingest.ingest_heartbeat(
+            session.connection(), worker_id, body.cases_run, body.status, evaluations=body.evaluations,
+            known_hits=body.known_hits,
+        )
     return Response(status_code=204)

@@ -130,10 +130,12 @@ def test_the_math_design_s_softmax_backward_is_the_kernel_s():
         assert float((a - e).norm() / e.norm()) < 1e-5, name
 
 
-def test_the_cpu_kernels_keep_float32_subnormal_probabilities():
+def test_the_cpu_kernels_keep_float32_subnormal_probabilities_on_a_small_case():
     """Keys at 88.5 nats below a row's maximum have P = 3.8e-39, below float32's smallest normal:
-    both CPU kernels keep those P (their dv and dk are not 0), so neither design claims
-    ``flush_to_zero``."""
+    on this small case both CPU kernels keep those P (their dv and dk are not 0). torch-cpu-math
+    claims no ``flush_to_zero``; torch-cpu-flash claims it from a larger case where its bfloat16
+    GEMM reads them as zero (the next test): a design's flush is a bound, and a kernel that keeps
+    the values is closer to the reference than the flushing emulation, within the rule."""
     case = AttentionCase(seqlen_q=4, seqlen_k=64, num_heads=1, head_dim=16, dtype="bfloat16", softmax_scale=1.0)
     q = torch.zeros(1, 4, 1, 16)
     q[..., 0] = 88.5
@@ -142,12 +144,37 @@ def test_the_cpu_kernels_keep_float32_subnormal_probabilities():
     v = torch.randn(1, 64, 1, 16, generator=torch.Generator().manual_seed(0))
     dout = torch.randn(1, 4, 1, 16, generator=torch.Generator().manual_seed(1))
     inputs = AttentionInputs(*(t.to(torch.bfloat16) for t in (q, k, v, dout)))
+    assert "flush_to_zero" not in BACKENDS["torch-cpu-math"].design.holds
+    assert "flush_to_zero" in BACKENDS["torch-cpu-flash"].design.holds
     for name, variant in (("torch-cpu-math", "is_causal"), ("torch-cpu-flash", "is_causal")):
-        assert "flush_to_zero" not in BACKENDS[name].design.holds
         output = BACKENDS[name].run(case, inputs, variant)
         assert (output.dv[0, 1:].float() != 0).all(), name
     flushed = emulate(case, inputs, Design("flushed", (Claim("probs", "test"), Claim("flush_to_zero", "test"))))
     assert (flushed.dv[0, 1:].float() == 0).all()
+
+
+def test_the_cpu_flash_kernel_reads_a_subnormal_bfloat16_p_as_zero_on_a_larger_case():
+    """The measurement behind torch-cpu-flash's ``flush_to_zero`` claim (a CPU campaign of
+    2026-12-05): bf16, one query, 428 keys, 9/3 heads, massive channels, large dout. Where the
+    float64 dv is about 1.5e-36 (P ~ 2e-39 times dO ~ 800, a normal bfloat16) the kernel returns
+    exactly 0, and the evaluator calls that ``dv:limit`` of its design (``wrong`` before the claim)."""
+    from fuzzer.evaluate import Evaluator
+    from fuzzer.severity import severity
+    from oracle.reference import reference
+
+    case = AttentionCase(seqlen_q=1, seqlen_k=428, num_heads=9, num_heads_kv=3, head_dim=40, dtype="bfloat16",
+                         softmax_scale=1.6149560197329367, seed=7, massive_channels=2, peaked_rows=0.5,
+                         dout_distribution="large")
+    inputs = make_inputs(case)
+    ref = reference(case, inputs)
+    output = BACKENDS["torch-cpu-flash"].run(case, inputs, "is_causal")
+    tiny = (ref.dv.abs() > 1e-37) & (ref.dv.abs() < 1e-35)
+    assert tiny.any() and (output.dv.double()[tiny] == 0).any()  # some, where P itself is subnormal
+    flash = BACKENDS["torch-cpu-flash"]
+    with Evaluator([(flash, ("is_causal",))], isolation="none") as evaluator:
+        (result,) = [r for r in evaluator.evaluate(case).results if r.variant == "is_causal"]
+    assert result.status == "fail" and result.signatures == ("dv:limit",), result.signatures
+    assert severity(result.signature, result.error_ratio) == "limit"
 
 
 def test_ds_scaled_softcap_is_the_plain_ds_without_a_softcap():
