@@ -333,6 +333,16 @@ SQLITE_HEADER = b"SQLite format 3\x00"
 """The first 16 bytes of every SQLite 3 database file (https://sqlite.org/fileformat.html, 1.3)."""
 
 
+_HEADER_FDS: dict[tuple[int, int], int] = {}
+"""Descriptors `sqlite_header_broken` reads through, one per SQLite file (by device and inode),
+kept open for the process's life: closing any descriptor of a file drops every POSIX lock the
+process holds on it, SQLite's included (https://sqlite.org/howtocorrupt.html, 2.2), which let
+a schema change and a worker's write interleave and corrupt the file
+(``tests/reliability/test_database_broken.py``, 2026-12-05)."""
+_HEADER_FDS_MAX = 256
+"""At most this many kept; past it no descriptor is kept and the header is not checked."""
+
+
 def sqlite_header_broken(path: str) -> bool:
     """Whether the file at ``path`` exists, is not empty and does not start with `SQLITE_HEADER`.
 
@@ -342,12 +352,23 @@ def sqlite_header_broken(path: str) -> bool:
     caches, and each checkpoint put back the pages it copied, page 1 (the header) among them when
     the database had grown (``tests/reliability/test_database_broken.py`` under load, 2026-12-05).
     Read before each write and before each checkpoint, the header catches it at the next write.
-    An open and a 16-byte read: microseconds against a write's milliseconds.
+    A 16-byte ``pread`` on a descriptor opened once (`_HEADER_FDS`): microseconds a write.
     """
+    identity = _identity(path)
+    if identity is None:  # gone: `Transactor._check_file` says so
+        return False
+    fd = _HEADER_FDS.get(identity)
+    if fd is None:
+        if len(_HEADER_FDS) >= _HEADER_FDS_MAX:
+            return False
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:  # unreadable: the write itself will say more
+            return False
+        _HEADER_FDS[identity] = fd  # never closed (see `_HEADER_FDS`), even if another file took the path
     try:
-        with open(path, "rb") as handle:
-            head = handle.read(len(SQLITE_HEADER))
-    except OSError:  # gone: `_identity` says so; unreadable: the write itself will say more
+        head = os.pread(fd, len(SQLITE_HEADER), 0)
+    except OSError:
         return False
     return bool(head) and head != SQLITE_HEADER
 
