@@ -31,8 +31,9 @@ from sqlalchemy.engine import Connection
 from fuzzer.results import BucketUpdate, CaseResult
 from oracle.config import AttentionCase
 from service.db.engine import insert_ignore, insert_ignore_statement
+from service.db.minimise_leases import bucket_key
 from service.db.models import ORIGINS, Bucket, Case, Result, TriageState, case_filter_columns, utcnow
-from service.db.store import LOCK_TIMEOUT_MS, RESULT_KEY, BucketHits, SqlStore, _bucket_key, _bucket_severity_values
+from service.db.store import LOCK_TIMEOUT_MS, RESULT_KEY, BucketHits, SqlStore, _bucket_severity_values
 from service.errors import FieldValidationError, NotFoundError
 
 Key = tuple[str, str, str]
@@ -116,7 +117,7 @@ class Pending:
 def _count(connection: Connection, key: Key, hits: BucketHits, pending: Pending) -> int | None:
     """Add ``hits`` to bucket ``key``'s row, taken ``FOR UPDATE SKIP LOCKED`` on PostgreSQL
     (deferred in ``pending`` when another transaction holds it); the bucket id, None if none."""
-    where = _bucket_key(*key)
+    where = bucket_key(*key)
     if connection.dialect.name == "postgresql":
         target = select(Bucket.id).where(where).with_for_update(skip_locked=True).scalar_subquery()
         bucket_id = connection.execute(

@@ -1,7 +1,9 @@
 """SQL storage for fuzz workers: `SqlStore`, the `fuzzer.results.ResultSink` on SQL (builds,
-workers, cases, results, buckets, minimisation leases). One idea, over 600 lines: the worker's
-write path, each call one transaction with the fault behaviour described below. Hypothesis's example database is
-`service.db.examples`; worker sessions and their gaps `service.db.workers`.
+workers, cases, results, buckets, minimisation leases): the worker's write path, each call one
+transaction with the fault behaviour described below. Cases, results and their bucket counts are
+written here; the worker rows are `service.db.worker_rows.WorkerRows` and the minimisation leases
+`service.db.minimise_leases.MinimisationLeases`, both parts of `SqlStore`. Hypothesis's example
+database is `service.db.examples`; worker sessions and their gaps `service.db.workers`.
 
 It works on an `Engine` (one short transaction per call) or on an open `Connection` (each call
 in a SAVEPOINT of the caller's transaction; the tests use this).
@@ -14,14 +16,7 @@ retries and the translation of faults (`StoreUnavailableError`, `StoreRefusedErr
 `service.db.engine.Transactor`'s: every call is one transaction, so after a fault nothing of the
 call is stored.
 
-Minimisation leases (`claim_minimisation`): a bucket without a minimised case is claimed by one
-worker at a time with a compare-and-set UPDATE (``... WHERE minimise_owner_id IS NULL OR
-minimise_lease_expires_at < now``), which PostgreSQL re-checks after taking the row lock and
-SQLite runs under ``BEGIN IMMEDIATE``, so two workers never both win. A lease is fenced: the claim
-returns its attempt number (``minimise_attempts``, raised by every claim), and `record_minimised`
-with ``lease=`` stores only while the bucket still has no minimised case, that attempt number and
-this worker (or no one) as its owner; a holder stopped past its lease and resumed after another
-worker claimed the bucket gets `LeaseLostError` and stores nothing.
+Minimisation leases are fenced compare-and-set claims: `service.db.minimise_leases`.
 
 No transaction waits on a stopped process (PostgreSQL; a worker stopped with SIGSTOP inside its
 write keeps its row locks until it is continued, and the others waited on them and stored no
@@ -41,33 +36,26 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable, Iterable, Mapping
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any, TypeVar
 
-from sqlalchemy import Engine, bindparam, case, func, or_, select, update
+from sqlalchemy import Engine, bindparam, case, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
-from fuzzer.results import (
-    BucketUpdate,
-    BuildFingerprint,
-    CaseResult,
-    LeaseLostError,
-    MinimiseClaim,
-)
+from fuzzer.results import BucketUpdate, BuildFingerprint, CaseResult
 from fuzzer.severity import severity
-from fuzzer.text import MAX_DETAIL, MAX_PACKAGE, storable_text
 from oracle.config import AttentionCase
 from service.db.build_rows import register_build
 from service.db.engine import DEFAULT_RETRIES, Transactor, insert_ignore
-from service.db.workers import WorkerSession
+from service.db.minimise_leases import MinimisationLeases, bucket_key
+from service.db.worker_rows import WorkerRows
 from service.errors import FieldValidationError, NotFoundError
 from service.db.models import (
     ORIGINS,
     Bucket,
     Build,
     Case,
-    Defect,
     Result,
     TriageState,
     Worker,
@@ -77,7 +65,7 @@ from service.db.models import (
 
 
 RESULT_KEY = ["case_id", "build_id", "backend", "variant", "phase"]  # a result is stored once per key
-WORKER_STATUSES = ("running", "stopping", "stopped", "failed", "lost")
+
 
 
 T = TypeVar("T")
@@ -162,11 +150,6 @@ class _Counts:
             self.pending[key] = hits.plus(self.pending.get(key))
 
 
-def _bucket_key(backend: str, variant: str, signature: str) -> Any:
-    return (Bucket.backend == backend) & (Bucket.variant == variant) & (Bucket.signature == signature)
-
-
-
 # Statements of every case's write, built once (a statement built per call was hashed and looked
 # up in SQLAlchemy's compiled cache each time: a third of the write of a CPU fuzz case).
 _BUILD_BY_ID = select(Build.id).where(Build.id == bindparam("id"))
@@ -189,8 +172,13 @@ def _results_insert(dialect: str) -> Any:
     )
 
 
-class SqlStore:
+class SqlStore(WorkerRows, MinimisationLeases):
     """`fuzzer.results.ResultSink` on SQL: idempotent, safe for concurrent worker processes.
+
+    Its worker calls (`register_worker`, `heartbeat`, `mark_worker_lost`, `worker_sessions`) are
+    `service.db.worker_rows.WorkerRows`'s, its minimisation calls (`claim_minimisation`,
+    `renew_minimisation`, `release_minimisation`, `record_minimised`)
+    `service.db.minimise_leases.MinimisationLeases`'s; both share this store's transactor.
 
     Args:
         bind: an Engine (one transaction per call) or an open Connection (a savepoint per call).
@@ -229,7 +217,7 @@ class SqlStore:
         total = hits.plus(earlier) if hits is not None else earlier
         if total is None:
             return None
-        where = _bucket_key(*key)
+        where = bucket_key(*key)
         if connection.dialect.name == "postgresql":
             target = select(Bucket.id).where(where).with_for_update(skip_locked=True).scalar_subquery()
             bucket_id = connection.execute(
@@ -267,141 +255,6 @@ class SqlStore:
             FieldValidationError: a package name of ``versions`` is empty.
         """
         return self._tx.write(lambda connection: register_build(connection, fingerprint, versions).build_id)
-
-    def register_worker(self, build_id: int, hostname: str, pid: int, device: str, slot: str | None = None) -> int:
-        """A new ``workers`` row (status ``"running"``); its id.
-
-        Args:
-            build_id: the worker's build.
-            hostname, pid, device: where it runs.
-            slot: its local spool slot (`fuzzer.spool`), None without a spool.
-
-        Raises:
-            NotFoundError: ``build_id`` is unknown.
-        """
-
-        key = (build_id, hostname, pid, device, slot)
-        since = self._registering.setdefault(key, utcnow())
-
-        def run(connection: Connection) -> int:
-            if connection.scalar(select(Build.id).where(Build.id == build_id)) is None:
-                raise NotFoundError("build", build_id)
-            # Idempotent: a first attempt whose COMMIT succeeded but whose answer was lost left
-            # this process's row; find it instead of adding a phantom "running" worker.
-            existing = connection.scalar(
-                select(Worker.id)
-                .where(
-                    Worker.build_id == build_id,
-                    Worker.hostname == storable_text(hostname, MAX_PACKAGE),
-                    Worker.pid == pid,
-                    Worker.device == storable_text(device, MAX_PACKAGE),
-                    Worker.slot.is_(None) if slot is None else Worker.slot == slot,
-                    Worker.status == "running",
-                    Worker.started_at >= since,
-                )
-                .order_by(Worker.id)
-                .limit(1)
-            )
-            if existing is not None:
-                return existing
-            now = utcnow()
-            statement = (
-                Worker.__table__.insert()
-                .values(
-                    build_id=build_id,
-                    hostname=storable_text(hostname, MAX_PACKAGE),
-                    pid=pid,
-                    device=storable_text(device, MAX_PACKAGE),
-                    started_at=now,
-                    last_heartbeat=now,
-                    cases_run=0,
-                    status="running",
-                    slot=slot,
-                )
-                .returning(Worker.id)
-            )
-            return connection.execute(statement).scalar_one()
-
-        return self._tx.write(run)
-
-    def heartbeat(
-        self, worker_id: int, cases_run: int, status: str = "running", *, evaluations: int | None = None,
-        known_hits: int | None = None,
-    ) -> None:
-        """Set the worker's ``last_heartbeat`` to now with its ``cases_run`` and ``status``, and its
-        ``evaluations`` and ``known_hits`` where given (None: kept as stored).
-
-        A status other than ``"running"`` also ends the worker's minimisation leases.
-
-        Raises:
-            NotFoundError: ``worker_id`` is unknown.
-            FieldValidationError: ``status`` is not one of ``WORKER_STATUSES``.
-        """
-        if status not in WORKER_STATUSES:
-            raise FieldValidationError("status", f"unknown value {status!r} (allowed: {', '.join(WORKER_STATUSES)})")
-
-        figures = {k: v for k, v in (("evaluations", evaluations), ("known_hits", known_hits)) if v is not None}
-
-        def run(connection: Connection) -> None:
-            statement = (
-                update(Worker)
-                .where(Worker.id == worker_id)
-                .values(last_heartbeat=utcnow(), cases_run=cases_run, status=status, **figures)
-            )
-            if connection.execute(statement).rowcount == 0:
-                raise NotFoundError("worker", worker_id)
-            if status != "running":
-                self._end_leases_of(connection, worker_id)
-
-        self._write_counting(lambda connection, counts: run(connection))  # also writes deferred bucket counts
-
-    @staticmethod
-    def _end_leases_of(connection: Connection, worker_id: int) -> None:
-        connection.execute(
-            update(Bucket)
-            .where(Bucket.minimise_owner_id == worker_id)
-            .values(minimise_owner_id=None, minimise_lease_expires_at=None)
-        )
-
-    def mark_worker_lost(self, worker_id: int) -> bool:
-        """The worker is known to be dead (its spool slot was taken over): status ``"lost"`` if it
-        was ``"running"``, ``last_heartbeat`` kept (the gap stays visible), its leases ended.
-        False, and nothing changed, when there is no such worker in this database."""
-
-        def run(connection: Connection) -> bool:
-            if connection.scalar(select(Worker.id).where(Worker.id == worker_id)) is None:
-                return False
-            connection.execute(
-                update(Worker).where(Worker.id == worker_id, Worker.status == "running").values(status="lost")
-            )
-            self._end_leases_of(connection, worker_id)
-            return True
-
-        return self._tx.write(run)
-
-    def worker_sessions(self, hostname: str | None = None) -> list[WorkerSession]:
-        """Every worker (of ``hostname``, if given), oldest first: what `heartbeat_gaps` reads."""
-
-        def run(connection: Connection) -> list[WorkerSession]:
-            statement = select(Worker).order_by(Worker.started_at, Worker.id)
-            if hostname is not None:
-                statement = statement.where(Worker.hostname == hostname)
-            rows = connection.execute(statement.with_only_columns(*Worker.__table__.c)).all()
-            return [
-                WorkerSession(
-                    worker_id=r.id,
-                    hostname=r.hostname,
-                    slot=r.slot,
-                    pid=r.pid,
-                    started_at=r.started_at,
-                    last_heartbeat=r.last_heartbeat,
-                    status=r.status,
-                    cases_run=r.cases_run,
-                )
-                for r in rows
-            ]
-
-        return self._tx.read(run)
 
     def record_case(self, case_json: dict[str, Any], origin: str = "fuzz") -> str:
         """Store the case if it is new (the first origin recorded is kept); its ``case_id``.
@@ -555,7 +408,7 @@ class SqlStore:
             key = (result.backend, result.variant, result.signature)
             # an existing bucket is read, not inserted over: PostgreSQL's INSERT ... ON CONFLICT
             # waits for a transaction that holds the conflicting row (a stopped worker's UPDATE)
-            existing = connection.execute(select(Bucket.id, Bucket.minimised_case_id).where(_bucket_key(*key))).first()
+            existing = connection.execute(select(Bucket.id, Bucket.minimised_case_id).where(bucket_key(*key))).first()
             if existing is not None:  # a plain read: no row lock
                 bucket_id = self._counted(connection, key, result, build_id, now, counts)
                 return BucketUpdate(bucket_id=bucket_id, is_new=False, minimised=existing.minimised_case_id is not None)
@@ -620,311 +473,11 @@ class SqlStore:
         if stored.signature is None:
             return None
         bucket = connection.execute(
-            select(Bucket.id, Bucket.minimised_case_id).where(_bucket_key(result.backend, result.variant, stored.signature))
+            select(Bucket.id, Bucket.minimised_case_id).where(bucket_key(result.backend, result.variant, stored.signature))
         ).one_or_none()
         if bucket is None:  # no bucket row for the stored result's signature: no id
             return BucketUpdate(bucket_id=None, is_new=False)  # type: ignore[arg-type]
         return BucketUpdate(bucket_id=bucket.id, is_new=False, minimised=bucket.minimised_case_id is not None)
-
-    def record_minimised(
-        self,
-        bucket_id: int,
-        minimised_case_json: dict[str, Any],
-        original_case_id: str,
-        note: str,
-        *,
-        worker_id: int | None = None,
-        attach: Iterable[tuple[str, str]] = (),
-        lease: int | None = None,
-        now: datetime | None = None,
-    ) -> list[int]:
-        """Store the minimised case (origin ``"minimised"``), point the bucket at it, put it in
-        its root-cause group and attach the other symptoms, in one transaction.
-
-        The group is the ``defects`` row of ``(backend, minimised case)``, created on first sight:
-        every bucket of the backend whose minimised case this is belongs to it. Each
-        ``(variant, signature)`` of ``attach`` names a bucket of the same backend that fails that
-        way on the minimised case (the worker re-checked it there); if it has no minimised case
-        and no live lease of another worker, it gets this minimised case, the group, and a note
-        naming this bucket, and its lease ends: it is not shrunk on its own. With ``worker_id``,
-        that worker's leases on the sibling buckets claimed with this one
-        (`MinimiseClaim.siblings`) end too.
-
-        Args:
-            bucket_id: the bucket whose failure was minimised.
-            minimised_case_json: ``AttentionCase.to_json()`` of the smallest case still failing.
-            original_case_id: the case minimisation started from; it must be stored.
-            note: how minimisation ended (kept verbatim in ``buckets.minimise_note``).
-            worker_id: the worker that shrank it (ends its sibling leases).
-            attach: ``(variant, signature)`` of the buckets to attach (see above).
-            lease: the fence (`MinimiseClaim.attempt` of the claim this result comes from): the
-                bucket is written only while it has no minimised case, that ``minimise_attempts``
-                and ``worker_id`` or no one as its owner. None: not fenced (a result posted to
-                the API, entries spooled before fencing).
-            now: the current time (tests).
-
-        Returns:
-            The ids of the buckets attached.
-
-        Raises:
-            oracle.errors.CaseValidationError: the minimised case is invalid.
-            NotFoundError: the bucket or the original case does not exist.
-            LeaseLostError: ``lease`` no longer holds (another worker claimed the bucket since, or
-                recorded its minimised case); nothing is written.
-        """
-        attention_case = AttentionCase.from_json(minimised_case_json)
-        attach = [(str(variant), str(signature)) for variant, signature in attach]
-
-        def run(connection: Connection) -> list[int]:
-            at = now or utcnow()
-            if connection.scalar(select(Case.id).where(Case.id == original_case_id)) is None:
-                raise NotFoundError("case", original_case_id)
-            primary = connection.execute(
-                select(Bucket.backend, Bucket.variant, Bucket.signature).where(Bucket.id == bucket_id)
-            ).one_or_none()
-            if primary is None:
-                raise NotFoundError("bucket", bucket_id)
-            self._insert_case(connection, attention_case, "minimised")
-            defect_id = self._defect_id(connection, primary.backend, attention_case.case_id, at)
-            siblings = self._siblings(connection, bucket_id) if worker_id is not None else None
-            fence = []
-            if lease is not None:
-                holder = Bucket.minimise_owner_id.is_(None)
-                if worker_id is not None:
-                    holder = or_(holder, Bucket.minimise_owner_id == worker_id)
-                fence = [Bucket.minimised_case_id.is_(None), Bucket.minimise_attempts == lease, holder]
-            written = connection.execute(
-                update(Bucket)
-                .where(Bucket.id == bucket_id, *fence)
-                .values(
-                    minimised_case_id=attention_case.case_id,
-                    minimise_note=storable_text(note, MAX_DETAIL),
-                    minimise_owner_id=None,
-                    minimise_lease_expires_at=None,
-                    defect_id=defect_id,
-                )
-            ).rowcount
-            if not written:  # fenced out: the transaction (the case, the defect) is rolled back
-                raise LeaseLostError(
-                    f"bucket {bucket_id}: the lease of claim {lease} is no longer held by worker {worker_id} "
-                    "(another worker claimed the bucket since, or it has its minimised case); the result is not stored"
-                )
-            attached = []
-            free = or_(
-                Bucket.minimise_owner_id.is_(None),
-                Bucket.minimise_lease_expires_at < at,
-                *([Bucket.minimise_owner_id == worker_id] if worker_id is not None else []),
-            )
-            for variant, signature in attach:
-                if (variant, signature) == (primary.variant, primary.signature):
-                    continue
-                attach_note = (
-                    f"attached: fails as {signature} on the minimised case of bucket {bucket_id} "
-                    f"({primary.variant} / {primary.signature}), one root cause; not shrunk on its own"
-                )
-                won = connection.execute(
-                    update(Bucket)
-                    .where(_bucket_key(primary.backend, variant, signature), Bucket.minimised_case_id.is_(None), free)
-                    .values(
-                        minimised_case_id=attention_case.case_id,
-                        minimise_note=storable_text(attach_note, MAX_DETAIL),
-                        minimise_owner_id=None,
-                        minimise_lease_expires_at=None,
-                        defect_id=defect_id,
-                    )
-                    .returning(Bucket.id)
-                ).scalar_one_or_none()
-                if won is not None:
-                    attached.append(won)
-            if siblings is not None:  # the ones not attached go back to the queue
-                connection.execute(
-                    update(Bucket)
-                    .where(siblings, Bucket.minimise_owner_id == worker_id)
-                    .values(minimise_owner_id=None, minimise_lease_expires_at=None)
-                )
-            return attached
-
-        return self._tx.write(run)
-
-    @staticmethod
-    def _defect_id(connection: Connection, backend: str, case_id: str, at: datetime) -> int:
-        """The id of the ``defects`` row ``(backend, case_id)``, created on first sight."""
-        values = {"backend": backend, "case_id": case_id, "created_at": at}
-        defect_id = insert_ignore(connection, Defect.__table__, values, ["backend", "case_id"])
-        if defect_id is None:
-            defect_id = connection.scalar(select(Defect.id).where(Defect.backend == backend, Defect.case_id == case_id))
-        return defect_id
-
-    @staticmethod
-    def _siblings(connection: Connection, bucket_id: int) -> Any:
-        """The condition "a bucket claimed together with ``bucket_id``": the same backend, the
-        same signature and the same first case (one case failing the same way through several API
-        variants), without a minimised case; ``bucket_id`` itself excluded."""
-        row = connection.execute(
-            select(Bucket.backend, Bucket.signature, Bucket.first_case_id).where(Bucket.id == bucket_id)
-        ).one_or_none()
-        if row is None:
-            return Bucket.id.is_(None)  # matches nothing
-        return (
-            (Bucket.id != bucket_id)
-            & (Bucket.backend == row.backend)
-            & (Bucket.signature == row.signature)
-            & (Bucket.first_case_id == row.first_case_id)
-            & Bucket.minimised_case_id.is_(None)
-        )
-
-    # ------------------------------------------------------------------ minimisation leases
-    def claim_minimisation(
-        self,
-        worker_id: int,
-        backends: list[str],
-        lease_s: float,
-        max_attempts: int = 3,
-        *,
-        now: datetime | None = None,
-    ) -> MinimiseClaim | None:
-        """Take the oldest bucket of ``backends`` with no minimised case, no live lease and
-        fewer than ``max_attempts`` claims, for ``lease_s`` seconds; None when there is none.
-
-        Args:
-            worker_id: the claiming worker.
-            backends: backend names the worker can run.
-            lease_s: lease length, seconds (renew with `renew_minimisation`).
-            max_attempts: a bucket claimed this many times is left alone (its shrinking keeps
-                killing workers or never ends).
-            now: the current time (tests pass a later one instead of waiting).
-
-        Raises:
-            FieldValidationError: ``lease_s`` is not positive.
-            NotFoundError: ``worker_id`` is unknown.
-        """
-        if not lease_s > 0:
-            raise FieldValidationError("lease_s", f"must be positive, got {lease_s!r}")
-
-        def run(connection: Connection) -> MinimiseClaim | None:
-            at = now or utcnow()
-            if connection.scalar(select(Worker.id).where(Worker.id == worker_id)) is None:
-                raise NotFoundError("worker", worker_id)
-            # a bucket left alone after its last claim (each shrink died with its worker or ran
-            # out of lease) says so in its note instead of keeping an empty one
-            abandoned = (
-                select(Bucket.id)
-                .where(
-                    Bucket.minimised_case_id.is_(None),
-                    Bucket.minimise_attempts >= max_attempts,
-                    or_(Bucket.minimise_owner_id.is_(None), Bucket.minimise_lease_expires_at < at),
-                    Bucket.minimise_note == "",
-                )
-                .with_for_update(skip_locked=True)  # a row another transaction holds is noted next time
-            )
-            connection.execute(
-                update(Bucket)
-                .where(Bucket.id.in_(abandoned))
-                .values(
-                    minimise_note=f"abandoned: not minimised after {max_attempts} claims (each shrink ended "
-                    "without a result: its worker died or its lease ran out)",
-                    minimise_owner_id=None,
-                    minimise_lease_expires_at=None,
-                )
-            )
-            claimable = (
-                Bucket.minimised_case_id.is_(None)
-                & (Bucket.minimise_attempts < max_attempts)
-                & or_(Bucket.minimise_owner_id.is_(None), Bucket.minimise_lease_expires_at < at)
-            )
-            candidates = connection.scalars(  # rows another transaction holds are skipped, not waited for
-                select(Bucket.id)
-                .where(claimable, Bucket.backend.in_(list(backends)))
-                .order_by(Bucket.id)
-                .limit(8)
-                .with_for_update(skip_locked=True)
-            ).all()
-            for bucket_id in candidates:
-                won = connection.execute(
-                    update(Bucket)
-                    .where(Bucket.id == bucket_id, claimable)
-                    .values(
-                        minimise_owner_id=worker_id,
-                        minimise_lease_expires_at=at + timedelta(seconds=lease_s),
-                        minimise_attempts=Bucket.minimise_attempts + 1,
-                    )
-                    .returning(Bucket.backend, Bucket.variant, Bucket.signature, Bucket.first_case_id, Bucket.minimise_attempts)
-                ).one_or_none()
-                if won is None:  # another worker took it between the SELECT and the UPDATE
-                    continue
-                config = connection.scalar(select(Case.config).where(Case.id == won.first_case_id))
-                # the same failure of the same case through the backend's other variants: one
-                # lease for all, so no other worker shrinks what one minimisation will settle
-                # A sibling's attempts are not counted here: they count tries of its *own*
-                # shrink. Counted, a sibling that the minimised case does not reproduce was left
-                # "abandoned ... its worker died or its lease ran out" after its group's other
-                # buckets had been claimed three times, though no worker died (a new user's short
-                # runs on the CPU, 2026-12-01).
-                free_siblings = select(Bucket.id).where(self._siblings(connection, bucket_id), claimable).with_for_update(skip_locked=True)
-                siblings = connection.execute(
-                    update(Bucket)
-                    .where(Bucket.id.in_(free_siblings))
-                    .values(
-                        minimise_owner_id=worker_id,
-                        minimise_lease_expires_at=at + timedelta(seconds=lease_s),
-                    )
-                    .returning(Bucket.id, Bucket.backend, Bucket.variant, Bucket.signature)
-                ).all()
-                return MinimiseClaim(
-                    bucket_id=bucket_id,
-                    key=(won.backend, won.variant, won.signature),
-                    case_json=config,
-                    attempt=won.minimise_attempts,
-                    siblings=tuple(sorted((r.id, (r.backend, r.variant, r.signature)) for r in siblings)),
-                )
-            return None
-
-        return self._tx.write(run)
-
-    def renew_minimisation(self, bucket_id: int, worker_id: int, lease_s: float, *, now: datetime | None = None) -> bool:
-        """Extend ``worker_id``'s lease on the bucket (and on the siblings it claimed with it and
-        still holds) to ``lease_s`` seconds from now.
-
-        Returns:
-            False when the worker no longer holds the bucket itself (expired and taken, or released).
-        """
-
-        def run(connection: Connection) -> bool:
-            at = now or utcnow()
-            statement = (
-                update(Bucket)
-                .where(Bucket.id == bucket_id, Bucket.minimise_owner_id == worker_id, Bucket.minimised_case_id.is_(None))
-                .values(minimise_lease_expires_at=at + timedelta(seconds=lease_s))
-            )
-            held = connection.execute(statement).rowcount > 0
-            if held:
-                connection.execute(
-                    update(Bucket)
-                    .where(self._siblings(connection, bucket_id), Bucket.minimise_owner_id == worker_id)
-                    .values(minimise_lease_expires_at=at + timedelta(seconds=lease_s))
-                )
-            return held
-
-        return self._tx.write(run)
-
-    def release_minimisation(self, bucket_id: int, worker_id: int, outcome: str) -> None:
-        """End ``worker_id``'s lease without a minimised case; ``outcome`` goes to the bucket's
-        ``minimise_note``. Its leases on the siblings claimed with it end too (their notes are
-        kept). Nothing happens if the worker no longer holds the lease."""
-
-        def run(connection: Connection) -> None:
-            connection.execute(
-                update(Bucket)
-                .where(self._siblings(connection, bucket_id), Bucket.minimise_owner_id == worker_id)
-                .values(minimise_owner_id=None, minimise_lease_expires_at=None)
-            )
-            connection.execute(
-                update(Bucket)
-                .where(Bucket.id == bucket_id, Bucket.minimise_owner_id == worker_id)
-                .values(minimise_owner_id=None, minimise_lease_expires_at=None, minimise_note=storable_text(outcome, MAX_DETAIL))
-            )
-
-        self._tx.write(run)
 
     def known_bucket_keys(self) -> set[tuple[str, str, str]]:
         """Every ``(backend, variant, signature)`` that has a bucket."""

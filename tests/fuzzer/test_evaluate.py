@@ -136,7 +136,7 @@ def test_tensors_travel_as_bytes_and_come_back_equal(monkeypatch) -> None:
         assert isinstance(packed, PackedTensor)
         back = packed.unpack()
         assert back.dtype == tensor.dtype and back.shape == tensor.shape and torch.equal(back, tensor)
-    monkeypatch.setattr(executor_module, "BYTES_TRANSPORT_MAX", 16)
+    monkeypatch.setattr(executor_module.transport, "BYTES_TRANSPORT_MAX", 16)
     large = torch.randn(100)
     shared = PackedTensor.pack(large)  # larger tensors take the shared-memory path, as a copy made here
     assert shared is not large and shared.is_shared() and torch.equal(shared, large)

@@ -269,15 +269,15 @@ def test_the_parallel_setting_reads_its_variable_and_refuses_other_values(monkey
         assert executor.parallel is None
         cpu, cuda = SimpleNamespace(q=torch.empty(0)), SimpleNamespace(q=SimpleNamespace(device=SimpleNamespace(type="cuda")))
         assert executor._parallel_for(cuda) is True
-        monkeypatch.setattr("fuzzer.executor.usable_cores", lambda: 2)
+        monkeypatch.setattr("fuzzer.executor.children.usable_cores", lambda: 2)
         assert executor._parallel_for(cpu) is True  # one environment + this process on 2 cores
-        monkeypatch.setattr("fuzzer.executor.usable_cores", lambda: 1)
+        monkeypatch.setattr("fuzzer.executor.children.usable_cores", lambda: 1)
         assert executor._parallel_for(cpu) is False
     finally:
         executor.close()
     two = ChildProcessExecutor(registry.select([], ["tests.fuzzer.standins:CorrectBackend", "tests.fuzzer.standins:CrashingBackend"]))
     try:
-        monkeypatch.setattr("fuzzer.executor.usable_cores", lambda: 2)
+        monkeypatch.setattr("fuzzer.executor.children.usable_cores", lambda: 2)
         assert two._parallel_for(cpu) is False  # two children + this process: more than 2 cores' worth
     finally:
         two.close()

@@ -479,7 +479,7 @@ LADDER_CODES = {
     "fuzzer.backends.base.UnsupportedCaseError": 1, "fuzzer.backends.cp_layout.CPShardError": 1,
     "fuzzer.builds.bisect.BisectError": 2, "fuzzer.builds.corpus.CorpusError": 2, "fuzzer.builds.replay.ReplayError": 2,
     "fuzzer.builds.versions.BuildError": 2, "fuzzer.builds.versions.BuildPrepareError": 8,
-    "fuzzer.environment.EnvironmentChoiceError": 1, "fuzzer.executor.ExecutorError": 1,
+    "fuzzer.environment.EnvironmentChoiceError": 1, "fuzzer.executor.outcome.ExecutorError": 1,
     "fuzzer.guard.GuardSettingError": 1, "fuzzer.guard.PluginCallError": 1, "fuzzer.results.LeaseLostError": 1,
     "fuzzer.results.ResultValidationError": 1, "fuzzer.results.SinkFatalError": 6,
     "fuzzer.results.SinkUnavailableError": 1, "fuzzer.spool.SpoolError": 7, "fuzzer.spool.SpoolFullError": 7,
