@@ -44,7 +44,7 @@ class WorkerConfig:
         shrink_deadline_s: wall-clock budget per minimisation, seconds.
         shrink_share: the largest share of the worker's wall time spent shrinking while it fuzzes
             (0.25: a quarter). Claims are served between chunks of cases while the share allows,
-            each with a deadline cut to what keeps it (see `Worker._shrink_slice`); 1 or more: no
+            each with a deadline cut to what keeps it (see `fuzzer.loop.shrinker.Shrinker.slice_s`); 1 or more: no
             bound (every claim served after each chunk, up to one deadline past the time budget,
             as before). Once ``max_cases`` is reached (at once with ``max_cases=0``: a shrink-only
             worker) the queue is drained the same way.
@@ -96,8 +96,8 @@ class WorkerConfig:
             `fuzzer.strategies.KernelTemplate` s (the kernel-selecting fields of the non-CP
             cases it ran, first `MAX_KERNEL_TEMPLATES`) in `TEMPLATE_SHARE_OVER` (all) of the
             draws while the budget is spent, `TEMPLATE_SHARE_UNDER` (half) while it is not (see
-            `Worker._compile_budget_state`). And while it is spent (checked per case) a JIT
-            backend runs no fuzz task that would build a new kernel (`Worker._compile_gated_tasks`:
+            `fuzzer.loop.compile_budget.CompileBudget.state`). And while it is spent (checked per case) a JIT
+            backend runs no fuzz task that would build a new kernel (`fuzzer.loop.compile_budget.CompileBudget.gated_tasks`:
             a case drawn for another backend no longer compiles at will; per backend: one whose
             own compile seconds exceed its part). With lanes the budget is per lane: each
             environment's compile seconds against the whole share (a compile holds up only its

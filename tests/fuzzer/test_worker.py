@@ -478,7 +478,7 @@ def test_lanes_store_no_case_that_ran_nowhere(blocked_gate):
 
 
 def test_a_fuzz_case_drawn_again_reuses_its_first_run_and_stores_nothing_more(monkeypatch):
-    """The repeat memo (`Worker._repeat_memo_hit`): the second evaluation of the same fuzz case
+    """The repeat memo (`fuzzer.loop.repeats.RepeatMemo`): the second evaluation of the same fuzz case
     runs no kernel, returns the same verdicts and figures, counts as a case and writes nothing."""
     from fuzzer.backends.sdpa import SDPABackend
 
