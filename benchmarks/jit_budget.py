@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from fuzzer import worker as worker_module  # noqa: E402
+from fuzzer.loop import compile_budget  # noqa: E402
 from fuzzer.sinks import MemorySink  # noqa: E402
 from fuzzer.worker import Worker, WorkerConfig  # noqa: E402
 from tests.fuzzer.planted_jit import FakeClock, PlantedJitBackend  # noqa: E402
@@ -53,7 +53,7 @@ def main() -> None:
     print(f"{'setting':<22} {'keys':>6} {'compile share':>14} {'cases/s':>8}")
     for label, shares in rows:
         if shares is not None:
-            worker_module.TEMPLATE_SHARE_OVER, worker_module.TEMPLATE_SHARE_UNDER = shares
+            compile_budget.TEMPLATE_SHARE_OVER, compile_budget.TEMPLATE_SHARE_UNDER = shares
         share = 1.0 if shares is None else args.jit_share
         runs = [one_run(seed, args.cases, share) for seed in range(1, args.seeds + 1)]
         keys, compile_share, rate = (statistics.mean(r[i] for r in runs) for i in range(3))

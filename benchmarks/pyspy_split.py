@@ -20,8 +20,8 @@ import collections
 
 STEPS = (
     ("storage", "Worker._record"),
-    ("late results", "Worker._collect_late"),
-    ("shrinking", "Worker._drain_minimisation"),
+    ("late results", "Background.collect_late"),
+    ("shrinking", "Shrinker.drain"),
     ("inputs", "Evaluator._inputs"),
     ("comparison preparation", "PreparedReference.__init__"),
     ("oracle", "reference (oracle/reference.py"),

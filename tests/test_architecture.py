@@ -58,6 +58,7 @@ def test_every_fuzzer_module_is_a_record_module_or_forbidden_to_the_service_stor
         ("oracle/mask_kinds.py", "import fuzzer.strategies", "oracle-independent"),
         ("service/matrix/grid.py", "import fuzzer.builds.replay", "service-reads-records"),
         ("service/matrix/lines.py", "import service.cli.matrix", "no-circles"),
+        ("fuzzer/loop/shrinker.py", "import fuzzer.builds.replay", "loop-without-builds"),
     ],
 )
 def test_a_planted_forbidden_import_fails_naming_the_contract(tmp_path, path, planted, contract):

@@ -374,7 +374,7 @@ class _FinickyBackend(Backend):
 
 
 def test_every_case_drawn_for_a_backend_runs_on_it_even_under_rules_its_capabilities_omit():
-    """A draw for a target is filtered to cases the target runs (`fuzzer.worker._target_runs`):
+    """A draw for a target is filtered to cases the target runs (`fuzzer.loop.draws.target_runs`):
     with a head_dim rule outside its Capabilities, every case drawn for the stand-in runs on it
     (without the filter about half of the head dims up to 64 are below 32)."""
     backend = _FinickyBackend()

@@ -190,7 +190,7 @@ def test_the_worker_writes_each_case_with_all_its_results_once() -> None:
     stats = Worker(config, sink).run()
     assert stats.cases == 4
     # one write per case, but for a case drawn again in the run (seed 1 draws one twice): its
-    # first run's results are reused and nothing is written again (Worker._repeat_memo_hit)
+    # first run's results are reused and nothing is written again (`fuzzer.loop.repeats.RepeatMemo`)
     assert stats.repeated >= 1 and sink.case_writes == 4 == len(sink.cases)  # a repeat is not a case
     assert sum(stats.results.values()) == 4 * 3  # 3 tasks per case, unsupported ones included
     assert len(sink.results) == 3 * len(sink.cases)  # each distinct case stored with its 3 results, once

@@ -464,7 +464,7 @@ def test_a_child_log_past_its_bound_starts_again_from_its_last_whole_lines(tmp_p
 
 
 def test_a_kernel_key_that_crashed_is_not_run_again_by_later_fuzz_cases() -> None:
-    """`Worker._note_crashes` quarantines the crashed task's ``kernel_key`` and the keys of the
+    """`CompileBudget.note_crashes` quarantines the crashed task's ``kernel_key`` and the keys of the
     backend's other variants on the case; a later fuzz case with the same key runs every other
     backend's task but neither variant (counted in ``stats.crash_quarantined``), and a case with
     another key runs them. Within the case, the second variant was skipped, not run
@@ -476,17 +476,17 @@ def test_a_kernel_key_that_crashed_is_not_run_again_by_later_fuzz_cases() -> Non
     crashing = AttentionCase(seqlen_q=3, seqlen_k=4, head_dim=8, dtype="float32", backward=False)
     with Worker(config, MemorySink()) as worker:
         results = worker.evaluate(crashing)
-        worker._note_crashes(crashing, results)
+        worker.compile_budget.note_crashes(crashing, results)
         assert {(r.backend, r.variant): r.status for r in results}[("standin-crash-two", "first")] == "crash"
         assert ("standin-crash-two", "second") not in {(r.backend, r.variant) for r in results}
         assert worker.stats.skipped_after_crash["standin-crash-two"] == 1
         same_key = dataclasses.replace(crashing, seqlen_k=9, seed=4)
-        tasks = worker._compile_gated_tasks(same_key)
+        tasks = worker.compile_budget.gated_tasks(same_key)
         assert ("standin-crash-two", "first") not in tasks and ("standin-ok", "native") in tasks
         assert ("standin-crash-two", "second") not in tasks  # the other variant of the crashed key
         assert worker.stats.crash_quarantined["standin-crash-two"] == 2
         other_key = dataclasses.replace(crashing, head_dim=16)
-        other_tasks = worker._compile_gated_tasks(other_key)
+        other_tasks = worker.compile_budget.gated_tasks(other_key)
         assert other_tasks is None or {("standin-crash-two", "first"), ("standin-crash-two", "second")} <= set(other_tasks)
 
 
@@ -502,13 +502,13 @@ def test_a_jit_kernel_key_that_failed_to_compile_is_not_run_again_and_other_erro
     with Worker(config, MemorySink()) as worker:
         for case in (failing, refused):
             results = worker.evaluate(case)
-            worker._note_crashes(case, results)
+            worker.compile_budget.note_crashes(case, results)
         statuses = {r.signature for r in results if r.backend == "standin-jit-compile-fails"}
         assert statuses == {"error:ValueError"}
-        tasks = worker._compile_gated_tasks(dataclasses.replace(failing, seqlen_k=9, seed=4))
+        tasks = worker.compile_budget.gated_tasks(dataclasses.replace(failing, seqlen_k=9, seed=4))
         assert tasks is not None and ("standin-jit-compile-fails", "native") not in tasks and ("standin-ok", "native") in tasks
         assert worker.stats.crash_quarantined["standin-jit-compile-fails"] == 1
-        again = worker._compile_gated_tasks(dataclasses.replace(refused, seqlen_k=9, seed=4))
+        again = worker.compile_budget.gated_tasks(dataclasses.replace(refused, seqlen_k=9, seed=4))
         assert again is None or ("standin-jit-compile-fails", "native") in again
         # templates (what the backend's draws reuse): only kernels that ran to a verdict, and a
         # key that failed later is no template any more
@@ -517,12 +517,12 @@ def test_a_jit_kernel_key_that_failed_to_compile_is_not_run_again_and_other_erro
         ran = dataclasses.replace(failing, head_dim=16, head_dim_v=16)
         ran_results = worker.evaluate(ran)
         assert {r.backend: r.status for r in ran_results}["standin-jit-compile-fails"] == "pass", ran_results
-        worker._note_crashes(ran, ran_results)
-        templates = worker._kernel_templates["standin-jit-compile-fails"]
+        worker.compile_budget.note_crashes(ran, ran_results)
+        templates = worker.compile_budget.templates["standin-jit-compile-fails"]
         assert list(templates) == [KernelTemplate.of(ran)]  # not the failed or the refused case's
         from fuzzer.results import CaseResult
 
         crashed = CaseResult(case_id=ran.case_id, backend="standin-jit-compile-fails", variant="native", status="crash",
                              signature="crash", signatures=("crash",))
-        worker._note_crashes(dataclasses.replace(ran, seqlen_k=7), [crashed])
-        assert KernelTemplate.of(ran) not in worker._kernel_templates["standin-jit-compile-fails"]
+        worker.compile_budget.note_crashes(dataclasses.replace(ran, seqlen_k=7), [crashed])
+        assert KernelTemplate.of(ran) not in worker.compile_budget.templates["standin-jit-compile-fails"]

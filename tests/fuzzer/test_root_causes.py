@@ -9,6 +9,7 @@ import pytest
 from fuzzer import registry
 from fuzzer.results import BuildFingerprint, CaseResult
 from fuzzer.sinks import MemorySink
+from fuzzer.loop.compile_budget import is_compile_failure
 from fuzzer.worker import Worker, WorkerConfig, WorkerError
 from oracle.config import AttentionCase
 from tests.fuzzer.standins import WIDE_CAPS, _Base
@@ -271,11 +272,11 @@ def test_a_sibling_claim_does_not_count_as_an_attempt_of_its_own_shrink(store, t
 
 
 def test_a_minimisation_that_ran_past_its_slice_shortens_the_next_slices():
-    """`Worker._shrink_slice` leaves room for the last overrun (a predicate call past the
+    """`Shrinker.slice_s` leaves room for the last overrun (a predicate call past the
     deadline, the re-checks): with 100 s of wall, 15 s shrunk and a 25% share (aimed at 25% less
     the margin, f = 20%) the room is (20 - 15) / 0.8 = 6.25 s; after a 3 s overrun it
     is 3.25 s, after a 9 s one below 0, under ``shrink_min_s``: none starts."""
-    from fuzzer.worker import SHRINK_SHARE_MARGIN
+    from fuzzer.loop.shrinker import SHRINK_SHARE_MARGIN
 
     assert SHRINK_SHARE_MARGIN == 0.20
     f = 0.25 * 0.80
@@ -285,19 +286,20 @@ def test_a_minimisation_that_ran_past_its_slice_shortens_the_next_slices():
     CLOCK.t = 100.0
     worker = Worker(config, MemorySink(), clock=CLOCK)
     worker._started = 0.0
+    shrinker = worker.shrinker
     worker.stats.shrink_s = 15.0
-    assert worker._shrink_slice() == pytest.approx((100 * f - 15) / (1 - f))
-    worker._shrink_overrun_s = 3.0
-    assert worker._shrink_slice() == pytest.approx((100 * f - 15) / (1 - f) - 3.0)
-    worker._shrink_overrun_s = 9.0
-    assert worker._shrink_slice() is None
+    assert shrinker.slice_s() == pytest.approx((100 * f - 15) / (1 - f))
+    shrinker.overrun_s = 3.0
+    assert shrinker.slice_s() == pytest.approx((100 * f - 15) / (1 - f) - 3.0)
+    shrinker.overrun_s = 9.0
+    assert shrinker.slice_s() is None
     worker.stats.shrink_s = 20.6  # within 25% but past the aim: none starts
-    worker._shrink_overrun_s = 0.0
-    assert worker._shrink_slice() is None
+    shrinker.overrun_s = 0.0
+    assert shrinker.slice_s() is None
 
 
 class InductorError(RuntimeError):
-    """Named like torch's compile failure (`fuzzer.worker.COMPILE_ERROR_TYPES`)."""
+    """Named like torch's compile failure (`fuzzer.executor.COMPILE_ERROR_TYPES`)."""
 
 
 class FailingBuildBackend(_Base):
@@ -343,8 +345,8 @@ def test_a_jit_backend_s_compile_failure_is_kept_unshrunk():
     assert bucket.note.startswith("unchanged: not shrunk: a JIT backend's compile failure"), bucket.note
     # the same error from a backend that compiles nothing is shrunk as usual
     worker = Worker(_shrink_only("RootCauseBackend"), MemorySink())
-    assert not worker._compile_failure(("planted-rootcause", "a", "error:InductorError"))
-    assert not worker._compile_failure(("planted-failing-build", "native", "error:ValueError"))
+    assert not is_compile_failure(worker.backends.get("planted-rootcause"), "error:InductorError")
+    assert not is_compile_failure(worker.backends.get("planted-failing-build"), "error:ValueError")
 
 
 def test_the_seconds_of_a_failed_kernel_build_count_as_compile_time():

@@ -8,6 +8,7 @@ import pytest
 
 from fuzzer import registry
 from fuzzer.sinks import MemorySink
+from fuzzer.loop.compile_budget import CompileBudget
 from fuzzer.worker import Worker, WorkerConfig, WorkerError
 from oracle.config import AttentionCase
 
@@ -269,7 +270,7 @@ def test_the_compile_gate_holds_back_only_the_backend_over_its_own_budget():
 def test_the_compile_gate_counts_every_jit_backend_together():
     """Two equally costly JIT backends, each within the whole allowance but together past it,
     are both held back (the budget is a share of the wall time, and a case waits for its slowest
-    child); a cheap third one, under its fair part, is not (`Worker._over_compile_budget`)."""
+    child); a cheap third one, under its fair part, is not (`CompileBudget.over_budget`)."""
     from tests.fuzzer.planted_jit import CheapJitBackend, PlantedJitBackend
 
     class OtherCostly(PlantedJitBackend):
@@ -281,15 +282,16 @@ def test_the_compile_gate_counts_every_jit_backend_together():
     worker = Worker(config, MemorySink())
     worker.usable = [b for b, _ in backends]
     worker.stats.compile_by_backend.update({"planted-jit": 7.0, "planted-jit-other": 7.0, "planted-jit-cheap": 0.5})
-    assert worker._over_compile_budget(10.0) == {"planted-jit", "planted-jit-other"}  # 14.5 > 10; fair part 3.3
-    assert worker._over_compile_budget(20.0) == set()  # together within the allowance
-    assert worker._over_compile_budget(None) == set()  # no budget
+    budget = worker.compile_budget
+    assert budget.over_budget(10.0) == {"planted-jit", "planted-jit-other"}  # 14.5 > 10; fair part 3.3
+    assert budget.over_budget(20.0) == set()  # together within the allowance
+    assert budget.over_budget(None) == set()  # no budget
 
 
 def test_with_lanes_the_compile_budget_is_each_lane_s_own(monkeypatch):
     """With lanes a compile holds up only its own environment: each lane's compile seconds are
     held against the whole allowance (two backends of one environment together), and a lane
-    over it binds only its own backends' draws to templates (`Worker._compile_budget_states`)."""
+    over it binds only its own backends' draws to templates (`CompileBudget.states`)."""
     from tests.fuzzer.planted_jit import CheapJitBackend, PlantedJitBackend
 
     class SameLane(PlantedJitBackend):  # the environment of planted-jit: one child, one lane
@@ -308,20 +310,21 @@ def test_with_lanes_the_compile_budget_is_each_lane_s_own(monkeypatch):
         {"planted-jit": 6.0, "planted-jit-same-lane": 6.0, "planted-jit-own-lane": 9.0, "planted-jit-cheap": 0.5}
     )
     # without lanes: 21.5 s together past 10, each but the cheap one past its fair part (2.5)
-    assert worker._over_compile_budget(10.0) == {"planted-jit", "planted-jit-same-lane", "planted-jit-own-lane"}
+    budget = worker.compile_budget
+    assert budget.over_budget(10.0) == {"planted-jit", "planted-jit-same-lane", "planted-jit-own-lane"}
     monkeypatch.setattr(Worker, "lanes_on", property(lambda self: True))
     # with lanes: planted-jit's lane 12 s > 10; the own lane's 9 s and the cheap lane's 0.5 s are within
-    assert worker._over_compile_budget(10.0) == {"planted-jit", "planted-jit-same-lane"}
-    assert worker._over_compile_budget(None) == set()
-    monkeypatch.setattr(Worker, "_compile_allowance_s", lambda self: 10.0)
-    assert worker._compile_budget_states() == {
+    assert budget.over_budget(10.0) == {"planted-jit", "planted-jit-same-lane"}
+    assert budget.over_budget(None) == set()
+    monkeypatch.setattr(CompileBudget, "allowance_s", lambda self: 10.0)
+    assert budget.states() == {
         "planted-jit": "over", "planted-jit-same-lane": "over", "planted-jit-own-lane": "under", "planted-jit-cheap": "under",
     }
     monkeypatch.setattr(Worker, "lanes_on", property(lambda self: False))
     worker.stats.compile_s = 21.5
-    assert set(worker._compile_budget_states().values()) == {"over"}  # without lanes: all JIT draws together
-    monkeypatch.setattr(Worker, "_compile_allowance_s", lambda self: None)
-    assert worker._compile_budget_states() is None
+    assert set(budget.states().values()) == {"over"}  # without lanes: all JIT draws together
+    monkeypatch.setattr(CompileBudget, "allowance_s", lambda self: None)
+    assert budget.states() is None
 
 
 @pytest.fixture
@@ -397,14 +400,14 @@ def test_with_lanes_a_busy_backend_is_left_out_of_the_chunk_s_targets(monkeypatc
     out every case drawn meanwhile: the chunk's plan draws for the free backends only (counted in
     ``stats.untargeted_busy``), for all of them when every one is busy, and lanes off changes
     nothing."""
-    import fuzzer.worker as worker_module
+    import fuzzer.loop.draws as draws_module
 
     backends = registry.select([], ["tests.fuzzer.standins:GateBackend", "tests.fuzzer.standins:CorrectBackend"])
     worker = Worker(WorkerConfig(backends=backends, isolation="none", shrink=False), MemorySink())
     worker.usable = [b for b, _ in backends]
     planned = []
-    real_plan = worker_module.target_plan
-    monkeypatch.setattr(worker_module, "target_plan", lambda names, *a: planned.append(list(names)) or real_plan(names, *a))
+    real_plan = draws_module.target_plan
+    monkeypatch.setattr(draws_module, "target_plan", lambda names, *a: planned.append(list(names)) or real_plan(names, *a))
     busy = ["standin-gate"]
 
     class Executor:
@@ -475,7 +478,7 @@ def test_lanes_store_no_case_that_ran_nowhere(blocked_gate):
 
 
 def test_a_fuzz_case_drawn_again_reuses_its_first_run_and_stores_nothing_more(monkeypatch):
-    """The repeat memo (`Worker._repeat_memo_hit`): the second evaluation of the same fuzz case
+    """The repeat memo (`fuzzer.loop.repeats.RepeatMemo`): the second evaluation of the same fuzz case
     runs no kernel, returns the same verdicts and figures, counts as a case and writes nothing."""
     from fuzzer.backends.sdpa import SDPABackend
 
@@ -550,17 +553,17 @@ def test_background_judging_finds_and_shrinks_the_planted_bug_and_stores_every_r
     shrunk as inline; every case is stored with each of its results once (no result lost or
     written twice), and the worker waits for every judgement before it stops; at most
     `MAX_PENDING_JUDGEMENTS` judgements wait at a time."""
-    from fuzzer import worker as worker_module
+    from fuzzer.loop import background
 
-    monkeypatch.setattr(worker_module, "MAX_PENDING_JUDGEMENTS", 1)
+    monkeypatch.setattr(background, "MAX_PENDING_JUDGEMENTS", 1)
     waiting = []
-    real_add = Worker._add_pending
+    real_add = background.Background.add_pending
 
     def add_pending(self, pending, counted):
         real_add(self, pending, counted)
-        waiting.append(sum(1 for p in self._pending if not p.done()))
+        waiting.append(sum(1 for p in self.pending if not p.done()))
 
-    monkeypatch.setattr(Worker, "_add_pending", add_pending)
+    monkeypatch.setattr(background.Background, "add_pending", add_pending)
     written = []
 
     class WritingSink(MemorySink):
@@ -581,7 +584,7 @@ def test_background_judging_finds_and_shrinks_the_planted_bug_and_stores_every_r
     assert sink.buckets[key].minimised_case is not None
     assert waiting and max(waiting) <= 1
     assert stats.judged_background > 0 and stats.judge_background_s > 0
-    assert worker._pending == [] and not stats.late_dropped
+    assert worker.background.pending == [] and not stats.late_dropped
     fuzz = [w for w in written if w[3] == "fuzz"]
     assert len({w[:3] for w in fuzz}) == len(fuzz)  # no result written twice
     # every verdict of a fuzz case came from the judge thread, and each one judged there was written

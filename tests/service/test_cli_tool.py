@@ -483,7 +483,7 @@ LADDER_CODES = {
     "fuzzer.guard.GuardSettingError": 1, "fuzzer.guard.PluginCallError": 1, "fuzzer.results.LeaseLostError": 1,
     "fuzzer.results.ResultValidationError": 1, "fuzzer.results.SinkFatalError": 6,
     "fuzzer.results.SinkUnavailableError": 1, "fuzzer.spool.SpoolError": 7, "fuzzer.spool.SpoolFullError": 7,
-    "fuzzer.strategies.StrategyArgumentError": 2, "fuzzer.worker.WorkerError": 4,
+    "fuzzer.strategies.StrategyArgumentError": 2, "fuzzer.loop.config.WorkerError": 4,
     "oracle.compare.CompareInputError": 1, "oracle.design.DesignError": 1, "oracle.errors.CaseValidationError": 2,
     "oracle.reference.ReferenceInputError": 1, "service.db.engine.StoreRefusedError": 6,
     "service.db.engine.StoreUnavailableError": 5, "service.errors.FieldValidationError": 2,

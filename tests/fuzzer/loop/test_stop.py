@@ -1,0 +1,39 @@
+"""`fuzzer.loop.stop`: a Ctrl-C that something swallowed still stops the worker."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from fuzzer import results
+from fuzzer.loop.stop import StopFlag
+
+
+def test_a_swallowed_ctrl_c_is_raised_again_at_the_next_check_and_the_handlers_come_back(monkeypatch):
+    monkeypatch.setattr(results, "_stops", [])  # this process's record of stop signals, left as it was
+    monkeypatch.setattr(results, "_stop_listeners", [])
+    flag = StopFlag()
+    before = signal.getsignal(signal.SIGINT)
+    restore = flag.catch()
+    flag.check()  # nothing came yet
+    try:
+        os.kill(os.getpid(), signal.SIGINT)
+    except KeyboardInterrupt:
+        pass  # swallowed, as Hypothesis's garbage-collector callback would
+    finally:
+        restore()
+    assert flag.caught and signal.getsignal(signal.SIGINT) is before
+    with pytest.raises(KeyboardInterrupt):
+        flag.check()
+
+
+def test_over_an_ignored_sigint_nothing_changes():
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        restore = StopFlag().catch()
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        restore()
+    finally:
+        signal.signal(signal.SIGINT, previous)
