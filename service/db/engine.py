@@ -343,8 +343,10 @@ _HEADER_FDS_MAX = 256
 """At most this many kept; past it no descriptor is kept and the header is not checked."""
 
 
-def sqlite_header_broken(path: str) -> bool:
+def sqlite_header_broken(path: str, identity: tuple[int, int] | None = None) -> bool:
     """Whether the file at ``path`` exists, is not empty and does not start with `SQLITE_HEADER`.
+    ``identity``: the file's ``(st_dev, st_ino)`` where the caller has just read it (`_identity`);
+    None: read here.
 
     Why a worker reads it: with the write-ahead log, each connection keeps the pages it read in
     its cache and validates them against the log's index, not the file. A file overwritten under
@@ -354,7 +356,7 @@ def sqlite_header_broken(path: str) -> bool:
     Read before each write and before each checkpoint, the header catches it at the next write.
     A 16-byte ``pread`` on a descriptor opened once (`_HEADER_FDS`): microseconds a write.
     """
-    identity = _identity(path)
+    identity = identity or _identity(path)
     if identity is None:  # gone: `Transactor._check_file` says so
         return False
     fd = _HEADER_FDS.get(identity)
@@ -494,15 +496,16 @@ class Transactor:
                 f"database refuses writes (the SQLite file {self._file} was {what} while in use): "
                 "results after this point are kept in the spool"
             )
-        self._check_header()
+        self._check_header(now)
 
-    def _check_header(self) -> None:
-        """The SQLite file must still start with SQLite's header (`sqlite_header_broken`).
+    def _check_header(self, identity: tuple[int, int] | None = None) -> None:
+        """The SQLite file must still start with SQLite's header (`sqlite_header_broken`;
+        ``identity`` as there).
 
         Raises:
             StoreBrokenError: it does not: the file was overwritten while in use.
         """
-        if self._file is not None and sqlite_header_broken(self._file):
+        if self._file is not None and sqlite_header_broken(self._file, identity):
             raise StoreBrokenError(
                 f"database {_database_name(self.bind)!r} is corrupted (its file no longer starts with "
                 "SQLite's header): restore the file from a copy (or `sqlite3 FILE .recover`), or give --db "
