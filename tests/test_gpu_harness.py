@@ -8,6 +8,7 @@ import gzip
 import importlib.util
 import json
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -146,7 +147,8 @@ def test_a_checkpoint_stays_within_the_file_limits_and_lands_whole(tmp_path):
     done = subprocess.run([sys.executable, str(SCRIPT), "land", str(out), "--results", str(results), "--keep",
                            str(keep)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert sorted(p.name for p in (results / "2026-01-03-abc-c2").iterdir()) == ["manifest.json", "summary.md"]
+    assert sorted(p.name for p in (results / "2026-01-03-abc-c2").iterdir()) == ["manifest.json"]  # the rest is kept
+    assert (keep / "2026-01-03-abc-c2" / "summary.md").exists()
     for name, rows in (("2026-01-01-abc-c0", 300), ("2026-01-03-abc-c2", 40)):  # the parts put together again
         (tmp_path / "db").write_bytes(gzip.decompress((keep / name / "campaign.db.gz").read_bytes()))
         assert sqlite3.connect(tmp_path / "db").execute("select count(*) from t").fetchone()[0] == rows
@@ -187,7 +189,7 @@ def test_a_campaign_runs_in_the_background_is_collected_and_lands_here(tmp_path)
     assert figures["cases"] > 0 and figures["stored_cases"] > 0, figures
     assert set(figures["buckets_by_severity"]) >= {"wrong", "crash", "imprecise", "error", "limit"}
     assert manifest["host"]["versions"]["torch"] and "fuzz" in manifest["wall_s"]
-    assert (tmp_path / "results" / run / "summary.md").read_text().startswith(f"# {run}")
+    assert (tmp_path / "keep" / run / "summary.md").read_text().startswith(f"# {run}")
     assert (tmp_path / "keep" / run / "report.txt").stat().st_size > 0
 
 
@@ -302,3 +304,19 @@ def test_with_next_on_the_last_step_or_on_three_steps_in_a_row_is_refused(tmp_pa
                            for n, w in (("a", "true"), ("b", "true"), ("c", "false"))))
     with pytest.raises(campaign.CampaignError, match="two steps, not three"):
         campaign.load_campaign(str(bad))
+
+
+def test_benchmarks_gpu_stays_small_and_every_manifest_the_findings_name_exists():
+    """Issue 35: ``benchmarks/gpu/`` is one program, its campaign files and one manifest a run (at most
+    40 files), and every ``results/<run>/manifest.json`` that ``docs/gpu-campaigns.md`` or a results
+    note links to is there."""
+    root = SCRIPT.parents[2]
+    files = [p for p in (root / "benchmarks" / "gpu").rglob("*") if p.is_file() and "__pycache__" not in p.parts]
+    assert len(files) <= 40, sorted(str(p.relative_to(root)) for p in files)
+    named = set()
+    for doc in [root / "docs" / "gpu-campaigns.md", *(root / "benchmarks" / "gpu" / "results").rglob("*.md")]:
+        named |= set(re.findall(r"results/(\d{4}-\d\d-\d\d-[0-9a-f]{7}-[\w-]+)/manifest\.json", doc.read_text()))
+        named |= set(re.findall(r"`(\d{4}-\d\d-\d\d-[0-9a-f]{7}-[\w-]+)`", doc.read_text()))
+    assert named, "no run named"
+    missing = sorted(n for n in named if not (root / "benchmarks" / "gpu" / "results" / n / "manifest.json").exists())
+    assert not missing, missing

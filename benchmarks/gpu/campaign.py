@@ -41,9 +41,10 @@ call ends, goes back 30 s after a call ends and after 30 minutes held, runs one 
 Every device command checkpoints into ``$OUT``: ``status.json``, ``results.tgz`` (every run's folder
 but its database, long logs cut to their end) and each run's database as ``<run>.db.gz`` (split in
 parts under 16 MiB where needed). Here, ``plan CAMPAIGN...`` says what fits in one machine hold and
-prints the exact device calls; ``stage`` fetches the parts; ``land FILES_AT`` puts the results of
-the latest call under ``benchmarks/gpu/results/<run>/`` (``manifest.json``, ``summary.md``) and the
-rest, databases included, under ``.gpu-runs/<run>/`` (ignored by git).
+prints the exact device calls; ``stage`` fetches the parts; ``land FILES_AT`` puts each run's
+``manifest.json`` of the latest call under ``benchmarks/gpu/results/<run>/`` (committed: every figure
+is in it) and the rest, ``summary.md`` and databases included, under ``.gpu-runs/<run>/`` (ignored by
+git), and prints the summary.
 """
 
 from __future__ import annotations
@@ -793,10 +794,10 @@ def stage(
 @app.command()
 def land(
     files_at: Annotated[Path, typer.Argument(help="The folder a device call's $OUT files came back to.")],
-    results: Annotated[Path, typer.Option(help="Where manifest.json and summary.md go (committed).")] = RESULTS,
+    results: Annotated[Path, typer.Option(help="Where each run's manifest.json goes (committed).")] = RESULTS,
     keep: Annotated[Path, typer.Option(help="Where everything else goes, databases included (not committed).")] = KEEP,
 ) -> None:
-    """Unpack a checkpoint here: each run's manifest and summary into RESULTS/<run>/, the rest into KEEP/<run>/."""
+    """Unpack a checkpoint here: each run's manifest into RESULTS/<run>/, the rest (its summary too) into KEEP/<run>/."""
     tgz = files_at / "results.tgz"
     if not tgz.exists():
         _fail(CampaignError(f"no results.tgz in {files_at}"))
@@ -812,9 +813,8 @@ def land(
                     fh.write(part.read_bytes())
         target = results / run.name
         target.mkdir(parents=True, exist_ok=True)
-        for name in ("manifest.json", "summary.md"):
-            if (run / name).exists():
-                shutil.copy(run / name, target / name)
+        if (run / "manifest.json").exists():
+            shutil.copy(run / "manifest.json", target / "manifest.json")
         typer.echo(f"{target}: {read_json(run / 'manifest.json', {}).get('state')}")
         if (run / "summary.md").exists():
             typer.echo((run / "summary.md").read_text())
