@@ -499,7 +499,7 @@ class SpoolingSink:
                 self.flushed += 1
 
     def _flush_batched(self, batch: list[tuple[int, str, dict[str, Any]]]) -> int | None:
-        """Write the leading run of case writes of ``batch`` with one ``inner.record_batch``; how
+        """Write the case writes at the start of ``batch`` with one ``inner.record_batch``; how
         many were stored (0: ``batch`` does not start with one, or the database refuses the run:
         then they go one by one, so that only the refused entry is set aside), None when the
         database is away.

@@ -1,6 +1,6 @@
 """The project's text speaks of the project, not of who worked on it or when (issue 35, item 4).
 
-No working period ("the ninth session", "this session's machine"), no "the lead", no helper agents
+No working period ("the ninth session", "this session's machine"), no lead engineer, no helper agents
 in any tracked file: a comment or note that needs a measurement cites the date, the commit and the
 doc section or manifest instead, e.g. "(H200, 2026-12-02, 99acd79;
 benchmarks/gpu/results/2026-12-02-99acd79-default/manifest.json)". Database and pytest sessions
@@ -27,7 +27,7 @@ ORDINALS = (
 PERIOD_WORDS = rf"{ORDINALS}|this|last|earlier|previous|next|that|a later|one|same"
 # POSIX extended syntax (git grep -E) and Python's re read this the same way.
 PATTERN = (
-    rf"({PERIOD_WORDS}) sessions?\b|sessions?'s|\bthe lead\b|helper agents|two helpers"
+    rf"({PERIOD_WORDS}) sessions?\b|sessions?'s|\bthe lea[d]\b|helper agents|two helpers"
 )
 # the same words split over a line break (a wrapped comment or paragraph): "... twelfth\n# session"
 WRAPPED = re.compile(
@@ -78,6 +78,6 @@ def test_no_working_periods_lead_or_helpers_in_the_project_text() -> None:
             hits.append(f"{path}:{line}: {' '.join(match.group(0).split())} (over a line break)")
 
     assert not hits, (
-        "the project's text speaks of working periods, the lead or helpers; cite the date, the commit "
+        "the project's text speaks of working periods, a lead or helpers; cite the date, the commit "
         "and the doc section (or the run's manifest) instead:\n" + "\n".join(hits)
     )

@@ -3,7 +3,7 @@ workers, cases, results, buckets, minimisation leases): the worker's write path,
 transaction with the fault behaviour described below. Cases, results and their bucket counts are
 written here; the worker rows are `service.db.worker_rows.WorkerRows` and the minimisation leases
 `service.db.minimise_leases.MinimisationLeases`, both parts of `SqlStore`. Hypothesis's example
-database is `service.db.examples`; worker sessions and their gaps `service.db.workers`.
+database is `service.db.examples`; worker runs and their gaps `service.db.workers`.
 
 It works on an `Engine` (one short transaction per call) or on an open `Connection` (each call
 in a SAVEPOINT of the caller's transaction; the tests use this).
@@ -175,7 +175,7 @@ def _results_insert(dialect: str) -> Any:
 class SqlStore(WorkerRows, MinimisationLeases):
     """`fuzzer.results.ResultSink` on SQL: idempotent, safe for concurrent worker processes.
 
-    Its worker calls (`register_worker`, `heartbeat`, `mark_worker_lost`, `worker_sessions`) are
+    Its worker calls (`register_worker`, `heartbeat`, `mark_worker_lost`, `worker_runs`) are
     `service.db.worker_rows.WorkerRows`'s, its minimisation calls (`claim_minimisation`,
     `renew_minimisation`, `release_minimisation`, `record_minimised`)
     `service.db.minimise_leases.MinimisationLeases`'s; both share this store's transactor.

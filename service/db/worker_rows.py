@@ -1,5 +1,5 @@
 """The ``workers`` rows of a worker's life: registered, beating, stopped or lost
-(`WorkerRows`, a part of `service.db.store.SqlStore`); reading them back as `WorkerSession` s.
+(`WorkerRows`, a part of `service.db.store.SqlStore`); reading them back as `WorkerRun` s.
 Which workers are live and the gaps between them: `service.db.workers`.
 """
 
@@ -14,7 +14,7 @@ from fuzzer.text import MAX_PACKAGE, storable_text
 from service.db.engine import Transactor
 from service.db.minimise_leases import end_leases_of
 from service.db.models import Build, Worker, utcnow
-from service.db.workers import WorkerSession
+from service.db.workers import WorkerRun
 from service.errors import FieldValidationError, NotFoundError
 
 #: The values of ``workers.status``.
@@ -133,16 +133,16 @@ class WorkerRows:
 
         return self._tx.write(run)
 
-    def worker_sessions(self, hostname: str | None = None) -> list[WorkerSession]:
+    def worker_runs(self, hostname: str | None = None) -> list[WorkerRun]:
         """Every worker (of ``hostname``, if given), oldest first: what `heartbeat_gaps` reads."""
 
-        def run(connection: Connection) -> list[WorkerSession]:
+        def run(connection: Connection) -> list[WorkerRun]:
             statement = select(Worker).order_by(Worker.started_at, Worker.id)
             if hostname is not None:
                 statement = statement.where(Worker.hostname == hostname)
             rows = connection.execute(statement.with_only_columns(*Worker.__table__.c)).all()
             return [
-                WorkerSession(
+                WorkerRun(
                     worker_id=r.id,
                     hostname=r.hostname,
                     slot=r.slot,

@@ -1,5 +1,5 @@
-"""Workers: which are live (`is_live_worker`), worker sessions and the gaps between them: each ``workers`` row as a `WorkerSession`
-(`service.db.store.SqlStore.worker_sessions` reads them), and `heartbeat_gaps`, the time between
+"""Workers: which are live (`is_live_worker`), worker runs and the gaps between them: each ``workers`` row as a `WorkerRun`
+(`service.db.store.SqlStore.worker_runs` reads them), and `heartbeat_gaps`, the time between
 one worker's last heartbeat and its successor's start on the same host and spool slot."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from service.db.models import Worker
 
 
 @dataclass(frozen=True)
-class WorkerSession:
+class WorkerRun:
     """One ``workers`` row: a worker process from start to its last heartbeat (times UTC)."""
 
     worker_id: int
@@ -31,23 +31,23 @@ class HeartbeatGap:
     """The time between a worker's last heartbeat and the start of the next worker of its host
     and slot (its restart), in seconds; ``clean`` when the first one stopped normally."""
 
-    before: WorkerSession
-    after: WorkerSession
+    before: WorkerRun
+    after: WorkerRun
     gap_s: float
     clean: bool
 
 
-def heartbeat_gaps(sessions: Iterable[WorkerSession]) -> list[HeartbeatGap]:
-    """Consecutive sessions of each (hostname, slot), in start order; sessions without a slot are
+def heartbeat_gaps(runs: Iterable[WorkerRun]) -> list[HeartbeatGap]:
+    """Consecutive runs of each (hostname, slot), in start order; runs without a slot are
     left out (nothing says which one restarted which)."""
-    by_slot: dict[tuple[str, str], list[WorkerSession]] = {}
-    for session in sessions:
-        if session.slot is not None:
-            by_slot.setdefault((session.hostname, session.slot), []).append(session)
+    by_slot: dict[tuple[str, str], list[WorkerRun]] = {}
+    for run in runs:
+        if run.slot is not None:
+            by_slot.setdefault((run.hostname, run.slot), []).append(run)
     gaps = []
-    for runs in by_slot.values():
-        runs.sort(key=lambda r: (r.started_at, r.worker_id))
-        for before, after in zip(runs, runs[1:]):
+    for slot_runs in by_slot.values():
+        slot_runs.sort(key=lambda r: (r.started_at, r.worker_id))
+        for before, after in zip(slot_runs, slot_runs[1:]):
             gap_s = (after.started_at - before.last_heartbeat).total_seconds()
             gaps.append(HeartbeatGap(before, after, gap_s, clean=before.status == "stopped"))
     return gaps

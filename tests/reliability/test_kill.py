@@ -69,7 +69,7 @@ def _workers(url: str) -> list[tuple]:
 def _assert_gap_recorded(url: str) -> None:
     engine = make_engine(url)
     try:
-        gaps = heartbeat_gaps(SqlStore(engine).worker_sessions())
+        gaps = heartbeat_gaps(SqlStore(engine).worker_runs())
     finally:
         engine.dispose()
     assert [(g.before.worker_id, g.after.worker_id, g.clean) for g in gaps] == [(1, 2, False)]

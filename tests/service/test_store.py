@@ -347,7 +347,7 @@ def test_released_lost_and_stopped_workers_give_their_leases_back(
         store.claim_minimisation(other, ["sdpa"], 0.0)
 
 
-def test_worker_sessions_show_the_heartbeat_gap_of_a_restarted_slot(store: SqlStore, build_id: int) -> None:
+def test_worker_runs_show_the_heartbeat_gap_of_a_restarted_slot(store: SqlStore, build_id: int) -> None:
     killed = store.register_worker(build_id, "gpu-host", 10, "cuda:0", slot="slot-0")
     other = store.register_worker(build_id, "gpu-host", 11, "cuda:1", slot="slot-1")
     store.heartbeat(killed, 5)
@@ -355,13 +355,13 @@ def test_worker_sessions_show_the_heartbeat_gap_of_a_restarted_slot(store: SqlSt
     store.mark_worker_lost(killed)
     store.heartbeat(restarted, 1, status="stopped")
     again = store.register_worker(build_id, "gpu-host", 13, "cuda:0", slot="slot-0")
-    sessions = store.worker_sessions("gpu-host")
-    assert [s.worker_id for s in sessions] == [killed, other, restarted, again]
-    gaps = heartbeat_gaps(sessions)
+    runs = store.worker_runs("gpu-host")
+    assert [s.worker_id for s in runs] == [killed, other, restarted, again]
+    gaps = heartbeat_gaps(runs)
     assert [(g.before.worker_id, g.after.worker_id, g.clean) for g in gaps] == [(killed, restarted, False), (restarted, again, True)]
     assert all(g.gap_s >= 0 for g in gaps)
-    assert sessions[0].status == "lost" and sessions[0].cases_run == 5
-    assert store.worker_sessions("elsewhere") == []
+    assert runs[0].status == "lost" and runs[0].cases_run == 5
+    assert store.worker_runs("elsewhere") == []
 
 
 def _claimer(url: str, index: int, barrier, queue) -> None:
