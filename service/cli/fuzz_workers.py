@@ -59,6 +59,11 @@ parent's death) before it is killed (SIGKILL; its spool slot and journal keep wh
 stored, the next run stores it): the run ends within about this long plus the command's own stop,
 under the 30 s a scheduler commonly waits between its SIGTERM and its SIGKILL."""
 _END_WAIT_S = 3.0  # seconds between the SIGTERM and the SIGKILL of a worker stopped by `_end`
+WORKER_CHECKPOINT_S = 1.0
+"""A worker without a ledger checkpoints its SQLite file at most this often (each write at once once
+its ``-wal`` file is found removed): a checkpoint after every write (two fsyncs) cost a CPU campaign
+24% of its cases an hour on this 2-core machine under load (`benchmarks/campaign_bench.py`,
+2026-12-06: 99d443e against the same tree without the checkpoint, 3 ABBA rounds)."""
 
 
 @dataclass(frozen=True)
@@ -159,7 +164,9 @@ def run_worker(config: WorkerConfig, url: str, *, reporter: Reporter, options: S
         inner: Any = HttpSink(options.server, writer_token_from_env())
         batching = {"batch_cases": options.batch_cases, "batch_age_s": options.batch_age_s}
     else:
-        inner, batching = SqlStore(engine), {}
+        # a ledger names each result "written" (in the database file): each write checkpointed before
+        # it returns; without one, at most every WORKER_CHECKPOINT_S (service.db.engine.Transactor)
+        inner, batching = SqlStore(engine, checkpoint_s=0.0 if options.ledger else WORKER_CHECKPOINT_S), {}
     spool = Spool.acquire(options.spool_dir or default_spool_root(), url, max_bytes=options.spool_max_bytes)
     journal = Ledger(options.ledger) if options.ledger else None
     sink = SpoolingSink(

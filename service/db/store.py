@@ -183,10 +183,12 @@ class SqlStore(WorkerRows, MinimisationLeases):
     Args:
         bind: an Engine (one transaction per call) or an open Connection (a savepoint per call).
         retries: how many times a transiently failing transaction is retried.
+        checkpoint_s: a SQLite file's checkpoint period (`service.db.engine.Transactor`): 0 (the
+            default) checkpoints every write before it returns.
     """
 
-    def __init__(self, bind: Engine | Connection, *, retries: int = DEFAULT_RETRIES):
-        self._tx = Transactor(bind, retries, lock_timeout_ms=LOCK_TIMEOUT_MS)
+    def __init__(self, bind: Engine | Connection, *, retries: int = DEFAULT_RETRIES, checkpoint_s: float = 0.0):
+        self._tx = Transactor(bind, retries, lock_timeout_ms=LOCK_TIMEOUT_MS, checkpoint_s=checkpoint_s)
         self._registering: dict[tuple, datetime] = {}  # register_worker's first attempt per key
         #: counts of results stored while their bucket's row was locked by another transaction
         #: (PostgreSQL), by ``(backend, variant, signature)``: added to the row by a later write

@@ -81,3 +81,58 @@ def test_a_checkpoint_sqlite_refuses_after_a_commit_is_classified_as_a_write_s_f
     with pytest.raises(getattr(engine_module, raised)) as info:
         engine_module.checkpoint_wal(connection)
     assert message in str(info.value), str(info.value)
+
+
+def _rows_in_the_file_alone(path: Path, tmp_path: Path) -> list[int]:
+    """The rows of table ``t`` in the database file without its ``-wal``: what a kill after the
+    log's removal leaves (a copy of the main file, read on its own)."""
+    import shutil
+    import sqlite3
+
+    copy = tmp_path / "alone.db"
+    shutil.copy(path, copy)
+    with sqlite3.connect(copy) as db:
+        return [row[0] for row in db.execute("SELECT a FROM t ORDER BY a")]
+
+
+@pytest.mark.parametrize("planted", [False, True], ids=["as-built", "planted-no-detection"])
+def test_a_periodic_checkpoint_checkpoints_at_once_once_the_wal_file_is_removed(planted, tmp_path, monkeypatch, caplog) -> None:
+    """A worker without a ledger checkpoints at most every ``checkpoint_s``; the first write after
+    its ``-wal`` file was removed (SQLite went on writing to the unlinked log) is checkpointed at
+    once, with everything before it, and so is every write after. The planted bug (no detection)
+    leaves the file without the writes after the last periodic checkpoint."""
+    from sqlalchemy import text
+
+    from service.db.engine import Transactor, make_engine
+
+    path = tmp_path / "attnfuzz.db"
+    engine = make_engine(f"sqlite:///{path}")
+    with engine.begin() as c:
+        c.execute(text("CREATE TABLE t (a INTEGER PRIMARY KEY)"))
+    tx = Transactor(engine, checkpoint_s=3600.0)
+    if planted:
+        monkeypatch.setattr(Transactor, "_wal_moved", lambda self: False)
+    insert = lambda a: tx.write(lambda c: c.execute(text("INSERT INTO t (a) VALUES (:a)"), {"a": a}))  # noqa: E731
+    insert(1)  # the first write checkpoints (none before it)
+    insert(2)  # within the period: in the log only
+    assert _rows_in_the_file_alone(path, tmp_path) == [1], "the period lets a write stay in the log"
+    for suffix in ("-wal", "-shm"):
+        os.remove(f"{path}{suffix}")
+    with caplog.at_level("WARNING", logger="service.db.engine"):
+        insert(3)
+    insert(4)
+    alone = _rows_in_the_file_alone(path, tmp_path)
+    engine.dispose()
+    if planted:
+        assert alone == [1], alone
+        return
+    assert alone == [1, 2, 3, 4], alone
+    assert "-wal was removed or replaced while in use" in caplog.text and tx.checkpoint_s == 0
+
+
+@pytest.mark.parametrize("bad", [-1.0, float("nan"), float("inf"), "1"])
+def test_a_checkpoint_period_that_is_not_seconds_is_refused_naming_the_field(bad, tmp_path) -> None:
+    from service.db.engine import Transactor, make_engine
+
+    with pytest.raises(ValueError, match="checkpoint_s"):
+        Transactor(make_engine(f"sqlite:///{tmp_path / 'x.db'}"), checkpoint_s=bad)
