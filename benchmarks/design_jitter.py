@@ -8,7 +8,9 @@ neighbouring value in one and not in the other. This script measures how far tha
 rule: for each bucket it emulates the design once as `emulate` does (A), then ``--trials`` times with
 q and k multiplied entry by entry by ``1 + e * 2**-23``, ``e`` drawn from {-1, 0, 1} (one float32
 ulp: a different summation order changes a float32 score by about as much) (B), and prints the
-largest ratio of the rule of B against A per tensor, beside the kernel's stored rule ratios.
+largest ratio of the rule of B against A per tensor, beside the kernel's stored rule ratios. Every
+tensor of the emulation is shown, ``lse`` too where the backend returns none (te-unfused): read the
+tensors the kernel's rule names.
 
 A kernel ratio far above the largest B-against-A ratio is not explained by rounding order; one
 within it is a design limit the single emulation cannot see.
