@@ -235,6 +235,7 @@ class FuzzActor:
                     )
                 except OSError as exc:  # a workdir missing on this node: final, said in the log and the state
                     out.write(f"--- cannot start the fuzz process: {exc}\n")
+                    out.flush()  # in the log before the state says so (a reader of both sees both)
                     self.state, self.exit_code = "failed", None
                     self.error = f"cannot start the fuzz process: {exc}"
                     self._started.set()
