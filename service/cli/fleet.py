@@ -223,13 +223,15 @@ def status(
     server: Annotated[Optional[str], typer.Option("--server", help="Read them from this 'attnfuzz serve' "
                                                   "(GET /api/workers) instead.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON list, a record per worker.")] = False,
+    timeout: Annotated[float, typer.Option("--timeout", min=1, help="Seconds each live actor has to answer "
+                                           "(a busy node's actors answer slowly; one that does not shows an error).")] = 10.0,
 ) -> None:
     """Each worker of a campaign: Ray's actor state and restarts, its process, and from the
     database (or the service) its worker row's status, cases run and last heartbeat."""
     from service import fleet
 
     try:
-        records = fleet.status(address, campaign)
+        records = fleet.status(address, campaign, timeout_s=timeout)
     except AttnFuzzError as exc:
         fail(exc)
     beats = _heartbeats(records, db, server)

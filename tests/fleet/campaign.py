@@ -121,7 +121,8 @@ def wait(condition: Callable[[], Any], what: str, deadline_s: float, logs: Path,
         if time.monotonic() > end:
             files = [logs / "campaign.log", *sorted(logs.glob("worker-*.log"))]
             tails = "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-2000:]}" for p in files if p.exists())
-            raise CampaignFailed(f"timed out after {deadline_s:g} s waiting for {what}\n{snapshot(url)}\n{tails}")
+            last = f"\nlast fleet status: {LAST_STATUS['output']}" if LAST_STATUS.get("output") else ""
+            raise CampaignFailed(f"timed out after {deadline_s:g} s waiting for {what}\n{snapshot(url)}{last}\n{tails}")
         time.sleep(poll_s)  # polling interval of a condition wait
 
 
@@ -141,9 +142,20 @@ def ledger_keys(root: Path) -> tuple[set[tuple], int]:
     return keys, lines
 
 
+LAST_STATUS: dict[str, str] = {}
+"""What the latest `status` call printed (for the message of a wait that runs out)."""
+
+
 def status(address: str, campaign: str) -> list[dict]:
-    """``attnfuzz fleet status --json`` (an empty list when it fails)."""
-    done = attnfuzz("fleet", "status", "--address", address, "--campaign", campaign, "--json", timeout_s=120)
+    """``attnfuzz fleet status --json --timeout 60`` (an empty list when it fails or runs past
+    240 s: on a loaded machine Ray's actors answer slowly)."""
+    try:
+        done = attnfuzz("fleet", "status", "--address", address, "--campaign", campaign, "--json", "--timeout", "60",
+                        timeout_s=240)
+    except subprocess.TimeoutExpired:
+        LAST_STATUS["output"] = "fleet status ran past 240 s"
+        return []
+    LAST_STATUS["output"] = f"rc {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-2000:]}"
     if done.returncode != 0:
         return []
     try:

@@ -193,6 +193,17 @@ def test_fleet_up_refuses_bad_settings_before_reaching_a_cluster(args: list[str]
     assert f"{field}:" in result.output
 
 
+@pytest.mark.parametrize("timeout", ["0", "-5", "soon"])
+def test_fleet_status_refuses_a_timeout_that_is_not_seconds_before_reaching_a_cluster(timeout: str) -> None:
+    from typer.testing import CliRunner
+
+    from service.cli.main import app
+
+    result = CliRunner().invoke(app, ["fleet", "status", "--address", "127.0.0.1:9", "--timeout", timeout])
+    assert result.exit_code == 2, result.output
+    assert "--timeout" in result.output
+
+
 def test_what_fleet_commands_print_masks_the_target_and_the_env_values() -> None:
     from service.cli.fleet import _printable_spec
 
