@@ -284,12 +284,17 @@ def bucket_issue(session: Any, bucket_id: int, *, compute_missing: bool = False)
                    + (f" Detail: `{_code_text(mine.detail)}`" if mine.detail else ""))
         out += ["", "| tensor | signatures | error ratio | L2 error | allowed | worst index | worst tile |",
                 "|---|---|---|---|---|---|---|"]
+        # a tensor the second opinion explained carries the result's signature (``out:limit``), the
+        # oracle's own (``out:mismatch``) in brackets: the status line and the table say the same
+        explained = {sig.partition(":")[0]: sig for sig in (mine.signatures or []) if signature_kind(sig) in LIMIT_KINDS}
         for name in ("out", "lse", "dq", "dk", "dv"):
             figures = (mine.metrics or {}).get(name)
             if not isinstance(figures, dict):
                 continue
+            oracle_words = ", ".join(figures.get("signatures") or []) or "passed"
+            words = f"{explained[name]} (oracle: {oracle_words})" if name in explained else oracle_words
             out.append(
-                f"| {name} | {_cell(', '.join(figures.get('signatures') or []) or 'passed')} | "
+                f"| {name} | {_cell(words)} | "
                 f"{findings.ratio_text(figures.get('error_ratio'))} | {_num(figures.get('err_backend'))} | "
                 f"{_num(figures.get('allowed'))} | {_cell(figures.get('worst_index'))} | "
                 f"{_worst_tile(case, name, figures.get('worst_index'))} |"

@@ -128,3 +128,29 @@ def test_the_consoles_write_no_control_character_they_did_not_make(capsys: pytes
     assert terminal_text("a\x1b[1m[b]\nc") == "a\\x1b[1m\\[b]\\nc"
     console.print("stderr \x1b[31mred")
     assert "\x1b" not in capsys.readouterr().err
+
+
+def test_the_issue_report_table_names_a_tensor_explained_as_a_limit_as_the_status_line_does(tmp_path: Path) -> None:
+    """A result whose out the second opinion explained (``out:limit``) while dq stays a defect: the
+    figures table says ``out:limit`` with the oracle's ``out:mismatch`` beside it, as the status
+    line above it does (it said ``out:mismatch`` alone)."""
+    from service.export.issue_report import bucket_issue
+
+    url = f"sqlite:///{tmp_path / 'limit.db'}"
+    migrations.upgrade(url)
+    engine = make_engine(url)
+    store = SqlStore(engine)
+    build_id = store.register_build(BuildFingerprint(torch="2.13.0"))
+    store.record_case(CASE.to_json(), "fuzz")
+    metrics = {"out": {"signatures": ["out:mismatch"], "error_ratio": 38.7, "err_backend": 1.9, "allowed": 0.049},
+               "dq": {"signatures": ["dq:mismatch"], "error_ratio": 4.42, "err_backend": 1.6, "allowed": 0.35}}
+    update = store.record_result(CaseResult(CASE.case_id, "torch-cpu-math", "is_causal", "fail", signature="dq:mismatch",
+                                            signatures=("dq:mismatch", "out:limit"), metrics=metrics), build_id, None)
+    try:
+        with Session(engine) as session:
+            text = bucket_issue(session, update.bucket_id).markdown
+    finally:
+        engine.dispose()
+    assert "signatures: dq:mismatch, out:limit." in text
+    assert "| out | out:limit (oracle: out:mismatch) | 38.7 |" in text, text
+    assert "| dq | dq:mismatch | 4.42 |" in text
