@@ -425,19 +425,16 @@ def schema_revision(url: str) -> str | None:
         raise ServiceError(f"database {masked_url(url)!r}: cannot open: {type(exc).__name__}: {str(exc).strip().splitlines()[0]}") from exc
 
 
-def check_schema(url: str) -> None:
-    """For reading commands (``cases``, ``report``, ``serve``, ``buckets``): check, without
-    writing, that ``url`` holds a database at the newest schema revision. Reading commands never
-    migrate, so a read-only database stays readable.
+def require_database(url: str) -> None:
+    """Check that a SQLite ``url`` names a file that exists (other URLs pass): the reading commands
+    and ``export`` refuse to create an empty database where none was meant to be.
 
     Raises:
-        ServiceError: no database there, it cannot be opened, or its schema is not the newest one
-            (the message says to run ``attnfuzz db upgrade --db URL``).
+        ServiceError: no SQLite file there (the message says to run ``attnfuzz db upgrade --db URL``).
     """
     from sqlalchemy.engine import make_url
 
     from service.errors import ServiceError
-    from service.db.migrations import head
 
     parsed = make_url(url)
     path = parsed.database
@@ -447,6 +444,21 @@ def check_schema(url: str) -> None:
         if not os.path.exists(path):
             raise ServiceError(f"no database at {masked_url(url)!r} ({os.path.abspath(path)} does not exist); "
                                f"create it with: attnfuzz db upgrade --db {masked_url(url)}")
+
+
+def check_schema(url: str) -> None:
+    """For reading commands (``cases``, ``report``, ``serve``, ``buckets``): check, without
+    writing, that ``url`` holds a database at the newest schema revision. Reading commands never
+    migrate, so a read-only database stays readable.
+
+    Raises:
+        ServiceError: no database there, it cannot be opened, or its schema is not the newest one
+            (the message says to run ``attnfuzz db upgrade --db URL``).
+    """
+    from service.errors import ServiceError
+    from service.db.migrations import head
+
+    require_database(url)
     revision = schema_revision(url)
     newest = head()
     if revision is not None and revision != newest and not _known_revision(revision):
@@ -458,20 +470,25 @@ def check_schema(url: str) -> None:
                            f"run `attnfuzz db upgrade --db {masked_url(url)}` first")
 
 
-def open_database(db: str | None, *, write: bool = False) -> tuple[str, Engine]:
+def open_database(db: str | None, *, write: bool = False, create: bool = True) -> tuple[str, Engine]:
     """The URL ``--db`` names (`db_url`) and an Engine on it, for a command: a writing command
     (``write``) migrates the database first (`migrate`), a reading one checks, without writing,
     that it is at the newest revision (`check_schema`). The caller disposes of the Engine.
+    Without ``create`` a writing command too refuses a SQLite file that does not exist
+    (`require_database`): ``export`` reads a stored case and has nothing to put in a new one.
 
     Raises:
         typer.BadParameter: ``db`` is not a database URL nor a file path (exit 2).
-        ServiceError: the database cannot be opened or migrated, or (reading) its schema is old.
+        ServiceError: the database cannot be opened or migrated, (reading) its schema is old, or
+            (reading, or without ``create``) no SQLite file is there.
         StoreRefusedError: (writing) a SQLite file on a read-only directory or a full disk.
     """
     from service.db.engine import make_engine
 
     url = db_url(db)
     if write:
+        if not create:
+            require_database(url)
         migrate(url)
     else:
         check_schema(url)

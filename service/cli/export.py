@@ -4,8 +4,8 @@ Wired into the main CLI by ``service.cli.main`` calling `register(app)`. Exit co
 `service.cli.common.EXIT_CODES`: 0 written, 2 bad input (unknown case or bucket, neither or both of
 them given, a backend without a repro method, a variant recorded only as unsupported or passing
 without ``--force``, a stored value that does not validate, an ``--output`` that cannot be
-written), 5 the database cannot be opened or migrated. It first migrates the database to
-the newest revision (the reading commands never do).
+written), 5 no database is there, or it cannot be opened or migrated. It first migrates the
+database to the newest revision (the reading commands never do), but creates none.
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def export_case(
     if output is not None and str(output) != "-":
         _check_writable(output)  # before the work, not a traceback after it
     try:
-        url, engine = open_database(db, write=True)
+        url, engine = open_database(db, write=True, create=False)
     except AttnFuzzError as exc:
         fail(exc)
     spec = backend if backend is not None and ":" in backend else None

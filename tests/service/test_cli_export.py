@@ -106,13 +106,32 @@ def test_force_exports_an_unsupported_or_passing_variant(cli: typer.Typer, store
 
 
 def test_export_migrates_a_database_it_opens_first(cli: typer.Typer, tmp_path: Path) -> None:
-    """A database without the schema is migrated like every other reading command, so an unknown
-    case is reported as such (exit 2), not as a missing table (exit 5)."""
+    """A database file without the schema is migrated, so an unknown case is reported as such
+    (exit 2), not as a missing table (exit 5)."""
+    (tmp_path / "new.db").touch()
     url = f"sqlite:///{tmp_path / 'new.db'}"
     result = CliRunner().invoke(cli, ["export", "0123456789abcdef", "-o", str(tmp_path / "t.py"), "--db", url])
     assert result.exit_code == 2, result.output
     assert "no case" in result.output
     assert migrations.current(url) == migrations.head()
+
+
+@pytest.mark.parametrize("what", [["0123456789abcdef"], ["--bucket", "1"]])
+@pytest.mark.parametrize("where", ["default", "path"])
+def test_export_refuses_a_missing_database_and_creates_none(
+    cli: typer.Typer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, what: list, where: str
+) -> None:
+    """A new-user trial: ``attnfuzz export --bucket 1`` with no database made an empty
+    attnfuzz.db and then said "no bucket 1" (exit 2); it refuses as the reading commands do
+    (exit 5, naming ``attnfuzz db upgrade``) and creates nothing."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("ATTNFUZZ_DATABASE_URL", raising=False)
+    db = [] if where == "default" else ["--db", str(tmp_path / "missing.db")]
+    result = CliRunner().invoke(cli, ["export", *what, "-o", str(tmp_path / "t.py"), *db])
+    text = " ".join(result.output.split())
+    assert result.exit_code == 5, result.output
+    assert "no database at" in text and "attnfuzz db upgrade" in text, text
+    assert sorted(p.name for p in tmp_path.iterdir()) == [], "no database file, no output"
 
 
 def test_service_bad_input_errors_share_exit_code_2_with_the_rest_of_the_cli() -> None:
