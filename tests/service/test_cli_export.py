@@ -95,6 +95,19 @@ def test_export_errors_exit_2_naming_the_problem(cli: typer.Typer, stored, tmp_p
     assert not (tmp_path / "t.py").exists()
 
 
+def test_a_misspelled_backend_is_named_unknown_with_the_closest_name(cli: typer.Typer, stored, tmp_path: Path) -> None:
+    """A new-user trial: ``--backend te-unfusd`` was answered "variant: required: no failing result
+    of this case with backend 'te-unfusd'"; it names ``backend`` as unknown for the case, the
+    closest name and the allowed ones, as ``fuzz --backend`` does."""
+    url, case = stored
+    result = CliRunner().invoke(cli, ["export", case.case_id, "--backend", "torch-cpu-mth", "-o", str(tmp_path / "t.py"), "--db", url])
+    text = " ".join(result.output.split())
+    assert result.exit_code == 2, result.output
+    assert "backend: unknown for this case: 'torch-cpu-mth' (did you mean 'torch-cpu-math'?)" in text, text
+    assert "allowed: the backends it has results of: torch-cpu-flash, torch-cpu-math" in text, text
+    assert "variant:" not in text and not (tmp_path / "t.py").exists()
+
+
 @pytest.mark.parametrize(("backend", "variant"), [("torch-cpu-math", "float_mask"), ("torch-cpu-flash", "is_causal")])
 def test_force_exports_an_unsupported_or_passing_variant(cli: typer.Typer, stored, tmp_path: Path, backend, variant) -> None:
     url, case = stored
