@@ -127,11 +127,15 @@ def export_case(
     # this interpreter's pytest: a bare "pytest" may be another Python's, without torch, and the file then
     # only skips (a new-user trial saw "1 skipped" and no reason); -rs prints a skip's reason
     python = shlex.quote(sys.executable)
+    import importlib.util
+
+    # the interpreter named is this one: the install hint only where its pytest is missing
+    needs = "" if importlib.util.find_spec("pytest") is not None else f"; needs pytest: {python} -m pip install pytest"
     console.print(
         f"wrote {escape(str(path))}: {terminal_text(target.backend)} / {terminal_text(target.variant)} / "
         f"{terminal_text(target.signature or '(no recorded failure)')}; "
         f"run it with: {python} -m pytest -rs -c /dev/null {path} (-c /dev/null: without the pytest settings of the "
-        f"project you are in, which may add options this file does not need; needs pytest: {python} -m pip install pytest)"
+        f"project you are in, which may add options this file does not need{needs})"
     )
     if target.also_failing:
         others = terminal_text(", ".join(f"{b}/{v}" for b, v in target.also_failing))

@@ -66,6 +66,24 @@ def test_export_writes_the_repro_of_the_failing_variant(cli: typer.Typer, stored
     assert f"runitwith:{shlex.quote(sys.executable)}-mpytest-rs-c/dev/null{target}".replace(" ", "") in said
 
 
+@pytest.mark.parametrize("installed", [True, False])
+def test_the_pytest_install_hint_shows_only_where_pytest_is_missing(
+    cli: typer.Typer, stored, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, installed: bool
+) -> None:
+    """A new-user trial: ``needs pytest: ... -m pip install pytest`` was printed with pytest
+    importable by the Python it names (this one)."""
+    import importlib.util
+
+    if not installed:
+        found = importlib.util.find_spec
+        monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "pytest" else found(name, *a))
+    url, case = stored
+    result = CliRunner().invoke(cli, ["export", case.case_id, "-o", str(tmp_path / "t.py"), "--db", url])
+    assert result.exit_code == 0, result.output
+    assert ("needs pytest:" in result.output) is not installed, result.output
+    assert ("-mpipinstallpytest" in "".join(result.output.split())) is not installed
+
+
 def test_export_to_stdout(cli: typer.Typer, stored) -> None:
     url, case = stored
     result = CliRunner().invoke(cli, ["export", case.case_id, "-o", "-", "--db", url])
