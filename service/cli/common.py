@@ -369,10 +369,16 @@ def migrate(url: str, wait_s: float = 0.0) -> None:
             raise ServiceError(f"database {masked_url(url)!r}: cannot migrate: {type(exc).__name__}: {exc}") from exc
         except Exception as exc:  # SQLAlchemy / Alembic errors: name the database, keep the cause
             _raise_refused(url, exc)
-            hint = ""
-            if isinstance(exc, ModuleNotFoundError) and exc.name in ("psycopg", "psycopg2"):
-                hint = " (PostgreSQL needs psycopg 3: pip install -e '.[postgres]', and a postgresql+psycopg:// URL)"
-            raise ServiceError(f"database {masked_url(url)!r}: cannot migrate: {type(exc).__name__}: {exc}{hint}") from exc
+            raise ServiceError(f"database {masked_url(url)!r}: cannot migrate: {type(exc).__name__}: {exc}{_driver_hint(exc)}") from exc
+
+
+def _driver_hint(exc: Exception) -> str:
+    """What to install when ``exc`` is the PostgreSQL driver's missing module (else ``""``): the
+    ``postgres`` extra of pyproject.toml."""
+    if isinstance(exc, ModuleNotFoundError) and exc.name in ("psycopg", "psycopg2"):
+        return (" (PostgreSQL needs psycopg 3: pip install -e '.[postgres]' in a checkout, else "
+                "pip install 'attnfuzz[postgres]'; and a postgresql+psycopg:// URL)")
+    return ""
 
 
 def _sqlite_folder(url: str) -> str | None:
@@ -422,7 +428,8 @@ def schema_revision(url: str) -> str | None:
     try:
         return current(url)
     except Exception as exc:  # SQLAlchemy/driver errors: name the database, keep the cause
-        raise ServiceError(f"database {masked_url(url)!r}: cannot open: {type(exc).__name__}: {str(exc).strip().splitlines()[0]}") from exc
+        raise ServiceError(f"database {masked_url(url)!r}: cannot open: {type(exc).__name__}: "
+                           f"{str(exc).strip().splitlines()[0]}{_driver_hint(exc)}") from exc
 
 
 def require_database(url: str) -> None:
