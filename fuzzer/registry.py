@@ -14,7 +14,7 @@ import importlib.metadata
 from collections.abc import Iterable
 
 from fuzzer.backends.base import Backend, BackendError, Capabilities, UnknownBackendError
-from fuzzer.text import MAX_NAME, is_storable, storable_text
+from fuzzer.text import MAX_NAME, did_you_mean, is_storable, storable_text
 
 ENTRY_POINT_GROUP = "attnfuzz.backends"
 BUILTIN_MODULES = (
@@ -189,12 +189,8 @@ def select(names: Iterable[str], extra_specs: Iterable[str] = ()) -> list[tuple[
     if missing:
         opt_in = sorted(n for n, (_, spec) in known.items() if spec.partition(":")[0] in OPT_IN_MODULES)
         regular = sorted(n for n in known if n not in opt_in)
-        import difflib
-
-        close = difflib.get_close_matches(missing[0], list(known), n=1)
         raise UnknownBackendError(
-            f"backend: unknown name {missing[0]!r}"
-            + (f" (did you mean {close[0]!r}?)" if close else "")
+            f"backend: unknown name {missing[0]!r}{did_you_mean(missing[0], known)}"
             + f" (allowed: {', '.join(regular)}"
             + (f"; opt-in backends that exercise attnfuzz itself: {', '.join(opt_in)}" if opt_in else "")
             + ")"

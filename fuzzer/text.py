@@ -125,7 +125,18 @@ def masked_text(text: str) -> str:
     return _QUERY_PASSWORD.sub(lambda m: m.group("head") + MASK, text)
 
 
+def did_you_mean(value: str, known: Any) -> str:
+    """`` (did you mean 'name'?)``: the name of ``known`` (an iterable of names) closest to a
+    mistyped ``value`` (``difflib``'s match), or ``""`` when none is close: what an unknown name's
+    message adds before its allowed values (``fuzz --backend``, ``export --backend``)."""
+    import difflib
+
+    close = difflib.get_close_matches(value, list(known), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 __all__ = [
-    "CUT_MARKER", "MASK", "MAX_DETAIL", "MAX_NAME", "MAX_PACKAGE", "MAX_SIGNATURE", "MAX_VERSIONS", "has_unstorable", "is_storable",
+    "CUT_MARKER", "MASK", "MAX_DETAIL", "MAX_NAME", "MAX_PACKAGE", "MAX_SIGNATURE", "MAX_VERSIONS", "did_you_mean",
+    "has_unstorable", "is_storable",
     "masked_text", "masked_url", "storable_text",
 ]

@@ -369,10 +369,16 @@ def migrate(url: str, wait_s: float = 0.0) -> None:
             raise ServiceError(f"database {masked_url(url)!r}: cannot migrate: {type(exc).__name__}: {exc}") from exc
         except Exception as exc:  # SQLAlchemy / Alembic errors: name the database, keep the cause
             _raise_refused(url, exc)
-            hint = ""
-            if isinstance(exc, ModuleNotFoundError) and exc.name in ("psycopg", "psycopg2"):
-                hint = " (PostgreSQL needs psycopg 3: pip install -e '.[postgres]', and a postgresql+psycopg:// URL)"
-            raise ServiceError(f"database {masked_url(url)!r}: cannot migrate: {type(exc).__name__}: {exc}{hint}") from exc
+            raise ServiceError(f"database {masked_url(url)!r}: cannot migrate: {type(exc).__name__}: {exc}{_driver_hint(exc)}") from exc
+
+
+def _driver_hint(exc: Exception) -> str:
+    """What to install when ``exc`` is the PostgreSQL driver's missing module (else ``""``): the
+    ``postgres`` extra of pyproject.toml."""
+    if isinstance(exc, ModuleNotFoundError) and exc.name in ("psycopg", "psycopg2"):
+        return (" (PostgreSQL needs psycopg 3: pip install -e '.[postgres]' in a checkout, else "
+                "pip install 'attnfuzz[postgres]'; and a postgresql+psycopg:// URL)")
+    return ""
 
 
 def _sqlite_folder(url: str) -> str | None:
@@ -422,7 +428,29 @@ def schema_revision(url: str) -> str | None:
     try:
         return current(url)
     except Exception as exc:  # SQLAlchemy/driver errors: name the database, keep the cause
-        raise ServiceError(f"database {masked_url(url)!r}: cannot open: {type(exc).__name__}: {str(exc).strip().splitlines()[0]}") from exc
+        raise ServiceError(f"database {masked_url(url)!r}: cannot open: {type(exc).__name__}: "
+                           f"{str(exc).strip().splitlines()[0]}{_driver_hint(exc)}") from exc
+
+
+def require_database(url: str) -> None:
+    """Check that a SQLite ``url`` names a file that exists (other URLs pass): the reading commands
+    and ``export`` refuse to create an empty database where none was meant to be.
+
+    Raises:
+        ServiceError: no SQLite file there (the message says to run ``attnfuzz db upgrade --db URL``).
+    """
+    from sqlalchemy.engine import make_url
+
+    from service.errors import ServiceError
+
+    parsed = make_url(url)
+    path = parsed.database
+    if path and parsed.query.get("uri") == "true" and path.startswith("file:"):  # sqlite:///file:x.db?mode=ro&uri=true
+        path = path.removeprefix("file:").split("?", 1)[0]
+    if parsed.get_backend_name() == "sqlite" and path not in (None, "", ":memory:"):
+        if not os.path.exists(path):
+            raise ServiceError(f"no database at {masked_url(url)!r} ({os.path.abspath(path)} does not exist); "
+                               f"create it with: attnfuzz db upgrade --db {masked_url(url)}")
 
 
 def check_schema(url: str) -> None:
@@ -434,19 +462,10 @@ def check_schema(url: str) -> None:
         ServiceError: no database there, it cannot be opened, or its schema is not the newest one
             (the message says to run ``attnfuzz db upgrade --db URL``).
     """
-    from sqlalchemy.engine import make_url
-
     from service.errors import ServiceError
     from service.db.migrations import head
 
-    parsed = make_url(url)
-    path = parsed.database
-    if path and parsed.query.get("uri") == "true" and path.startswith("file:"):  # sqlite:///file:x.db?mode=ro&uri=true
-        path = path.removeprefix("file:").split("?", 1)[0]
-    if parsed.get_backend_name() == "sqlite" and path not in (None, "", ":memory:"):
-        if not os.path.exists(path):
-            raise ServiceError(f"no database at {masked_url(url)!r} ({os.path.abspath(path)} does not exist); "
-                               f"create it with: attnfuzz db upgrade --db {masked_url(url)}")
+    require_database(url)
     revision = schema_revision(url)
     newest = head()
     if revision is not None and revision != newest and not _known_revision(revision):
@@ -458,20 +477,25 @@ def check_schema(url: str) -> None:
                            f"run `attnfuzz db upgrade --db {masked_url(url)}` first")
 
 
-def open_database(db: str | None, *, write: bool = False) -> tuple[str, Engine]:
+def open_database(db: str | None, *, write: bool = False, create: bool = True) -> tuple[str, Engine]:
     """The URL ``--db`` names (`db_url`) and an Engine on it, for a command: a writing command
     (``write``) migrates the database first (`migrate`), a reading one checks, without writing,
     that it is at the newest revision (`check_schema`). The caller disposes of the Engine.
+    Without ``create`` a writing command too refuses a SQLite file that does not exist
+    (`require_database`): ``export`` reads a stored case and has nothing to put in a new one.
 
     Raises:
         typer.BadParameter: ``db`` is not a database URL nor a file path (exit 2).
-        ServiceError: the database cannot be opened or migrated, or (reading) its schema is old.
+        ServiceError: the database cannot be opened or migrated, (reading) its schema is old, or
+            (reading, or without ``create``) no SQLite file is there.
         StoreRefusedError: (writing) a SQLite file on a read-only directory or a full disk.
     """
     from service.db.engine import make_engine
 
     url = db_url(db)
     if write:
+        if not create:
+            require_database(url)
         migrate(url)
     else:
         check_schema(url)

@@ -4,8 +4,8 @@ Wired into the main CLI by ``service.cli.main`` calling `register(app)`. Exit co
 `service.cli.common.EXIT_CODES`: 0 written, 2 bad input (unknown case or bucket, neither or both of
 them given, a backend without a repro method, a variant recorded only as unsupported or passing
 without ``--force``, a stored value that does not validate, an ``--output`` that cannot be
-written), 5 the database cannot be opened or migrated. It first migrates the database to
-the newest revision (the reading commands never do).
+written), 5 no database is there, or it cannot be opened or migrated. It first migrates the
+database to the newest revision (the reading commands never do), but creates none.
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def export_case(
     if output is not None and str(output) != "-":
         _check_writable(output)  # before the work, not a traceback after it
     try:
-        url, engine = open_database(db, write=True)
+        url, engine = open_database(db, write=True, create=False)
     except AttnFuzzError as exc:
         fail(exc)
     spec = backend if backend is not None and ":" in backend else None
@@ -127,11 +127,15 @@ def export_case(
     # this interpreter's pytest: a bare "pytest" may be another Python's, without torch, and the file then
     # only skips (a new-user trial saw "1 skipped" and no reason); -rs prints a skip's reason
     python = shlex.quote(sys.executable)
+    import importlib.util
+
+    # the interpreter named is this one: the install hint only where its pytest is missing
+    needs = "" if importlib.util.find_spec("pytest") is not None else f"; needs pytest: {python} -m pip install pytest"
     console.print(
         f"wrote {escape(str(path))}: {terminal_text(target.backend)} / {terminal_text(target.variant)} / "
         f"{terminal_text(target.signature or '(no recorded failure)')}; "
         f"run it with: {python} -m pytest -rs -c /dev/null {path} (-c /dev/null: without the pytest settings of the "
-        f"project you are in, which may add options this file does not need; needs pytest: {python} -m pip install pytest)"
+        f"project you are in, which may add options this file does not need{needs})"
     )
     if target.also_failing:
         others = terminal_text(", ".join(f"{b}/{v}" for b, v in target.also_failing))

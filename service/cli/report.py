@@ -20,7 +20,10 @@ from service.cli.common import DbOption, fail, id_column, open_database, out, pr
 def report(
     db: DbOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
-    bucket: Annotated[Optional[int], typer.Option("--bucket", help="Report one bucket (with --format markdown: as an issue).")] = None,
+    bucket: Annotated[
+        Optional[int],
+        typer.Option("--bucket", min=1, help="Report one bucket (attnfuzz buckets list; with --format markdown: as an issue)."),
+    ] = None,
     format_: Annotated[str, typer.Option("--format", help="text or markdown (markdown needs --bucket).")] = "text",
 ) -> None:
     """Summarise a database: results per backend and status, times, and every bucket with its minimised case.
@@ -241,7 +244,7 @@ def print_issue_report(db: str | None, bucket_id: int) -> None:
     from sqlalchemy.exc import SQLAlchemyError
     from sqlalchemy.orm import Session
 
-    from service.errors import ServiceError
+    from service.errors import NotFoundError, ServiceError
     from service.export.issue_report import bucket_issue
 
     try:
@@ -251,6 +254,8 @@ def print_issue_report(db: str | None, bucket_id: int) -> None:
     try:
         with Session(engine) as session:
             issue = bucket_issue(session, bucket_id, compute_missing=True)
+    except NotFoundError as exc:  # where to look, as `cases show` says for a case
+        fail(NotFoundError(exc.kind, exc.key, hint=f"`attnfuzz buckets list --db {masked_url(url)}` shows the stored buckets"))
     except AttnFuzzError as exc:
         fail(exc)
     except SQLAlchemyError as exc:

@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session, joinedload, selectinload
 
 from fuzzer.results import FAILING_STATUSES
 from fuzzer.severity import LIMIT_KINDS, SEVERITIES, SEVERITY_RANK, signature_kind
+from fuzzer.text import did_you_mean
 from oracle import mask_kinds
 from service.errors import FieldValidationError, NotFoundError
 from service.db.models import Bucket, Build, Case, Result, TriageState, Worker, utcnow
@@ -482,7 +483,9 @@ def repro_target(session: Session, case_id: str, *, backend: str | None = None, 
 
     Raises:
         NotFoundError: no case ``case_id``.
-        FieldValidationError: ``backend``/``variant`` needed: the case has no failing result (of the
+        FieldValidationError: ``backend``: a ``backend`` without ``variant`` that the case has
+            no result of (the message suggests the closest name and lists those it has);
+            ``backend``/``variant`` needed: the case has no failing result (of the
             ``backend``/``variant`` given; the message lists those it has).
     """
     case = session.get(Case, case_id)
@@ -499,6 +502,14 @@ def repro_target(session: Session, case_id: str, *, backend: str | None = None, 
     pairs = list(dict.fromkeys((r.backend, r.variant) for r in matching))
     if backend and variant:
         return ReproTarget(case, backend, variant, matching[0].signature if matching else None)
+    if not pairs and backend and not variant:
+        ran = sorted(session.scalars(select(Result.backend).where(Result.case_id == case_id).distinct()))
+        if backend not in ran:  # a mistyped name: say so, not that a variant is needed
+            raise FieldValidationError(
+                "backend",
+                f"unknown for this case: {backend!r}{did_you_mean(backend, ran)} (allowed: the backends it has "
+                f"results of: {', '.join(ran) or 'none'}; another backend only with --variant and --force; API: variant=, force=true)",
+            )
     if not pairs:
         field = "backend" if not backend else "variant"
         given = " and ".join(f"{name} {value!r}" for name, value in (("backend", backend), ("variant", variant)) if value)

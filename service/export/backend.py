@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 
 from fuzzer.backends.base import Backend, ReproCall
+from fuzzer.text import did_you_mean
 from oracle.config import AttentionCase
 from service.export.safety import ExportError
 
@@ -52,7 +53,8 @@ def resolve_backend(name: str, spec: str | None = None) -> Backend:
     if name not in known:
         raise ExportError(
             "backend",
-            f"no export for backend {name!r}: no installed backend has that name (known: {', '.join(sorted(known))}); "
+            f"no export for backend {name!r}{did_you_mean(name, known)}: no installed backend has that name "
+            f"(known: {', '.join(sorted(known))}); "
             "install its package (entry-point group attnfuzz.backends) or name it with --backend module:attr",
         )
     return known[name]

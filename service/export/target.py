@@ -46,6 +46,35 @@ def misleading_reason(statuses: list[tuple[str, str]], backend: str, variant: st
     return f"{backend}/{variant} passed on this case on every stored build: the file would pass (a regression test, not a repro)"
 
 
+def unforced_exports(config: dict[str, Any], results: Any) -> set[tuple[str, str]]:
+    """The ``(backend, variant)`` pairs of a case (its stored ``config``) and its stored
+    ``results`` (objects with ``backend``, ``variant``, ``status``, ``signature``, ``metrics``,
+    ``created_at`` and ``id``) whose repro exports from stored figures without ``force``: the
+    results carry the case's allowances (else none: `export_target` needs them), a failure is
+    stored (`misleading_reason` is None) and the newest signature is no limit of the backend's
+    design (`design_limit_export`). The case page links only these: for the others
+    ``/api/cases/{id}/repro.py`` answers 422, which a browser would save as the file."""
+    newest_first = sorted(results, key=lambda r: (r.created_at, r.id), reverse=True)
+    try:
+        case = validated_case(config)
+    except ExportError:
+        return set()
+    allowance = stored_allowance(case, [r.metrics for r in newest_first if r.metrics])
+    if any(name not in allowance for name in required_tensors(case)):
+        return set()
+    grouped: dict[tuple[str, str], list[Any]] = {}
+    for r in newest_first:
+        grouped.setdefault((r.backend, r.variant), []).append(r)
+    exports = set()
+    for (backend, variant), rows in grouped.items():
+        signature = next((r.signature for r in rows if r.signature is not None), None)
+        if misleading_reason([(r.status, "") for r in rows], backend, variant) is None and (
+            signature is None or signature_kind(signature) not in LIMIT_KINDS
+        ):
+            exports.add((backend, variant))
+    return exports
+
+
 def load_export(
     session: Any,
     case_id: str,

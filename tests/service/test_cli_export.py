@@ -66,6 +66,24 @@ def test_export_writes_the_repro_of_the_failing_variant(cli: typer.Typer, stored
     assert f"runitwith:{shlex.quote(sys.executable)}-mpytest-rs-c/dev/null{target}".replace(" ", "") in said
 
 
+@pytest.mark.parametrize("installed", [True, False])
+def test_the_pytest_install_hint_shows_only_where_pytest_is_missing(
+    cli: typer.Typer, stored, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, installed: bool
+) -> None:
+    """A new-user trial: ``needs pytest: ... -m pip install pytest`` was printed with pytest
+    importable by the Python it names (this one)."""
+    import importlib.util
+
+    if not installed:
+        found = importlib.util.find_spec
+        monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "pytest" else found(name, *a))
+    url, case = stored
+    result = CliRunner().invoke(cli, ["export", case.case_id, "-o", str(tmp_path / "t.py"), "--db", url])
+    assert result.exit_code == 0, result.output
+    assert ("needs pytest:" in result.output) is not installed, result.output
+    assert ("-mpipinstallpytest" in "".join(result.output.split())) is not installed
+
+
 def test_export_to_stdout(cli: typer.Typer, stored) -> None:
     url, case = stored
     result = CliRunner().invoke(cli, ["export", case.case_id, "-o", "-", "--db", url])
@@ -95,6 +113,19 @@ def test_export_errors_exit_2_naming_the_problem(cli: typer.Typer, stored, tmp_p
     assert not (tmp_path / "t.py").exists()
 
 
+def test_a_misspelled_backend_is_named_unknown_with_the_closest_name(cli: typer.Typer, stored, tmp_path: Path) -> None:
+    """A new-user trial: ``--backend te-unfusd`` was answered "variant: required: no failing result
+    of this case with backend 'te-unfusd'"; it names ``backend`` as unknown for the case, the
+    closest name and the allowed ones, as ``fuzz --backend`` does."""
+    url, case = stored
+    result = CliRunner().invoke(cli, ["export", case.case_id, "--backend", "torch-cpu-mth", "-o", str(tmp_path / "t.py"), "--db", url])
+    text = " ".join(result.output.split())
+    assert result.exit_code == 2, result.output
+    assert "backend: unknown for this case: 'torch-cpu-mth' (did you mean 'torch-cpu-math'?)" in text, text
+    assert "allowed: the backends it has results of: torch-cpu-flash, torch-cpu-math" in text, text
+    assert "variant:" not in text and not (tmp_path / "t.py").exists()
+
+
 @pytest.mark.parametrize(("backend", "variant"), [("torch-cpu-math", "float_mask"), ("torch-cpu-flash", "is_causal")])
 def test_force_exports_an_unsupported_or_passing_variant(cli: typer.Typer, stored, tmp_path: Path, backend, variant) -> None:
     url, case = stored
@@ -106,13 +137,32 @@ def test_force_exports_an_unsupported_or_passing_variant(cli: typer.Typer, store
 
 
 def test_export_migrates_a_database_it_opens_first(cli: typer.Typer, tmp_path: Path) -> None:
-    """A database without the schema is migrated like every other reading command, so an unknown
-    case is reported as such (exit 2), not as a missing table (exit 5)."""
+    """A database file without the schema is migrated, so an unknown case is reported as such
+    (exit 2), not as a missing table (exit 5)."""
+    (tmp_path / "new.db").touch()
     url = f"sqlite:///{tmp_path / 'new.db'}"
     result = CliRunner().invoke(cli, ["export", "0123456789abcdef", "-o", str(tmp_path / "t.py"), "--db", url])
     assert result.exit_code == 2, result.output
     assert "no case" in result.output
     assert migrations.current(url) == migrations.head()
+
+
+@pytest.mark.parametrize("what", [["0123456789abcdef"], ["--bucket", "1"]])
+@pytest.mark.parametrize("where", ["default", "path"])
+def test_export_refuses_a_missing_database_and_creates_none(
+    cli: typer.Typer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, what: list, where: str
+) -> None:
+    """A new-user trial: ``attnfuzz export --bucket 1`` with no database made an empty
+    attnfuzz.db and then said "no bucket 1" (exit 2); it refuses as the reading commands do
+    (exit 5, naming ``attnfuzz db upgrade``) and creates nothing."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("ATTNFUZZ_DATABASE_URL", raising=False)
+    db = [] if where == "default" else ["--db", str(tmp_path / "missing.db")]
+    result = CliRunner().invoke(cli, ["export", *what, "-o", str(tmp_path / "t.py"), *db])
+    text = " ".join(result.output.split())
+    assert result.exit_code == 5, result.output
+    assert "no database at" in text and "attnfuzz db upgrade" in text, text
+    assert sorted(p.name for p in tmp_path.iterdir()) == [], "no database file, no output"
 
 
 def test_service_bad_input_errors_share_exit_code_2_with_the_rest_of_the_cli() -> None:

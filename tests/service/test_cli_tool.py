@@ -169,6 +169,19 @@ def test_a_missing_postgresql_driver_names_the_extra_to_install(monkeypatch: pyt
     assert "pip install -e '.[postgres]'" in " ".join(shown.output.split()), shown.output
 
 
+@pytest.mark.parametrize("args", [("report",), ("cases", "list"), ("buckets", "list"), ("serve",), ("fuzz", "--time-budget", "5")])
+def test_every_command_names_the_postgres_extra_when_psycopg_is_missing(monkeypatch: pytest.MonkeyPatch, args: tuple) -> None:
+    """A new-user trial: a reading command said only "cannot open: ModuleNotFoundError: No module
+    named 'psycopg'". The driver is made unimportable (None in sys.modules), not uninstalled."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "psycopg", None)
+    result = _invoke(*args, "--db", "postgresql+psycopg://u@127.0.0.1:1/db")
+    text = " ".join(result.output.split())
+    assert result.exit_code == 5, result.output
+    assert "ModuleNotFoundError" in text and "pip install -e '.[postgres]'" in text and "'attnfuzz[postgres]'" in text, text
+
+
 def test_reading_commands_do_not_migrate_and_read_a_read_only_database(db: str, tmp_path: Path) -> None:
     path = db.removeprefix("sqlite:///")
     read_only = f"sqlite:///file:{path}?mode=ro&uri=true"

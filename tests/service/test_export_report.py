@@ -101,14 +101,19 @@ def test_the_report_names_the_first_bad_build_of_a_bisection(standin) -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [(["--format", "markdown"], "give --bucket"), (["--bucket", "999", "--format", "markdown"], "999"),
-     (["--format", "html"], "allowed: text, markdown")],
+     (["--format", "html"], "allowed: text, markdown"),
+     # a new-user trial: "bucket 9999 not found" said nor where to look; 0 was looked up too
+     (["--bucket", "9999"], "bucket 9999 not found; `attnfuzz buckets list --db"),
+     (["--bucket", "0"], "--bucket"), (["--bucket", "-3"], "--bucket")],
 )
 def test_report_errors_exit_2(standin, args: list[str], message: str) -> None:
     from service.cli.main import app
 
-    result = CliRunner().invoke(app, ["report", "--db", standin[0], *args])
+    result = CliRunner().invoke(app, ["report", "--db", standin[0], *args], env={"COLUMNS": "400"})
     assert result.exit_code == 2, result.output
     assert message in " ".join(result.output.split())
+    if args[1:2] in (["0"], ["-3"]):
+        assert "greater than or equal to 1" in result.output or "x>=1" in result.output, result.output
 
 
 def test_repro_and_report_endpoints_answer_from_stored_figures_only(standin, no_oracle: list[str]) -> None:

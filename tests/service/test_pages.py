@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import ast
 import html
+import re
 
 from fastapi.testclient import TestClient
 
 from fuzzer.results import CaseResult
+from oracle.config import AttentionCase
 from service.db.store import SqlStore
 from tests.service.conftest import Seeded
 
@@ -146,9 +149,18 @@ def test_bucket_page_has_the_triage_form_repro_link_and_error_map(client: TestCl
     assert '<th colspan="2">mask</th>' in page and "<code>causal_alignment</code>" in page, "the case in readable form"
 
 
+def _stored_allowances(case: AttentionCase) -> dict:
+    """Metrics carrying the allowances a worker stores with a verdict (the repro endpoint uses
+    stored figures only)."""
+    from service.export.allowance import computed_allowance
+
+    return {name: {"allowed_global": a.whole, "tile_allowed": a.tiles} for name, a in computed_allowance(case).items()}
+
+
 def test_case_page_shows_results_by_build_and_backend_with_repro_links(client: TestClient, store: SqlStore, seeded: Seeded) -> None:
     store.record_result(
-        CaseResult(case_id=seeded.case.case_id, backend="torch-cpu-math", variant="is_causal", status="pass"),
+        CaseResult(case_id=seeded.case.case_id, backend="torch-cpu-math", variant="is_causal", status="fail",
+                   signature="out:mismatch", metrics=_stored_allowances(seeded.case)),
         seeded.other_build_id, None,
     )
     page = _page(client, f"/cases/{seeded.case.case_id}")
@@ -156,6 +168,28 @@ def test_case_page_shows_results_by_build_and_backend_with_repro_links(client: T
     assert f"build {seeded.build_id}<br>" in page and f"build {seeded.other_build_id}<br>" in page
     assert f'href="/api/cases/{seeded.case.case_id}/repro.py?backend=torch-cpu-math&amp;variant=is_causal"' in page
     assert "repro.py?backend=sdpa" not in page, "sdpa has no export snippet"
+
+
+def test_every_repro_link_of_a_case_page_answers_a_python_file(client: TestClient, store: SqlStore, seeded: Seeded) -> None:
+    """A new-user trial: a passing or unsupported row linked ``repro.py``, whose endpoint answered
+    422 JSON (it needs force=true) that the browser saved as repro.py. Only rows that export
+    unforced are linked, and every link answers the file."""
+    case = AttentionCase(seqlen_q=4, seqlen_k=4, num_heads=2, head_dim=16, causal=True, dtype="float32")
+    store.record_case(case.to_json(), "fuzz")
+    metrics = _stored_allowances(case)
+    for variant, status in (("is_causal", "fail"), ("bool_mask", "pass"), ("float_mask", "unsupported")):
+        signature = "out:mismatch" if status == "fail" else None
+        store.record_result(CaseResult(case.case_id, "torch-cpu-math", variant, status, signature=signature,
+                                       metrics=metrics), seeded.build_id, None)
+    store.record_result(CaseResult(case.case_id, "torch-cpu-flash", "is_causal", "pass", metrics=metrics), seeded.build_id, None)
+    page = _page(client, f"/cases/{case.case_id}")
+    links = [html.unescape(href) for href in re.findall(r'<a class="repro-link" href="([^"]+)"', page)]
+    assert [link.split("?", 1)[1] for link in links] == ["backend=torch-cpu-math&variant=is_causal"], links
+    for link in links:
+        response = client.get(link)
+        assert response.status_code == 200, response.text
+        assert response.headers["content-type"].startswith("text/x-python")
+        ast.parse(response.text)
 
 
 def test_builds_page_lists_builds_and_links_the_matrix(client: TestClient, seeded: Seeded) -> None:

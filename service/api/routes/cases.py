@@ -21,7 +21,7 @@ from service.db import ingest, repository
 from service.db.cp_view import CP_METRICS_KEY, cp_view
 from service.export.backend import exportable_backends
 from service.export.repro import Repro
-from service.export.target import load_export
+from service.export.target import load_export, unforced_exports
 
 api_router = APIRouter(prefix="/api/cases", tags=["cases"])
 page_router = APIRouter(tags=["pages"])
@@ -119,5 +119,6 @@ def case_page(request: Request, session: SessionDep, case_id: CaseId) -> HTMLRes
     return request.app.state.templates.TemplateResponse(
         request,
         "case.html",
-        {"case": detail, "exportable": set(exportable_backends()), "cp": detail.cp, "tensor_metrics": tensor_metrics},
+        {"case": detail, "exportable": set(exportable_backends()), "unforced": unforced_exports(detail.config, detail.results),
+         "cp": detail.cp, "tensor_metrics": tensor_metrics},
     )
