@@ -35,6 +35,18 @@ def bucket_key(backend: str, variant: str, signature: str) -> Any:
     return (Bucket.backend == backend) & (Bucket.variant == variant) & (Bucket.signature == signature)
 
 
+def _minimised(case_id: str, note: str, defect_id: int) -> dict[str, Any]:
+    """The ``buckets`` columns of a bucket that has its minimised case ``case_id`` (one root cause,
+    ``defect_id``): the note cut for storage, the lease ended."""
+    return {
+        "minimised_case_id": case_id,
+        "minimise_note": storable_text(note, MAX_DETAIL),
+        "minimise_owner_id": None,
+        "minimise_lease_expires_at": None,
+        "defect_id": defect_id,
+    }
+
+
 def end_leases_of(connection: Connection, worker_id: int) -> None:
     """End every minimisation lease ``worker_id`` holds (a worker that stopped or was lost)."""
     connection.execute(
@@ -122,13 +134,7 @@ class MinimisationLeases:
             written = connection.execute(
                 update(Bucket)
                 .where(Bucket.id == bucket_id, *fence)
-                .values(
-                    minimised_case_id=attention_case.case_id,
-                    minimise_note=storable_text(note, MAX_DETAIL),
-                    minimise_owner_id=None,
-                    minimise_lease_expires_at=None,
-                    defect_id=defect_id,
-                )
+                .values(_minimised(attention_case.case_id, note, defect_id))
             ).rowcount
             if not written:  # fenced out: the transaction (the case, the defect) is rolled back
                 raise LeaseLostError(
@@ -151,13 +157,7 @@ class MinimisationLeases:
                 won = connection.execute(
                     update(Bucket)
                     .where(bucket_key(primary.backend, variant, signature), Bucket.minimised_case_id.is_(None), free)
-                    .values(
-                        minimised_case_id=attention_case.case_id,
-                        minimise_note=storable_text(attach_note, MAX_DETAIL),
-                        minimise_owner_id=None,
-                        minimise_lease_expires_at=None,
-                        defect_id=defect_id,
-                    )
+                    .values(_minimised(attention_case.case_id, attach_note, defect_id))
                     .returning(Bucket.id)
                 ).scalar_one_or_none()
                 if won is not None:
