@@ -7,13 +7,15 @@ the response models are in `service.api.schemas`.
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 from urllib.parse import urlencode
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationInfo, field_validator
 
 from fuzzer.results import FAILING_STATUSES, PHASES, STATUSES, BuildFingerprint, CaseResult, ResultValidationError
 from fuzzer.severity import SEVERITIES
+from fuzzer.text import MAX_DETAIL, MAX_PACKAGE
 from oracle.config import DTYPES
 from service.api.openapi import CaseJson
 from service.db import repository
@@ -182,11 +184,44 @@ class CaseIn(BaseModel):
 MAX_METRICS_DEPTH = 32
 """How deep ``metrics`` may nest (a verdict's are 3 deep); storing and showing it recurses."""
 
+_SCALAR_TYPES = frozenset({str, int, float, bool, type(None)})
+
+
+def _at_most_three_deep(value: dict[str, Any]) -> bool:
+    """True when ``value`` (a dict) holds scalars, lists of scalars and dicts of those only: the
+    shape of a verdict's metrics (``{tensor: {figure: number | [index, ...]}}``), at most 3 deep
+    and so within `MAX_METRICS_DEPTH`. False says nothing (the caller walks the value)."""
+    scalar = _SCALAR_TYPES
+    for v in value.values():
+        kind = type(v)
+        if kind in scalar:
+            continue
+        if kind is dict:
+            for w in v.values():
+                inner = type(w)
+                if inner in scalar:
+                    continue
+                if inner is list or inner is dict:
+                    for x in (w if inner is list else w.values()):
+                        if type(x) not in scalar:
+                            return False
+                    continue
+                return False
+        elif kind is list:
+            for w in v:
+                if type(w) not in scalar and not (type(w) in (list, dict) and all(
+                        type(x) in scalar for x in (w if type(w) is list else w.values()))):
+                    return False
+        else:
+            return False
+    return True
+
 
 class ResultIn(BaseModel):
     """One `fuzzer.results.CaseResult` (``CaseResult.to_json()``)."""
 
-    model_config = ConfigDict(extra="forbid")
+    # its floats dumped as the bare tokens Infinity/NaN when not finite (`CaseBatchIn.results_json`)
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
 
     case_id: str = Field(pattern=r"^[0-9a-f]{16}$")
     backend: str = Field(pattern=NAME_PATTERN.pattern)
@@ -224,6 +259,8 @@ class ResultIn(BaseModel):
     @field_validator("metrics")
     @classmethod
     def _metrics_are_shallow(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if _at_most_three_deep(value):  # a verdict's metrics: no walk (it cost half of a result's validation)
+            return value
         stack: list[tuple[Any, int]] = [(value, 1)]
         while stack:  # iterative: a deep document must not exhaust the stack here either
             item, depth = stack.pop()
@@ -296,6 +333,13 @@ MAX_BATCH_CASES = 1000
 MAX_BATCH_RESULTS = 20_000
 
 
+# non-finite floats dumped as the bare tokens Infinity/NaN, which `CaseBatchIn.results_json` looks
+# for (the default writes null: the value would be lost); the adapter's setting reaches the floats
+# inside ``metrics``, the model's its own fields
+_RESULT_LIST = TypeAdapter(list[ResultIn], config=ConfigDict(ser_json_inf_nan="constants"))
+_NONFINITE_JSON = re.compile(rb"(?<![A-Za-z0-9_\"])-?(?:Infinity|NaN)\b")
+
+
 class CaseResultsIn(BaseModel):
     """One case of ``POST /api/case-results`` with all its results."""
 
@@ -324,8 +368,39 @@ class CaseBatchIn(BaseModel):
             raise ValueError(f"{total} results: at most {MAX_BATCH_RESULTS} a batch")
         return value
 
-    def entries(self) -> list[Any]:
+    def results_json(self) -> str | None:
+        """The batch's results as ONE JSON array of `ResultIn` objects, the first of each key
+        ``(case_id, backend, variant, phase)`` only, in order: what `service.db.batch` hands
+        PostgreSQL (``jsonb_to_recordset``) instead of a row per result built in Python.
+
+        Returns None when a result must go through `fuzzer.results.CaseResult` to be stored as the
+        rows path stores it: a ``detail`` or ``selected_kernel`` longer than its column (CaseResult
+        cuts it with a marker), or a non-finite float (JSON has no spelling of it that jsonb takes).
+        Text a database refuses (NUL, a lone surrogate) never gets here: the app refuses the
+        request (`service.api.deps.reject_unstorable_text`).
+        """
+        seen: set[tuple[str, str, str, str]] = set()
+        firsts: list[ResultIn] = []
+        for item in self.cases:
+            for r in item.results:
+                if len(r.detail) > MAX_DETAIL or (r.selected_kernel is not None and len(r.selected_kernel) > MAX_PACKAGE):
+                    return None
+                key = (r.case_id, r.backend, r.variant, r.phase)
+                if key not in seen:
+                    seen.add(key)
+                    firsts.append(r)
+        document = _RESULT_LIST.dump_json(firsts)
+        if _NONFINITE_JSON.search(document):  # may also match inside a string: then the rows path, as safe
+            return None
+        return document.decode()
+
+    def entries(self, *, light: bool = False) -> list[Any]:
         """The cases as `service.db.batch.CaseEntry`.
+
+        Args:
+            light: the non-failing results as `service.db.batch.PassingResult` (their keys and
+                status only), for a batch whose rows are written from `results_json`; the
+                failures stay `CaseResult`s (their buckets are counted from them).
 
         Raises:
             FieldValidationError: a case or a result is refused; ``field`` is
@@ -333,7 +408,7 @@ class CaseBatchIn(BaseModel):
         """
         from oracle.config import AttentionCase
         from oracle.errors import CaseValidationError
-        from service.db.batch import CaseEntry
+        from service.db.batch import CaseEntry, PassingResult
 
         entries = []
         for i, item in enumerate(self.cases):
@@ -341,8 +416,11 @@ class CaseBatchIn(BaseModel):
                 case = AttentionCase.from_json(item.case)
             except CaseValidationError as exc:
                 raise FieldValidationError(f"cases.{i}.case.{exc.field}", str(exc)) from None
-            results = []
+            results: list[Any] = []
             for j, result in enumerate(item.results):
+                if light and result.status not in FAILING_STATUSES:
+                    results.append(PassingResult(result.case_id, result.backend, result.variant, result.phase, result.status))
+                    continue
                 try:
                     results.append(result.to_case_result())
                 except ResultValidationError as exc:

@@ -23,7 +23,7 @@ import dataclasses
 import threading
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, ClassVar
 
 from sqlalchemy import select, text, tuple_, update
 from sqlalchemy.engine import Connection
@@ -59,6 +59,21 @@ class CaseEntry:
     case: AttentionCase
     origin: str
     results: Sequence[CaseResult]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PassingResult:
+    """A non-failing result of a batch whose rows PostgreSQL writes from the batch's JSON document
+    (`ingest_case_batch`'s ``results_json``): what the batch reads of it, its key and status."""
+
+    case_id: str
+    backend: str
+    variant: str
+    phase: str
+    status: str
+
+    is_failure: ClassVar[bool] = False
+    bucket_key: ClassVar[None] = None
 
 
 class DeferredHits:
@@ -223,6 +238,43 @@ def _insert_results_copy(connection: Connection, rows: list[dict[str, Any]]) -> 
         return {tuple(r) for r in cursor.fetchall()}
 
 
+_DOCUMENT_COLUMNS = (
+    "case_id text, backend text, variant text, status text, signature text, signatures jsonb, metrics jsonb, "
+    "error_ratio float8, run_ms float8, compile_ms float8, oracle_ms float8, detail text, backend_version text, "
+    "selected_kernel text, phase text"
+)
+"""The fields of a `service.api.requests.ResultIn` as ``jsonb_to_recordset`` reads them."""
+
+_INSERT_DOCUMENT = text(f"""
+    WITH stored AS (
+        INSERT INTO results ({", ".join(RESULT_COLUMNS)})
+        SELECT x.case_id, :build_id, :worker_id, x.backend, x.variant, x.status, x.signature,
+               coalesce(x.signatures, '[]'::jsonb), coalesce(x.metrics, '{{}}'::jsonb), x.error_ratio,
+               x.run_ms, x.compile_ms, x.oracle_ms, x.detail, x.backend_version, x.selected_kernel, x.phase, :at
+        FROM jsonb_to_recordset(CAST(:document AS jsonb)) AS x({_DOCUMENT_COLUMNS})
+        ORDER BY x.case_id, x.backend, x.variant, x.phase
+        ON CONFLICT ({", ".join(RESULT_KEY)}) DO NOTHING
+        RETURNING case_id, backend, variant, phase, signature
+    )
+    SELECT case_id, backend, variant, phase FROM stored WHERE signature IS NOT NULL
+""")
+
+
+def _insert_results_document(
+    connection: Connection, document: str, build_id: int, worker_id: int | None, at: datetime
+) -> set[tuple[str, str, str, str]]:
+    """PostgreSQL: the rows of ``document`` (a JSON array of result objects, each key once:
+    `service.api.requests.CaseBatchIn.results_json`) inserted by ONE statement that parses it
+    server side (``jsonb_to_recordset``), ``ON CONFLICT DO NOTHING``; the keys of the FAILING rows
+    it inserted (the rest are never asked about). Stores the same rows as `_insert_results_copy`
+    from `CaseResult`s, without a Python object, a dict and a COPY line per result (about 30 us
+    of the service's CPU a result: benchmarks/ingest_bench.py)."""
+    rows = connection.execute(
+        _INSERT_DOCUMENT, {"document": document, "build_id": build_id, "worker_id": worker_id, "at": at}
+    )
+    return {tuple(r) for r in rows}  # type: ignore[misc]
+
+
 def _insert_results_many(connection: Connection, rows: list[dict[str, Any]]) -> set[tuple[str, str, str, str]]:
     """Any dialect: one multi-row ``INSERT ... ON CONFLICT DO NOTHING RETURNING`` (SQLAlchemy's
     insertmanyvalues); the keys inserted."""
@@ -241,6 +293,7 @@ def ingest_case_batch(
     *,
     now: datetime | None = None,
     fold_limit: int = 16,
+    results_json: str | None = None,
 ) -> list[list[BucketUpdate | None]]:
     """Store ``entries`` (see the module docstring) in the caller's transaction.
 
@@ -252,6 +305,10 @@ def ingest_case_batch(
             the commit or rollback).
         now: the results' ``created_at`` (default: now, UTC).
         fold_limit: how many deferred counts of earlier batches this one adds to their rows.
+        results_json: PostgreSQL only: every result of ``entries`` as one JSON array, the first
+            of each key (`service.api.requests.CaseBatchIn.results_json`); the rows are written
+            from it (`_insert_results_document`) and the non-failing results of ``entries`` may
+            be `PassingResult`s. Ignored on another dialect, where they may not.
 
     Returns:
         Per entry, per result in order: the `BucketUpdate` of a failure, None otherwise.
@@ -290,19 +347,23 @@ def ingest_case_batch(
     if cases:
         connection.execute(insert_ignore_statement(connection, Case.__table__, ["id"]), [cases[k] for k in sorted(cases)])
 
-    rows: dict[tuple[str, str, str, str], dict[str, Any]] = {}
-    for entry in entries:
-        for r in entry.results:
-            key = (r.case_id, r.backend, r.variant, r.phase)
-            if key not in rows:  # the first of a key repeated within the batch is the one stored
-                rows[key] = SqlStore._result_values(r, build_id, worker_id, at)
-    ordered = [rows[k] for k in sorted(rows)]  # one order for every batch: fewer deadlocks between them
-    if not ordered:
-        inserted: set[tuple[str, str, str, str]] = set()
-    elif connection.dialect.name == "postgresql":
-        inserted = _insert_results_copy(connection, ordered)
+    inserted: set[tuple[str, str, str, str]]
+    if results_json is not None and connection.dialect.name == "postgresql":
+        inserted = _insert_results_document(connection, results_json, build_id, worker_id, at)
     else:
-        inserted = _insert_results_many(connection, ordered)
+        rows: dict[tuple[str, str, str, str], dict[str, Any]] = {}
+        for entry in entries:
+            for r in entry.results:
+                key = (r.case_id, r.backend, r.variant, r.phase)
+                if key not in rows:  # the first of a key repeated within the batch is the one stored
+                    rows[key] = SqlStore._result_values(r, build_id, worker_id, at)
+        ordered = [rows[k] for k in sorted(rows)]  # one order for every batch: fewer deadlocks between them
+        if not ordered:
+            inserted = set()
+        elif connection.dialect.name == "postgresql":
+            inserted = _insert_results_copy(connection, ordered)
+        else:
+            inserted = _insert_results_many(connection, ordered)
 
     # failures: per bucket, one count of this batch's new results
     updates: list[list[BucketUpdate | None]] = [[None] * len(entry.results) for entry in entries]

@@ -20,6 +20,7 @@ from typing import Any
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     DateTime,
     Dialect,
     Enum,
@@ -257,6 +258,42 @@ class Result(Base):
     case: Mapped[Case] = relationship(back_populates="results", lazy="raise")
     build: Mapped[Build] = relationship(lazy="raise")
     worker: Mapped[Worker | None] = relationship(lazy="raise")
+
+
+class ResultTotal(Base):
+    """Results counted per ``(backend, status)`` and writing connection (``writer``: the
+    PostgreSQL backend pid of the transaction that inserted them, so that two live transactions
+    never touch one row). Kept by a statement trigger on ``results`` on PostgreSQL (migration
+    0008); the overview sums these rows instead of counting every result. Empty on SQLite, whose
+    overview counts ``results`` itself."""
+
+    __tablename__ = "result_totals"
+
+    backend: Mapped[str] = mapped_column(String(64), primary_key=True)
+    status: Mapped[str] = mapped_column(String(16), primary_key=True)
+    writer: Mapped[int] = mapped_column(Integer, primary_key=True)
+    results: Mapped[int] = mapped_column(BigInteger)
+
+
+class ResultHour(Base):
+    """Results counted per UTC hour of ``created_at`` and writing connection (see `ResultTotal`)."""
+
+    __tablename__ = "result_hours"
+
+    hour: Mapped[datetime] = mapped_column(UTCDateTime, primary_key=True)
+    writer: Mapped[int] = mapped_column(Integer, primary_key=True)
+    results: Mapped[int] = mapped_column(BigInteger)
+
+
+class CaseHour(Base):
+    """The cases that got a result in a UTC hour, per writing connection (see `ResultTotal`): the
+    overview's cases per hour count the distinct ``case_id`` of an hour's rows."""
+
+    __tablename__ = "case_hours"
+
+    hour: Mapped[datetime] = mapped_column(UTCDateTime, primary_key=True)
+    writer: Mapped[int] = mapped_column(Integer, primary_key=True)
+    case_id: Mapped[str] = mapped_column(String(16), primary_key=True)
 
 
 class Bucket(Base):

@@ -12,13 +12,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, literal_column, select
+from sqlalchemy import func, literal_column, select, text
 from sqlalchemy.orm import Session, joinedload
 
 from fuzzer.severity import SEVERITIES
 from service.errors import FieldValidationError
 from service.db.findings import limit_groups
-from service.db.models import Bucket, Case, Result, Worker, utcnow
+from service.db.models import Bucket, Case, CaseHour, Result, ResultHour, ResultTotal, Worker, utcnow
 from service.db.repository import MAX_PAGE_SIZE, SEVERITY_ORDER
 from service.db.workers import LIVE_WORKER_S, LIVE_WORKER_STATUSES, LiveWorker, is_live_worker
 
@@ -72,6 +72,74 @@ def _as_utc_hour(value: datetime | str) -> datetime:
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
+def counts_kept_by_the_database(session: Session) -> bool:
+    """True on PostgreSQL, where migration 0008's trigger keeps `ResultTotal`, `ResultHour` and
+    `CaseHour` (the overview reads them); False on SQLite (it counts ``results``)."""
+    return session.get_bind().dialect.name == "postgresql"
+
+
+_UTC_HOUR = "date_trunc('hour', created_at AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'"
+
+
+def rebuild_result_counts(session: Session) -> None:
+    """Refill `ResultTotal`, `ResultHour` and `CaseHour` from ``results`` (PostgreSQL; nothing
+    elsewhere), as migration 0008 first filled them. The trigger follows inserts only, and results
+    are never updated or deleted; this is the repair for a database whose results were (a restore
+    of ``results`` alone, or a test that moves ``created_at``)."""
+    if not counts_kept_by_the_database(session):
+        return
+    for table in ("result_totals", "result_hours", "case_hours"):
+        session.execute(text(f"DELETE FROM {table}"))
+    session.execute(text("INSERT INTO result_totals (backend, status, writer, results) "
+                         "SELECT backend, status, 0, count(*) FROM results GROUP BY backend, status"))
+    session.execute(text(f"INSERT INTO result_hours (hour, writer, results) SELECT {_UTC_HOUR}, 0, count(*) FROM results GROUP BY 1"))
+    session.execute(text(f"INSERT INTO case_hours (hour, writer, case_id) SELECT DISTINCT {_UTC_HOUR}, 0, case_id FROM results"))
+
+
+def result_counts(session: Session) -> list[tuple[str, str, int]]:
+    """``(backend, status, results)`` of every stored result: summed from `ResultTotal` where the
+    database keeps it (`counts_kept_by_the_database`: a few hundred rows, not 10 million), else
+    counted."""
+    if counts_kept_by_the_database(session):
+        rows = session.execute(
+            select(ResultTotal.backend, ResultTotal.status, func.sum(ResultTotal.results))
+            .group_by(ResultTotal.backend, ResultTotal.status)
+        )
+    else:
+        rows = session.execute(select(Result.backend, Result.status, func.count()).group_by(Result.backend, Result.status))
+    return [(backend, status, int(n)) for backend, status, n in rows]
+
+
+def _activity(session: Session, start: datetime) -> dict[datetime, tuple[int, int]]:
+    """``UTC hour -> (distinct cases, results)`` of the results created from ``start`` on (an hour
+    boundary): from `ResultHour` and `CaseHour` where the database keeps them, else counted."""
+    if counts_kept_by_the_database(session):
+        results = {
+            hour: n
+            for hour, n in session.execute(
+                select(ResultHour.hour, func.sum(ResultHour.results)).where(ResultHour.hour >= start).group_by(ResultHour.hour)
+            )
+        }
+        cases = {
+            hour: n
+            for hour, n in session.execute(
+                select(CaseHour.hour, func.count(func.distinct(CaseHour.case_id)))
+                .where(CaseHour.hour >= start)
+                .group_by(CaseHour.hour)
+            )
+        }
+        return {_as_utc_hour(h): (int(cases.get(h, 0)), int(n)) for h, n in results.items()}
+    hour = _hour_of(session, Result.created_at).label("hour")
+    return {
+        _as_utc_hour(row.hour): (row.cases, row.results)
+        for row in session.execute(
+            select(hour, func.count(func.distinct(Result.case_id)).label("cases"), func.count().label("results"))
+            .where(Result.created_at >= start)
+            .group_by(hour)
+        )
+    }
+
+
 def overview(
     session: Session, *, now: datetime | None = None, live_within_s: float = LIVE_WORKER_S, hours: int = 24
 ) -> Overview:
@@ -92,9 +160,7 @@ def overview(
 
     results_by_backend: dict[str, dict[str, int]] = defaultdict(dict)
     results_by_status: dict[str, int] = defaultdict(int)
-    for backend, status, n in session.execute(
-        select(Result.backend, Result.status, func.count()).group_by(Result.backend, Result.status)
-    ):
+    for backend, status, n in result_counts(session):
         results_by_backend[backend][status] = n
         results_by_status[status] += n
 
@@ -118,15 +184,7 @@ def overview(
     live = [LiveWorker(w, max(0.0, (now - w.last_heartbeat).total_seconds())) for w in workers]
 
     start = now.astimezone(UTC).replace(minute=0, second=0, microsecond=0) - timedelta(hours=hours - 1)
-    hour = _hour_of(session, Result.created_at).label("hour")
-    counts = {
-        _as_utc_hour(row.hour): (row.cases, row.results)
-        for row in session.execute(
-            select(hour, func.count(func.distinct(Result.case_id)).label("cases"), func.count().label("results"))
-            .where(Result.created_at >= start)
-            .group_by(hour)
-        )
-    }
+    counts = _activity(session, start)
     per_hour = [HourCount(h, *counts.get(h, (0, 0))) for h in (start + timedelta(hours=i) for i in range(hours))]
 
     return Overview(
@@ -318,12 +376,7 @@ def metrics_snapshot(
 ) -> MetricsSnapshot:
     """Counts for Prometheus (see `MetricsSnapshot`)."""
     now = now or utcnow()
-    results = {
-        (backend, status): n
-        for backend, status, n in session.execute(
-            select(Result.backend, Result.status, func.count()).group_by(Result.backend, Result.status)
-        )
-    }
+    results = {(backend, status): n for backend, status, n in result_counts(session)}
     buckets = {
         (backend, state.value): n
         for backend, state, n in session.execute(
