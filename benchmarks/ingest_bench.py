@@ -62,7 +62,10 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+# ``--store-at``'s senders run this file with ATTNFUZZ_BENCH_TREE naming a worktree of another commit:
+# its modules (SqlStore, CaseResult, AttentionCase) are the ones they import
+TREE = Path(os.environ.get("ATTNFUZZ_BENCH_TREE", ROOT))
+sys.path.insert(0, str(TREE))
 
 from fuzzer.results import BuildFingerprint, CaseResult  # noqa: E402
 from oracle.config import AttentionCase  # noqa: E402
@@ -210,6 +213,89 @@ def store_sender(index: int, url: str, build_id: int, worker_id: int, start_at: 
     queue.put(records)
 
 
+def store_at_commit(commit: str, admin_url: str, n: int, duration_s: float, warmup_s: float = 3.0) -> dict[str, Any]:
+    """The SqlStore path of ``commit`` (a ``git worktree`` of it in a temporary folder), on a
+    database of its own migrated by that commit's migrations: ``n`` processes of this file's
+    `store_sender` importing that tree's modules (``ATTNFUZZ_BENCH_TREE``); the same figures as
+    `run_senders`."""
+    import tempfile
+
+    name = f"attnfuzz_ingest_{os.getpid()}_store"
+    admin = make_engine_at(admin_url)
+    with admin.connect().execution_options(isolation_level="AUTOCOMMIT") as c:
+        c.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        c.execute(text(f'CREATE DATABASE "{name}"'))
+    url = make_url(admin_url).set(database=name).render_as_string(hide_password=False)
+    tree = Path(tempfile.mkdtemp(prefix="attnfuzz-store-")) / "tree"
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(tree), commit], check=True)
+    env = {**os.environ, "ATTNFUZZ_BENCH_TREE": str(tree), "PYTHONPATH": str(tree)}
+    try:
+        setup = subprocess.run(
+            [sys.executable, "-c",
+             "import sys; from service.db import migrations; from service.db.engine import make_engine; "
+             "from service.db.store import SqlStore; from fuzzer.results import BuildFingerprint; "
+             f"url = {url!r}; migrations.upgrade(url); store = SqlStore(make_engine(url)); "
+             "b = store.register_build(BuildFingerprint(torch='2.11.0+cu130', device_name='NVIDIA H200')); "
+             f"print(b, *[store.register_worker(b, 'bench', 2000 + i, 'cuda') for i in range({n})])"],
+            env=env, cwd=tree, check=True, capture_output=True, text=True,
+        )
+        build_id, *worker_ids = (int(x) for x in setup.stdout.split())
+        start_at = time.time() + 8.0
+        stop_at = start_at + warmup_s + duration_s
+        outputs = [Path(tree) / f"records-{i}.json" for i in range(n)]
+        processes = [
+            subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--store-sender",
+                              json.dumps([i, url, build_id, worker_ids[i], start_at, stop_at, str(outputs[i])])],
+                             env=env, cwd=tree)
+            for i in range(n)
+        ]
+        for p in processes:
+            if p.wait() != 0:
+                raise RuntimeError(f"a store sender at {commit} exited {p.returncode}")
+        records = [tuple(r) for out in outputs for r in json.loads(out.read_text())]
+    finally:
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=False)
+        with admin.connect().execution_options(isolation_level="AUTOCOMMIT") as c:
+            c.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+    figures = _figures(records, n, start_at + warmup_s, stop_at, duration_s)
+    figures["commit"] = commit
+    return figures
+
+
+def make_engine_at(url: str) -> Any:
+    from service.db.engine import make_engine
+
+    return make_engine(url)
+
+
+class _FileQueue:
+    """`store_sender`'s queue when it runs as ``--store-sender``: the records go to a JSON file."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def put(self, records: list[Any]) -> None:
+        Path(self.path).write_text(json.dumps(records))
+
+
+def _figures(records: list[Any], n: int, window_start: float, stop_at: float, duration_s: float) -> dict[str, Any]:
+    window = [r for r in records if window_start <= r[0] <= stop_at]
+    ok = [r for r in window if r[3] == 200]
+    latencies = sorted(r[2] for r in ok)
+    return {
+        "senders": n,
+        "window_s": duration_s,
+        "results": sum(r[1] for r in window),
+        "results_per_s": round(sum(r[1] for r in window) / duration_s, 1),
+        "requests": len(window),
+        "failed_requests": len(window) - len(ok),
+        "statuses": sorted({r[3] for r in window}),
+        "latency_p50_ms": round(1000 * pct(latencies, 50), 1) if latencies else None,
+        "latency_p95_ms": round(1000 * pct(latencies, 95), 1) if latencies else None,
+    }
+
+
 def run_senders(target: Any, n: int, args_of: Any, duration_s: float, warmup_s: float = 3.0,
                 during: Any = None) -> dict[str, Any]:
     """Start ``n`` processes of ``target`` together; the sustained figures over the window after
@@ -225,20 +311,7 @@ def run_senders(target: Any, n: int, args_of: Any, duration_s: float, warmup_s: 
     records = [r for _ in processes for r in queue.get()]
     for p in processes:
         p.join()
-    window = [r for r in records if start_at + warmup_s <= r[0] <= stop_at]
-    ok = [r for r in window if r[3] == 200]
-    latencies = sorted(r[2] for r in ok)
-    figures = {
-        "senders": n,
-        "window_s": duration_s,
-        "results": sum(r[1] for r in window),
-        "results_per_s": round(sum(r[1] for r in window) / duration_s, 1),
-        "requests": len(window),
-        "failed_requests": len(window) - len(ok),
-        "statuses": sorted({r[3] for r in window}),
-        "latency_p50_ms": round(1000 * pct(latencies, 50), 1) if latencies else None,
-        "latency_p95_ms": round(1000 * pct(latencies, 95), 1) if latencies else None,
-    }
+    figures = _figures(records, n, start_at + warmup_s, stop_at, duration_s)
     if extra is not None:
         figures["pages_while_ingesting"] = extra
     return figures
@@ -445,6 +518,10 @@ def explain_overview(url: str) -> list[dict[str, Any]]:
 
 # ------------------------------------------------------------------------------ main
 def main() -> None:
+    if len(sys.argv) == 3 and sys.argv[1] == "--store-sender":  # one of store_at_commit's processes
+        index, url, build_id, worker_id, start_at, stop_at, out = json.loads(sys.argv[2])
+        store_sender(index, url, build_id, worker_id, start_at, stop_at, _FileQueue(out))
+        return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--admin-url", default=os.environ.get("ATTNFUZZ_TEST_POSTGRES_URL",
                                                               "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"))
@@ -453,6 +530,11 @@ def main() -> None:
     parser.add_argument("--batch-cases", type=int, default=100, help="cases a request (44 results each)")
     parser.add_argument("--server-workers", type=int, default=2, help="uvicorn processes")
     parser.add_argument("--store-duration", type=float, default=None, help="seconds of the SqlStore path (default --duration)")
+    parser.add_argument("--store-at", default=None, metavar="COMMIT",
+                        help="also run the SqlStore path of this commit (a worktree, its own database), side by side")
+    parser.add_argument("--http-senders-long", type=int, default=None,
+                        help="the N of --senders measured for --duration; the others for --sweep-duration")
+    parser.add_argument("--sweep-duration", type=float, default=None, help="seconds of each N but --http-senders-long")
     parser.add_argument("--fill", type=int, default=0, help="fill results to this many rows, then measure the pages (0: skip)")
     parser.add_argument("--json", default=None, help="write the manifest here")
     parser.add_argument("--keep-db", action="store_true")
@@ -492,8 +574,10 @@ def main() -> None:
         with service(url, args.server_workers) as base:
             http = []
             for n in senders:
+                long = args.http_senders_long is None or n == args.http_senders_long
                 figures = run_senders(
-                    http_sender, n, lambda i: (i, base, build_id, worker_ids[i], args.batch_cases), args.duration,
+                    http_sender, n, lambda i: (i, base, build_id, worker_ids[i], args.batch_cases),
+                    args.duration if long else (args.sweep_duration or args.duration),
                     during=(lambda a, b: page_latencies(base, ["/", _largest_bucket_path(engine)], until=b)) if n == max(senders) else None,
                 )
                 print(f"HTTP, {n} senders: {figures['results_per_s']:.0f} results/s, p50 {figures['latency_p50_ms']} ms, "
@@ -506,9 +590,15 @@ def main() -> None:
                                         args.store_duration or args.duration)
             print(f"SqlStore, {n} processes: {store_figures['results_per_s']:.0f} results/s", flush=True)
             manifest["sqlstore"] = store_figures
-            best = max(f["results_per_s"] for f in http if f["senders"] == n)
+            best = max(f["results_per_s"] for f in http)
             manifest["http_over_sqlstore"] = round(best / max(store_figures["results_per_s"], 1e-9), 1)
             save()
+            if args.store_at:
+                old = store_at_commit(args.store_at, args.admin_url, n, args.store_duration or args.duration)
+                print(f"SqlStore at {args.store_at}, {n} processes: {old['results_per_s']:.0f} results/s", flush=True)
+                manifest["sqlstore_at_commit"] = old
+                manifest["http_over_sqlstore_at_commit"] = round(best / max(old["results_per_s"], 1e-9), 1)
+                save()
             if args.fill:
                 print(f"filling to {args.fill} results ...", flush=True)
                 manifest["fill"] = fill(engine, args.fill, build_id, worker_ids[-1])

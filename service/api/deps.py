@@ -92,6 +92,15 @@ _MAYBE_UNSTORABLE_JSON = re.compile(rb"\x00|\\u0000|\\u[dD][89a-fA-F]")
 """What a JSON body must contain to hold an unstorable string: a NUL byte, or the escape of NUL or
 of a surrogate (raw UTF-8 cannot encode a surrogate). A body without any is not walked (a result
 batch of thousands of metrics documents costs more to walk than to store)."""
+
+
+def _may_hold_unstorable(body: bytes) -> bool:
+    """`_MAYBE_UNSTORABLE_JSON` found in ``body``, the regular expression run only where a byte
+    search finds a NUL or a ``\\u`` escape: a result batch has neither, and the search runs at
+    memory speed where the expression took 8 us a result (3 MiB bodies)."""
+    if b"\x00" not in body and b"\\u" not in body:
+        return False
+    return _MAYBE_UNSTORABLE_JSON.search(body) is not None
 """Characters no database of ours can take in text: NUL (PostgreSQL refuses it in text, JSONB and
 comparisons) and lone surrogates (not Unicode: encoding them to UTF-8 fails on both databases)."""
 
@@ -154,7 +163,7 @@ async def reject_unstorable_text(request: Request) -> None:
     if request.method in WRITE_METHODS:
         content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if content_type == "application/json" or content_type.endswith("+json"):
-            if _MAYBE_UNSTORABLE_JSON.search(await request.body()):  # cached: the route reads the same body
+            if _may_hold_unstorable(await request.body()):  # cached: the route reads the same body
                 try:
                     body = await request.json()  # cached too
                 except (ValueError, RecursionError):

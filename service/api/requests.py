@@ -390,7 +390,8 @@ class CaseBatchIn(BaseModel):
                     seen.add(key)
                     firsts.append(r)
         document = _RESULT_LIST.dump_json(firsts)
-        if _NONFINITE_JSON.search(document):  # may also match inside a string: then the rows path, as safe
+        if (b"Infinity" in document or b"NaN" in document) and _NONFINITE_JSON.search(document):
+            # (the expression may also match inside a string: then the rows path, as safe)
             return None
         return document.decode()
 
