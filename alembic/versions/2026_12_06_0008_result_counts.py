@@ -1,4 +1,4 @@
-"""result counts kept by the database: result_totals, result_hours, case_hours
+"""result counts kept by the database (result_totals, result_hours, case_hours); bucket indexes of failing rows only
 
 Revision ID: 0008
 Revises: 0007
@@ -17,7 +17,14 @@ not in it) to the three tables; the upgrade fills them from the stored results f
 Results are never updated or deleted, so inserts are all the trigger follows. SQLite: the tables
 are created and stay empty (no statement triggers there); its overview counts ``results``.
 
-The downgrade drops the trigger, its function and the tables.
+The two ``results`` indexes that start with the bucket key ``(backend, variant, signature)``
+become partial, ``WHERE signature IS NOT NULL`` (failing rows: every query on a bucket's results
+names its signature, and the passing and unsupported 85 % of a campaign's results no longer write
+them): ``..._case_id`` (rebuilt) and the new ``..._created_at_id``, the bucket page's newest-first
+order, read 50 rows deep instead of sorting the bucket's every row.
+
+The downgrade drops the trigger, its function, the tables and the new index, and rebuilds
+``..._case_id`` over every row.
 """
 
 from __future__ import annotations
@@ -53,7 +60,17 @@ $$
 """
 
 
+FAILING = sa.text("signature IS NOT NULL")
+BUCKET_CASE = ["backend", "variant", "signature", "case_id"]
+BUCKET_NEWEST = ["backend", "variant", "signature", "created_at", "id"]
+
+
 def upgrade() -> None:
+    op.drop_index(op.f("ix_results_backend_variant_signature_case_id"), table_name="results")
+    op.create_index(op.f("ix_results_backend_variant_signature_case_id"), "results", BUCKET_CASE,
+                    postgresql_where=FAILING, sqlite_where=FAILING)
+    op.create_index(op.f("ix_results_backend_variant_signature_created_at_id"), "results", BUCKET_NEWEST,
+                    postgresql_where=FAILING, sqlite_where=FAILING)
     op.create_table(
         "result_totals",
         sa.Column("backend", sa.String(64), nullable=False),
@@ -104,3 +121,6 @@ def downgrade() -> None:
     op.drop_table("case_hours")
     op.drop_table("result_hours")
     op.drop_table("result_totals")
+    op.drop_index(op.f("ix_results_backend_variant_signature_created_at_id"), table_name="results")
+    op.drop_index(op.f("ix_results_backend_variant_signature_case_id"), table_name="results")
+    op.create_index(op.f("ix_results_backend_variant_signature_case_id"), "results", BUCKET_CASE)

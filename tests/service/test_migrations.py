@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect, text
@@ -93,6 +95,7 @@ INDEXES_0004 = {
     "cases": {"ix_cases_id_dtype_head_dim_causal_has_window"},
 }
 REPLACED_BY_0004 = {"ix_results_backend_variant_signature", "ix_results_build_id", "ix_results_created_at"}
+ADDED_AFTER_0004 = {"ix_results_backend_variant_signature_created_at_id"}  # 0008
 
 
 def test_0004_creates_the_load_indexes_and_its_downgrade_restores_the_0003_ones(fresh_database_url: str) -> None:
@@ -115,7 +118,7 @@ def test_0004_creates_the_load_indexes_and_its_downgrade_restores_the_0003_ones(
     assert _indexes(url) == before
 
     migrations.upgrade(url)
-    assert _indexes(url) == after
+    assert _indexes(url)["results"] == after["results"] | ADDED_AFTER_0004
 
 
 def test_0004_upgrade_keeps_stored_rows(fresh_database_url: str) -> None:
@@ -150,5 +153,62 @@ def test_0004_upgrade_keeps_stored_rows(fresh_database_url: str) -> None:
                 "SELECT r.backend, r.status, r.phase, c.dtype FROM results r JOIN cases c ON c.id = r.case_id"
             )).all()
         assert [tuple(r) for r in rows] == [("fa4", "fail", "replay", "float16")]
+    finally:
+        engine.dispose()
+
+
+def _bucket_index_predicates(connection: Any) -> dict[str, str | None]:
+    """``index name -> its WHERE`` (None: every row) of the two bucket-key indexes of ``results``."""
+    names = ("ix_results_backend_variant_signature_case_id", "ix_results_backend_variant_signature_created_at_id")
+    if connection.dialect.name == "postgresql":
+        rows = connection.execute(text("SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'results'"
+                                         " AND schemaname = current_schema()")).all()
+    else:
+        rows = connection.execute(text("SELECT name, sql FROM sqlite_master WHERE type = 'index' AND tbl_name = 'results'")).all()
+    found = {}
+    for name, definition in rows:
+        if name in names:
+            found[name] = definition.split(" WHERE ", 1)[1].strip() if " WHERE " in definition else None
+    return found
+
+
+def test_0008_counts_the_stored_results_and_makes_the_bucket_indexes_failing_rows_only(fresh_database_url: str) -> None:
+    url = fresh_database_url
+    migrations.upgrade(url, "0007")
+    engine = make_engine(url)
+    try:
+        with engine.begin() as connection:
+            connection.execute(text(
+                "INSERT INTO builds (id, fingerprint_id, torch, cuda, cudnn, flash_attn_4, flash_attn,"
+                " transformer_engine, nvidia_cutlass_dsl, triton, python, device_name, compute_capability, driver,"
+                " first_seen) VALUES (1, 'f', '', '', '', '4.0.0b11', '', '', '', '', '', 'H200', '', '',"
+                " CURRENT_TIMESTAMP)"
+            ))
+            connection.execute(text(
+                "INSERT INTO cases (id, config, origin, created_at, dtype, head_dim, head_dim_v, seqlen_q, seqlen_k,"
+                " batch_size, num_heads, num_heads_kv, qkv_format, causal, has_window, has_softcap, backward)"
+                " VALUES ('c1', '{}', 'fuzz', CURRENT_TIMESTAMP, 'float16', 128, 128, 1, 1, 1, 1, 1, 'bshd',"
+                " true, false, false, false)"
+            ))
+            for backend, status, signature, phase in (("fa4", "fail", "'out:nan'", "fuzz"), ("fa2", "pass", "NULL", "fuzz"),
+                                                      ("fa4", "pass", "NULL", "replay")):
+                connection.execute(text(
+                    "INSERT INTO results (case_id, build_id, backend, variant, status, signature, signatures, metrics,"
+                    " run_ms, compile_ms, oracle_ms, detail, backend_version, phase, created_at) VALUES ('c1', 1,"
+                    f" '{backend}', 'native', '{status}', {signature}, '[]', '{{}}', 0, 0, 0, '', '', '{phase}', CURRENT_TIMESTAMP)"
+                ))
+        migrations.upgrade(url, "0008")
+        with engine.connect() as connection:
+            predicates = _bucket_index_predicates(connection)
+            assert len(predicates) == 2 and all("signature IS NOT NULL" in (p or "") for p in predicates.values()), predicates
+            if connection.dialect.name == "postgresql":  # the stored results, counted by the upgrade
+                totals = connection.execute(text(
+                    "SELECT backend, status, sum(results) FROM result_totals GROUP BY 1, 2 ORDER BY 1, 2")).all()
+                assert [tuple(r) for r in totals] == [("fa2", "pass", 1), ("fa4", "fail", 1), ("fa4", "pass", 1)]
+                assert connection.execute(text("SELECT count(*) FROM case_hours")).scalar_one() == 1
+        migrations.downgrade(url, "0007")
+        with engine.connect() as connection:
+            assert _bucket_index_predicates(connection) == {"ix_results_backend_variant_signature_case_id": None}
+            assert "result_totals" not in inspect(connection).get_table_names()
     finally:
         engine.dispose()
