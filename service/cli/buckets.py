@@ -282,7 +282,7 @@ def buckets_triage(
     try:
         if not changes:
             raise FieldValidationError("triage", "nothing to change: give --state, --notes, --upstream-url or --duplicate-of")
-        url, engine = open_database(db, write=True)
+        url, engine = open_database(db, write=True, create=False)  # a bucket to triage is in a database that exists
         try:
             with Session(engine) as session:
                 bucket = update_triage(session, bucket_id, **{k: changes.get(k, UNSET) for k in changes})

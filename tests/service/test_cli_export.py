@@ -228,3 +228,17 @@ def test_a_case_failing_in_several_variants_is_exported_for_the_newest_and_names
     wrong = CliRunner().invoke(cli, ["export", case.case_id, "--variant", "nosuch", "-o", str(tmp_path / "v.py"), "--db", url])
     text = " ".join(wrong.output.split())
     assert wrong.exit_code == 2 and "variant 'nosuch'" in text and "torch-cpu-math/is_causal" in text, text
+
+
+def test_buckets_triage_refuses_a_missing_database_and_creates_none(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A new-user trial: ``attnfuzz buckets triage 1 --state confirmed --db missing.db`` created an
+    empty database, migrated it and then said there was no bucket 1; it refuses as export does."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("ATTNFUZZ_DATABASE_URL", raising=False)
+    from service.cli.main import app
+
+    result = CliRunner().invoke(app, ["buckets", "triage", "1", "--state", "confirmed", "--db", str(tmp_path / "missing.db")])
+    text = " ".join(result.output.split())
+    assert result.exit_code == 5, result.output
+    assert "no database at" in text and "attnfuzz db upgrade" in text, text
+    assert list(tmp_path.iterdir()) == []
