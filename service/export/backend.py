@@ -81,10 +81,16 @@ def repro_call(backend: Backend, case: AttentionCase, variant: str) -> ReproCall
     Raises:
         ExportError: ``backend``: the backend declares no repro (the message says what to add) or
             its ``repro`` failed or returned something else than a `ReproCall`; ``variant``: the
-            variant cannot encode the case (a ``ValueError`` of the adapter).
+            variant is not one of the backend's ``variants`` (with the closest name) or cannot
+            encode the case (a ``ValueError`` of the adapter).
     """
     from fuzzer.backends.base import ReproUnavailable
 
+    known = tuple(getattr(backend, "variants", ()) or ())
+    if known and variant not in known:  # a mistyped name: the closest one, before the adapter's own words
+        raise ExportError(
+            "variant", f"unknown for {backend.name}: {variant!r}{did_you_mean(variant, known)} (allowed: {', '.join(known)})"
+        )
     try:
         call = backend.repro(case, variant)
     except ReproUnavailable as exc:

@@ -136,6 +136,20 @@ def test_force_exports_an_unsupported_or_passing_variant(cli: typer.Typer, store
     assert f"VARIANT = {variant!r}" in target.read_text() and "SIGNATURE = None" in target.read_text()
 
 
+@pytest.mark.parametrize("force", [[], ["--force"]])
+def test_a_mistyped_variant_is_named_with_the_closest_one(cli: typer.Typer, stored, tmp_path: Path, force: list) -> None:
+    """A new-user trial: ``--variant bool_mas`` said the variant had no stored result (or, forced,
+    the adapter's own words) and suggested nothing; it names the closest variant of the backend."""
+    url, case = stored
+    args = ["export", case.case_id, "--backend", "torch-cpu-math", "--variant", "bool_mas", "-o", str(tmp_path / "t.py"),
+            "--db", url, *force]
+    result = CliRunner().invoke(cli, args, env={"COLUMNS": "250"})
+    text = " ".join(result.output.split())
+    assert result.exit_code == 2, result.output
+    assert "variant: unknown for torch-cpu-math: 'bool_mas'" in text and "'bool_mask'" in text, text
+    assert not (tmp_path / "t.py").exists()
+
+
 def test_export_migrates_a_database_it_opens_first(cli: typer.Typer, tmp_path: Path) -> None:
     """A database file without the schema is migrated, so an unknown case is reported as such
     (exit 2), not as a missing table (exit 5)."""
