@@ -13,7 +13,11 @@ On a database of its own (``attnfuzz_ingest_<pid>``, created here and dropped at
    (``/buckets/{id}``) p95 read by the main process while the senders run.
 2. **SqlStore**: N processes writing the same kind of cases through
    `service.db.store.SqlStore.record_case_results` (one transaction a case: what a worker with a
-   database URL does today), for ``--duration`` seconds, with the largest N of ``--senders``.
+   database URL does today), for ``--store-duration`` seconds, with the largest N of ``--senders``;
+   with ``--store-per-result`` also through ``record_result``, one transaction a result (the path
+   of the 408 results/s of 2026-11-29 that issue 36 names), and with ``--store-at COMMIT`` also the
+   ``record_case_results`` of another commit (a ``git worktree`` of it, on a database of its own
+   migrated by its migrations). Each ratio ``http_over_*`` is the best HTTP figure of the run over it.
 3. **At scale**: the results table filled to ``--fill`` rows (server side, ``INSERT ... SELECT``
    over ``generate_series``, the same shape), ``VACUUM ANALYZE``, then the pages' p95 on the quiet
    service and again while N senders ingest, the bytes a result row costs (heap, TOAST,
@@ -28,6 +32,9 @@ per variant, so buckets repeat.
 Senders build their request bodies from pre-serialised templates (a new case id per case): the
 figures are the service's and the database's, not the JSON encoding of the senders (which share
 this machine's cores with them).
+
+``--http-senders-long N`` measures that N for ``--duration`` and the other N of ``--senders`` for
+``--sweep-duration`` (a sweep, then the long run).
 
 Usage::
 
@@ -187,8 +194,11 @@ def http_sender(index: int, base: str, build_id: int, worker_id: int, batch_case
     queue.put(records)
 
 
-def store_sender(index: int, url: str, build_id: int, worker_id: int, start_at: float, stop_at: float, queue: Any) -> None:
-    """`SqlStore.record_case_results` per case until ``stop_at`` (what a worker with a database URL does)."""
+def store_sender(index: int, url: str, build_id: int, worker_id: int, start_at: float, stop_at: float, queue: Any,
+                 per_result: bool = False) -> None:
+    """`SqlStore.record_case_results` per case until ``stop_at`` (what a worker with a database URL
+    does); with ``per_result``, `SqlStore.record_case` then `SqlStore.record_result` per result,
+    one transaction each (the path of the 408 results/s of 2026-11-29 that issue 36 names)."""
     from service.db.engine import make_engine
     from service.db.store import SqlStore
 
@@ -207,7 +217,12 @@ def store_sender(index: int, url: str, build_id: int, worker_id: int, start_at: 
         case = make_case(serial)
         results = [dataclasses.replace(r, case_id=case.case_id) for r in rng.choice(templates)]
         t0 = time.perf_counter()
-        store.record_case_results(case.to_json(), "fuzz", results, build_id, worker_id)
+        if per_result:
+            store.record_case(case.to_json(), "fuzz")
+            for r in results:
+                store.record_result(r, build_id, worker_id)
+        else:
+            store.record_case_results(case.to_json(), "fuzz", results, build_id, worker_id)
         records.append((time.time(), len(results), time.perf_counter() - t0, 200))
     engine.dispose()
     queue.put(records)
@@ -297,14 +312,14 @@ def _figures(records: list[Any], n: int, window_start: float, stop_at: float, du
 
 
 def run_senders(target: Any, n: int, args_of: Any, duration_s: float, warmup_s: float = 3.0,
-                during: Any = None) -> dict[str, Any]:
+                during: Any = None, **kwargs: Any) -> dict[str, Any]:
     """Start ``n`` processes of ``target`` together; the sustained figures over the window after
     ``warmup_s``. ``during(window_start, window_end)`` runs in this process meanwhile (page reads)."""
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
     start_at = time.time() + 8.0  # spawn + imports on a loaded machine
     stop_at = start_at + warmup_s + duration_s
-    processes = [ctx.Process(target=target, args=(*args_of(i), start_at, stop_at, queue)) for i in range(n)]
+    processes = [ctx.Process(target=target, args=(*args_of(i), start_at, stop_at, queue), kwargs=kwargs) for i in range(n)]
     for p in processes:
         p.start()
     extra = during(start_at + warmup_s, stop_at) if during is not None else None
@@ -530,6 +545,8 @@ def main() -> None:
     parser.add_argument("--batch-cases", type=int, default=100, help="cases a request (44 results each)")
     parser.add_argument("--server-workers", type=int, default=2, help="uvicorn processes")
     parser.add_argument("--store-duration", type=float, default=None, help="seconds of the SqlStore path (default --duration)")
+    parser.add_argument("--store-per-result", action="store_true",
+                        help="also run SqlStore.record_result, one transaction a result, side by side")
     parser.add_argument("--store-at", default=None, metavar="COMMIT",
                         help="also run the SqlStore path of this commit (a worktree, its own database), side by side")
     parser.add_argument("--http-senders-long", type=int, default=None,
@@ -593,6 +610,13 @@ def main() -> None:
             best = max(f["results_per_s"] for f in http)
             manifest["http_over_sqlstore"] = round(best / max(store_figures["results_per_s"], 1e-9), 1)
             save()
+            if args.store_per_result:
+                single = run_senders(store_sender, n, lambda i: (i, url, build_id, worker_ids[i]),
+                                     args.store_duration or args.duration, per_result=True)
+                print(f"SqlStore.record_result, {n} processes: {single['results_per_s']:.0f} results/s", flush=True)
+                manifest["sqlstore_per_result"] = single
+                manifest["http_over_sqlstore_per_result"] = round(best / max(single["results_per_s"], 1e-9), 1)
+                save()
             if args.store_at:
                 old = store_at_commit(args.store_at, args.admin_url, n, args.store_duration or args.duration)
                 print(f"SqlStore at {args.store_at}, {n} processes: {old['results_per_s']:.0f} results/s", flush=True)
