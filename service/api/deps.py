@@ -17,15 +17,18 @@ the field.
 
 from __future__ import annotations
 
+import json
 import re
 import secrets
-from collections.abc import Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from typing import Annotated, Any
 from urllib.parse import parse_qsl
 
-from fastapi import Depends, HTTPException, Path, Request, status
+import pydantic_core
+from fastapi import Depends, HTTPException, Path, Request, Response, status
 from fastapi.exceptions import RequestValidationError
+from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
@@ -92,6 +95,39 @@ _MAYBE_UNSTORABLE_JSON = re.compile(rb"\x00|\\u0000|\\u[dD][89a-fA-F]")
 """What a JSON body must contain to hold an unstorable string: a NUL byte, or the escape of NUL or
 of a surrogate (raw UTF-8 cannot encode a surrogate). A body without any is not walked (a result
 batch of thousands of metrics documents costs more to walk than to store)."""
+
+
+class FastJSONRequest(Request):
+    """A request whose JSON body is parsed by pydantic-core's parser (Rust) instead of the standard
+    library's, a third of its cost (16 us a result of a 3 MiB result batch, 2026-12-06): the same
+    Python values for any body without a ``\\u`` escape. A body with one (where a lone surrogate
+    may hide, which the Rust parser does not keep as the standard one does) and a body the Rust
+    parser refuses go to ``json.loads``, whose errors FastAPI reports as before."""
+
+    async def json(self) -> Any:
+        if not hasattr(self, "_json"):
+            body = await self.body()
+            parsed: Any = None
+            if b"\\u" not in body:
+                try:
+                    parsed = pydantic_core.from_json(body)
+                except ValueError:
+                    parsed = None
+            self._json = parsed if parsed is not None else json.loads(body)
+        return self._json
+
+
+class FastJSONRoute(APIRoute):
+    """An `APIRoute` whose handler reads the body as a `FastJSONRequest` (FastAPI's custom request
+    class pattern): the ingestion routes, where the body is a batch of thousands of results."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def fast_json_handler(request: Request) -> Response:
+            return await handler(FastJSONRequest(request.scope, request.receive))
+
+        return fast_json_handler
 
 
 def _may_hold_unstorable(body: bytes) -> bool:

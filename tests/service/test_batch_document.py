@@ -191,3 +191,37 @@ def test_the_route_writes_from_the_document_on_postgresql(postgres_server: Any, 
         ("fa2", "fwd", "unsupported"), ("fa4", "bwd", "fail"), ("fa4", "fwd", "error"), ("sdpa", "fwd", "pass"),
         ("sdpa", "fwd", "pass"), ("te-fused", "fwd", "pass"), ("te-unfused", "fwd", "fail"),
     ]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"a": [1, 2.5, -0.0, 1e308, 12345678901234567890123, true, false, null, "x\\"y", "\\u00e9"]}',
+        '{"\u00e9\u4e2d": "\u00e9\u4e2d", "n": NaN, "i": Infinity, "m": -Infinity}'.encode(),
+        b'{"dup": 1, "dup": 2}',
+        b'{"lone": "\\ud800"}',  # a lone surrogate: the standard parser's value, which the app then refuses
+        b"null",
+        b'[1, 2',  # invalid: the standard parser's error
+    ],
+)
+def test_the_fast_json_request_parses_as_the_standard_library_does(body: bytes) -> None:
+    import asyncio
+    import json
+
+    from service.api.deps import FastJSONRequest
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    request = FastJSONRequest({"type": "http", "method": "POST", "headers": []}, receive)
+    try:
+        expected: Any = json.loads(body)
+    except json.JSONDecodeError as exc:
+        with pytest.raises(json.JSONDecodeError) as raised:
+            asyncio.run(request.json())
+        assert (raised.value.msg, raised.value.pos) == (exc.msg, exc.pos)
+        return
+    got = asyncio.run(request.json())
+    assert json.dumps(got, sort_keys=True) == json.dumps(expected, sort_keys=True)
+    if isinstance(expected, dict) and "a" in expected:
+        assert [type(v) for v in got["a"]] == [type(v) for v in expected["a"]]

@@ -8,13 +8,21 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Request, Response
 
-from service.api.deps import BucketId, SessionDep, WorkerId, WriteSessionDep, require_writer_token, write_transaction
+from service.api.deps import (
+    BucketId,
+    FastJSONRoute,
+    SessionDep,
+    WorkerId,
+    WriteSessionDep,
+    require_writer_token,
+    write_transaction,
+)
 from service.api.requests import CaseBatchIn, ClaimIn, MinimisedIn, ReleaseIn, RenewIn
 from service.api.schemas import AttachedOut, BatchUpdateOut, CaseBatchOut, ClaimOut, HeldOut, KnownOut
 from service.db import batch, ingest
 from service.db.store import SqlStore
 
-api_router = APIRouter(prefix="/api", tags=["ingestion"])
+api_router = APIRouter(prefix="/api", tags=["ingestion"], route_class=FastJSONRoute)
 page_router = APIRouter(tags=["pages"])
 _write = [Depends(require_writer_token)]
 
