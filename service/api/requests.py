@@ -337,7 +337,9 @@ MAX_BATCH_RESULTS = 20_000
 # for (the default writes null: the value would be lost); the adapter's setting reaches the floats
 # inside ``metrics``, the model's its own fields
 _RESULT_LIST = TypeAdapter(list[ResultIn], config=ConfigDict(ser_json_inf_nan="constants"))
-_NONFINITE_JSON = re.compile(rb"(?<![A-Za-z0-9_\"])-?(?:Infinity|NaN)\b")
+_NONFINITE_JSON = re.compile(rb"[:,\[]-?(?:Infinity|NaN)[,\]}]")
+"""A bare non-finite token as the compact dump writes a value (after ``:`` ``,`` ``[``, before ``,``
+``]`` ``}``); text in a string matches only when it looks the same, and then the rows path runs."""
 
 
 class CaseResultsIn(BaseModel):
