@@ -40,7 +40,7 @@ branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 HOUR = "date_trunc('hour', {column} AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'"
-"""The UTC hour of a timestamptz, whatever the session's TimeZone."""
+"""The UTC hour of a timestamptz, whatever the connection's TimeZone setting."""
 
 COUNT_FUNCTION = f"""
 CREATE FUNCTION attnfuzz_count_results() RETURNS trigger LANGUAGE plpgsql AS $$
