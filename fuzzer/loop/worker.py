@@ -223,11 +223,13 @@ class Worker:
         `fuzzer.cp.executor.RoutingExecutor` over the usual one and a `CPExecutor` (which starts
         its rank processes at the first CP case).
 
+        Whatever it raises, the children it started are stopped first (`close`).
+
         Raises:
             WorkerError: no selected backend is available on this machine.
+            AttnFuzzError: the sink refused the build or the worker (a wrong writer token:
+                `fuzzer.results.SinkFatalError`).
         """
-        from fuzzer.environment import current_fingerprint
-
         self._evaluator = Evaluator(
             self.config.backends,
             make_executor_with_cp(self.config.backends, self.config.isolation, self.config.child_memory_limit_bytes),
@@ -235,6 +237,19 @@ class Worker:
             case_timeout_s=self.config.case_timeout_s,
             guard=PluginGuard(self.config.plugin_deadline_s),
         )
+        try:
+            self._open_started()
+        except BaseException:
+            # the children are started: whatever stops the opening (a refused writer token, a
+            # database away, a stop signal) must not leave them behind for the interpreter's exit
+            # to wait on forever (multiprocessing joins its children at exit)
+            self.close()
+            raise
+
+    def _open_started(self) -> None:
+        """The part of `open` after the evaluator exists: the children, the build and the worker."""
+        from fuzzer.environment import current_fingerprint
+
         if self.lanes_on:  # lanes need the children side by side (the CPU default may run them in turn)
             for executor in (self._executor, getattr(self._executor, "default", None)):
                 if executor is not None and getattr(executor, "supports_lanes", False) and getattr(executor, "parallel", False) is None:

@@ -769,3 +769,28 @@ def test_a_derandomising_hypothesis_profile_does_not_make_every_chunk_draw_the_s
         first, second = cases_drawn(2), cases_drawn(1)
     assert len(first) >= 15, f"two chunks stored {len(first)} distinct cases: the second drew the first's"
     assert len(set(first[:10]) & set(second)) < 5, "a second worker drew the first worker's cases"
+
+
+class _RefusingSink(MemorySink):
+    """A sink that refuses the build, as the service does a wrong writer token (401)."""
+
+    def register_build(self, fingerprint):  # noqa: ANN001
+        from fuzzer.results import SinkFatalError
+
+        raise SinkFatalError("POST /api/builds: the service answered 401 (missing or wrong bearer token)")
+
+
+def test_a_refused_build_stops_the_children_the_worker_started():
+    """A new-user trial: ``fuzz --server`` with a wrong writer token printed the 401 and never
+    exited: the children started before the build was registered were left running, and the
+    interpreter's exit waited on them forever."""
+    import multiprocessing
+
+    from fuzzer.results import SinkFatalError
+
+    backends = registry.select(["torch-cpu-math"])
+    worker = Worker(WorkerConfig(backends=backends, isolation="process", shrink=False, max_cases=1), _RefusingSink())
+    with pytest.raises(SinkFatalError, match="401"):
+        worker.run()
+    assert worker.evaluator is None
+    assert [p for p in multiprocessing.active_children() if p.is_alive()] == []
