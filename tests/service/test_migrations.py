@@ -121,6 +121,22 @@ def test_0004_creates_the_load_indexes_and_its_downgrade_restores_the_0003_ones(
     assert _indexes(url)["results"] == after["results"] | ADDED_AFTER_0004
 
 
+def _insert_build_and_case(connection: Any) -> None:
+    """Build 1 and case ``c1`` as raw rows (the columns every revision from 0003 on has)."""
+    connection.execute(text(
+        "INSERT INTO builds (id, fingerprint_id, torch, cuda, cudnn, flash_attn_4, flash_attn,"
+        " transformer_engine, nvidia_cutlass_dsl, triton, python, device_name, compute_capability, driver,"
+        " first_seen) VALUES (1, 'f', '', '', '', '4.0.0b11', '', '', '', '', '', 'H200', '', '',"
+        " CURRENT_TIMESTAMP)"
+    ))
+    connection.execute(text(
+        "INSERT INTO cases (id, config, origin, created_at, dtype, head_dim, head_dim_v, seqlen_q, seqlen_k,"
+        " batch_size, num_heads, num_heads_kv, qkv_format, causal, has_window, has_softcap, backward)"
+        " VALUES ('c1', '{}', 'fuzz', CURRENT_TIMESTAMP, 'float16', 128, 128, 1, 1, 1, 1, 1, 'bshd',"
+        " true, false, false, false)"
+    ))
+
+
 def test_0004_upgrade_keeps_stored_rows(fresh_database_url: str) -> None:
     """Indexes only: rows stored at 0003 survive the upgrade and the downgrade unchanged."""
     url = fresh_database_url
@@ -128,18 +144,7 @@ def test_0004_upgrade_keeps_stored_rows(fresh_database_url: str) -> None:
     engine = make_engine(url)
     try:
         with engine.begin() as connection:
-            connection.execute(text(
-                "INSERT INTO builds (id, fingerprint_id, torch, cuda, cudnn, flash_attn_4, flash_attn,"
-                " transformer_engine, nvidia_cutlass_dsl, triton, python, device_name, compute_capability, driver,"
-                " first_seen) VALUES (1, 'f', '', '', '', '4.0.0b11', '', '', '', '', '', 'H200', '', '',"
-                " CURRENT_TIMESTAMP)"
-            ))
-            connection.execute(text(
-                "INSERT INTO cases (id, config, origin, created_at, dtype, head_dim, head_dim_v, seqlen_q, seqlen_k,"
-                " batch_size, num_heads, num_heads_kv, qkv_format, causal, has_window, has_softcap, backward)"
-                " VALUES ('c1', '{}', 'fuzz', CURRENT_TIMESTAMP, 'float16', 128, 128, 1, 1, 1, 1, 1, 'bshd',"
-                " true, false, false, false)"
-            ))
+            _insert_build_and_case(connection)
             connection.execute(text(
                 "INSERT INTO results (case_id, build_id, backend, variant, status, signature, signatures, metrics,"
                 " run_ms, compile_ms, oracle_ms, detail, backend_version, phase, created_at) VALUES ('c1', 1, 'fa4',"
@@ -178,18 +183,7 @@ def test_0008_counts_the_stored_results_and_makes_the_bucket_indexes_failing_row
     engine = make_engine(url)
     try:
         with engine.begin() as connection:
-            connection.execute(text(
-                "INSERT INTO builds (id, fingerprint_id, torch, cuda, cudnn, flash_attn_4, flash_attn,"
-                " transformer_engine, nvidia_cutlass_dsl, triton, python, device_name, compute_capability, driver,"
-                " first_seen) VALUES (1, 'f', '', '', '', '4.0.0b11', '', '', '', '', '', 'H200', '', '',"
-                " CURRENT_TIMESTAMP)"
-            ))
-            connection.execute(text(
-                "INSERT INTO cases (id, config, origin, created_at, dtype, head_dim, head_dim_v, seqlen_q, seqlen_k,"
-                " batch_size, num_heads, num_heads_kv, qkv_format, causal, has_window, has_softcap, backward)"
-                " VALUES ('c1', '{}', 'fuzz', CURRENT_TIMESTAMP, 'float16', 128, 128, 1, 1, 1, 1, 1, 'bshd',"
-                " true, false, false, false)"
-            ))
+            _insert_build_and_case(connection)
             for backend, status, signature, phase in (("fa4", "fail", "'out:nan'", "fuzz"), ("fa2", "pass", "NULL", "fuzz"),
                                                       ("fa4", "pass", "NULL", "replay")):
                 connection.execute(text(
