@@ -300,8 +300,8 @@ class CaseHour(Base):
     __tablename__ = "case_hours"
 
     hour: Mapped[datetime] = mapped_column(UTCDateTime, primary_key=True)
+    case_id: Mapped[str] = mapped_column(String(16), primary_key=True)  # before writer: an hour's rows in case order
     writer: Mapped[int] = mapped_column(Integer, primary_key=True)
-    case_id: Mapped[str] = mapped_column(String(16), primary_key=True)
 
 
 class Bucket(Base):

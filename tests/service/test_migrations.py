@@ -206,3 +206,27 @@ def test_0008_counts_the_stored_results_and_makes_the_bucket_indexes_failing_row
             assert "result_totals" not in inspect(connection).get_table_names()
     finally:
         engine.dispose()
+
+
+def test_0009_keys_case_hours_by_hour_then_case_and_keeps_its_rows(fresh_database_url: str) -> None:
+    """The overview's distinct cases per hour read the key in (hour, case_id) order (`service.db.
+    stats._activity`); the rows survive the change of key both ways."""
+    url = fresh_database_url
+    migrations.upgrade(url, "0008")
+    engine = make_engine(url)
+    try:
+        with engine.begin() as connection:
+            connection.execute(text(
+                "INSERT INTO case_hours (hour, writer, case_id) VALUES ('2026-12-06 10:00:00+00:00', 7, 'c1'),"
+                " ('2026-12-06 10:00:00+00:00', 8, 'c1'), ('2026-12-06 10:00:00+00:00', 7, 'c2')"
+            ))
+        migrations.upgrade(url, "0009")
+        with engine.connect() as connection:
+            assert inspect(connection).get_pk_constraint("case_hours")["constrained_columns"] == ["hour", "case_id", "writer"]
+            assert connection.execute(text("SELECT count(*) FROM case_hours")).scalar_one() == 3
+        migrations.downgrade(url, "0008")
+        with engine.connect() as connection:
+            assert inspect(connection).get_pk_constraint("case_hours")["constrained_columns"] == ["hour", "writer", "case_id"]
+            assert connection.execute(text("SELECT count(*) FROM case_hours")).scalar_one() == 3
+    finally:
+        engine.dispose()
