@@ -228,11 +228,12 @@ def store_sender(index: int, url: str, build_id: int, worker_id: int, start_at: 
     queue.put(records)
 
 
-def store_at_commit(commit: str, admin_url: str, n: int, duration_s: float, warmup_s: float = 3.0) -> dict[str, Any]:
+def store_at_commit(commit: str, admin_url: str, n: int, duration_s: float, warmup_s: float = 3.0,
+                    per_result: bool = False) -> dict[str, Any]:
     """The SqlStore path of ``commit`` (a ``git worktree`` of it in a temporary folder), on a
     database of its own migrated by that commit's migrations: ``n`` processes of this file's
-    `store_sender` importing that tree's modules (``ATTNFUZZ_BENCH_TREE``); the same figures as
-    `run_senders`."""
+    `store_sender` importing that tree's modules (``ATTNFUZZ_BENCH_TREE``), per case or, with
+    ``per_result``, per result; the same figures as `run_senders`."""
     import tempfile
 
     name = f"attnfuzz_ingest_{os.getpid()}_store"
@@ -260,7 +261,7 @@ def store_at_commit(commit: str, admin_url: str, n: int, duration_s: float, warm
         outputs = [Path(tree) / f"records-{i}.json" for i in range(n)]
         processes = [
             subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--store-sender",
-                              json.dumps([i, url, build_id, worker_ids[i], start_at, stop_at, str(outputs[i])])],
+                              json.dumps([i, url, build_id, worker_ids[i], start_at, stop_at, str(outputs[i]), per_result])],
                              env=env, cwd=tree)
             for i in range(n)
         ]
@@ -534,8 +535,8 @@ def explain_overview(url: str) -> list[dict[str, Any]]:
 # ------------------------------------------------------------------------------ main
 def main() -> None:
     if len(sys.argv) == 3 and sys.argv[1] == "--store-sender":  # one of store_at_commit's processes
-        index, url, build_id, worker_id, start_at, stop_at, out = json.loads(sys.argv[2])
-        store_sender(index, url, build_id, worker_id, start_at, stop_at, _FileQueue(out))
+        index, url, build_id, worker_id, start_at, stop_at, out, per_result = json.loads(sys.argv[2])
+        store_sender(index, url, build_id, worker_id, start_at, stop_at, _FileQueue(out), per_result=per_result)
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--admin-url", default=os.environ.get("ATTNFUZZ_TEST_POSTGRES_URL",
@@ -548,9 +549,10 @@ def main() -> None:
     parser.add_argument("--store-per-result", action="store_true",
                         help="also run SqlStore.record_result, one transaction a result, side by side")
     parser.add_argument("--store-at", default=None, metavar="COMMIT",
-                        help="also run the SqlStore path of this commit (a worktree, its own database), side by side")
+                        help="also run the SqlStore path of this commit (a worktree, its own database), side by side; "
+                             "with --store-per-result, its record_result path too")
     parser.add_argument("--http-senders-long", type=int, default=None,
-                        help="the N of --senders measured for --duration; the others for --sweep-duration")
+                        help="the N of --senders measured for --duration, beside the page readers and at scale; the others for --sweep-duration")
     parser.add_argument("--sweep-duration", type=float, default=None, help="seconds of each N but --http-senders-long")
     parser.add_argument("--fill", type=int, default=0, help="fill results to this many rows, then measure the pages (0: skip)")
     parser.add_argument("--json", default=None, help="write the manifest here")
@@ -588,6 +590,7 @@ def main() -> None:
         build_id = store.register_build(BuildFingerprint(torch="2.11.0+cu130", device_name="NVIDIA H200",
                                                          compute_capability="9.0", flash_attn_4="4.0.0b36"))
         worker_ids = [store.register_worker(build_id, "bench", 1000 + i, "cuda") for i in range(max(senders) + 1)]
+        measured = args.http_senders_long or max(senders)  # the N the pages are read beside, and at scale
         with service(url, args.server_workers) as base:
             http = []
             for n in senders:
@@ -595,7 +598,7 @@ def main() -> None:
                 figures = run_senders(
                     http_sender, n, lambda i: (i, base, build_id, worker_ids[i], args.batch_cases),
                     args.duration if long else (args.sweep_duration or args.duration),
-                    during=(lambda a, b: page_latencies(base, ["/", _largest_bucket_path(engine)], until=b)) if n == max(senders) else None,
+                    during=(lambda a, b: page_latencies(base, ["/", _largest_bucket_path(engine)], until=b)) if n == measured else None,
                 )
                 print(f"HTTP, {n} senders: {figures['results_per_s']:.0f} results/s, p50 {figures['latency_p50_ms']} ms, "
                       f"p95 {figures['latency_p95_ms']} ms", flush=True)
@@ -623,6 +626,14 @@ def main() -> None:
                 manifest["sqlstore_at_commit"] = old
                 manifest["http_over_sqlstore_at_commit"] = round(best / max(old["results_per_s"], 1e-9), 1)
                 save()
+                if args.store_per_result:
+                    old = store_at_commit(args.store_at, args.admin_url, n, args.store_duration or args.duration,
+                                          per_result=True)
+                    print(f"SqlStore.record_result at {args.store_at}, {n} processes: {old['results_per_s']:.0f} results/s",
+                          flush=True)
+                    manifest["sqlstore_per_result_at_commit"] = old
+                    manifest["http_over_sqlstore_per_result_at_commit"] = round(best / max(old["results_per_s"], 1e-9), 1)
+                    save()
             if args.fill:
                 print(f"filling to {args.fill} results ...", flush=True)
                 manifest["fill"] = fill(engine, args.fill, build_id, worker_ids[-1])
@@ -634,7 +645,7 @@ def main() -> None:
                 print("pages at scale, quiet:", manifest["pages_at_scale_quiet"], flush=True)
                 save()
                 manifest["http_at_scale"] = run_senders(
-                    http_sender, n, lambda i: (i, base, build_id, worker_ids[i], args.batch_cases), min(args.duration, 60),
+                    http_sender, measured, lambda i: (i, base, build_id, worker_ids[i], args.batch_cases), min(args.duration, 60),
                     during=lambda a, b: page_latencies(base, paths, until=b),
                 )
                 print("ingesting at scale:", manifest["http_at_scale"], flush=True)
