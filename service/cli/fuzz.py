@@ -369,11 +369,12 @@ def fuzz(
             given = set(backend or [])  # plugins given as module:attr: the hints name them so
             specs = {b.name: spec for b, spec in selected if spec in given and ":" in spec}
             print_summary(stats, url, interrupted=interrupted, stored=_bucket_states(url, stats.new_buckets) if extra and server is None else None,
-                          specs=specs)
+                          specs=specs, server=server is not None)
             if spooled["outages"] or spooled["left"]:
+                where = "service" if server is not None else "database"
                 out.print(
-                    f"database outages: {spooled['outages']}; writes spooled {spooled['spooled']}, flushed {spooled['flushed']}, "
-                    f"left in {spooled['path']}: {spooled['left']} (stored by the next run on this database)",
+                    f"{where} outages: {spooled['outages']}; writes spooled {spooled['spooled']}, flushed {spooled['flushed']}, "
+                    f"left in {spooled['path']}: {spooled['left']} (stored by the next run on this {where})",
                     soft_wrap=True,
                 )
         for r in failed:

@@ -312,22 +312,33 @@ def summary_data(stats: WorkerStats, url: str, *, interrupted: bool = False, spo
 
 
 def print_summary(
-    stats: WorkerStats, url: str, *, interrupted: bool = False, stored: dict | None = None, specs: dict[str, str] | None = None
+    stats: WorkerStats,
+    url: str,
+    *,
+    interrupted: bool = False,
+    stored: dict | None = None,
+    specs: dict[str, str] | None = None,
+    server: bool = False,
 ) -> None:
     """Print the fuzz summary (tables, the time split, new buckets, hints).
 
     Args:
         stats: the run's figures (several workers' merged, `fuzzer.worker.merge_stats`).
-        url: the database URL (named in the hints, its password masked: `fuzzer.text.masked_url`).
+        url: the database URL (named in the hints, its password masked: `fuzzer.text.masked_url`),
+            or with ``server`` the service's ``http(s)://host:port`` (``fuzz --server``).
         interrupted: the run stopped on Ctrl-C.
         stored: with several workers, `service.db.repository.bucket_states` of the new buckets: what
             the database says of a bucket another worker shrunk or attached after this one found it.
         specs: the ``module:attr`` of each plugin backend given so (``fuzz --backend localk:LocalBackend``),
             by backend name: the hints name a plugin's backend by its spec, so they run as printed
             (by name, ``export`` and ``fuzz`` know only the built-in and entry-point backends).
+        server: the run stored through the service at ``url``: the hints name what works with
+            it (its dashboard pages, its repro downloads, ``fuzz --server``), never ``--db URL``
+            (``report``, ``serve`` and ``export`` take a database URL, not the service's).
     """
     shown = masked_url(url)  # the hints show user:***@: type the password where the run had it
     specs = specs or {}
+    target = f"--server {shown}" if server else f"--db {shown}"  # where a later fuzz run stores
     if interrupted:
         out.print("[bold yellow]interrupted (Ctrl-C):[/] what this run stored before it stopped:")
     table = Table(title="evaluations this run, by status")
@@ -452,14 +463,16 @@ def print_summary(
             elif stats.minimised or stats.shrink_s:
                 line += (
                     f"\n      not minimised in this run: a later fuzz run shrinks it (only shrinking: "
-                    f"{command_name()} fuzz --max-cases 0 --db {shown} --backend {specs.get(key[0], key[0])}, with this run's --device)"
+                    f"{command_name()} fuzz --max-cases 0 {target} --backend {specs.get(key[0], key[0])}, with this run's --device"
+                    + (" and writer token)" if server else ")")
                 )
             out.print(escape(line), soft_wrap=True)  # plain text: rich would take "[case ...]" for markup and drop it
     elif stats.results.get("fail", 0) or stats.results.get("error", 0):
         failing = stats.results.get("fail", 0) + stats.results.get("error", 0)
+        listed = f"the service's {shown}/buckets" if server else f"{command_name()} buckets list --db {shown}"
         out.print(
             f"no new bucket: {failing} failing result(s), all in buckets already known "
-            "(replayed or drawn again; see attnfuzz buckets list)"
+            f"(replayed or drawn again; see {listed})", soft_wrap=True,
         )
     else:
         out.print("[green]no failures found[/]")
@@ -469,6 +482,9 @@ def print_summary(
         for key, outcome in earlier:
             out.print(escape(f"  {visible_text(' / '.join(key))}\n      {outcome.status}: {outcome.case.describe()}  [case {outcome.case.case_id}]"), soft_wrap=True)
     prog = command_name()
+    if server:
+        _print_service_hints(stats, shown, specs, prog)
+        return
     out.print(f"stored in {shown}; see them with: {prog} report --db {shown}  (dashboard: {prog} serve --db {shown})", soft_wrap=True)
     if stats.new_buckets:
         # a new-user trial did not know which of a bucket's two case ids to export: name the
@@ -488,6 +504,44 @@ def print_summary(
             )
         else:
             out.print(f"a standalone pytest repro of a case: {prog} export CASE_ID --db {shown}", soft_wrap=True)
+
+
+def _print_service_hints(stats: WorkerStats, base: str, specs: dict[str, str], prog: str) -> None:
+    """The summary's last lines after ``fuzz --server``: where the results are (the service's
+    dashboard at ``base``: its bucket list, a bucket's page, a case's page) and a repro of the
+    first new bucket as the service's download (``GET /api/cases/{case_id}/repro.py`` with the
+    bucket's backend and variant, `service.api.routes.cases.get_repro`). A plugin given as
+    ``module:attr`` is one the service cannot import (it knows the built-in and entry-point
+    backends only): its repro is ``attnfuzz export`` with the spec, on the service's database."""
+    from urllib.parse import urlencode
+
+    out.print(
+        f"stored through the service at {base}; see them on its dashboard: {base}/buckets (a bucket's page has "
+        f"its repro download and issue report; a case's page: {base}/cases/CASE_ID)", soft_wrap=True,
+    )
+    shrunk = dict(stats.minimised)
+    minimised = next((key for key in stats.new_buckets if key in shrunk), None)
+    first = next((key for key in stats.new_buckets if key in stats.first_cases), None)
+    if minimised is not None:
+        key, case_id, what = minimised, shrunk[minimised].case.case_id, (
+            "a bucket's minimised case (the [case ...] on its second line), the first one's")
+    elif first is not None:
+        key, case_id, what = first, stats.first_cases[first], "the first bucket's case"
+    else:
+        return
+    spec = specs.get(key[0])
+    if spec is not None:
+        out.print(escape(
+            f"a standalone pytest repro of {what}: {key[0]} is a plugin ({spec}) the service cannot import, so it "
+            f"has no download there; export it where the plugin imports and the service's database is reachable: "
+            f"{prog} export {case_id}{_plugin(specs, key)} --db DATABASE_URL (the database the service at {base} serves)"
+        ), soft_wrap=True)
+        return
+    query = urlencode({"backend": key[0], "variant": key[1]})
+    out.print(escape(
+        f"a standalone pytest repro of {what}: {base}/api/cases/{case_id}/repro.py?{query} (the case's page: "
+        f"{base}/cases/{case_id})"
+    ), soft_wrap=True)
 
 
 def _plugin(specs: dict[str, str], key: tuple[str, str, str]) -> str:

@@ -1,5 +1,7 @@
 """``attnfuzz serve``: the dashboard and JSON API (`service.api.app.create_app`) under uvicorn.
-Reads only: an old schema is exit 5 naming ``attnfuzz db upgrade``."""
+It reads the database and writes to it: the ingestion of workers started with ``attnfuzz fuzz
+--server`` (`service.api.routes.worker_sink` and the other writer-token routes) and triage. It
+never migrates: an old schema is exit 5 naming ``attnfuzz db upgrade``."""
 
 from __future__ import annotations
 
@@ -23,14 +25,25 @@ def serve(
             envvar="ATTNFUZZ_API_TOKEN",
             show_envvar=True,
             show_default=False,
-            help="Bearer token that writes (triage) require; unset leaves writes open.",
+            help="Bearer token that triage writes require (the bucket page's form after /login, PATCH /api/buckets/ID); "
+            "worker ingestion accepts it besides $ATTNFUZZ_WRITER_TOKEN. Unset, with no writer token either, leaves "
+            "every write open.",
         ),
     ] = None,
 ) -> None:
-    """Serve the dashboard and JSON API (FastAPI + uvicorn); the database is only read.
+    """Serve the dashboard and JSON API (FastAPI + uvicorn): it reads the database and stores what workers and triage send.
 
-    It is never migrated (a read-only database can be served); an old schema is an error naming
-    attnfuzz db upgrade."""
+    Ingestion: workers started with 'attnfuzz fuzz --server URL' write through it (POST /api/builds,
+    /api/workers and their heartbeats, /api/cases, /api/case-results, /api/results, minimisation
+    leases and minimised cases). When $ATTNFUZZ_WRITER_TOKEN or $ATTNFUZZ_API_TOKEN is set, each
+    such write needs one of them as its bearer token (401 and nothing stored without).
+
+    Triage: the bucket page's form and PATCH /api/buckets/ID change a bucket's triage state, notes,
+    upstream link and duplicate; they need the API token when it is set.
+
+    Without either token every write is open: give one before binding a --host others reach.
+    The database is never migrated (run attnfuzz db upgrade; an old schema is an error naming it);
+    one opened read-only can still be browsed, and writes to it fail with nothing stored."""
     import uvicorn
 
     from service.api.app import create_app

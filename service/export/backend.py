@@ -66,13 +66,42 @@ def has_repro(backend: Backend) -> bool:
 
 
 @functools.lru_cache(maxsize=1)
+def _known() -> tuple[tuple[str, bool], ...]:
+    """``(name, declares a repro call)`` of each backend found without a spec (built-ins, opt-in
+    built-ins and the ``attnfuzz.backends`` entry points), sorted by name; read once per process.
+    () when the discovery fails (a broken entry point)."""
+    try:
+        return tuple(sorted((name, has_repro(backend)) for name, backend in _discovered().items()))
+    except ExportError:
+        return ()
+
+
 def exportable_backends() -> tuple[str, ...]:
     """Names of the known backends (built-ins and entry points) that declare a repro call, sorted;
     read once per process (pages use it to offer the download)."""
-    try:
-        return tuple(sorted(name for name, backend in _discovered().items() if has_repro(backend)))
-    except ExportError:
-        return ()
+    return tuple(name for name, repro in _known() if repro)
+
+
+def importable_backends() -> tuple[str, ...]:
+    """Names of every backend this process finds by name alone (built-ins and entry points), sorted;
+    read once per process. A stored backend outside them is a plugin that ``fuzz`` loaded as
+    ``--backend module:attr``: the database keeps its name, not that spec, so this process cannot
+    import it (pages then say how to export it from the command line: `plugin_export_command`)."""
+    return tuple(name for name, _ in _known())
+
+
+PLUGIN_SPEC = "MODULE:ATTR"
+"""What an export command shows where a plugin's ``module:attr`` goes: the database never stores it."""
+
+
+def plugin_export_command(case_id: str, variant: str, *, tail: str = "--db DATABASE_URL") -> str:
+    """``attnfuzz export CASE --backend MODULE:ATTR --variant V --db DATABASE_URL``: the command
+    that exports a plugin backend's result on ``case_id`` (16 hex digits) and ``variant`` (a stored
+    name, shell-quoted here), with `PLUGIN_SPEC` where the plugin's ``module:attr`` goes (the
+    reader knows it, the database does not) and ``tail`` after it (other options)."""
+    import shlex
+
+    return f"attnfuzz export {case_id} --backend {PLUGIN_SPEC} --variant {shlex.quote(variant)}" + (f" {tail}" if tail else "")
 
 
 def repro_call(backend: Backend, case: AttentionCase, variant: str) -> ReproCall:

@@ -176,11 +176,25 @@ def _library_call(case: Any, backend: Any, variant: str) -> tuple[str, str]:
     return variant, code.strip()
 
 
-def _export_command(case_id: str, bucket: Any, filename: str) -> str:
+def _export_command(case_id: str, bucket: Any, filename: str, *, plugin: bool = False) -> str:
     """The report's ``attnfuzz export`` line (an indented code block): one line, each stored name
-    shell-quoted."""
+    shell-quoted. For a ``plugin`` (a backend this process cannot import by name: `fuzz` loaded it
+    as ``--backend module:attr``, which the database does not keep) ``--backend MODULE:ATTR``
+    (`service.export.backend.plugin_export_command`; `_plugin_note` says what goes there): its name
+    alone fails (no installed backend has it)."""
+    from service.export.backend import plugin_export_command
+
+    if plugin:
+        return "    " + plugin_export_command(case_id, _plain(bucket.variant), tail=f"-o {filename}")
     return (f"    attnfuzz export {case_id} --backend {shlex.quote(_plain(bucket.backend))} "
             f"--variant {shlex.quote(_plain(bucket.variant))} -o {filename}")
+
+
+def _plugin_note(bucket: Any) -> str:
+    """The sentence before a plugin's export command: the database does not keep its spec."""
+    return (f"The backend {_cell(bucket.backend)} is no built-in or installed backend: a plugin that `attnfuzz fuzz` "
+            "loaded as `--backend module:attr`, and the database keeps its name, not that `module:attr`. Export "
+            "the file with the plugin's `module:attr` in place of `MODULE:ATTR`, where its module imports:")
 
 
 def bucket_issue(session: Any, bucket_id: int, *, compute_missing: bool = False) -> IssueReport:
@@ -197,7 +211,7 @@ def bucket_issue(session: Any, bucket_id: int, *, compute_missing: bool = False)
 
     from service.db import findings, repository
     from service.errors import NotFoundError
-    from service.export.backend import resolve_backend
+    from service.export.backend import importable_backends, resolve_backend
     from service.export.repro import repro_filename
     from service.export.safety import ExportError, validated_case
     from service.export.target import export_target
@@ -336,6 +350,7 @@ def bucket_issue(session: Any, bucket_id: int, *, compute_missing: bool = False)
         out.append("- not bisected")
     out += ["", "## Repro", ""]
     filename = repro_filename(bucket.backend, bucket.variant, case_row.id)
+    plugin = bucket.backend not in importable_backends()
     try:
         repro = export_target(session, target, force=True, compute_missing=compute_missing)
         filename = repro.filename
@@ -345,8 +360,11 @@ def bucket_issue(session: Any, bucket_id: int, *, compute_missing: bool = False)
                 f"<details><summary>{filename}</summary>", "",
                 _fence(repro.source, "python"), "", "</details>"]
     except ExportError as exc:
-        out += [_export_command(case_row.id, bucket, filename), f"    pytest {filename}", "",
-                f"(The file is not inlined here: {_cell(exc)})"]
+        if plugin:  # the command as printed would fail by the backend's name: say what the database lacks
+            out += [_plugin_note(bucket), ""]
+        why = "attnfuzz cannot import the plugin here" if plugin else _cell(exc)
+        out += [_export_command(case_row.id, bucket, filename, plugin=plugin), f"    pytest {filename}", "",
+                f"(The file is not inlined here: {why})"]
     out.append("")
     return IssueReport(bucket_id=bucket.id, title=title, markdown="\n".join(out))
 

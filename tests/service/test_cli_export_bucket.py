@@ -158,6 +158,29 @@ def test_the_shrink_hint_for_a_plugin_bucket_names_its_spec() -> None:
     assert f"export {FIRST.case_id} --backend localmath:LocalMath --variant bool_mask --db sqlite:///x.db" in text, text
 
 
+def test_the_issue_report_of_a_plugin_bucket_says_its_spec_is_not_stored_and_runs_with_it(tmp_path: Path) -> None:
+    """A new-user trial: ``report --bucket N`` (markdown) of a plugin's bucket suggested ``attnfuzz
+    export CASE --backend localmath --variant bool_mask``, which exits 2 (no installed backend has
+    that name). The database keeps no ``module:attr``: the report says so and gives the command with
+    ``--backend MODULE:ATTR``; with the spec in its place (and the database) it writes the repro."""
+    (tmp_path / "localmath.py").write_text(PLUGIN)
+    url = f"sqlite:///{tmp_path / 'p.db'}"
+    bucket_id = _bucket_db(url, "localmath")
+    result = _invoke("report", "--bucket", str(bucket_id), "--format", "markdown", "--db", url)
+    assert result.exit_code == 0, result.output
+    repro = result.stdout.split("## Repro", 1)[1]
+    said = " ".join(repro.split())
+    assert "a plugin that `attnfuzz fuzz` loaded as `--backend module:attr`, and the database keeps its name, not " \
+           "that `module:attr`" in said, repro
+    commands = [line.strip() for line in repro.splitlines() if line.strip().startswith("attnfuzz export")]
+    assert len(commands) == 1 and "--backend localmath " not in commands[0], repro
+    assert commands[0].startswith(f"attnfuzz export {MINIMISED.case_id} --backend MODULE:ATTR --variant bool_mask -o "), repro
+    ran = _attnfuzz(shlex.split(commands[0].replace("MODULE:ATTR", "localmath:LocalMath"))[1:] + ["--db", url], cwd=tmp_path)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    written = tmp_path / shlex.split(commands[0])[-1]
+    assert "VARIANT = 'bool_mask'" in written.read_text() and f"CASE_ID = '{MINIMISED.case_id}'" in written.read_text()
+
+
 @pytest.mark.parametrize("where", ["missing", "file", "read-only", "folder"])
 def test_output_that_cannot_be_written_is_exit_2_naming_output_and_writes_nothing(tmp_path: Path, where: str) -> None:
     url = f"sqlite:///{tmp_path / 'b.db'}"

@@ -108,6 +108,22 @@ def test_help_declares_envvars_choices_and_exit_codes() -> None:
     assert "ATTNFUZZ_BUILDS_DIR" in help_of("builds", "list")
 
 
+def test_serve_help_names_the_writes_it_takes_and_their_tokens() -> None:
+    """A new user read in ``serve --help`` that the database is only read, yet the service stores
+    what ``fuzz --server`` workers send and the triage form: the help names both and their tokens."""
+    def help_of(*args: str) -> str:
+        result = CliRunner().invoke(app, [*args, "--help"], env={"COLUMNS": "250"})
+        assert result.exit_code == 0, result.output
+        return " ".join(result.output.replace("│", " ").split())  # the words, without rich's box
+
+    for said in (help_of(), help_of("serve")):  # the command list's line and the command's own help
+        assert "only read" not in said and "reads only" not in said, said
+        assert "stores what workers and triage send" in said, said
+    for text in ("fuzz --server URL", "/api/case-results", "/api/results", "minimisation leases", "heartbeats",
+                 "ATTNFUZZ_WRITER_TOKEN", "ATTNFUZZ_API_TOKEN", "PATCH /api/buckets/ID", "never migrated"):
+        assert text in said, text
+
+
 def test_no_help_shows_the_docstrings_rest_markup() -> None:
     """The commands' help is their docstrings: the reST double backticks of the code's docstrings
     read as noise there (a new-user trial), so a command's docstring uses plain quotes."""

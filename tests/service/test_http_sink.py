@@ -1,6 +1,7 @@
 """Workers without database credentials: `fuzzer.http_sink.HttpSink` against the real app
 (``POST /api/case-results`` and the lease endpoints, `service.db.batch`), the writer token, the
-spool while the service is away, and ``attnfuzz fuzz --server``. SQLite and PostgreSQL."""
+spool while the service is away, and ``attnfuzz fuzz --server`` (the hints of its summary too). SQLite and
+PostgreSQL."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from service.api.app import create_app
 from service.db import migrations
 from service.db.engine import make_engine
 from service.db.models import Bucket, Case, Result, Worker
+from service.db.store import SqlStore
 from service.settings import Settings
 
 TOKEN = "writer-token-for-tests"
@@ -280,3 +282,114 @@ def test_a_batch_that_runs_past_its_lock_timeout_is_503_for_the_worker_to_retry(
     with pytest.raises(SinkUnavailableError, match="503"):
         sink.record_batch([_payload(case, _results(case), build_id, None)])
     assert _count(session, Result) == 0
+
+
+def _stored_allowances(case: AttentionCase) -> dict:
+    """Metrics carrying the allowances a worker stores with a verdict (the repro download uses
+    stored figures only)."""
+    from service.export.allowance import computed_allowance
+
+    return {name: {"allowed_global": a.whole, "tile_allowed": a.tiles} for name, a in computed_allowance(case).items()}
+
+
+def _summary(stats: object, base: str, **kwargs: object) -> str:
+    """`print_summary` of ``stats`` after ``fuzz --server base``, as one line of words."""
+    from service.cli.common import out
+    from service.cli.fuzz_display import print_summary
+
+    with out.capture() as captured:
+        print_summary(stats, base, server=True, **kwargs)
+    return " ".join(captured.get().split())
+
+
+def test_after_fuzz_server_the_hints_name_the_service_and_its_download_never_a_database(
+    client: TestClient, store: SqlStore
+) -> None:
+    """A new-user trial: after ``fuzz --server URL`` the summary said ``report --db URL``, ``serve
+    --db URL``, ``export CASE --db URL`` and ``fuzz --max-cases 0 --db URL`` with the service's
+    http URL, and each failed (those options take a database URL). Now: the dashboard's pages, the
+    service's repro download (which answers the file), ``fuzz --max-cases 0 --server URL``, and
+    for a plugin the service cannot import, ``export`` with its spec on the service's database."""
+    from fuzzer.minimise import MinimiseOutcome
+    from fuzzer.worker import WorkerStats
+
+    base = "http://testserver"
+    build_id = store.register_build(BuildFingerprint(torch="2.13.0"))
+    case = AttentionCase(seqlen_q=4, seqlen_k=4, num_heads=2, head_dim=16, causal=True, dtype="float32")
+    store.record_case(case.to_json(), "fuzz")
+    store.record_result(CaseResult(case.case_id, "torch-cpu-math", "is_causal", "fail", signature="out:mismatch",
+                                   metrics=_stored_allowances(case)), build_id, None)
+    found, plugin = ("torch-cpu-math", "is_causal", "out:mismatch"), ("planted-fa4", "te_window", "out:all_zero")
+    stats = WorkerStats(cases=2, wall_s=1.0, shrink_s=0.5)
+    stats.results.update({"fail": 2})
+    stats.new_buckets = [found, plugin]
+    stats.first_cases = {found: case.case_id, plugin: "cccc000011112222"}
+    text = _summary(stats, base, specs={"planted-fa4": PLANTED})
+    assert "--db" not in text, text
+    assert f"stored through the service at {base}; see them on its dashboard: {base}/buckets" in text, text
+    assert f"only shrinking: attnfuzz fuzz --max-cases 0 --server {base} --backend {PLANTED}," in text, text
+    download = text.split("a standalone pytest repro of the first bucket's case: ", 1)[1].split(" ", 1)[0]
+    assert download == f"{base}/api/cases/{case.case_id}/repro.py?backend=torch-cpu-math&variant=is_causal", text
+    response = client.get(download.removeprefix(base))
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"].startswith("text/x-python") and "VARIANT = 'is_causal'" in response.text
+    assert client.get(f"/cases/{case.case_id}").status_code == client.get("/buckets").status_code == 200
+    # a plugin's minimised case: no download there (the service knows no module:attr), export with the spec
+    minimal = AttentionCase(seqlen_q=1, seqlen_k=1, num_heads=1, head_dim=8, causal=True)
+    stats.minimised = [(plugin, MinimiseOutcome(status="minimised", case=minimal, original=minimal, attempts=1,
+                                                elapsed_s=0.1, note=""))]
+    text = _summary(stats, base, specs={"planted-fa4": PLANTED})
+    assert f"export {minimal.case_id} --backend {PLANTED} --variant te_window --db DATABASE_URL" in text, text
+    assert "--db http" not in text and "repro.py" not in text, text
+    stats.new_buckets, stats.minimised = [], []  # failures in known buckets only: the service's list, not buckets list
+    assert f"see the service's {base}/buckets" in _summary(stats, base)
+
+
+def test_a_shrink_only_run_through_the_service_runs_as_the_summary_prints_it(fresh_database_url: str, tmp_path: Path) -> None:
+    """The hint ``fuzz --max-cases 0 --server URL --backend SPEC`` of a bucket not shrunk, run as
+    printed (plus test-only speed options), claims the bucket's minimisation through the service
+    and stores its minimised case; that run's summary names the dashboard and no ``--db``."""
+    import shlex
+
+    import httpx
+
+    from fuzzer.worker import WorkerStats
+
+    migrations.upgrade(fresh_database_url)
+    causal = AttentionCase(seqlen_q=6, seqlen_k=6, num_heads=2, head_dim=16, dtype="float32", causal=True, backward=False)
+    key = ("planted-fa4", "te_window", "out:all_zero")  # the planted bug: fails on every causal case
+    engine = make_engine(fresh_database_url)
+    try:
+        store = SqlStore(engine)
+        build_id = store.register_build(BuildFingerprint(torch="2.13.0"))
+        store.record_case(causal.to_json(), "fuzz")
+        store.record_result(CaseResult(causal.case_id, *key[:2], "fail", signature=key[2]), build_id, None)
+    finally:
+        engine.dispose()
+    stats = WorkerStats(cases=1, wall_s=1.0, shrink_s=0.5)
+    stats.results.update({"fail": 1})
+    stats.new_buckets, stats.first_cases = [key], {key: causal.case_id}
+    with served(fresh_database_url, writer_token=TOKEN) as base:
+        text = _summary(stats, base, specs={"planted-fa4": PLANTED})
+        printed = text.split("only shrinking: ", 1)[1].split(", with this run's", 1)[0]
+        assert printed == f"attnfuzz fuzz --max-cases 0 --server {base} --backend {PLANTED}", text
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ATTNFUZZ_")}
+        env.update({"ATTNFUZZ_WRITER_TOKEN": TOKEN, "COLUMNS": "400"})
+        run = subprocess.run(
+            [sys.executable, "-m", "attnfuzz", *shlex.split(printed)[1:], "--isolation", "none", "--shrink-deadline", "60",
+             "--spool-dir", str(tmp_path / "spool")],
+            cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, env=env, timeout=600,
+        )
+        assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+        said = " ".join(run.stdout.split())
+        assert f"1 bucket(s) found earlier, shrunk in this run: {' / '.join(key)}" in said, said
+        assert "--db" not in said and f"see them on its dashboard: {base}/buckets" in said, said
+        assert httpx.get(f"{base}/buckets", timeout=30).status_code == 200
+    engine = make_engine(fresh_database_url)
+    try:
+        with Session(engine) as session:
+            bucket = session.scalar(select(Bucket).where(Bucket.backend == key[0]))
+            assert bucket.minimised_case_id is not None, bucket.minimise_note
+            assert session.get(Case, bucket.minimised_case_id).seqlen_q <= causal.seqlen_q
+    finally:
+        engine.dispose()

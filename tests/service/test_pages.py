@@ -149,6 +149,30 @@ def test_bucket_page_has_the_triage_form_repro_link_and_error_map(client: TestCl
     assert '<th colspan="2">mask</th>' in page and "<code>causal_alignment</code>" in page, "the case in readable form"
 
 
+def test_a_plugin_bucket_page_says_the_service_could_not_import_it_and_how_to_export_it(
+    client: TestClient, store: SqlStore, seeded: Seeded
+) -> None:
+    """A new-user trial: the bucket of a plugin (``fuzz --backend localk:LocalBackend``) said "its
+    adapter defines no repro method", while the service only could not import the plugin (the
+    database keeps no ``module:attr``). The page says so and gives the ``attnfuzz export`` command of
+    the bucket's case and variant; a known backend without a repro method keeps the old words."""
+    case = AttentionCase(seqlen_q=4, seqlen_k=4, num_heads=1, head_dim=8, causal=True, dtype="float32")
+    store.record_case(case.to_json(), "fuzz")
+    plugin = store.record_result(CaseResult(case.case_id, "localmath", "bool_mask", "fail", signature="out:mismatch"),
+                                 seeded.build_id, None)
+    page = html.unescape(_page(client, f"/buckets/{plugin.bucket_id}"))
+    said = " ".join(re.sub(r"<[^>]+>", " ", page).split())
+    assert "no repro export for backend localmath here: the service could not import it" in said, said
+    assert "a plugin that attnfuzz fuzz loaded as --backend module:attr" in said
+    assert f"attnfuzz export {case.case_id} --backend MODULE:ATTR --variant bool_mask --db DATABASE_URL" in said
+    assert "its adapter defines no repro method" not in said and 'id="download-repro"' not in page
+    no_repro = store.record_result(CaseResult(case.case_id, "torch-flex", "mask_mod", "fail", signature="out:mismatch"),
+                                   seeded.build_id, None)
+    page = _page(client, f"/buckets/{no_repro.bucket_id}")
+    assert "no repro export for backend torch-flex (its adapter defines no repro method)" in page
+    assert "could not import" not in page
+
+
 def _stored_allowances(case: AttentionCase) -> dict:
     """Metrics carrying the allowances a worker stores with a verdict (the repro endpoint uses
     stored figures only)."""

@@ -22,7 +22,7 @@ from service.api.deps import (
 )
 from service.api.routes.cases import repro_response
 from service.errors import FieldValidationError
-from service.export.backend import exportable_backends
+from service.export.backend import exportable_backends, importable_backends, plugin_export_command
 from service.export.target import export_target
 from service.db.models import TriageState
 from service.api.requests import BucketQuery, MinimisedIn, PageQuery, TriageUpdate
@@ -149,6 +149,12 @@ def buckets_page(request: Request, session: SessionDep, query: Annotated[BucketQ
 
 
 def _bucket_page(request: Request, detail: BucketDetailOut, *, errors: list[str] = (), code: int = 200) -> HTMLResponse:
+    """The bucket page. Its repro: the download where this process's backend declares a repro call;
+    for a backend it cannot import (a plugin ``fuzz`` loaded as ``--backend module:attr``, whose
+    spec the database does not keep) the ``attnfuzz export`` command of the bucket's case and
+    variant, to run where the plugin imports; else that the adapter declares no repro call."""
+    case = detail.minimised_case or detail.first_case  # what the download exports (bucket_repro_target)
+    importable = detail.backend in importable_backends()
     return request.app.state.templates.TemplateResponse(
         request,
         "bucket.html",
@@ -157,6 +163,7 @@ def _bucket_page(request: Request, detail: BucketDetailOut, *, errors: list[str]
             "states": [s.value for s in TriageState],
             "errors": list(errors),
             "exportable": detail.backend in exportable_backends(),
+            "plugin_export": None if importable else plugin_export_command(case.case_id, detail.variant),
             "updated": request.query_params.get("updated") == "1",
         },
         status_code=code,
