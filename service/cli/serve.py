@@ -23,17 +23,20 @@ def serve(
             envvar="ATTNFUZZ_API_TOKEN",
             show_envvar=True,
             show_default=False,
-            help="Bearer token that writes (triage) require; unset leaves writes open.",
+            help="Bearer token that triage (and the browser login) require; unset leaves triage open, "
+            "or closed when ATTNFUZZ_WRITER_TOKEN is set (the writer token never triages).",
         ),
     ] = None,
 ) -> None:
     """Serve the dashboard and JSON API (FastAPI + uvicorn); the database is only read.
 
     It is never migrated (a read-only database can be served); an old schema is an error naming
-    attnfuzz db upgrade."""
+    attnfuzz db upgrade. With ATTNFUZZ_WRITER_TOKEN and no API token, triage is closed (said at
+    start)."""
     import uvicorn
 
     from service.api.app import create_app
+    from service.api.deps import triage_closed
     from service.settings import Settings
 
     url = db_url(db)
@@ -44,6 +47,11 @@ def serve(
     settings = Settings(database_url=url, api_token=api_token) if api_token else Settings(database_url=url)
     _check_bindable(host, port)
     out.print(f"serving {masked_url(url)} on http://{host}:{port}/ (API docs: /docs, metrics: /metrics)", soft_wrap=True, highlight=False)
+    if triage_closed(settings):
+        out.print(
+            "triage is closed: ATTNFUZZ_WRITER_TOKEN is set without ATTNFUZZ_API_TOKEN (the writer token never "
+            "triages); set ATTNFUZZ_API_TOKEN to triage through the service", soft_wrap=True, highlight=False,
+        )
     uvicorn.run(create_app(settings), host=host, port=port, log_config=None)  # logs through our handler
 
 
