@@ -16,13 +16,15 @@ class Settings(BaseSettings):
 
     Attributes:
         database_url: SQLAlchemy URL (``ATTNFUZZ_DATABASE_URL``).
-        api_token: bearer token required by writes (``PATCH /api/buckets/{id}``) when set
-            (``ATTNFUZZ_API_TOKEN``); None leaves writes open.
+        api_token: bearer token required by writes (triage: ``PATCH /api/buckets/{id}``, the
+            triage form through the login cookie) when set (``ATTNFUZZ_API_TOKEN``); None leaves
+            them open only while ``writer_token`` is None too.
         writer_token: bearer token of workers (``ATTNFUZZ_WRITER_TOKEN``): accepted, besides
             ``api_token``, by the ingestion writes only (builds, workers, heartbeats, cases,
             results, minimisation leases; `service.api.deps.require_writer_token`), so a fleet
             worker holds no token that triages. When either token is set, an ingestion write
-            without one is 401 and stores nothing.
+            without one is 401 and stores nothing. Set without ``api_token``, triage is closed:
+            every triage write is 401 until ``api_token`` is set (`service.api.deps.triage_closed`).
         read_requires_token: also require the token for every page and GET
             (``ATTNFUZZ_READ_REQUIRES_TOKEN``); needs ``api_token``.
         trusted_hosts: comma-separated ``Host`` names the service answers

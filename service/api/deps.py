@@ -7,7 +7,9 @@ Tokens: API clients send ``Authorization: Bearer <api_token>``. Browsers log in 
 ``/login``, which stores a signed session (never the token itself, `service.api.hardening`) in the
 ``attnfuzz_token`` cookie (HttpOnly, SameSite=Strict,
 so other sites' pages never send it); the pages and their forms accept that cookie too. JSON
-writes accept only the header.
+writes accept only the header. With neither token set every write is open; with the writer token
+alone (a service protected for a fleet) the ingestion writes need it and triage is closed
+(`triage_closed`): the writer token never triages, and no login exists without the API token.
 
 Bad input: integer path parameters are declared with `id_path` (1 to `MAX_SQL_INTEGER`), and
 `reject_unstorable_text` refuses a NUL character or a lone surrogate anywhere in the path, the
@@ -216,37 +218,67 @@ async def reject_unstorable_text(request: Request) -> None:
         )
 
 
+TRIAGE_CLOSED_DETAIL = (
+    "triage needs ATTNFUZZ_API_TOKEN to be set on the service: it has only ATTNFUZZ_WRITER_TOKEN, "
+    "which is for workers (ingestion writes) only and never triages"
+)
+"""The 401 detail of a triage write while `triage_closed`."""
+
+
+def triage_closed(settings: Settings) -> bool:
+    """True when ``writer_token`` is set and ``api_token`` is not: the service is protected for a
+    fleet, its workers' token must not triage and no other token exists, so triage (the writes
+    `require_write_token` and `require_form_token` guard) is refused instead of left open."""
+    return settings.api_token is None and settings.writer_token is not None
+
+
 def is_valid_token(settings: Settings, token: str | None) -> bool:
-    """True when no token is configured, or ``token`` equals it (constant-time comparison)."""
+    """True when no token is configured (neither ``api_token`` nor ``writer_token``), or ``token``
+    equals ``api_token`` (constant-time comparison); never with ``writer_token`` alone
+    (`triage_closed`), whatever ``token`` is."""
     if settings.api_token is None:
-        return True
+        return settings.writer_token is None
     return token is not None and secrets.compare_digest(token.encode(), settings.api_token.encode())
 
 
 def is_valid_session(settings: Settings, cookie: str | None) -> bool:
-    """True when no token is configured, or ``cookie`` is a session cookie `/login` signed with
-    the token (`service.api.hardening.session_is_valid`; the raw token is not a session)."""
+    """True when no token is configured (neither ``api_token`` nor ``writer_token``), or ``cookie``
+    is a session cookie `/login` signed with the API token (`service.api.hardening.session_is_valid`;
+    the raw token is not a session); never with ``writer_token`` alone (`triage_closed`)."""
     from service.api.hardening import session_is_valid
 
     if settings.api_token is None:
-        return True
+        return settings.writer_token is None
     return session_is_valid(settings.api_token, cookie)
 
 
 def _check_token(settings: Settings, credentials: HTTPAuthorizationCredentials | None, cookie: str | None = None) -> None:
+    """Pass with the API token (header, or the login cookie when ``cookie`` is given), or when no
+    token is configured.
+
+    Raises:
+        HTTPException: 401 otherwise; with `TRIAGE_CLOSED_DETAIL` while `triage_closed`.
+    """
     if is_valid_token(settings, credentials.credentials if credentials else None):
         return
     if cookie is not None and is_valid_session(settings, cookie):
         return
     raise HTTPException(
         status_code=status.HTTP_401_UNAUTHORIZED,
-        detail="missing or wrong bearer token",
+        detail=TRIAGE_CLOSED_DETAIL if triage_closed(settings) else "missing or wrong bearer token",
         headers={"WWW-Authenticate": "Bearer"},
     )
 
 
 def require_write_token(settings: SettingsDep, credentials: Credentials) -> None:
-    """JSON writes need ``Authorization: Bearer <api_token>`` whenever ``api_token`` is set."""
+    """JSON writes that are not ingestion (triage: ``PATCH /api/buckets/{id}``) need
+    ``Authorization: Bearer <api_token>`` whenever ``api_token`` is set; open when neither token
+    is set; refused with the writer token alone (`triage_closed`: the writer token is not taken).
+
+    Raises:
+        HTTPException: 401 without the API token (the request stores nothing); the detail says
+            that triage needs ``ATTNFUZZ_API_TOKEN`` while `triage_closed`.
+    """
     _check_token(settings, credentials)
 
 
@@ -279,10 +311,13 @@ def require_read_token(request: Request, settings: SettingsDep, credentials: Cre
 
 
 def require_form_token(request: Request, settings: SettingsDep, credentials: Credentials) -> None:
-    """HTML form writes: the token as header or login cookie (a form of another site never gets
-    here: `service.api.hardening.CrossSiteWriteMiddleware` answers it 403 first, token or not).
+    """HTML form writes (the triage form): the API token as header or login cookie whenever
+    ``api_token`` is set; open when neither token is set; refused with the writer token alone
+    (`triage_closed`). A form of another site never gets here:
+    `service.api.hardening.CrossSiteWriteMiddleware` answers it 403 first, token or not.
 
     Raises:
-        HTTPException: 401 without a valid token.
+        HTTPException: 401 without a valid token (nothing changed); the detail says that triage
+            needs ``ATTNFUZZ_API_TOKEN`` while `triage_closed`.
     """
     _check_token(settings, credentials, request.cookies.get(TOKEN_COOKIE))

@@ -26,8 +26,8 @@ def serve(
             show_envvar=True,
             show_default=False,
             help="Bearer token that triage writes require (the bucket page's form after /login, PATCH /api/buckets/ID); "
-            "worker ingestion accepts it besides $ATTNFUZZ_WRITER_TOKEN. Unset, with no writer token either, leaves "
-            "every write open.",
+            "worker ingestion accepts it besides $ATTNFUZZ_WRITER_TOKEN. Unset, triage is open, or closed when "
+            "ATTNFUZZ_WRITER_TOKEN is set (the writer token never triages).",
         ),
     ] = None,
 ) -> None:
@@ -39,7 +39,8 @@ def serve(
     such write needs one of them as its bearer token (401 and nothing stored without).
 
     Triage: the bucket page's form and PATCH /api/buckets/ID change a bucket's triage state, notes,
-    upstream link and duplicate; they need the API token when it is set.
+    upstream link and duplicate; they need the API token when it is set, and are closed when only
+    $ATTNFUZZ_WRITER_TOKEN is set (said at start).
 
     Without either token every write is open: give one before binding a --host others reach.
     The database is never migrated (run attnfuzz db upgrade; an old schema is an error naming it);
@@ -47,6 +48,7 @@ def serve(
     import uvicorn
 
     from service.api.app import create_app
+    from service.api.deps import triage_closed
     from service.settings import Settings
 
     url = db_url(db)
@@ -57,6 +59,11 @@ def serve(
     settings = Settings(database_url=url, api_token=api_token) if api_token else Settings(database_url=url)
     _check_bindable(host, port)
     out.print(f"serving {masked_url(url)} on http://{host}:{port}/ (API docs: /docs, metrics: /metrics)", soft_wrap=True, highlight=False)
+    if triage_closed(settings):
+        out.print(
+            "triage is closed: ATTNFUZZ_WRITER_TOKEN is set without ATTNFUZZ_API_TOKEN (the writer token never "
+            "triages); set ATTNFUZZ_API_TOKEN to triage through the service", soft_wrap=True, highlight=False,
+        )
     uvicorn.run(create_app(settings), host=host, port=port, log_config=None)  # logs through our handler
 
 

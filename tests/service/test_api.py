@@ -6,12 +6,14 @@ from collections.abc import Callable
 
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from service.db.models import Bucket, TriageState
 from tests.service.conftest import NAN_METRICS, Seeded
 
 TOKEN = "s3cret-token"
+WRITER = "writer-token-for-tests"
 
 
 def _ids(response) -> list[int]:
@@ -200,6 +202,56 @@ def test_triage_needs_the_bearer_token_when_one_is_configured(
     ok = client.patch(url, json={"triage_state": "fixed"}, headers={"Authorization": f"Bearer {TOKEN}"})
     assert ok.status_code == 200, ok.text
     assert client.get(url).json()["triage_state"] == "fixed"
+
+
+def _stored_triage(session: Session, bucket_id: int) -> tuple:
+    """The bucket's triage columns as the database holds them (not through the API)."""
+    columns = (Bucket.triage_state, Bucket.notes, Bucket.upstream_url, Bucket.duplicate_of_id)
+    return tuple(session.execute(select(*columns).where(Bucket.id == bucket_id)).one())
+
+
+def test_with_the_writer_token_alone_triage_is_closed_and_changes_nothing(
+    make_client: Callable[..., TestClient], seeded: Seeded, session: Session
+) -> None:
+    """A service protected for a fleet (``ATTNFUZZ_WRITER_TOKEN``, no API token): triage is 401
+    whatever is sent, the writer token included, and says that it needs ATTNFUZZ_API_TOKEN."""
+    client = make_client(writer_token=WRITER)
+    url = f"/api/buckets/{seeded.nan_bucket_id}"
+    before = _stored_triage(session, seeded.nan_bucket_id)
+    update = {"triage_state": "wontfix", "notes": "closed by anyone", "upstream_url": "https://example.org/x"}
+    for headers in ({}, {"Authorization": f"Bearer {WRITER}"}, {"Authorization": "Bearer anything"}):
+        response = client.patch(url, json=update, headers=headers)
+        assert response.status_code == 401, (headers, response.text)
+        assert response.headers["www-authenticate"] == "Bearer"
+        detail = response.json()["detail"][0]["msg"]
+        assert "triage needs ATTNFUZZ_API_TOKEN to be set on the service" in detail, detail
+        assert "ATTNFUZZ_WRITER_TOKEN" in detail and WRITER not in detail
+        assert _stored_triage(session, seeded.nan_bucket_id) == before
+    assert client.get(url).status_code == 200, "reads stay open"
+
+
+@pytest.mark.parametrize(
+    ("tokens", "headers", "code"),
+    [
+        ({}, {}, 200),  # no token at all: open, as before
+        ({"api_token": TOKEN}, {"Authorization": f"Bearer {TOKEN}"}, 200),
+        ({"api_token": TOKEN, "writer_token": WRITER}, {"Authorization": f"Bearer {TOKEN}"}, 200),
+        ({"api_token": TOKEN, "writer_token": WRITER}, {"Authorization": f"Bearer {WRITER}"}, 401),
+        ({"api_token": TOKEN, "writer_token": WRITER}, {}, 401),
+        ({"writer_token": WRITER}, {}, 401),
+        ({"writer_token": WRITER}, {"Authorization": f"Bearer {WRITER}"}, 401),
+    ],
+    ids=["none-open", "api", "both-api", "both-writer", "both-none", "writer-alone-none", "writer-alone-writer"],
+)
+def test_triage_takes_the_api_token_only_and_is_open_only_without_any_token(
+    make_client: Callable[..., TestClient], seeded: Seeded, session: Session, tokens: dict, headers: dict, code: int
+) -> None:
+    client = make_client(**tokens)
+    before = _stored_triage(session, seeded.crash_bucket_id)
+    response = client.patch(f"/api/buckets/{seeded.crash_bucket_id}", json={"triage_state": "confirmed", "notes": "n"}, headers=headers)
+    assert response.status_code == code, response.text
+    after = _stored_triage(session, seeded.crash_bucket_id)
+    assert after == ((TriageState.confirmed, "n", None, None) if code == 200 else before)
 
 
 def test_reads_need_the_token_when_read_requires_token(make_client: Callable[..., TestClient], seeded: Seeded) -> None:

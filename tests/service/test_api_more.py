@@ -19,6 +19,7 @@ from tests.service.conftest import Seeded
 
 TOKEN = "s3cret-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
+WRITER = "writer-token-for-tests"
 
 
 def _locs(response) -> list[list]:
@@ -382,6 +383,57 @@ def test_the_triage_form_changes_state_with_the_login_cookie(make_client: Callab
     assert response.status_code == 303 and response.headers["location"].endswith("?updated=1")
     stored = client.get(f"/api/buckets/{seeded.crash_bucket_id}").json()
     assert (stored["triage_state"], stored["notes"], stored["upstream_url"]) == ("reported", "segfault", form["upstream_url"])
+
+
+def test_with_the_writer_token_alone_the_triage_form_is_401_and_changes_nothing(
+    make_client: Callable[..., TestClient], seeded: Seeded
+) -> None:
+    """``ATTNFUZZ_WRITER_TOKEN`` without ``ATTNFUZZ_API_TOKEN``: the form is refused without a token,
+    with the writer token as header, and with any cookie (no login exists), and nothing changes."""
+    client = make_client(writer_token=WRITER)
+    url = f"/buckets/{seeded.crash_bucket_id}/triage"
+    form = {"triage_state": "wontfix", "notes": "closed by anyone", "upstream_url": "", "duplicate_of_id": ""}
+    attempts = [{}, {"headers": {"Authorization": f"Bearer {WRITER}"}}, {"cookies": {"attnfuzz_token": WRITER}}]
+    for attempt in attempts:
+        client.cookies.clear()
+        client.cookies.update(attempt.get("cookies", {}))
+        response = client.post(url, data=form, headers=attempt.get("headers"), follow_redirects=False)
+        assert response.status_code == 401, (attempt, response.text)
+        assert "triage needs ATTNFUZZ_API_TOKEN to be set on the service" in response.json()["detail"][0]["msg"]
+    client.cookies.clear()
+    stored = client.get(f"/api/buckets/{seeded.crash_bucket_id}").json()
+    assert (stored["triage_state"], stored["notes"]) == ("new", "")
+
+
+def test_with_the_writer_token_alone_the_bucket_page_offers_no_triage_form(
+    make_client: Callable[..., TestClient], seeded: Seeded
+) -> None:
+    closed = make_client(writer_token=WRITER).get(f"/buckets/{seeded.crash_bucket_id}")
+    assert closed.status_code == 200
+    assert f'action="/buckets/{seeded.crash_bucket_id}/triage"' not in closed.text and 'id="save-triage"' not in closed.text
+    assert 'id="triage-closed"' in closed.text
+    assert "Triage is closed until <code>ATTNFUZZ_API_TOKEN</code> is set on the service" in closed.text
+    for tokens, login_note in (({}, False), ({"api_token": TOKEN}, True), ({"api_token": TOKEN, "writer_token": WRITER}, True)):
+        page = make_client(**tokens).get(f"/buckets/{seeded.crash_bucket_id}")
+        assert 'id="save-triage"' in page.text and 'id="triage-closed"' not in page.text, tokens
+        assert ('id="triage-login"' in page.text) == login_note, tokens
+
+
+def test_with_the_writer_token_alone_login_logs_nobody_in_and_says_why(
+    make_client: Callable[..., TestClient], seeded: Seeded
+) -> None:
+    client = make_client(writer_token=WRITER)
+    page = client.get("/login")
+    assert page.status_code == 200
+    assert "reading and triage are open" not in page.text and 'id="login-submit"' not in page.text
+    assert 'id="triage-closed"' in page.text and "ATTNFUZZ_API_TOKEN" in page.text
+    for token in (WRITER, "", "anything"):
+        response = client.post("/login", data={"token": token, "next": "/buckets"}, follow_redirects=False)
+        assert response.status_code == 401, token
+        assert "attnfuzz_token" not in response.headers.get("set-cookie", "")
+        assert "triage is closed until ATTNFUZZ_API_TOKEN is set on the service" in response.text
+    open_page = make_client().get("/login")  # no token at all: open, as before
+    assert "reading and triage are open" in open_page.text and 'id="triage-closed"' not in open_page.text
 
 
 def test_a_bad_triage_form_shows_the_error_and_changes_nothing(client: TestClient, seeded: Seeded) -> None:

@@ -647,6 +647,30 @@ def test_serve_refuses_a_port_out_of_range_or_in_use_with_exit_2(db: str) -> Non
     assert in_use.exit_code == 2 and f"port: cannot listen on 127.0.0.1:{port}" in text and "--port" in text, text
 
 
+@pytest.mark.parametrize(
+    ("env", "closed"),
+    [
+        ({"ATTNFUZZ_WRITER_TOKEN": "w-token", "ATTNFUZZ_API_TOKEN": None}, True),
+        ({"ATTNFUZZ_WRITER_TOKEN": "w-token", "ATTNFUZZ_API_TOKEN": "a-token"}, False),
+        ({"ATTNFUZZ_WRITER_TOKEN": None, "ATTNFUZZ_API_TOKEN": None}, False),
+    ],
+    ids=["writer-alone", "both", "none"],
+)
+def test_serve_says_at_start_that_triage_is_closed_with_the_writer_token_alone(
+    db: str, monkeypatch: pytest.MonkeyPatch, env: dict, closed: bool
+) -> None:
+    import uvicorn
+
+    served = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **options: served.append(app.state.settings))
+    result = CliRunner().invoke(app, ["serve", "--port", "0", "--db", db], env={"COLUMNS": "250", **env})
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert ("triage is closed: ATTNFUZZ_WRITER_TOKEN is set without ATTNFUZZ_API_TOKEN" in text) == closed, text
+    assert "w-token" not in text and "a-token" not in text
+    assert (served[0].writer_token, served[0].api_token) == (env["ATTNFUZZ_WRITER_TOKEN"], env["ATTNFUZZ_API_TOKEN"])
+
+
 def test_an_unknown_backend_name_is_a_usage_error_listing_the_names(tmp_path) -> None:
     """``fuzz --backend nosuch`` exits 2 (usage, as a bad option), names the field and lists the
     backends, the opt-in ones that exercise attnfuzz itself apart; a plugin that cannot be loaded

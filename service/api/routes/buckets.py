@@ -18,6 +18,7 @@ from service.api.deps import (
     require_form_token,
     require_write_token,
     require_writer_token,
+    triage_closed,
     write_transaction,
 )
 from service.api.routes.cases import repro_response
@@ -107,7 +108,9 @@ def get_bucket_issue(session: SessionDep, bucket_id: BucketId) -> Response:
 
 @api_router.patch("/{bucket_id}", dependencies=[Depends(require_write_token)])
 def update_bucket(session: WriteSessionDep, bucket_id: BucketId, update: TriageUpdate) -> BucketOut:
-    """Change triage state, notes, upstream URL or duplicate target (only the fields sent)."""
+    """Change triage state, notes, upstream URL or duplicate target (only the fields sent). Needs
+    the API token whenever it is set; with the writer token alone, 401 whatever is sent (triage
+    needs ``ATTNFUZZ_API_TOKEN``, `service.api.deps.require_write_token`)."""
     with write_transaction(session):
         bucket = repository.update_triage(session, bucket_id, **update.changes())
     return BucketOut.from_row(bucket)
@@ -148,6 +151,16 @@ def buckets_page(request: Request, session: SessionDep, query: Annotated[BucketQ
     )
 
 
+def _triage_access(request: Request) -> str:
+    """How the bucket page offers triage: ``open`` (no token), ``login`` (the API token, through
+    the login cookie) or ``closed`` (the writer token alone, `service.api.deps.triage_closed`: the
+    form could only fail, so the page says what to set instead)."""
+    settings = request.app.state.settings
+    if triage_closed(settings):
+        return "closed"
+    return "open" if settings.api_token is None else "login"
+
+
 def _bucket_page(request: Request, detail: BucketDetailOut, *, errors: list[str] = (), code: int = 200) -> HTMLResponse:
     """The bucket page. Its repro: the download where this process's backend declares a repro call;
     for a backend it cannot import (a plugin ``fuzz`` loaded as ``--backend module:attr``, whose
@@ -165,6 +178,7 @@ def _bucket_page(request: Request, detail: BucketDetailOut, *, errors: list[str]
             "exportable": detail.backend in exportable_backends(),
             "plugin_export": None if importable else plugin_export_command(case.case_id, detail.variant),
             "updated": request.query_params.get("updated") == "1",
+            "triage_access": _triage_access(request),
         },
         status_code=code,
     )
@@ -202,7 +216,8 @@ def triage_form(
     request: Request, session: WriteSessionDep, bucket_id: BucketId, fields: Annotated[dict[str, str], Depends(form_fields)]
 ) -> Response:
     """The bucket page's triage form: apply it and go back to the page (303), or show the page
-    again with the error (422) and nothing changed."""
+    again with the error (422) and nothing changed. 401 without the API token whenever it is set,
+    and always with the writer token alone (`service.api.deps.require_form_token`)."""
     errors: list[str] = []
     try:
         update = _triage_from_form(fields)
