@@ -127,7 +127,9 @@ def _fence(text: str, language: str = "") -> str:
 
 
 def _worst_tile(case: Any, name: str, index: Any) -> str:
-    """The tile holding ``worst_index`` of tensor ``name`` (canonical layout), as text."""
+    """The tile holding ``worst_index`` of tensor ``name`` (canonical layout), as text: its batch and
+    head, and its rows, the last tile cut at the tensor's rows (`oracle.tolerance.TILE_ROWS` rows a
+    tile, as `oracle.portable` reports them)."""
     if not isinstance(index, list) or not all(type(i) is int for i in index):
         return "-"
     if case.is_varlen:
@@ -141,7 +143,10 @@ def _worst_tile(case: Any, name: str, index: Any) -> str:
     if len(index) <= row_dim:
         return "-"
     tile = index[row_dim] // TILE_ROWS
-    return f"{where}, rows {tile * TILE_ROWS}..{(tile + 1) * TILE_ROWS - 1}"
+    by_query = name in ("out", "lse", "dq")  # their rows are the queries; dk and dv's the keys
+    rows = (case.total_q if by_query else case.total_k) if case.is_varlen else (case.seqlen_q if by_query else case.seqlen_k)
+    last = min((tile + 1) * TILE_ROWS, rows) - 1  # the last tile of a tensor may be short (5 rows: 0..4)
+    return f"{where}, rows {tile * TILE_ROWS}..{max(last, tile * TILE_ROWS)}"
 
 
 def _build_line(build: Any) -> str:

@@ -68,7 +68,7 @@ def test_the_markdown_report_has_every_section(standin) -> None:
     for needle in (
         "flash_attn_4=4.0.0b36", "compute_capability=9.0", "driver=580.95.05", "STAND-IN",  # build fingerprint
         '"seqlen_q": 1', "FA4_KWARGS = {'softmax_scale'", "interface.flash_attn_func(q, k, v, **FA4_KWARGS)",  # case
-        "| out | out:all_zero, out:mismatch |", "| lse | lse:neginf | inf |", "rows 0..63",  # figures, worst tile
+        "| out | out:all_zero, out:mismatch |", "| lse | lse:neginf | inf |", "rows 0..0 |",  # figures, worst tile (seqlen_q 1: one row)
         "| fa4 | native | pass |", "| te-fa4 | mask_type | fail | out:all_zero |", "| torch-sdpa-math | is_causal | pass |",
         "- first seen:", "- last seen:", "- not bisected",
         f"attnfuzz export {builder.MINIMISED.case_id} --backend fa4 --variant te_style",
@@ -179,3 +179,18 @@ def test_the_text_report_names_each_bucket_s_case_to_export(standin) -> None:
     result = CliRunner().invoke(app, ["report", "--db", url], env={"COLUMNS": "250"})
     assert result.exit_code == 0, result.output
     assert f"[case {builder.MINIMISED.case_id}]" in result.output, result.output[-1500:]
+
+
+def test_the_worst_tile_names_the_rows_the_tensor_has() -> None:
+    """A tile past the tensor's last row is cut there: a 5-row out says rows 0..4, not 0..63."""
+    from oracle.config import AttentionCase
+    from service.export.issue_report import _worst_tile
+
+    case = AttentionCase(seqlen_q=5, seqlen_k=70, num_heads=2, head_dim=8, dtype="float32")
+    assert _worst_tile(case, "out", [0, 3, 1, 2]) == "batch 0, head 1, rows 0..4"
+    assert _worst_tile(case, "lse", [0, 1, 4]) == "batch 0, head 1, rows 0..4"
+    assert _worst_tile(case, "dv", [0, 66, 0, 1]) == "batch 0, kv head 0, rows 64..69"
+    assert _worst_tile(case, "dk", [0, 10, 0, 1]) == "batch 0, kv head 0, rows 0..63"
+    varlen = AttentionCase(qkv_format="thd", batch_size=2, seqlens_q=(5, 3), seqlens_k=(40, 30), seqlen_q=5, seqlen_k=40)
+    assert _worst_tile(varlen, "dq", [6, 0, 1]) == "head 0, rows 0..7"
+    assert _worst_tile(varlen, "dk", [65, 1, 1]) == "head 1, rows 64..69"
