@@ -10,17 +10,18 @@ On a database of its own (``attnfuzz_ingest_<pid>``, created here and dropped at
    ``--batch-cases`` cases with all their results, one transaction on the service. Reported:
    sustained results/s (results acknowledged in the window / its length), the service's request
    latency p50/p95 (seen by the senders, loopback), and the overview (``/``) and bucket page
-   (``/buckets/{id}``) p95 read by the main process while the senders run.
+   (``/buckets/{id}``) p95 read back to back by the main process while the ``--http-senders-long``
+   N (else the largest) runs.
 2. **SqlStore**: N processes writing the same kind of cases through
    `service.db.store.SqlStore.record_case_results` (one transaction a case: what a worker with a
    database URL does today), for ``--store-duration`` seconds, with the largest N of ``--senders``;
    with ``--store-per-result`` also through ``record_result``, one transaction a result (the path
    of the 408 results/s of 2026-11-29 that issue 36 names), and with ``--store-at COMMIT`` also the
    ``record_case_results`` of another commit (a ``git worktree`` of it, on a database of its own
-   migrated by its migrations). Each ratio ``http_over_*`` is the best HTTP figure of the run over it.
+   migrated by its migrations), and its ``record_result`` too with both options. Each ratio ``http_over_*`` is the best HTTP figure of the run over it.
 3. **At scale**: the results table filled to ``--fill`` rows (server side, ``INSERT ... SELECT``
    over ``generate_series``, the same shape), ``VACUUM ANALYZE``, then the pages' p95 on the quiet
-   service and again while N senders ingest, the bytes a result row costs (heap, TOAST,
+   service and again while the ``--http-senders-long`` N ingests, the bytes a result row costs (heap, TOAST,
    indexes), and ``EXPLAIN (ANALYZE, BUFFERS)`` of the overview's queries.
 
 The shape of a GPU campaign (2026-12-01 H200 default campaign, 6427 evaluations over 146 cases):
@@ -236,8 +237,10 @@ def store_at_commit(commit: str, admin_url: str, n: int, duration_s: float, warm
     ``per_result``, per result; the same figures as `run_senders`."""
     import tempfile
 
+    from service.db.engine import make_engine
+
     name = f"attnfuzz_ingest_{os.getpid()}_store"
-    admin = make_engine_at(admin_url)
+    admin = make_engine(admin_url)
     with admin.connect().execution_options(isolation_level="AUTOCOMMIT") as c:
         c.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         c.execute(text(f'CREATE DATABASE "{name}"'))
@@ -277,12 +280,6 @@ def store_at_commit(commit: str, admin_url: str, n: int, duration_s: float, warm
     figures = _figures(records, n, start_at + warmup_s, stop_at, duration_s)
     figures["commit"] = commit
     return figures
-
-
-def make_engine_at(url: str) -> Any:
-    from service.db.engine import make_engine
-
-    return make_engine(url)
 
 
 class _FileQueue:
