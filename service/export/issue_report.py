@@ -149,6 +149,18 @@ def _worst_tile(case: Any, name: str, index: Any) -> str:
     return f"{where}, rows {tile * TILE_ROWS}..{max(last, tile * TILE_ROWS)}"
 
 
+def _first_unexpected(figures: dict[str, Any]) -> str:
+    """What the stored worst index of a tensor's ``figures`` points at when the tensor holds an
+    entry the oracle flags whatever its size (``oracle.verdict``: the first NaN, +inf, -inf or
+    finite lse on a row that sees no key, the first the oracle found), as words ("NaN or +inf"); ""
+    when it holds none (then the index is the largest error's, in the figures' tile)."""
+    kinds = [word for key, word in (("nan_count", "NaN"), ("posinf_count", "+inf"), ("neginf_count", "-inf"))
+             if isinstance(figures.get(key), int) and figures[key] > 0]
+    if any(str(sig).endswith(":finite_on_masked") for sig in figures.get("signatures") or []):
+        kinds.append("finite value on a row that sees no key")
+    return " or ".join(kinds)
+
+
 def _build_line(build: Any) -> str:
     if build is None:
         return "-"
@@ -312,14 +324,19 @@ def bucket_issue(session: Any, bucket_id: int, *, compute_missing: bool = False)
                 continue
             oracle_words = ", ".join(figures.get("signatures") or []) or "passed"
             words = f"{explained[name]} (oracle: {oracle_words})" if name in explained else oracle_words
+            first_bad = _first_unexpected(figures)
+            index, tile = _cell(figures.get("worst_index")), _worst_tile(case, name, figures.get("worst_index"))
+            if first_bad and figures.get("worst_index") is not None:
+                index, tile = f"{index} (first {first_bad})", f"of the first {first_bad}: {tile}"
             out.append(
                 f"| {name} | {_cell(words)} | "
                 f"{findings.ratio_text(figures.get('error_ratio'))} | {_num(figures.get('err_backend'))} | "
-                f"{_num(figures.get('allowed'))} | {_cell(figures.get('worst_index'))} | "
-                f"{_worst_tile(case, name, figures.get('worst_index'))} |"
+                f"{_num(figures.get('allowed'))} | {index} | {tile} |"
             )
         out += ["", "Error ratio = L2 error / allowed error of attnfuzz's float64 oracle (> 1 fails), at the worst "
-                f"place (whole tensor or a tile of {TILE_ROWS} rows of one batch and head)."]
+                f"place (whole tensor or a tile of {TILE_ROWS} rows of one batch and head). A tensor with a NaN, "
+                "an infinity or a finite lse where none belongs: the worst index is the first such entry found, and the "
+                "L2 error and allowed are those of its finite entries (the worst such tile, which may be another)."]
     out += ["", "## Same case, other backends and variants", ""]
     out += [f"Consensus: {_cell(consensus.text, PROSE)}.", ""]
     others = [(r, b) for r, b in results if mine is None or r.id != mine.id]

@@ -69,6 +69,7 @@ def test_the_markdown_report_has_every_section(standin) -> None:
         "flash_attn_4=4.0.0b36", "compute_capability=9.0", "driver=580.95.05", "STAND-IN",  # build fingerprint
         '"seqlen_q": 1', "FA4_KWARGS = {'softmax_scale'", "interface.flash_attn_func(q, k, v, **FA4_KWARGS)",  # case
         "| out | out:all_zero, out:mismatch |", "| lse | lse:neginf | inf |", "rows 0..0 |",  # figures, worst tile (seqlen_q 1: one row)
+        "| `[0, 0, 0]` (first -inf) | of the first -inf: batch 0, head 0, rows 0..0 |",  # lse's index: its -inf, not its figures' tile
         "| fa4 | native | pass |", "| te-fa4 | mask_type | fail | out:all_zero |", "| torch-sdpa-math | is_causal | pass |",
         "- first seen:", "- last seen:", "- not bisected",
         f"attnfuzz export {builder.MINIMISED.case_id} --backend fa4 --variant te_style",
