@@ -173,7 +173,10 @@ def tensor_words(tensor: str, figures: dict[str, Any], config: Any) -> str:
                      f"(tile/tensor {value_text(tile / whole)})")
     ratio = figures.get("error_ratio")
     if ratio is not None:
-        parts.append(f"error ratio {ratio_text(ratio)} (error {value_text(figures.get('err_backend'))}, "
+        # with a NaN or an infinity the index above is the first of them, while error and allowed
+        # are the finite entries' (their worst tile: oracle.verdict), maybe elsewhere in the tensor
+        over = "the finite entries' worst tile: " if counts else ""
+        parts.append(f"error ratio {ratio_text(ratio)} ({over}error {value_text(figures.get('err_backend'))}, "
                      f"allowed {value_text(figures.get('allowed'))})")
     return "; ".join(parts)
 

@@ -159,6 +159,8 @@ def test_the_verdict_in_words_names_the_expected_and_actual_value_the_headroom_a
     assert "at dk[0, 17, 0, 5] (batch 0, key 17, kv head 0, column 5) the kernel returned +inf where the float64 value is 56,872" in words
     assert "magnitude 56,872 is 87% of float16's max 65,504 (headroom 8,632)" in words, words
     assert "error ratio inf" in words and "1e+300" not in words
+    # the index is the first +inf; error and allowed are the finite entries' worst tile (elsewhere)
+    assert "error ratio inf (the finite entries' worst tile: error 12, allowed 3.1)" in words, words
     tiny = findings.tensor_words("dq", DQ_TINY["dq"], CASE.to_json())
     assert "the kernel returned 8e-36 where the float64 value is 2e-36; far below float16's max 65,504" in tiny, tiny
     assert "the float64 values of its tile reach 2e-36, the tensor's 764 (tile/tensor 2.62e-39)" in tiny, tiny
@@ -166,6 +168,7 @@ def test_the_verdict_in_words_names_the_expected_and_actual_value_the_headroom_a
     words = findings.tensor_words("lse", old, CASE.to_json())
     assert "largest error |kernel - float64| 3 over the finite entries; worst element lse[0, 1, 2] (batch 0, head 1, row 2)" in words
     assert findings.tensor_words("out", OUT_ZERO["out"], CASE.to_json()).startswith("out is all zero; at out[0, 17, 3, 5]")
+    assert "error ratio 55 (error 30, allowed 0.55)" in findings.tensor_words("out", OUT_ZERO["out"], CASE.to_json())
 
 
 # --------------------------------------------------------------------------------------- API
