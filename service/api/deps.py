@@ -224,6 +224,9 @@ TRIAGE_CLOSED_DETAIL = (
 )
 """The 401 detail of a triage write while `triage_closed`."""
 
+WRITER_TOKEN_DETAIL = "the writer token (ATTNFUZZ_WRITER_TOKEN) is for workers only and never triages: use ATTNFUZZ_API_TOKEN"
+"""The 401 detail of a triage write that brings the writer token while the API token is set."""
+
 
 def triage_closed(settings: Settings) -> bool:
     """True when ``writer_token`` is set and ``api_token`` is not: the service is protected for a
@@ -257,17 +260,23 @@ def _check_token(settings: Settings, credentials: HTTPAuthorizationCredentials |
     token is configured.
 
     Raises:
-        HTTPException: 401 otherwise; with `TRIAGE_CLOSED_DETAIL` while `triage_closed`.
+        HTTPException: 401 otherwise; with `TRIAGE_CLOSED_DETAIL` while `triage_closed`, with
+            `WRITER_TOKEN_DETAIL` when the token given is the writer token.
     """
     if is_valid_token(settings, credentials.credentials if credentials else None):
         return
     if cookie is not None and is_valid_session(settings, cookie):
         return
-    raise HTTPException(
-        status_code=status.HTTP_401_UNAUTHORIZED,
-        detail=TRIAGE_CLOSED_DETAIL if triage_closed(settings) else "missing or wrong bearer token",
-        headers={"WWW-Authenticate": "Bearer"},
-    )
+    given = credentials.credentials if credentials else None
+    if triage_closed(settings):
+        detail = TRIAGE_CLOSED_DETAIL
+    elif given is not None and settings.writer_token is not None and secrets.compare_digest(
+        given.encode(), settings.writer_token.encode()
+    ):
+        detail = WRITER_TOKEN_DETAIL
+    else:
+        detail = "missing or wrong bearer token (ATTNFUZZ_API_TOKEN)"
+    raise HTTPException(status_code=status.HTTP_401_UNAUTHORIZED, detail=detail, headers={"WWW-Authenticate": "Bearer"})
 
 
 def require_write_token(settings: SettingsDep, credentials: Credentials) -> None:

@@ -91,7 +91,8 @@ EXIT_CODES = {
     4: "the worker cannot run (no usable backend on this machine)",
     5: "the database cannot be opened or migrated, stayed unreachable, is corrupted, or its schema is old or was "
        "downgraded while in use (run attnfuzz db upgrade); unsaved results stay in the spool",
-    6: "the database refuses writes (disk full, read-only); unsaved results stay in the spool",
+    6: "the database refuses writes (disk full, read-only), or with fuzz --server the service refuses the writer "
+       "token (401) or its file cannot be read; unsaved results stay in the spool",
     7: "the local spool is full or unusable (nothing was dropped)",
     8: "a build environment cannot be prepared (builds, bisect)",
     9: "a replay contradicts the corpus (--check), or a bisection's endpoints do not bracket the failure",

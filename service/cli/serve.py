@@ -59,12 +59,29 @@ def serve(
     settings = Settings(database_url=url, api_token=api_token) if api_token else Settings(database_url=url)
     _check_bindable(host, port)
     out.print(f"serving {masked_url(url)} on http://{host}:{port}/ (API docs: /docs, metrics: /metrics)", soft_wrap=True, highlight=False)
+    if settings.api_token is None and settings.writer_token is None and not _loopback(host):
+        out.print(
+            f"warning: every write is open (no ATTNFUZZ_API_TOKEN or ATTNFUZZ_WRITER_TOKEN) and {host} is reachable "
+            "from other machines: anyone who reaches it can store results and triage", soft_wrap=True, highlight=False,
+        )
     if triage_closed(settings):
         out.print(
             "triage is closed: ATTNFUZZ_WRITER_TOKEN is set without ATTNFUZZ_API_TOKEN (the writer token never "
             "triages); set ATTNFUZZ_API_TOKEN to triage through the service", soft_wrap=True, highlight=False,
         )
     uvicorn.run(create_app(settings), host=host, port=port, log_config=None)  # logs through our handler
+
+
+def _loopback(host: str) -> bool:
+    """True when ``host`` (``--host``) names only this machine: ``localhost`` or a loopback address."""
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _check_bindable(host: str, port: int) -> None:

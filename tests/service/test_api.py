@@ -261,3 +261,18 @@ def test_reads_need_the_token_when_read_requires_token(make_client: Callable[...
     authorised = client.get("/api/overview", headers={"Authorization": f"Bearer {TOKEN}"})
     assert authorised.status_code == 200
     assert authorised.json()["case_count"] == 3
+
+
+def test_triage_with_the_writer_token_says_that_it_never_triages(
+    make_client: Callable[..., TestClient], seeded: Seeded
+) -> None:
+    """With both tokens set, the writer token on a triage write is named as such (not only "wrong")."""
+    client = make_client(api_token=TOKEN, writer_token=WRITER)
+    url = f"/api/buckets/{seeded.crash_bucket_id}"
+    by_writer = client.patch(url, json={"notes": "n"}, headers={"Authorization": f"Bearer {WRITER}"})
+    assert by_writer.status_code == 401
+    detail = by_writer.json()["detail"][0]["msg"]
+    assert "never triages" in detail and "ATTNFUZZ_API_TOKEN" in detail and WRITER not in detail, detail
+    wrong = client.patch(url, json={"notes": "n"}, headers={"Authorization": "Bearer nope"})
+    assert wrong.status_code == 401 and "ATTNFUZZ_API_TOKEN" in wrong.json()["detail"][0]["msg"]
+    assert "never triages" not in wrong.json()["detail"][0]["msg"]

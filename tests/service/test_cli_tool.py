@@ -693,3 +693,26 @@ def test_a_database_in_a_missing_folder_names_the_folder(tmp_path: Path) -> None
     said = " ".join(result.output.split())
     assert result.exit_code == 5
     assert f"its folder {missing} does not exist" in said
+
+
+@pytest.mark.parametrize(
+    ("host", "env", "warned"),
+    [
+        ("0.0.0.0", {"ATTNFUZZ_WRITER_TOKEN": None, "ATTNFUZZ_API_TOKEN": None}, True),
+        ("127.0.0.1", {"ATTNFUZZ_WRITER_TOKEN": None, "ATTNFUZZ_API_TOKEN": None}, False),
+        ("localhost", {"ATTNFUZZ_WRITER_TOKEN": None, "ATTNFUZZ_API_TOKEN": None}, False),
+        ("0.0.0.0", {"ATTNFUZZ_WRITER_TOKEN": "w-token", "ATTNFUZZ_API_TOKEN": None}, False),
+        ("0.0.0.0", {"ATTNFUZZ_WRITER_TOKEN": None, "ATTNFUZZ_API_TOKEN": "a-token"}, False),
+    ],
+    ids=["open-on-all", "open-on-loopback", "open-on-localhost", "writer-token", "api-token"],
+)
+def test_serve_warns_at_start_when_open_writes_are_reachable_from_other_machines(
+    db: str, monkeypatch: pytest.MonkeyPatch, host: str, env: dict, warned: bool
+) -> None:
+    import uvicorn
+
+    monkeypatch.setattr(uvicorn, "run", lambda app, **options: None)
+    result = CliRunner().invoke(app, ["serve", "--host", host, "--port", "0", "--db", db], env={"COLUMNS": "250", **env})
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert ("warning: every write is open" in text) == warned, text
