@@ -5,7 +5,6 @@ committed the write before the worker saw the connection drop."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 from pathlib import Path
 
@@ -95,7 +94,7 @@ def test_a_stop_signal_during_a_stored_write_is_raised_after_its_ledger_lines(tm
     class InterruptedSink(FlakySink):
         def record_case_results(self, *args, **kwargs):
             stored = super().record_case_results(*args, **kwargs)
-            os.kill(os.getpid(), signum)  # the handler runs at the next bytecode, still inside the write
+            signal.raise_signal(signum)  # in this thread: the handler runs before it returns, still inside the write
             return stored
 
     started_with = signal.signal(signal.SIGINT, signal.default_int_handler)  # a background run starts with it ignored

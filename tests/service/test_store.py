@@ -481,7 +481,6 @@ def test_a_ctrl_c_inside_a_write_waits_for_its_commit_and_leaves_no_lock(tmp_pat
 
 
 def _ctrl_c_in_a_write(tmp_path) -> None:
-    import os
     import signal
     import threading
 
@@ -494,7 +493,7 @@ def _ctrl_c_in_a_write(tmp_path) -> None:
 
         def insert_with_ctrl_c(connection) -> None:
             connection.execute(text("INSERT INTO t VALUES (1)"))
-            os.kill(os.getpid(), signal.SIGINT)  # the handler runs at the next bytecode, inside the transaction
+            signal.raise_signal(signal.SIGINT)  # in this thread: the handler runs before it returns, inside the transaction
             connection.execute(text("INSERT INTO t VALUES (2)"))
 
         with pytest.raises(KeyboardInterrupt):
