@@ -119,6 +119,9 @@ class HttpSink:
         self._client = client if client is not None else httpx.Client(base_url=self.base_url, timeout=timeout_s)
         self.requests = 0  # requests sent (figures for the benchmark and the summary)
 
+    target = "the service"
+    """What it writes to, as `fuzzer.spool.SpoolingSink`'s messages name it."""
+
     def __repr__(self) -> str:  # never the token
         return f"HttpSink({self.base_url!r})"
 

@@ -378,6 +378,14 @@ class SinkUnavailableError(AttnFuzzError):
     call may succeed later (`fuzzer.spool.SpoolingSink` keeps it and retries with backoff)."""
 
 
+class SinkStayedUnavailableError(SinkUnavailableError):
+    """The sink stayed unreachable for the whole startup wait (``fuzz --db-wait``): the database,
+    or with ``fuzz --server`` the service, never answered. Exit code 5, as a database that cannot
+    be opened."""
+
+    exit_code = 5
+
+
 class LeaseLostError(AttnFuzzError):
     """A minimisation result offered under a lease the worker no longer holds (`ResultSink.record_minimised`
     with ``lease``: another worker claimed the bucket, or it has its minimised case): nothing of

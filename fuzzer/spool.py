@@ -68,6 +68,7 @@ from fuzzer.results import (
     MinimiseClaim,
     ResultSink,
     SinkFatalError,
+    SinkStayedUnavailableError,
     SinkUnavailableError,
     stops_deferred,
 )
@@ -582,6 +583,13 @@ class SpoolingSink:
         self.spooled += 1
         return False, None
 
+    @property
+    def _what(self) -> str:
+        """What ``inner`` writes to, for messages: ``inner.target`` ("the service" for
+        `fuzzer.http_sink.HttpSink`), else "the database"."""
+        target = getattr(self.inner, "target", None)
+        return target if isinstance(target, str) and target else "the database"
+
     def _retry_until_available(self, what: str, fn: Callable[[], Any]) -> Any:
         deadline = self._clock() + self.startup_timeout_s
         delay = self.backoff_initial_s
@@ -590,10 +598,10 @@ class SpoolingSink:
                 value = fn()
             except SinkUnavailableError as exc:
                 if self._clock() + delay > deadline:
-                    raise SinkUnavailableError(
-                        f"{what}: the database stayed unavailable for {self.startup_timeout_s:g} s: {exc}"
+                    raise SinkStayedUnavailableError(
+                        f"{what}: {self._what} stayed unavailable for {self.startup_timeout_s:g} s: {exc}"
                     ) from exc
-                self._log(f"{what}: database unavailable ({exc}); retrying in {delay:.1f} s")
+                self._log(f"{what}: {self._what.removeprefix('the ')} unavailable ({exc}); retrying in {delay:.1f} s")
                 self._sleep(delay)  # backoff before the next attempt, not a synchronisation
                 delay = min(delay * 2, self.backoff_max_s)
             else:

@@ -89,8 +89,9 @@ EXIT_CODES = {
     2: "bad input or usage: a case, corpus file or option violates a constraint, or names a stored row that does not exist",
     3: "a backend cannot be loaded (bad plugin spec or entry point)",
     4: "the worker cannot run (no usable backend on this machine)",
-    5: "the database cannot be opened or migrated, stayed unreachable, is corrupted, or its schema is old or was "
-       "downgraded while in use (run attnfuzz db upgrade); unsaved results stay in the spool",
+    5: "the database cannot be opened or migrated, stayed unreachable (with fuzz --server: the service), is "
+       "corrupted, or its schema is old or was downgraded while in use (run attnfuzz db upgrade); unsaved results "
+       "stay in the spool",
     6: "the database refuses writes (disk full, read-only), or with fuzz --server the service refuses the writer "
        "token (401) or its file cannot be read; unsaved results stay in the spool",
     7: "the local spool is full or unusable (nothing was dropped)",

@@ -192,7 +192,11 @@ def test_register_retries_with_backoff_and_gives_up_with_a_clear_error(tmp_path)
     build_id = sink.register_build(BuildFingerprint())
     assert waits == [0.5, 1.0, 2.0] and build_id == 1
     inner.down = True
-    with pytest.raises(SinkUnavailableError, match="register_worker: the database stayed unavailable for 100 s"):
+    with pytest.raises(SinkUnavailableError, match="register_worker: the database stayed unavailable for 100 s") as caught:
+        sink.register_worker(build_id, "h", 1, "cpu")
+    assert caught.value.exit_code == 5  # as a database that cannot be opened (README's exit codes)
+    inner.target = "the service"  # fuzz --server's HttpSink: its messages name the service
+    with pytest.raises(SinkUnavailableError, match="register_worker: the service stayed unavailable for 100 s"):
         sink.register_worker(build_id, "h", 1, "cpu")
 
 

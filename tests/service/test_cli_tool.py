@@ -716,3 +716,18 @@ def test_serve_warns_at_start_when_open_writes_are_reachable_from_other_machines
     assert result.exit_code == 0, result.output
     text = " ".join(result.output.split())
     assert ("warning: every write is open" in text) == warned, text
+
+
+def test_fuzz_server_that_stays_unreachable_exits_5_naming_the_service(tmp_path) -> None:
+    """``fuzz --server`` at an address nothing listens on: exit 5 (as a database that stays
+    unreachable), the message names the service, not a database."""
+    import socket
+
+    with socket.socket() as probe:  # a free port, closed again: nothing listens there
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    result = _invoke("fuzz", "--server", f"http://127.0.0.1:{port}", "--db-wait", "1", "--max-cases", "1",
+                     "--workers", "1", "--isolation", "none")
+    text = " ".join(result.output.split())
+    assert result.exit_code == 5, text
+    assert "the service stayed unavailable" in text and "the database" not in text, text
