@@ -515,13 +515,16 @@ def _print_service_hints(stats: WorkerStats, base: str, specs: dict[str, str], p
     backends only): its repro is ``attnfuzz export`` with the spec, on the service's database."""
     from urllib.parse import urlencode
 
-    out.print(
-        f"stored through the service at {base}; see them on its dashboard: {base}/buckets (a bucket's page has "
-        f"its repro download and issue report; a case's page: {base}/cases/CASE_ID)", soft_wrap=True,
-    )
     shrunk = dict(stats.minimised)
     minimised = next((key for key in stats.new_buckets if key in shrunk), None)
     first = next((key for key in stats.new_buckets if key in stats.first_cases), None)
+    some_case = (shrunk[minimised].case.case_id if minimised is not None
+                 else stats.first_cases[first] if first is not None else None)
+    case_page = f"{base}/cases/{some_case}" if some_case else f"{base}/cases/<case id>"
+    out.print(
+        f"stored through the service at {base}; see them on its dashboard: {base}/buckets (a bucket's page has "
+        f"its repro download and issue report; a case's page: {case_page})", soft_wrap=True,
+    )
     if minimised is not None:
         key, case_id, what = minimised, shrunk[minimised].case.case_id, (
             "a bucket's minimised case (the [case ...] on its second line), the first one's")

@@ -327,6 +327,7 @@ def test_after_fuzz_server_the_hints_name_the_service_and_its_download_never_a_d
     text = _summary(stats, base, specs={"planted-fa4": PLANTED})
     assert "--db" not in text, text
     assert f"stored through the service at {base}; see them on its dashboard: {base}/buckets" in text, text
+    assert f"a case's page: {base}/cases/{case.case_id})" in text, text  # a real case, not a placeholder
     assert f"only shrinking: attnfuzz fuzz --max-cases 0 --server {base} --backend {PLANTED}," in text, text
     download = text.split("a standalone pytest repro of the first bucket's case: ", 1)[1].split(" ", 1)[0]
     assert download == f"{base}/api/cases/{case.case_id}/repro.py?backend=torch-cpu-math&variant=is_causal", text
