@@ -205,6 +205,70 @@ def normalisation_error_scale(*, rho: float, delta: torch.Tensor, lse: torch.Ten
     return torch.where(visible, rho * delta.abs() * torch.where(visible, spread, 0.0), 0.0)
 
 
+ALIGNED_SCORE_MIN_RHO = 2.0**-4
+"""`aligned_score_growth` applies where ``rho`` (fp32 unit roundoff / the case dtype's) is at least
+this: float32. In bfloat16/float16 (``rho = 2**-16``, ``2**-13``) it would move no error scale by
+more than 4.2% (float16 dv on the aligned case of `tests/oracle/test_error_model_aligned.py`; at
+most 1.6% over 300 random cases) and cost a GEMM and a few passes over every score block."""
+
+
+def partial_sum_weights(head_dim: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """``d - m`` for channel ``m = 0 .. d-1`` (``[d]``): how many of the partial sums of a dot
+    product summed in channel order hold the product of channel ``m``; ``sum_m (d - m) x_m y_m``
+    is the sum of the partial sums (`aligned_score_growth`)."""
+    return torch.arange(head_dim, 0, -1, dtype=dtype, device=device)
+
+
+def aligned_score_growth(partial_sums: torch.Tensor, probs: torch.Tensor, growth: torch.Tensor, aligned: float) -> torch.Tensor:
+    """``g_ij = 1 + max(rho S_i, rho (e_ij (1 - P_ij) + sum_{l != j} P_il e_il))`` per visible
+    entry, ``e_ij = |sum_m T_ijm| / sqrt(d)``: the relative error, in units of the case dtype's
+    unit roundoff, of the ``P_ij`` a float32 kernel computes, where the model's ``1 + rho S_i``
+    (``growth``) holds for score sums whose partial sums stay small.
+
+    A kernel sums ``s_ij = c sum_m q_im k_jm`` over the ``d`` = head_dim channels in float32, in
+    channel order (a GEMM's inner loop, an MMA's k blocks). By Higham's analysis of recursive
+    summation ("Accuracy and Stability of Numerical Algorithms", 2nd ed., Sec. 4.2: the error is
+    ``sum_m delta_m T_m``, ``|delta_m| <= u``, over the partial sums ``T_ijm``; in statistical,
+    root-sum-square form ``u (sum_m T_ijm^2)^(1/2)``) the score's error depends on its partial
+    sums, and ``(sum_m T_ijm^2)^(1/2) >= |sum_m T_ijm| / sqrt(d)`` (Cauchy-Schwarz), with
+    ``sum_m T_ijm = c sum_m (d - m) q_im k_jm`` one GEMM (`partial_sum_weights`). Products of
+    both signs keep the partial sums near ``c sum_m |q_im k_jm| <= S_i`` (the model's score
+    term; ``e_ij`` is then smaller); products of one sign carried from the first channels on (q
+    aligned with a key, as in a peaked row or at an attention sink, whose channel is 0:
+    `oracle.inputs`) make every partial sum large, and ``e_ij`` reaches ``|s_ij| sqrt(d) / 2`` and
+    more, while a large product in the last channel (the score offset's) enters one partial sum
+    and keeps ``e_ij`` small. Softmax turns score errors into ``delta ln P_ij = delta s_ij (1 -
+    P_ij) - sum_{l != j} P_il delta s_il`` (first order; the shift and the normalisation cancel
+    the rest), bounded term by term: the error of the row's dominant score reaches every other
+    probability of the row as a *relative* error, while in the dominant key's own ``P`` (~1) it
+    cancels. So the whole tensor, dominated by that key, does not show it, but a tile of keys the
+    row barely attends does, in full. The larger of the two regimes is taken, so entries whose
+    partial sums stay small keep ``1 + rho S_i`` exactly.
+
+    Measured (torch 2.13 CPU, 2026-12-06): float32, b2 sq5 sk129 h2/2 d128, bottom-right causal,
+    qk_rank 5, attention sink, peaked rows 0.5, large dout, seed 1350629696: the dominant score of
+    row 4 (the sink key, 32.37 nats, all 128 products positive, 12 nats of them in channel 0) is
+    off by -396 u32 in PyTorch's math SDPA (a sequential float32 sum of the pre-scaled q and k
+    gives the same -396), so its ``P`` of key 128 (3.1e-12) is off by 409 u32 and the single-row
+    dv tile of that key (8.9e-13 of the tensor's norm) failed at 1.15x its allowance (``1 + rho
+    S_4 = 49``).
+
+    Args:
+        partial_sums: ``sum_m T_ijm`` (float64 ``[BHkv, r, c]``), overwritten.
+        probs: ``P_ij``, same shape (0 on masked entries).
+        growth: ``1 + rho S_i``, ``[BHkv, r]``.
+        aligned: ``rho / sqrt(d)`` (``rho``: fp32 unit roundoff / the case dtype's unit roundoff).
+
+    Returns:
+        ``[BHkv, r, c]`` float64 (``partial_sums``' storage).
+    """
+    errors = partial_sums.abs_().mul_(aligned)  # rho e_ij
+    weighted = probs * errors  # rho P_il e_il
+    row = weighted.sum(dim=-1, keepdim=True)
+    spread = errors.sub_(weighted.mul_(2.0)).add_(row)  # rho (e_ij (1 - P_ij) + sum_{l != j} P_il e_il)
+    return torch.maximum(spread, growth[..., None] - 1.0).add_(1.0)
+
+
 UNDERFLOW_SCALE_MIN = 2.0**-64  # smallest normals below this (bf16, fp32: ~1e-38) make the term negligible
 
 
@@ -244,13 +308,16 @@ def _dense_backward(d: Dense, fwd: dict[str, torch.Tensor], dout: torch.Tensor, 
     dv = torch.zeros_like(d.v)
     if want_scales:
         growth = 1.0 + d.rho * fwd["score_bound"]  # [BHkv, Sq*G]
+        aligned = d.rho / math.sqrt(head_dim) if d.rho >= ALIGNED_SCORE_MIN_RHO else 0.0  # `aligned_score_growth`
+        k_partial = d.k * partial_sum_weights(head_dim, d.k.dtype, d.k.device) if aligned else None  # (d - m) k_jm
         dout_norm = row_norms(dout)
         renorm = normalisation_error_scale(rho=d.rho, delta=delta, lse=lse, keys=visible_counts(d)[0])  # eps_i D_i / u
         row_weights = torch.stack(  # weights of the column sums of P^2
-            [(dout_norm * row_norms(out)) ** 2, (dout_norm * growth) ** 2, dout_norm**2, (renorm * row_norms(d.q)) ** 2],
+            [(dout_norm * row_norms(out)) ** 2, dout_norm**2, (renorm * row_norms(d.q)) ** 2],
             dim=1,
-        )  # [BHkv, 4, Sq*G]
-        col_p = torch.zeros(bh, 4, d.seqlen_k, dtype=torch.float64, device=d.q.device)
+        )  # [BHkv, 3, Sq*G]
+        col_p = torch.zeros(bh, 3, d.seqlen_k, dtype=torch.float64, device=d.q.device)
+        col_pg = torch.zeros(bh, 1, d.seqlen_k, dtype=torch.float64, device=d.q.device)  # E_j^2
         pk_norm = torch.zeros_like(lse)  # ||sum_j P_ij k_j||
         col_ds = torch.zeros(bh, 1, d.seqlen_k, dtype=torch.float64, device=d.q.device)
         row_ds = torch.zeros_like(lse)
@@ -267,6 +334,11 @@ def _dense_backward(d: Dense, fwd: dict[str, torch.Tensor], dout: torch.Tensor, 
             scores = (tanh * d.softcap).sub_(lse_safe[:, r0:r1, None])
         mask_edges(scores, blk, d.lo, d.hi, d.group)
         probs = scores.exp_()
+        if want_scales and aligned:  # g_ij^2, g_ij the relative error of P_ij (`aligned_score_growth`)
+            partial = torch.bmm(q_blk, k_partial[:, blk.j0 : blk.j1].transpose(1, 2))
+            squared_weight = aligned_score_growth(partial, probs, growth[:, r0:r1], aligned).square_()
+        elif want_scales:
+            squared_weight = growth[:, r0:r1, None] ** 2
         dv[:, blk.j0 : blk.j1].baddbmm_(probs.transpose(1, 2), dout_blk)
         dscores = torch.bmm(dout_blk, v_blk.transpose(1, 2)).sub_(delta[:, r0:r1, None]).mul_(probs)
         if d.softcap is not None:
@@ -281,10 +353,14 @@ def _dense_backward(d: Dense, fwd: dict[str, torch.Tensor], dout: torch.Tensor, 
             if d.underflow:  # P and dS rounded to float16 err by u max(|x|, tiny) (`underflow_floor`)
                 tiny2 = d.underflow**2
                 lifted_p = (tiny2 - squared_p).clamp_(min=0.0).mul_(squared_p > 0)  # max(P, tiny)^2 - P^2
-                col_p[:, 1:2, blk.j0 : blk.j1] += torch.bmm(row_weights[:, 1:2, r0:r1], lifted_p)
+                col_pg[:, :, blk.j0 : blk.j1] += torch.bmm(
+                    (dout_norm[:, None, r0:r1] * growth[:, None, r0:r1]) ** 2, lifted_p
+                )
                 squared_ds = torch.where(squared_ds > 0, squared_ds.clamp(min=tiny2), squared_ds)
+            col_pg[:, :, blk.j0 : blk.j1] += torch.bmm(row_weights[:, 1:2, r0:r1], squared_p.mul_(squared_weight))
+            squared_ds.mul_(squared_weight)
             row_ds[:, r0:r1] = squared_ds.sum(dim=-1)
-            col_ds[:, :, blk.j0 : blk.j1] += torch.bmm(growth[:, None, r0:r1] ** 2, squared_ds)
+            col_ds[:, 0, blk.j0 : blk.j1] += squared_ds.sum(dim=1)
     dq.mul_(d.scale)  # dS is w.r.t. the scaled scores; k is unscaled. q was pre-scaled for dk.
     result = {"dq": dq, "dk": dk, "dv": dv}
     if want_scales:
@@ -294,12 +370,12 @@ def _dense_backward(d: Dense, fwd: dict[str, torch.Tensor], dout: torch.Tensor, 
         q_max = row_norms(d.q).amax(dim=1, keepdim=True) / d.scale  # unscaled q
         keys_per_row, rows_per_key = (count.sqrt() for count in visible_counts(d))
         dq_base = d.scale * k_max * (
-            row_ds.sqrt() * growth + dout_norm * row_norms(out) + d.rho * fwd["p_norm"] * dout_norm * v_max
+            row_ds.sqrt() + dout_norm * row_norms(out) + d.rho * fwd["p_norm"] * dout_norm * v_max
         ) + d.scale * renorm * pk_norm
         dk_base = d.scale * q_max * (
-            col_ds[:, 0].sqrt() + col_p[:, 0].sqrt() + d.rho * row_norms(d.v) * col_p[:, 2].sqrt()
-        ) + col_p[:, 3].sqrt()
-        dv_base = col_p[:, 1].sqrt()
+            col_ds[:, 0].sqrt() + col_p[:, 0].sqrt() + d.rho * row_norms(d.v) * col_p[:, 1].sqrt()
+        ) + col_p[:, 2].sqrt()
+        dv_base = col_pg[:, 0].sqrt()
         result["dq_scale"] = (dq_base + row_norms(dq)) * (d.rho * keys_per_row) + dq_base
         result["dk_scale"] = (dk_base + row_norms(dk)) * (d.rho * rows_per_key) + dk_base
         result["dv_scale"] = (dv_base + row_norms(dv)) * (d.rho * rows_per_key) + dv_base

@@ -15,11 +15,24 @@ whole tensor and over each tile (``tile_rows`` consecutive rows of one (batch, h
 
   - ``out_i``: ``||P_i|| max_j||v_j|| (1 + rho (S_i + a_i)) + ||out_i|| (1 + rho a_i)``
   - ``lse_i``: ``|lse_i| + S_i + a_i`` (with ``u`` of float32)
-  - ``dq_i``: ``B_i (1 + rho a_i) + rho a_i ||dq_i||`` with ``B_i = c max||k|| (||dS_i|| (1 + rho
-    S_i) + ||dO_i|| ||O_i|| + rho ||P_i|| ||dO_i|| max||v||)``
-  - ``dk_j``: ``C_j (1 + rho b_j) + rho b_j ||dk_j||`` with ``C_j = c max||q|| (||dS_:j (1 + rho
-    S)|| + ||P_:j ||dO|| ||O|| || + rho ||v_j|| ||P_:j ||dO|| ||)``
-  - ``dv_j``: ``E_j (1 + rho b_j) + rho b_j ||dv_j||`` with ``E_j = ||P_:j ||dO|| (1 + rho S)||``
+  - ``dq_i``: ``B_i (1 + rho a_i) + rho a_i ||dq_i||`` with ``B_i = c max||k|| (||dS_i g_i|| +
+    ||dO_i|| ||O_i|| + rho ||P_i|| ||dO_i|| max||v||)``
+  - ``dk_j``: ``C_j (1 + rho b_j) + rho b_j ||dk_j||`` with ``C_j = c max||q|| (||dS_:j g_:j|| +
+    ||P_:j ||dO|| ||O|| || + rho ||v_j|| ||P_:j ||dO|| ||)``
+  - ``dv_j``: ``E_j (1 + rho b_j) + rho b_j ||dv_j||`` with ``E_j = ||P_:j ||dO|| g_:j||``
+  - ``g_ij = 1 + max(rho S_i, rho (e_ij (1 - P_ij) + sum_{l != j} P_il e_il))``, the relative
+    error of ``P_ij``, with ``e_ij = |sum_m T_ijm| / sqrt(d)`` over the partial sums ``T_ijm`` of
+    the score ``c sum_m q_im k_jm`` summed in channel order (``d`` = head_dim; one GEMM:
+    ``sum_m T_ijm = c sum_m (d - m) q_im k_jm``): the float32 error of a score grows with its
+    partial sums (Higham, Sec. 4.2, in statistical form, ``>= |sum_m T_ijm| / sqrt(d)`` by
+    Cauchy-Schwarz), which products of one sign from the first channels on (q aligned with a
+    key: peaked rows, an attention sink) keep large, and softmax gives ``P_ij`` the error
+    ``delta s_ij (1 - P_ij) - sum_{l != j} P_il delta s_il``: the dominant score's error is a
+    relative error of every other ``P`` of its row, seen in full by a tile of keys the row barely
+    attends (a float32 dv tile at 8.9e-13 of its tensor's norm failed at 1.15 on PyTorch's math
+    SDPA, whose dominant score was off by -396 u32, as a sequential float32 sum gives it;
+    `oracle.reference.aligned_score_growth`, with its sources). Where the partial sums stay
+    small, and in bf16/fp16 (`oracle.reference.ALIGNED_SCORE_MIN_RHO`), ``g_ij = 1 + rho S_i``
   - plus, in ``B_i`` and ``C_j``, the normalisation error of the ``P`` a kernel recomputes as
     ``exp(s - lse)`` in fp32 (``sum_j P_ij = 1 + eps_i``, ``|eps_i| <~ u32 L_i``, ``L_i = 2 |lse_i|
     + ln n_i + 1``), which breaks ``sum_j dS_ij = 0``: ``c rho |D_i| L_i ||sum_j P_ij k_j||`` in
