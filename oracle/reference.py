@@ -463,6 +463,8 @@ def _run(
     budget = memory_budget_bytes or DEFAULT_MEMORY_BUDGET_BYTES.get(device.type, DEFAULT_MEMORY_BUDGET_BYTES["cpu"])
     buffers = 2 if dout is None else (4 if case.softcap is not None else 3)
     rho = FLOAT32_UNIT_ROUNDOFF / (torch.finfo(torch_dtype(case.dtype)).eps / 2)
+    if dout is not None and error_scales and rho >= ALIGNED_SCORE_MIN_RHO:
+        buffers += 3  # the partial sums, their weights and a temporary of `aligned_score_growth`'s (float32)
     varlen = case.is_varlen
     hkv = case.num_heads_kv
 

@@ -115,3 +115,20 @@ def test_the_term_would_move_bfloat16_and_float16_allowances_by_a_few_percent_at
         for name in ("dq", "dk", "dv"):
             ratio = new[name] / old[name].clamp(min=1e-300)
             assert 1.0 - 1e-9 < float(ratio.min()) and float(ratio.max()) < 1.05, (dtype, name)
+
+
+@pytest.mark.parametrize(("dtype", "extra"), [("float32", 3), ("bfloat16", 0)])
+def test_the_memory_plan_counts_the_score_blocks_the_term_keeps(monkeypatch, dtype: str, extra: int) -> None:
+    """The float32 backward with error scales holds three more score-sized blocks (the partial
+    sums, their weights, a temporary): `choose_block_q` plans for them, so a large case on a GPU
+    keeps to the memory budget (bf16/fp16 do not compute the term)."""
+    planned = []
+
+    def spy(batch_size, num_heads, seqlen_q, seqlen_k, buffers, memory_budget_bytes):
+        planned.append(buffers)
+        return seqlen_q
+
+    monkeypatch.setattr(reference_module, "choose_block_q", spy)
+    case = AttentionCase(seqlen_q=8, seqlen_k=8, num_heads=2, head_dim=8, dtype=dtype, backward=True)
+    reference(case, make_inputs(case, device="cpu"))
+    assert planned == [3 + extra]
