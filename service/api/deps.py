@@ -244,6 +244,12 @@ def is_valid_token(settings: Settings, token: str | None) -> bool:
     return token is not None and secrets.compare_digest(token.encode(), settings.api_token.encode())
 
 
+def is_writer_token(settings: Settings, token: str | None) -> bool:
+    """True when ``writer_token`` is set and ``token`` equals it (constant-time comparison)."""
+    return (settings.writer_token is not None and token is not None
+            and secrets.compare_digest(token.encode(), settings.writer_token.encode()))
+
+
 def is_valid_session(settings: Settings, cookie: str | None) -> bool:
     """True when no token is configured (neither ``api_token`` nor ``writer_token``), or ``cookie``
     is a session cookie `/login` signed with the API token (`service.api.hardening.session_is_valid`;
@@ -267,12 +273,9 @@ def _check_token(settings: Settings, credentials: HTTPAuthorizationCredentials |
         return
     if cookie is not None and is_valid_session(settings, cookie):
         return
-    given = credentials.credentials if credentials else None
     if triage_closed(settings):
         detail = TRIAGE_CLOSED_DETAIL
-    elif given is not None and settings.writer_token is not None and secrets.compare_digest(
-        given.encode(), settings.writer_token.encode()
-    ):
+    elif is_writer_token(settings, credentials.credentials if credentials else None):
         detail = WRITER_TOKEN_DETAIL
     else:
         detail = "missing or wrong bearer token (ATTNFUZZ_API_TOKEN)"
@@ -302,7 +305,7 @@ def require_writer_token(settings: SettingsDep, credentials: Credentials) -> Non
         _check_token(settings, credentials)
         return
     given = credentials.credentials if credentials else None
-    if given is not None and secrets.compare_digest(given.encode(), settings.writer_token.encode()):
+    if is_writer_token(settings, given):
         return
     if settings.api_token is not None and given is not None and is_valid_token(settings, given):
         return
