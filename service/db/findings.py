@@ -135,14 +135,21 @@ def _index_text(tensor: str, index: Any, config: Any) -> str:
     return f"{tensor}[{', '.join(str(i) for i in index)}]" + (f" ({where})" if where else "")
 
 
+def nonfinite_counts(figures: dict[str, Any]) -> list[tuple[int, str]]:
+    """``(count, "NaN" / "+inf" / "-inf")`` of each kind of non-finite entry a tensor's stored
+    ``figures`` (`oracle.compare.TensorVerdict.to_json`) count where the reference is finite,
+    the kinds with none left out."""
+    return [(figures[key], label) for key, label in (("nan_count", "NaN"), ("posinf_count", "+inf"), ("neginf_count", "-inf"))
+            if isinstance(figures.get(key), int) and figures[key] > 0]
+
+
 def tensor_words(tensor: str, figures: dict[str, Any], config: Any) -> str:
     """One failing tensor's verdict in words from its stored figures (`oracle.compare.TensorVerdict.to_json`)."""
     kinds = [s.partition(":")[2] for s in figures.get("signatures") or [] if isinstance(s, str)]
     if any(k not in RATIO_KINDS for k in kinds):  # all zero, NaN, ...: the ratio says no more (it is below)
         kinds = [k for k in kinds if k not in RATIO_KINDS]
     what = " and ".join(_KIND_WORDS.get(k, k) for k in kinds) or "fails"
-    counts = [f"{figures[k]} {label}" for k, label in (("nan_count", "NaN"), ("posinf_count", "+inf"), ("neginf_count", "-inf"))
-              if isinstance(figures.get(k), int) and figures[k]]
+    counts = [f"{n} {label}" for n, label in nonfinite_counts(figures)]
     parts = [f"{tensor} {what}" + (f" ({', '.join(counts)})" if counts else "")]
     expected, actual = _float(figures.get("worst_expected")), _float(figures.get("worst_actual"))
     where = _index_text(tensor, figures.get("worst_index"), config)

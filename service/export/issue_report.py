@@ -154,8 +154,9 @@ def _first_unexpected(figures: dict[str, Any]) -> str:
     entry the oracle flags whatever its size (``oracle.verdict``: the first NaN, +inf, -inf or
     finite lse on a row that sees no key, the first the oracle found), as words ("NaN or +inf"); ""
     when it holds none (then the index is the largest error's, in the figures' tile)."""
-    kinds = [word for key, word in (("nan_count", "NaN"), ("posinf_count", "+inf"), ("neginf_count", "-inf"))
-             if isinstance(figures.get(key), int) and figures[key] > 0]
+    from service.db.findings import nonfinite_counts
+
+    kinds = [label for _, label in nonfinite_counts(figures)]
     if any(str(sig).endswith(":finite_on_masked") for sig in figures.get("signatures") or []):
         kinds.append("finite value on a row that sees no key")
     return " or ".join(kinds)
