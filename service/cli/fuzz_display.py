@@ -487,23 +487,29 @@ def print_summary(
         return
     out.print(f"stored in {shown}; see them with: {prog} report --db {shown}  (dashboard: {prog} serve --db {shown})", soft_wrap=True)
     if stats.new_buckets:
-        # a new-user trial did not know which of a bucket's two case ids to export: name the
-        # minimised one of the first bucket that has one (the smaller case), else a first case
-        # (shrunk and first_cases: the bucket list's above, under the same condition)
-        minimised = next((key for key in stats.new_buckets if key in shrunk), None)
-        first = next((key for key in stats.new_buckets if key in first_cases), None)
-        if minimised is not None:
-            out.print(escape(
-                f"a standalone pytest repro of a bucket's minimised case (the [case ...] on its second line), "
-                f"the first one's: {prog} export {shrunk[minimised].case.case_id}{_plugin(specs, minimised)} --db {shown}"
-            ), soft_wrap=True)
-        elif first is not None:
-            out.print(
-                f"a standalone pytest repro of the first bucket's case: {prog} export {first_cases[first]}"
-                f"{_plugin(specs, first)} --db {shown}", soft_wrap=True,
-            )
+        chosen = _repro_case(stats)
+        if chosen is not None:
+            key, case_id, what = chosen
+            out.print(escape(f"a standalone pytest repro of {what}: {prog} export {case_id}{_plugin(specs, key)} --db {shown}"),
+                      soft_wrap=True)
         else:
             out.print(f"a standalone pytest repro of a case: {prog} export CASE_ID --db {shown}", soft_wrap=True)
+
+
+def _repro_case(stats: WorkerStats) -> tuple[tuple[str, str, str], str, str] | None:
+    """The case the summary names for a repro: ``(bucket key, case id, words for it)`` of the
+    minimised case of the first new bucket that has one (the smaller case), else of the first
+    case of the first new bucket that has one; None when no new bucket has either. (A new-user
+    trial did not know which of a bucket's two case ids to export.)"""
+    shrunk = dict(stats.minimised)
+    minimised = next((key for key in stats.new_buckets if key in shrunk), None)
+    if minimised is not None:
+        return (minimised, shrunk[minimised].case.case_id,
+                "a bucket's minimised case (the [case ...] on its second line), the first one's")
+    first = next((key for key in stats.new_buckets if key in stats.first_cases), None)
+    if first is not None:
+        return first, stats.first_cases[first], "the first bucket's case"
+    return None
 
 
 def _print_service_hints(stats: WorkerStats, base: str, specs: dict[str, str], prog: str) -> None:
@@ -515,23 +521,15 @@ def _print_service_hints(stats: WorkerStats, base: str, specs: dict[str, str], p
     backends only): its repro is ``attnfuzz export`` with the spec, on the service's database."""
     from urllib.parse import urlencode
 
-    shrunk = dict(stats.minimised)
-    minimised = next((key for key in stats.new_buckets if key in shrunk), None)
-    first = next((key for key in stats.new_buckets if key in stats.first_cases), None)
-    some_case = (shrunk[minimised].case.case_id if minimised is not None
-                 else stats.first_cases[first] if first is not None else None)
-    case_page = f"{base}/cases/{some_case}" if some_case else f"{base}/cases/<case id>"
+    chosen = _repro_case(stats)
+    case_page = f"{base}/cases/{chosen[1]}" if chosen is not None else f"{base}/cases/<case id>"
     out.print(
         f"stored through the service at {base}; see them on its dashboard: {base}/buckets (a bucket's page has "
         f"its repro download and issue report; a case's page: {case_page})", soft_wrap=True,
     )
-    if minimised is not None:
-        key, case_id, what = minimised, shrunk[minimised].case.case_id, (
-            "a bucket's minimised case (the [case ...] on its second line), the first one's")
-    elif first is not None:
-        key, case_id, what = first, stats.first_cases[first], "the first bucket's case"
-    else:
+    if chosen is None:
         return
+    key, case_id, what = chosen
     spec = specs.get(key[0])
     if spec is not None:
         out.print(escape(
