@@ -96,6 +96,7 @@ INDEXES_0004 = {
 }
 REPLACED_BY_0004 = {"ix_results_backend_variant_signature", "ix_results_build_id", "ix_results_created_at"}
 ADDED_AFTER_0004 = {"ix_results_backend_variant_signature_created_at_id"}  # 0008
+DROPPED_AFTER_0004 = {"ix_results_status", "ix_results_worker_id"}  # 0010
 
 
 def test_0004_creates_the_load_indexes_and_its_downgrade_restores_the_0003_ones(fresh_database_url: str) -> None:
@@ -118,7 +119,7 @@ def test_0004_creates_the_load_indexes_and_its_downgrade_restores_the_0003_ones(
     assert _indexes(url) == before
 
     migrations.upgrade(url)
-    assert _indexes(url)["results"] == after["results"] | ADDED_AFTER_0004
+    assert _indexes(url)["results"] == (after["results"] | ADDED_AFTER_0004) - DROPPED_AFTER_0004
 
 
 def _insert_build_and_case(connection: Any) -> None:
@@ -228,5 +229,47 @@ def test_0009_keys_case_hours_by_hour_then_case_and_keeps_its_rows(fresh_databas
         with engine.connect() as connection:
             assert inspect(connection).get_pk_constraint("case_hours")["constrained_columns"] == ["hour", "writer", "case_id"]
             assert connection.execute(text("SELECT count(*) FROM case_hours")).scalar_one() == 3
+    finally:
+        engine.dispose()
+
+
+def test_0010_drops_the_results_foreign_keys_and_two_unread_indexes_and_keeps_rows_and_counts(fresh_database_url: str) -> None:
+    """No per-row key check on an insert (the writers check the references themselves); the stored
+    rows, the bucket indexes' WHERE (SQLite rebuilds the table) and the PostgreSQL counting trigger
+    survive both ways."""
+    url = fresh_database_url
+    migrations.upgrade(url, "0009")
+    engine = make_engine(url)
+    insert = (
+        "INSERT INTO results (case_id, build_id, backend, variant, status, signature, signatures, metrics,"
+        " run_ms, compile_ms, oracle_ms, detail, backend_version, phase, created_at) VALUES ('c1', 1, :backend,"
+        " 'native', 'fail', 'out:nan', '[]', '{}', 0, 0, 0, '', '', 'fuzz', CURRENT_TIMESTAMP)"
+    )
+    try:
+        with engine.begin() as connection:
+            _insert_build_and_case(connection)
+            connection.execute(text(insert), {"backend": "fa4"})
+        migrations.upgrade(url, "0010")
+        with engine.begin() as connection:
+            inspector = inspect(connection)
+            assert inspector.get_foreign_keys("results") == []
+            names = {i["name"] for i in inspector.get_indexes("results")}
+            assert not names & {"ix_results_status", "ix_results_worker_id"}
+            predicates = _bucket_index_predicates(connection)
+            assert len(predicates) == 2 and all("signature IS NOT NULL" in (p or "") for p in predicates.values()), predicates
+            connection.execute(text(insert), {"backend": "fa2"})
+            assert connection.execute(text("SELECT backend FROM results ORDER BY id")).scalars().all() == ["fa4", "fa2"]
+            if connection.dialect.name == "postgresql":  # the trigger still counts what is inserted
+                totals = connection.execute(text("SELECT backend, sum(results) FROM result_totals GROUP BY 1 ORDER BY 1")).all()
+                assert [tuple(r) for r in totals] == [("fa2", 1), ("fa4", 1)]
+        migrations.downgrade(url, "0009")
+        engine.dispose()  # a pooled SQLite connection keeps reading the rebuilt table's old key list
+        with engine.connect() as connection:
+            inspector = inspect(connection)
+            keys = {k["name"] for k in inspector.get_foreign_keys("results")}
+            assert keys == {"fk_results_case_id_cases", "fk_results_build_id_builds", "fk_results_worker_id_workers"}
+            assert {"ix_results_status", "ix_results_worker_id"} <= {i["name"] for i in inspector.get_indexes("results")}
+            assert len(_bucket_index_predicates(connection)) == 2
+            assert connection.execute(text("SELECT count(*) FROM results")).scalar_one() == 2
     finally:
         engine.dispose()
