@@ -32,7 +32,9 @@ per variant, so buckets repeat.
 
 Senders build their request bodies from pre-serialised templates (a new case id per case): the
 figures are the service's and the database's, not the JSON encoding of the senders (which share
-this machine's cores with them).
+this machine's cores with them). The results are sent as `fuzzer.http_sink.HttpSink` sends them
+(``fuzzer.http_sink.wire_result``: metrics as ``metrics_json`` text); ``--metrics-as-objects``
+sends the metrics as JSON objects instead (a worker from before ``metrics_json``).
 
 ``--http-senders-long N`` measures that N for ``--duration`` and the other N of ``--senders`` for
 ``--sweep-duration`` (a sweep, then the long run).
@@ -79,6 +81,9 @@ from fuzzer.results import BuildFingerprint, CaseResult  # noqa: E402
 from oracle.config import AttentionCase  # noqa: E402
 
 TOKEN = "ingest-bench-writer-token"
+METRICS_AS_OBJECTS_ENV = "ATTNFUZZ_BENCH_METRICS_AS_OBJECTS"
+"""Set (by ``--metrics-as-objects``): the senders send metrics as objects, as HttpSink did before
+``metrics_json`` (and as a worker does with a service from before it)."""
 PLACEHOLDER = "@@CASEID@@@@@@@@"  # 16 characters, like a case id
 VARIANTS = {
     "fa2": ["fwd", "fwd_varlen", "fwd_kvcache", "bwd"],
@@ -166,7 +171,10 @@ def make_case(serial: int) -> AttentionCase:
 def http_sender(index: int, base: str, build_id: int, worker_id: int, batch_cases: int, start_at: float, stop_at: float,
                 queue: Any) -> None:
     """Post batches until ``stop_at``; put ``[(t_done, results, latency_s, status)]`` on ``queue``."""
-    templates = [json.dumps(t, separators=(",", ":")) for t in result_templates(1000 + index)]
+    from fuzzer.http_sink import wire_result  # the results as HttpSink sends them (metrics as text)
+
+    wire = (lambda r: r) if os.environ.get(METRICS_AS_OBJECTS_ENV) else wire_result
+    templates = [json.dumps([wire(r) for r in t], separators=(",", ":")) for t in result_templates(1000 + index)]
     counts = [len(PAIRS)] * len(templates)
     head = f'{{"build_id":{build_id},"worker_id":{worker_id},"cases":['
     records = []
@@ -554,8 +562,12 @@ def main() -> None:
     parser.add_argument("--fill", type=int, default=0, help="fill results to this many rows, then measure the pages (0: skip)")
     parser.add_argument("--json", default=None, help="write the manifest here")
     parser.add_argument("--keep-db", action="store_true")
+    parser.add_argument("--metrics-as-objects", action="store_true",
+                        help="senders send each result's metrics as a JSON object, not as metrics_json text")
     args = parser.parse_args()
     senders = [int(x) for x in args.senders.split(",")]
+    if args.metrics_as_objects:
+        os.environ[METRICS_AS_OBJECTS_ENV] = "1"  # the sender processes inherit it
 
     from service.db import migrations
     from service.db.engine import make_engine
@@ -574,7 +586,8 @@ def main() -> None:
         "host": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
                  "load_avg_at_start": os.getloadavg()},
         "shape": {"backends": len(VARIANTS), "results_per_case": len(PAIRS), "status_shares": dict(STATUS_SHARES),
-                  "batch_cases": args.batch_cases, "results_per_request": args.batch_cases * len(PAIRS)},
+                  "batch_cases": args.batch_cases, "results_per_request": args.batch_cases * len(PAIRS),
+                  "metrics": "objects" if args.metrics_as_objects else "metrics_json text"},
     }
     def save() -> None:  # after every phase: a run stopped midway keeps what it measured
         if args.json:

@@ -89,6 +89,29 @@ def writer_token_from_env(environ: dict[str, str] | None = None) -> str | None:
     return token
 
 
+def wire_result(result: dict[str, Any]) -> dict[str, Any]:
+    """A result's JSON (``CaseResult.to_json()``) as the sink sends it: non-empty ``metrics`` as
+    JSON text in ``metrics_json`` (non-ASCII characters as they are, ``NaN``/``Infinity`` as
+    ``json.dumps`` writes them), so that the service stores the figures without building them as
+    Python objects (`service.api.requests.check_metrics_json`); the other fields unchanged."""
+    metrics = result.get("metrics")
+    if not metrics:
+        return result
+    sent = {k: v for k, v in result.items() if k != "metrics"}
+    sent["metrics_json"] = json.dumps(metrics, separators=(",", ":"), ensure_ascii=False, allow_nan=True)
+    return sent
+
+
+def _refuses_metrics_json(exc: ServiceRejectedError) -> bool:
+    """The 422 of a service from before ``metrics_json``: the field named as not permitted."""
+    if exc.status != 422 or not isinstance(exc.detail, list):
+        return False
+    return any(
+        isinstance(e, dict) and e.get("type") == "extra_forbidden" and list(e.get("loc") or [])[-1:] == ["metrics_json"]
+        for e in exc.detail
+    )
+
+
 def _update(data: dict[str, Any] | None) -> BucketUpdate | None:
     if data is None:
         return None
@@ -118,6 +141,8 @@ class HttpSink:
         self._owns_client = client is None
         self._client = client if client is not None else httpx.Client(base_url=self.base_url, timeout=timeout_s)
         self.requests = 0  # requests sent (figures for the benchmark and the summary)
+        # results' metrics sent as text (`wire_result`) until a service from before it refuses that
+        self.metrics_as_text = True
 
     target = "the service"
     """What it writes to, as `fuzzer.spool.SpoolingSink`'s messages name it."""
@@ -190,8 +215,24 @@ class HttpSink:
         return str(self._json("POST", "/api/cases", {"case": case_json, "origin": origin})["case_id"])
 
     def record_result(self, result: CaseResult, build_id: int, worker_id: int | None) -> BucketUpdate | None:
-        body = {"build_id": build_id, "worker_id": worker_id, "results": [result.to_json()]}
-        return _update(self._json("POST", "/api/results", body)["updates"][0])
+        data = self._post_results(
+            "/api/results", lambda wire: {"build_id": build_id, "worker_id": worker_id, "results": wire([result.to_json()])}
+        )
+        return _update(data["updates"][0])
+
+    def _post_results(self, path: str, body_of: Any) -> Any:
+        """POST ``body_of(wire)`` to ``path``, ``wire`` mapping a list of result JSONs to what is
+        sent: `wire_result` each, or (a service that refuses ``metrics_json``: from then on) as
+        they are."""
+        if not self.metrics_as_text:
+            return self._json("POST", path, body_of(lambda results: results))
+        try:
+            return self._json("POST", path, body_of(lambda results: [wire_result(r) for r in results]))
+        except ServiceRejectedError as exc:
+            if not _refuses_metrics_json(exc):
+                raise
+        self.metrics_as_text = False
+        return self._json("POST", path, body_of(lambda results: results))
 
     def record_case_results(
         self, case_json: dict[str, Any], origin: str, results: list[CaseResult], build_id: int, worker_id: int | None
@@ -219,12 +260,11 @@ class HttpSink:
         """
         answers: list[list[BucketUpdate | None]] = []
         for (build_id, worker_id), chunk in self._chunks(payloads):
-            body = {
+            data = self._post_results("/api/case-results", lambda wire, build_id=build_id, worker_id=worker_id, chunk=chunk: {
                 "build_id": build_id,
                 "worker_id": worker_id,
-                "cases": [{"case": p["case_json"], "origin": p["origin"], "results": p["results"]} for p in chunk],
-            }
-            data = self._json("POST", "/api/case-results", body)
+                "cases": [{"case": p["case_json"], "origin": p["origin"], "results": wire(p["results"])} for p in chunk],
+            })
             answers.extend([_update(u) for u in case] for case in data["updates"])
         return answers
 
@@ -236,7 +276,9 @@ class HttpSink:
         results = size = 0
         for p in payloads:
             p_key = (p["build_id"], p["worker_id"])
-            p_size = len(json.dumps(p, separators=(",", ":"), allow_nan=True))
+            # as sent (metrics as text: its quotes escaped), the larger of the two forms
+            p_size = len(json.dumps({**p, "results": [wire_result(r) for r in p["results"]]}, separators=(",", ":"),
+                                    allow_nan=True))
             if chunk and (
                 p_key != key or len(chunk) >= MAX_BATCH_CASES or results + len(p["results"]) > MAX_BATCH_RESULTS
                 or size + p_size > MAX_BATCH_BYTES

@@ -7,6 +7,7 @@ the response models are in `service.api.schemas`.
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any, Literal
 from urllib.parse import urlencode
@@ -187,6 +188,60 @@ MAX_METRICS_DEPTH = 32
 _SCALAR_TYPES = frozenset({str, int, float, bool, type(None)})
 
 
+MAX_METRICS_JSON = 1_000_000
+"""The longest ``metrics_json`` text a result may carry (characters)."""
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """True when ``value`` (parsed JSON) nests dicts and lists more than ``limit`` deep (iterative:
+    a deep document must not exhaust the stack here either)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            if depth > limit:
+                return True
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return False
+
+
+def check_metrics_json(text: str) -> str:
+    """Check a result's ``metrics_json`` (its metrics as JSON text) without parsing it where it
+    can be left to the database: text that starts with ``{`` and ends with ``}``, holds no ``\\u``
+    escape and at most `MAX_METRICS_DEPTH` brackets in all (so it cannot nest deeper) is taken as
+    it is; PostgreSQL parses it into ``jsonb`` when it stores it, and a text it refuses sends the
+    batch to `metrics_json_errors` (a 422 naming the result). Any other text is parsed here: it
+    must be a JSON object (``NaN``/``Infinity`` allowed, as ``json.loads`` reads them) nested at
+    most `MAX_METRICS_DEPTH` deep, without NUL or a lone surrogate in a string.
+
+    Returns:
+        ``text``, unchanged.
+
+    Raises:
+        ValueError: why the text cannot be metrics (pydantic reports it at the field).
+    """
+    if (
+        text[:1] == "{" and text[-1:] == "}" and "\\u" not in text
+        and text.count("{") + text.count("[") <= MAX_METRICS_DEPTH
+    ):
+        return text
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"must be a JSON object, not {type(value).__name__}")
+    if _deeper_than(value, MAX_METRICS_DEPTH):
+        raise ValueError(f"nested deeper than {MAX_METRICS_DEPTH} levels")
+    from service.api.deps import _unstorable_in  # the app's check of a parsed body, on this text's values
+
+    found = _unstorable_in(value, ())
+    if found:
+        where, message = found[0]
+        raise ValueError(f"{message} (at {'.'.join(map(str, where)) or 'the top'})")
+    return text
+
+
 def _at_most_three_deep(value: dict[str, Any]) -> bool:
     """True when ``value`` (a dict) holds scalars, lists of scalars and dicts of those only: the
     shape of a verdict's metrics (``{tensor: {figure: number | [index, ...]}}``), at most 3 deep
@@ -237,6 +292,12 @@ class ResultIn(BaseModel):
     metrics: dict[str, Any] = Field(
         default_factory=dict, description=f"per-tensor comparison figures, nested at most {MAX_METRICS_DEPTH} deep"
     )
+    metrics_json: str | None = Field(
+        default=None,
+        max_length=MAX_METRICS_JSON,
+        description="the same figures as JSON text of an object, instead of `metrics` (which then stays empty): "
+        "stored as sent, without the service building them as objects (what `fuzzer.http_sink.HttpSink` sends)",
+    )
     error_ratio: float | None = None
     run_ms: float = Field(default=0.0, ge=0)
     compile_ms: float = Field(default=0.0, ge=0)
@@ -261,14 +322,18 @@ class ResultIn(BaseModel):
     def _metrics_are_shallow(cls, value: dict[str, Any]) -> dict[str, Any]:
         if _at_most_three_deep(value):  # a verdict's metrics: no walk (it cost half of a result's validation)
             return value
-        stack: list[tuple[Any, int]] = [(value, 1)]
-        while stack:  # iterative: a deep document must not exhaust the stack here either
-            item, depth = stack.pop()
-            if isinstance(item, (dict, list)):
-                if depth > MAX_METRICS_DEPTH:
-                    raise ValueError(f"nested deeper than {MAX_METRICS_DEPTH} levels")
-                stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+        if _deeper_than(value, MAX_METRICS_DEPTH):
+            raise ValueError(f"nested deeper than {MAX_METRICS_DEPTH} levels")
         return value
+
+    @field_validator("metrics_json")
+    @classmethod
+    def _metrics_json_is_metrics(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is None:
+            return None
+        if info.data.get("metrics"):
+            raise ValueError("give the metrics as metrics or as metrics_json, not both")
+        return check_metrics_json(value)
 
     @field_validator("signatures")
     @classmethod
@@ -284,7 +349,14 @@ class ResultIn(BaseModel):
         Raises:
             fuzzer.results.ResultValidationError: ``CaseResult`` refuses it (the app answers 422).
         """
-        return CaseResult.from_json(self.model_dump())
+        data = self.model_dump()
+        text = data.pop("metrics_json")
+        if text is not None:
+            try:
+                data["metrics"] = json.loads(text)
+            except ValueError as exc:  # a text the fast check let through (left to PostgreSQL elsewhere)
+                raise ResultValidationError(f"metrics_json: not valid JSON: {exc}") from None
+        return CaseResult.from_json(data)
 
 
 class ResultBatchIn(BaseModel):
@@ -396,6 +468,25 @@ class CaseBatchIn(BaseModel):
             # (the expression may also match inside a string: then the rows path, as safe)
             return None
         return document.decode()
+
+    def raise_metrics_json_errors(self) -> None:
+        """Raise for the first result whose ``metrics_json`` is not a JSON object Python reads (the
+        database refused the batch's document: `service.db.batch.DocumentRefusedError`); return
+        when every one reads.
+
+        Raises:
+            FieldValidationError: ``cases.<i>.results.<j>.metrics_json``, with the parser's message.
+        """
+        for i, item in enumerate(self.cases):
+            for j, r in enumerate(item.results):
+                if r.metrics_json is None:
+                    continue
+                try:
+                    value = json.loads(r.metrics_json)
+                except ValueError as exc:
+                    raise FieldValidationError(f"cases.{i}.results.{j}.metrics_json", f"not valid JSON: {exc}") from None
+                if not isinstance(value, dict):
+                    raise FieldValidationError(f"cases.{i}.results.{j}.metrics_json", "must be a JSON object")
 
     def entries(self, *, light: bool = False) -> list[Any]:
         """The cases as `service.db.batch.CaseEntry`.

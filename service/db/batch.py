@@ -27,6 +27,7 @@ from typing import Any, ClassVar
 
 from sqlalchemy import select, text, tuple_, update
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import DataError
 
 from fuzzer.results import BucketUpdate, CaseResult
 from oracle.config import AttentionCase
@@ -238,18 +239,26 @@ def _insert_results_copy(connection: Connection, rows: list[dict[str, Any]]) -> 
         return {tuple(r) for r in cursor.fetchall()}
 
 
+class DocumentRefusedError(Exception):
+    """PostgreSQL refused a value of a batch's results document (``SQLSTATE`` class 22, data
+    exception: a ``metrics_json`` text that is not JSON it reads, a number out of its range). The
+    transaction is lost; the caller finds the result (`service.api.requests.CaseBatchIn.
+    metrics_json_errors`) or writes the batch again through the rows path."""
+
+
 _DOCUMENT_COLUMNS = (
-    "case_id text, backend text, variant text, status text, signature text, signatures jsonb, metrics jsonb, "
+    "case_id text, backend text, variant text, status text, signature text, signatures jsonb, metrics jsonb, metrics_json text, "
     "error_ratio float8, run_ms float8, compile_ms float8, oracle_ms float8, detail text, backend_version text, "
     "selected_kernel text, phase text"
 )
-"""The fields of a `service.api.requests.ResultIn` as ``jsonb_to_recordset`` reads them."""
+"""The fields of a `service.api.requests.ResultIn` as ``jsonb_to_recordset`` reads them (``metrics_json``,
+the metrics as JSON text, parsed into the ``metrics`` column by the database)."""
 
 _INSERT_DOCUMENT = text(f"""
     WITH stored AS (
         INSERT INTO results ({", ".join(RESULT_COLUMNS)})
         SELECT x.case_id, :build_id, :worker_id, x.backend, x.variant, x.status, x.signature,
-               coalesce(x.signatures, '[]'::jsonb), coalesce(x.metrics, '{{}}'::jsonb), x.error_ratio,
+               coalesce(x.signatures, '[]'::jsonb), coalesce(CAST(x.metrics_json AS jsonb), x.metrics, '{{}}'::jsonb), x.error_ratio,
                x.run_ms, x.compile_ms, x.oracle_ms, x.detail, x.backend_version, x.selected_kernel, x.phase, :at
         FROM jsonb_to_recordset(CAST(:document AS jsonb)) AS x({_DOCUMENT_COLUMNS})
         ORDER BY x.case_id, x.backend, x.variant, x.phase
@@ -269,9 +278,12 @@ def _insert_results_document(
     it inserted (the rest are never asked about). Stores the same rows as `_insert_results_copy`
     from `CaseResult`s, without a Python object, a dict and a COPY line per result (about 30 us
     of the service's CPU a result: benchmarks/ingest_bench.py)."""
-    rows = connection.execute(
-        _INSERT_DOCUMENT, {"document": document, "build_id": build_id, "worker_id": worker_id, "at": at}
-    )
+    try:
+        rows = connection.execute(
+            _INSERT_DOCUMENT, {"document": document, "build_id": build_id, "worker_id": worker_id, "at": at}
+        )
+    except DataError as exc:  # a value the database cannot read: a metrics_json text (22P02 and kin)
+        raise DocumentRefusedError(str(exc.orig).splitlines()[0] if exc.orig else str(exc)) from exc
     return {tuple(r) for r in rows}  # type: ignore[misc]
 
 

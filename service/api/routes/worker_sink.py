@@ -6,6 +6,8 @@ every other read."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter, Depends, Request, Response
 
 from service.api.deps import (
@@ -36,6 +38,24 @@ def ingest_case_results(request: Request, session: WriteSessionDep, body: CaseBa
     # PostgreSQL parses the results itself (one JSON document, jsonb_to_recordset): no CaseResult
     # for a result that passed or was unsupported
     document = body.results_json() if session.get_bind().dialect.name == "postgresql" else None
+    try:
+        updates = _ingest(request, session, body, document)
+    except batch.DocumentRefusedError:
+        # a metrics_json text the database could not read: 422 naming it, else (a value it
+        # refuses that Python reads) the rows path, whose values Python has parsed
+        body.raise_metrics_json_errors()
+        updates = _ingest(request, session, body, None)
+    return CaseBatchOut(
+        updates=[
+            [None if u is None else BatchUpdateOut(bucket_id=u.bucket_id, is_new=u.is_new, minimised=u.minimised) for u in case]
+            for case in updates
+        ]
+    )
+
+
+def _ingest(request: Request, session: WriteSessionDep, body: CaseBatchIn, document: str | None) -> list[list[Any]]:
+    """`batch.ingest_case_batch` of ``body`` in one transaction (``document``: its results as one
+    JSON text, PostgreSQL only; None: the rows path)."""
     entries = body.entries(light=document is not None)
     pending = request.app.state.deferred_hits.begin()
     try:
@@ -47,12 +67,7 @@ def ingest_case_results(request: Request, session: WriteSessionDep, body: CaseBa
         pending.abort()
         raise
     pending.commit()
-    return CaseBatchOut(
-        updates=[
-            [None if u is None else BatchUpdateOut(bucket_id=u.bucket_id, is_new=u.is_new, minimised=u.minimised) for u in case]
-            for case in updates
-        ]
-    )
+    return updates
 
 
 @api_router.get("/known-buckets")
