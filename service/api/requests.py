@@ -492,9 +492,9 @@ class CaseBatchIn(BaseModel):
         """The cases as `service.db.batch.CaseEntry`.
 
         Args:
-            light: the non-failing results as `service.db.batch.PassingResult` (their keys and
-                status only), for a batch whose rows are written from `results_json`; the
-                failures stay `CaseResult`s (their buckets are counted from them).
+            light: the results as `service.db.batch.PassingResult` and `FailingResult` (what the
+                batch reads of them: no metrics, no `CaseResult`), for a batch whose rows are
+                written from `results_json`.
 
         Raises:
             FieldValidationError: a case or a result is refused; ``field`` is
@@ -502,7 +502,7 @@ class CaseBatchIn(BaseModel):
         """
         from oracle.config import AttentionCase
         from oracle.errors import CaseValidationError
-        from service.db.batch import CaseEntry, PassingResult
+        from service.db.batch import CaseEntry, FailingResult, PassingResult
 
         entries = []
         for i, item in enumerate(self.cases):
@@ -512,8 +512,12 @@ class CaseBatchIn(BaseModel):
                 raise FieldValidationError(f"cases.{i}.case.{exc.field}", str(exc)) from None
             results: list[Any] = []
             for j, result in enumerate(item.results):
-                if light and result.status not in FAILING_STATUSES:
-                    results.append(PassingResult(result.case_id, result.backend, result.variant, result.phase, result.status))
+                if light:
+                    if result.status not in FAILING_STATUSES:
+                        results.append(PassingResult(result.case_id, result.backend, result.variant, result.phase, result.status))
+                    else:
+                        results.append(FailingResult(result.case_id, result.backend, result.variant, result.phase,
+                                                     result.status, result.signature, result.error_ratio))  # type: ignore[arg-type]
                     continue
                 try:
                     results.append(result.to_case_result())

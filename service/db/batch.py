@@ -77,6 +77,28 @@ class PassingResult:
     bucket_key: ClassVar[None] = None
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class FailingResult:
+    """A failing result of such a batch: what the batch reads of it (its key, its bucket key and
+    error ratio, from which its bucket is counted), without its metrics or a `CaseResult`. Its
+    fields are as the request validated them (`service.api.requests.ResultIn`: names and
+    signature within their columns), so they are the values its row holds."""
+
+    case_id: str
+    backend: str
+    variant: str
+    phase: str
+    status: str
+    signature: str
+    error_ratio: float | None
+
+    is_failure: ClassVar[bool] = True
+
+    @property
+    def bucket_key(self) -> tuple[str, str, str]:
+        return (self.backend, self.variant, self.signature)
+
+
 class DeferredHits:
     """Bucket counts a batch could not write because another transaction held the bucket's row,
     by ``(backend, variant, signature)``; shared by the requests of one app (thread-safe). A
@@ -319,8 +341,8 @@ def ingest_case_batch(
         fold_limit: how many deferred counts of earlier batches this one adds to their rows.
         results_json: PostgreSQL only: every result of ``entries`` as one JSON array, the first
             of each key (`service.api.requests.CaseBatchIn.results_json`); the rows are written
-            from it (`_insert_results_document`) and the non-failing results of ``entries`` may
-            be `PassingResult`s. Ignored on another dialect, where they may not.
+            from it (`_insert_results_document`) and the results of ``entries`` may be
+            `PassingResult`s and `FailingResult`s. Ignored on another dialect, where they may not.
 
     Returns:
         Per entry, per result in order: the `BucketUpdate` of a failure, None otherwise.

@@ -2,13 +2,13 @@
 
 Revision ID: 0010
 Revises: 0009
-Create Date: 2026-12-07
+Create Date: 2026-12-06
 
 Every ``results`` row checked its three foreign keys (``case_id`` -> ``cases``, ``build_id`` ->
 ``builds``, ``worker_id`` -> ``workers``) with a trigger per row and key: 13,200 row-level
 lookups for a batch of 4,400 results (``EXPLAIN ANALYZE`` of the batch insert,
 `service.db.batch`). Measured side by side with ``benchmarks/ingest_bench.py`` (3 senders, the
-GPU campaign's shape, 2026-12-07, this 2-core machine): PostgreSQL's CPU time per stored result
+GPU campaign's shape, 2026-12-06, this 2-core machine): PostgreSQL's CPU time per stored result
 58-72 us with the keys, 44-56 us without them (the same run's service unchanged).
 
 The keys guarded nothing the writers do not check themselves: every path that inserts results
