@@ -60,10 +60,11 @@ stored, the next run stores it): the run ends within about this long plus the co
 under the 30 s a scheduler commonly waits between its SIGTERM and its SIGKILL."""
 _END_WAIT_S = 3.0  # seconds between the SIGTERM and the SIGKILL of a worker stopped by `_end`
 WORKER_CHECKPOINT_S = 1.0
-"""A worker without a ledger checkpoints its SQLite file at most this often (each write at once once
-its ``-wal`` file is found removed): a checkpoint after every write (two fsyncs) cost a CPU campaign
-24% of its cases an hour on this 2-core machine under load (`benchmarks/campaign_bench.py`,
-2026-12-06: 99d443e against the same tree without the checkpoint, 3 ABBA rounds)."""
+"""A worker without a ledger checkpoints its SQLite file at most this often (the write that finds its
+``-wal`` file removed checkpoints what the removed log holds and is refused): a checkpoint after
+every write (two fsyncs) cost a CPU campaign 24% of its cases an hour on this 2-core machine under
+load (`benchmarks/campaign_bench.py`, 2026-12-06: 99d443e against the same tree without the
+checkpoint, 3 ABBA rounds)."""
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,9 @@ the URL they were given.
 SQLite is configured for several fuzz-worker processes writing one file: WAL journal (readers
 never block the writer) with ``synchronous=NORMAL`` (no fsync per commit; a `Transactor` write is
 checkpointed into the database file before it returns, or at most ``checkpoint_s`` later:
-`checkpoint_wal`), a 30 s busy timeout, foreign keys on, and SQLAlchemy rather than the
-``sqlite3`` driver emitting ``BEGIN`` (the driver's legacy mode breaks SAVEPOINT and
-transactional DDL). A connection given the execution option ``{SQLITE_BEGIN_OPTION: "IMMEDIATE"}``
+`checkpoint_wal`; a write that finds the ``-wal``/``-shm`` files it uses removed is refused), a
+30 s busy timeout, foreign keys on, and SQLAlchemy rather than the ``sqlite3`` driver emitting
+``BEGIN`` (the driver's legacy mode breaks SAVEPOINT and transactional DDL). A connection given the execution option ``{SQLITE_BEGIN_OPTION: "IMMEDIATE"}``
 starts its transactions with ``BEGIN IMMEDIATE``: a read-then-write transaction then takes the
 write lock up front and waits its turn (busy timeout) instead of failing with
 ``SQLITE_BUSY`` when it upgrades from reader to writer.
@@ -389,6 +389,10 @@ def _identity(path: str) -> tuple[int, int] | None:
 
 WAL_CHECKPOINT_TRIES = 20
 
+SQLITE_LOG_INFO = "attnfuzz_sqlite_log"
+"""Key of a SQLite connection's ``info``: the ``(st_dev, st_ino)`` of the ``-wal`` and ``-shm``
+files it writes through, as `Transactor` first saw them (`Transactor._log_moved`)."""
+
 
 def checkpoint_wal(connection: Connection) -> bool:
     """Copy what is committed in a SQLite file's write-ahead log into the database file
@@ -459,12 +463,22 @@ class Transactor:
         checkpoint_s: SQLite file: 0 (the default) checkpoints every write before it returns
             (`checkpoint_wal`: two fsyncs, 0.6-0.9 ms on a quiet disk, 6-16 ms on this 2-core
             machine under a load average of 10); > 0 checkpoints a write only when the last
-            checkpoint is at least this many seconds old, and every write from the moment its
-            ``-wal`` file is found removed or replaced (`_wal_moved`: SQLite goes on writing to
-            the unlinked log, which a kill then loses; the checkpoint copies it into the file
-            first). What a larger value risks: the writes of the last ``checkpoint_s`` seconds
-            before the ``-wal`` file is removed by hand, when the process is killed before its
-            next write.
+            checkpoint is at least this many seconds old. What a larger value risks: the writes
+            of the last ``checkpoint_s`` seconds before the ``-wal`` file is removed by hand, when
+            the process is killed before its next write.
+
+    A SQLite write that finds the ``-wal`` or ``-shm`` file its connection writes through removed
+    or replaced since the connection first saw them (`_log_moved`; a clean-up by hand under a
+    running worker) is refused before it begins: what the removed log still holds is
+    checkpointed into the database file once more (nothing with ``checkpoint_s`` 0; the writes of
+    the last period otherwise), and `StoreRefusedError` is raised (the worker stops with exit 6,
+    the write stays in its spool). SQLite would go on writing to the unlinked log and
+    checkpointing from it, and each such checkpoint writes the database file in place: a kill in
+    the middle of one leaves the file with part of a transaction, which only the log could
+    complete ("database disk image is malformed"). A process that opens the file meanwhile makes
+    a new log of its own beside the unlinked one, and nothing keeps their writes apart. A
+    checkpoint already copying when the log is removed cannot be helped (docs/reliability.md,
+    "Not covered").
 
     Raises:
         ValueError: ``checkpoint_s`` is negative or not finite.
@@ -492,7 +506,6 @@ class Transactor:
         self._file = _sqlite_file(bind) if self.dialect == "sqlite" else None
         self._identity = _identity(self._file) if self._file is not None else None
         self.checkpoint_s = float(checkpoint_s)
-        self._wal_identity: tuple[int, int] | None = None  # the -wal file this process writes (after its first write)
         self._last_checkpoint = -math.inf  # time.monotonic() of the last complete checkpoint
 
     def _check_file(self) -> None:
@@ -540,8 +553,10 @@ class Transactor:
                 yield self.bind
         elif self._file is not None:
             with self._write_engine.connect() as connection:
+                self._check_log(connection)
                 with connection.begin():
                     yield connection
+                self._log_moved(connection)  # a new connection's log exists from its first commit on
                 # committed to the log; a checkpoint on an overwritten file would put page 1 back
                 # and hide the damage from every later check
                 self._check_header()
@@ -552,35 +567,47 @@ class Transactor:
             with self._write_engine.begin() as connection:
                 yield connection
 
-    def _wal_moved(self) -> bool:
-        """Whether this SQLite file's ``-wal`` file is no longer the one this process writes (removed,
-        or replaced by another file) since its first write."""
-        now = _identity(f"{self._file}-wal")
-        if self._wal_identity is None:
-            self._wal_identity = now
+    def _log_moved(self, connection: Connection) -> bool:
+        """Whether the ``-wal`` or ``-shm`` file of this SQLite file is no longer the one
+        ``connection`` writes through (removed, or replaced by another file) since it was first
+        seen there (`SQLITE_LOG_INFO`, recorded at the connection's first check that finds both)."""
+        now = (_identity(f"{self._file}-wal"), _identity(f"{self._file}-shm"))
+        seen = connection.info.get(SQLITE_LOG_INFO)
+        if seen is None:
+            if None not in now:
+                connection.info[SQLITE_LOG_INFO] = now
             return False
-        return now != self._wal_identity
+        return now != seen
+
+    def _check_log(self, connection: Connection) -> None:
+        """Before a write: refuse it when the log ``connection`` writes through was removed or
+        replaced (`_log_moved`), once what that log holds is checkpointed into the database file.
+
+        Raises:
+            StoreRefusedError: the log was removed or replaced while in use.
+            StoreBrokenError: the checkpoint found the file corrupted (`checkpoint_wal`).
+        """
+        if not self._log_moved(connection):
+            return
+        # the commits only the removed log holds (none when every write was checkpointed)
+        held = "what it held is in" if checkpoint_wal(connection) else "readers held some of what it held back from"
+        raise StoreRefusedError(
+            f"database refuses writes (the SQLite log {self._file}-wal or its index {self._file}-shm was removed "
+            f"or replaced while in use; {held} {self._file}): results after this point are kept in the spool; "
+            "the next run writes them with a new log"
+        )
 
     def _checkpoint_due(self) -> bool:
-        """After a commit: whether to checkpoint now (``checkpoint_s``). A ``-wal`` file found moved
-        makes every later write checkpoint at once (``checkpoint_s`` set to 0, with a warning)."""
-        if self.checkpoint_s == 0:
-            return True
-        if self._wal_moved():
-            logger.warning(
-                "the SQLite log %s-wal was removed or replaced while in use: each write is checkpointed into %s from now on",
-                self._file, self._file,
-            )
-            self.checkpoint_s = 0.0
-            return True
-        return time.monotonic() - self._last_checkpoint >= self.checkpoint_s
+        """After a commit: whether to checkpoint now (``checkpoint_s``)."""
+        return self.checkpoint_s == 0 or time.monotonic() - self._last_checkpoint >= self.checkpoint_s
 
     def write(self, fn: Callable[[Connection], T]) -> T:
         """Run ``fn`` in a write transaction.
 
         Raises:
             StoreUnavailableError: the database cannot be reached (after the retries for locks).
-            StoreRefusedError: the database refuses writes (disk full, read-only).
+            StoreRefusedError: the database refuses writes (disk full, read-only; a SQLite file
+                or its ``-wal``/``-shm`` removed or replaced while in use).
             StoreBrokenError: the SQLite file is corrupted, or the schema is older than this
                 attnfuzz's (`broken_store`).
         """
