@@ -224,15 +224,14 @@ class HttpSink:
         """POST ``body_of(wire)`` to ``path``, ``wire`` mapping a list of result JSONs to what is
         sent: `wire_result` each, or (a service that refuses ``metrics_json``: from then on) as
         they are."""
-        if not self.metrics_as_text:
-            return self._json("POST", path, body_of(lambda results: results))
-        try:
-            return self._json("POST", path, body_of(lambda results: [wire_result(r) for r in results]))
-        except ServiceRejectedError as exc:
-            if not _refuses_metrics_json(exc):
-                raise
-        self.metrics_as_text = False
-        return self._json("POST", path, body_of(lambda results: results))
+        if self.metrics_as_text:
+            try:
+                return self._json("POST", path, body_of(lambda results: [wire_result(r) for r in results]))
+            except ServiceRejectedError as exc:
+                if not _refuses_metrics_json(exc):
+                    raise
+                self.metrics_as_text = False
+        return self._json("POST", path, body_of(list))
 
     def record_case_results(
         self, case_json: dict[str, Any], origin: str, results: list[CaseResult], build_id: int, worker_id: int | None

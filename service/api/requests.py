@@ -210,7 +210,8 @@ def check_metrics_json(text: str) -> str:
     can be left to the database: text that starts with ``{`` and ends with ``}``, holds no ``\\u``
     escape and at most `MAX_METRICS_DEPTH` brackets in all (so it cannot nest deeper) is taken as
     it is; PostgreSQL parses it into ``jsonb`` when it stores it, and a text it refuses sends the
-    batch to `metrics_json_errors` (a 422 naming the result). Any other text is parsed here: it
+    batch to the rows path, whose `ResultIn.to_case_result` parses each text (a 422 naming the
+    first that is no JSON). Any other text is parsed here: it
     must be a JSON object (``NaN``/``Infinity`` allowed, as ``json.loads`` reads them) nested at
     most `MAX_METRICS_DEPTH` deep, without NUL or a lone surrogate in a string.
 
@@ -468,25 +469,6 @@ class CaseBatchIn(BaseModel):
             # (the expression may also match inside a string: then the rows path, as safe)
             return None
         return document.decode()
-
-    def raise_metrics_json_errors(self) -> None:
-        """Raise for the first result whose ``metrics_json`` is not a JSON object Python reads (the
-        database refused the batch's document: `service.db.batch.DocumentRefusedError`); return
-        when every one reads.
-
-        Raises:
-            FieldValidationError: ``cases.<i>.results.<j>.metrics_json``, with the parser's message.
-        """
-        for i, item in enumerate(self.cases):
-            for j, r in enumerate(item.results):
-                if r.metrics_json is None:
-                    continue
-                try:
-                    value = json.loads(r.metrics_json)
-                except ValueError as exc:
-                    raise FieldValidationError(f"cases.{i}.results.{j}.metrics_json", f"not valid JSON: {exc}") from None
-                if not isinstance(value, dict):
-                    raise FieldValidationError(f"cases.{i}.results.{j}.metrics_json", "must be a JSON object")
 
     def entries(self, *, light: bool = False) -> list[Any]:
         """The cases as `service.db.batch.CaseEntry`.

@@ -264,8 +264,9 @@ def _insert_results_copy(connection: Connection, rows: list[dict[str, Any]]) -> 
 class DocumentRefusedError(Exception):
     """PostgreSQL refused a value of a batch's results document (``SQLSTATE`` class 22, data
     exception: a ``metrics_json`` text that is not JSON it reads, a number out of its range). The
-    transaction is lost; the caller finds the result (`service.api.requests.CaseBatchIn.
-    metrics_json_errors`) or writes the batch again through the rows path."""
+    transaction is lost; the caller writes the batch again through the rows path, which parses
+    each text in Python (`service.api.requests.ResultIn.to_case_result`: 422 naming one that is
+    no JSON)."""
 
 
 _DOCUMENT_COLUMNS = (

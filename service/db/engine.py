@@ -556,7 +556,8 @@ class Transactor:
                 self._check_log(connection)
                 with connection.begin():
                     yield connection
-                self._log_moved(connection)  # a new connection's log exists from its first commit on
+                if SQLITE_LOG_INFO not in connection.info:  # a new connection's log exists from its first commit on
+                    self._log_moved(connection)
                 # committed to the log; a checkpoint on an overwritten file would put page 1 back
                 # and hide the damage from every later check
                 self._check_header()
